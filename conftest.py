@@ -1,0 +1,43 @@
+"""Session-wide test set-up, loaded before tests/ and property_tests/.
+
+- Hypothesis profiles: ``ci`` (bounded, derandomized; chosen automatically when the
+  ``CI`` environment variable is set) and ``dev`` (more examples, random). Override with
+  ``HYPOTHESIS_PROFILE=dev|ci``.
+- With no CUDA device, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1``
+  is set here, before any test module imports a kernel.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=25,
+    stateful_step_count=30,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev",
+    max_examples=100,
+    stateful_step_count=50,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,84 @@
+"""Engine configuration: frozen dataclasses, validated once in ``__post_init__``.
+
+Concept: every knob the engine reads, grouped by the component that reads it. A config
+is built and checked once and never changed afterwards (no late filling of fields, no
+class attributes used as globals).
+
+Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig``).
+Invalid values raise ``ValueError`` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler may put into one step.
+
+    Attributes:
+        max_num_batched_tokens: the token budget of one step (seed 002 opening).
+        max_num_seqs: the most requests running at once.
+        max_model_len: the most tokens (prompt + output) one request may reach.
+        long_prefill_token_threshold: when > 0, caps every prefill chunk at this many tokens.
+        enable_chunked_prefill: when False, a prompt is scheduled whole or waits.
+    """
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    max_model_len: int = 2048
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_model_len", self.max_model_len, 1)
+        _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"with chunked prefill off, max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                f">= max_model_len ({self.max_model_len}), or a long prompt could never be scheduled"
+            )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The KV cache's shape and policy.
+
+    Attributes:
+        block_size: tokens per KV-cache block.
+        num_gpu_blocks: blocks in the pool; None until the engine measures memory.
+        enable_prefix_caching: reuse cached full blocks across requests.
+        hash_algo: "sha256" (default) or "builtin" (see ``core.prefix_hash``).
+        num_preallocate_tokens: extra tokens' worth of blocks handed out with each new
+            allocation (seed 003's preallocation); 0 turns it off.
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    hash_algo: str = "sha256"
+    num_preallocate_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("block_size", self.block_size, 1)
+        if self.num_gpu_blocks is not None:
+            _check_int("num_gpu_blocks", self.num_gpu_blocks, 1)
+        if self.hash_algo not in ("sha256", "builtin"):
+            raise ValueError(f"unknown hash_algo {self.hash_algo!r}; choose 'sha256' or 'builtin'")
+        _check_int("num_preallocate_tokens", self.num_preallocate_tokens, 0)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """All configs of one engine, handed to components that need more than one."""
+
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)

@@ -1,0 +1,125 @@
+"""Request and RequestStatus: one generation request as the scheduler tracks it.
+
+Concept: the mutable record of a request's tokens and progress. The scheduler and the
+KV cache manager read it; only the scheduler (and ``append_output_token_ids``) changes it.
+
+Mirrors: ``vllm/v1/request.py``.
+
+Seed 002 (opening): there are no prefill and decode phases; a request only has
+``num_tokens`` (prompt + output so far) and ``num_computed_tokens`` (how many of them
+have their KV in the cache). A step schedules some of the difference.
+
+Invariants:
+- ``all_token_ids == prompt_token_ids + output_token_ids`` at all times;
+- ``output_token_ids`` is one list object for the request's whole life (logits
+  processors keep a reference to it and read it live);
+- ``0 <= num_computed_tokens <= num_tokens``.
+
+Left out: multimodal inputs, speculative tokens, pooling, priorities.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from tinyvllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Every FINISHED_* status compares above PREEMPTED."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: "RequestStatus") -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: "RequestStatus") -> str | None:
+        """The OpenAI-style finish reason of a finished status, None otherwise."""
+        return _FINISHED_REASONS.get(status)
+
+
+_FINISHED_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """One request: its prompt, its outputs so far, and how many tokens are computed."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None = None,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise ValueError(f"request {request_id!r}: the prompt is empty (prompt_token_ids={prompt!r})")
+        for tok in prompt:
+            if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                raise ValueError(f"request {request_id!r}: prompt token ids must be non-negative ints, got {tok!r}")
+        if not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"request {request_id!r}: sampling_params must be SamplingParams, got {sampling_params!r}")
+        self.request_id = request_id
+        self.prompt_token_ids: list[int] = prompt
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        # Prompt tokens found in the prefix cache at this request's first admission.
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(prompt)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return len(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt + outputs, one list kept in step with ``output_token_ids``. Do not mutate."""
+        return self._all_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        """Append one sampled token or several, keeping both token lists in step."""
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.output_token_ids.extend(token_ids)
+        self._all_token_ids.extend(token_ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, num_tokens={self.num_tokens}, "
+            f"num_computed_tokens={self.num_computed_tokens})"
+        )
