@@ -1,0 +1,265 @@
+"""Unit tests of the KV-cache core's pieces, bad input, and the no-torch rule."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinyvllm.core.block_pool import BlockPool
+from tinyvllm.core.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
+from tinyvllm.core.kv_cache_manager import KVCacheManager
+from tinyvllm.core.prefix_hash import (
+    BlockHash,
+    generate_block_hash_extra_keys,
+    get_hash_fn,
+    hash_block_tokens,
+    hash_request_tokens,
+)
+from tinyvllm.request import Request
+from tinyvllm.sampling_params import SamplingParams
+
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def make(request_id: str, tokens, **kw) -> Request:
+    return Request(request_id, list(tokens), SamplingParams(), **kw)
+
+
+# -- prefix hashing --------------------------------------------------------------------
+
+
+def test_prefix_caching_hash_value_collision_is_not_a_hit():
+    """Equality compares the token ids too: a bare hash_value collision never hits."""
+    always_zero = lambda obj: 0  # noqa: E731 - the worst possible hash function
+    h1 = hash_block_tokens(always_zero, None, [1, 2, 3, 4])
+    h2 = hash_block_tokens(always_zero, None, [5, 6, 7, 8])
+    assert h1.hash_value == h2.hash_value == 0
+    assert h1 != h2
+    pool = BlockPool(4)
+    [block] = pool.get_new_blocks(1)
+    block.block_hash = h1
+    pool.cached_block_hash_to_block[h1] = {block.block_id: block}
+    assert pool.get_cached_block(h1) is block
+    assert pool.get_cached_block(h2) is None
+
+
+def test_prefix_caching_hashes_chain_through_the_parent():
+    fn = get_hash_fn("sha256")
+    a = hash_request_tokens(fn, 4, make("a", [1, 2, 3, 4, 5, 6, 7, 8, 9]))
+    b = hash_request_tokens(fn, 4, make("b", [0, 2, 3, 4, 5, 6, 7, 8]))
+    assert len(a) == 2 and len(b) == 2  # the partial tail of a is not hashed
+    assert a[1].token_ids == b[1].token_ids == (5, 6, 7, 8)
+    assert a[1] != b[1]  # same tokens, different prefix
+    assert a[1] == hash_block_tokens(fn, a[0].hash_value, [5, 6, 7, 8])
+
+
+def test_prefix_caching_sha256_is_stable_across_processes():
+    code = (
+        "from tinyvllm.core.prefix_hash import get_hash_fn, hash_block_tokens;"
+        "print(hash_block_tokens(get_hash_fn('sha256'), None, [1, 2, 3]).hash_value)"
+    )
+    env = {"PYTHONPATH": SRC, "PYTHONHASHSEED": "random"}
+    out1 = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    out2 = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    here = hash_block_tokens(get_hash_fn("sha256"), None, [1, 2, 3]).hash_value
+    assert int(out1.stdout) == int(out2.stdout) == here
+
+
+def test_prefix_caching_extra_keys_lora_on_every_block_salt_on_first():
+    r = make("r", range(12), lora_name="adapter", cache_salt="tenant-a")
+    assert generate_block_hash_extra_keys(r, 0, 4) == (("lora", "adapter"), ("salt", "tenant-a"))
+    assert generate_block_hash_extra_keys(r, 4, 8) == (("lora", "adapter"),)
+    assert generate_block_hash_extra_keys(make("p", [1]), 0, 4) is None
+    # A LoRA named like a salt is still a different key.
+    assert generate_block_hash_extra_keys(make("l", [1], lora_name="x"), 0, 4) != generate_block_hash_extra_keys(
+        make("s", [1], cache_salt="x"), 0, 4
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw_a", "kw_b", "hits"),
+    [
+        ({}, {}, 2),
+        ({"cache_salt": "s1"}, {"cache_salt": "s1"}, 2),
+        ({"cache_salt": "s1"}, {"cache_salt": "s2"}, 0),
+        ({"cache_salt": "s1"}, {}, 0),
+        ({"lora_name": "l1"}, {"lora_name": "l1"}, 2),
+        ({"lora_name": "l1"}, {"lora_name": "l2"}, 0),
+    ],
+)
+def test_prefix_caching_salt_and_lora_isolate_the_cache(kw_a, kw_b, hits):
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
+    a = make("a", range(10), **kw_a)
+    got, n = m.get_computed_blocks(a)
+    m.allocate_slots(a, 10, got)
+    found, _ = m.get_computed_blocks(make("b", range(10), **kw_b))
+    assert len(found) == hits
+
+
+def test_prefix_caching_builtin_hash_fn_works_too():
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, hash_algo="builtin")
+    a = make("a", range(9))
+    m.allocate_slots(a, 9)
+    found, n = m.get_computed_blocks(make("b", range(9)))
+    assert n == 8
+
+
+# -- the free queue and the block --------------------------------------------------------
+
+
+def test_prefix_caching_free_queue_popleft_remove_append():
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    q = FreeKVCacheBlockQueue(blocks)
+    assert [b.block_id for b in q.get_all_free_blocks()] == [0, 1, 2, 3, 4]
+    assert q.popleft() is blocks[0]
+    q.remove(blocks[2])  # from the middle
+    q.remove(blocks[4])  # the tail
+    assert [b.block_id for b in q.get_all_free_blocks()] == [1, 3]
+    q.append(blocks[4])
+    q.append(blocks[0])
+    assert [b.block_id for b in q.get_all_free_blocks()] == [1, 3, 4, 0]
+    assert q.num_free_blocks == 4
+    q.check_invariants(blocks)
+    for _ in range(4):
+        q.popleft()
+    with pytest.raises(ValueError, match="No free blocks available"):
+        q.popleft()
+    q.check_invariants(blocks)
+
+
+def test_prefix_caching_free_queue_rejects_double_append_and_foreign_remove():
+    blocks = [KVCacheBlock(i) for i in range(3)]
+    q = FreeKVCacheBlockQueue(blocks)
+    with pytest.raises(ValueError, match="block 1 is already in the free queue"):
+        q.append(blocks[1])
+    popped = q.popleft()
+    with pytest.raises(ValueError, match="block 0 is not in the free queue"):
+        q.remove(popped)
+    q.check_invariants(blocks)
+
+
+def test_prefix_caching_block_hash_is_set_once():
+    block = KVCacheBlock(7)
+    h = BlockHash(1, (1, 2), None)
+    block.block_hash = h
+    with pytest.raises(AssertionError, match="block 7 already carries a hash"):
+        block.block_hash = h
+    block.reset_hash()
+    assert block.block_hash is None
+
+
+def test_prefix_caching_pool_reset_refuses_while_blocks_are_in_use():
+    m = KVCacheManager(block_size=4, num_gpu_blocks=6, max_model_len=64)
+    a = make("a", range(9))
+    m.allocate_slots(a, 9)
+    assert m.reset_prefix_cache() is False
+    assert len(m.block_pool.cached_block_hash_to_block) == 2
+    m.free(a)
+    assert m.reset_prefix_cache() is True
+    assert m.block_pool.cached_block_hash_to_block == {}
+    assert m.get_computed_blocks(make("b", range(9))) == ([], 0)
+    m.check_invariants()
+
+
+def test_prefix_caching_usage_and_stats():
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, log_stats=True)
+    assert m.usage == 0.0
+    a = make("a", range(10))
+    m.get_computed_blocks(a)
+    m.allocate_slots(a, 10)
+    assert m.usage == pytest.approx(0.3)
+    b = make("b", range(10))
+    m.get_computed_blocks(b)
+    stats = m.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (2, 20, 8)
+    assert stats.hit_rate == pytest.approx(0.4)
+    assert KVCacheManager(4, 10, 64).prefix_cache_stats is None
+
+
+def test_prefix_caching_disabled_never_hits_and_caches_nothing():
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, enable_caching=False)
+    a = make("a", range(10))
+    m.allocate_slots(a, 10)
+    assert m.block_pool.cached_block_hash_to_block == {}
+    assert m.get_computed_blocks(make("b", range(10))) == ([], 0)
+    m.free(a)
+    assert m.block_pool.get_num_free_blocks() == 10
+    m.check_invariants()
+
+
+# -- bad input: ValueError naming the value, nothing changed ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"block_size": 0}, "block_size must be an int >= 1, got 0"),
+        ({"num_gpu_blocks": 0}, "num_gpu_blocks must be an int >= 1, got 0"),
+        ({"max_model_len": 0}, "max_model_len must be an int >= 1, got 0"),
+        ({"hash_algo": "md5"}, "unknown hash_algo 'md5'"),
+        ({"num_preallocate_tokens": -1}, "num_preallocate_tokens must be an int >= 0, got -1"),
+    ],
+)
+def test_prefix_caching_manager_rejects_bad_config(kwargs, match):
+    args = {"block_size": 4, "num_gpu_blocks": 10, "max_model_len": 64} | kwargs
+    with pytest.raises(ValueError, match=match):
+        KVCacheManager(**args)
+
+
+@pytest.mark.parametrize("num_tokens", [0, -3])
+def test_prefix_caching_allocate_rejects_non_positive_num_tokens(num_tokens):
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
+    with pytest.raises(ValueError, match=f"num_tokens must be a positive int, got {num_tokens}"):
+        m.allocate_slots(make("a", range(5)), num_tokens)
+    assert m.block_pool.get_num_free_blocks() == 10 and m.req_to_blocks == {}
+
+
+def test_prefix_caching_allocate_rejects_request_longer_than_max_model_len():
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=8)
+    with pytest.raises(ValueError, match="9 tokens exceed max_model_len 8"):
+        m.allocate_slots(make("a", range(9)), 9)
+    assert m.block_pool.get_num_free_blocks() == 10 and m.req_to_blocks == {}
+    m.check_invariants()
+
+
+def test_prefix_caching_allocate_rejects_more_tokens_than_the_request_has():
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
+    with pytest.raises(ValueError, match="it has only 5 tokens"):
+        m.allocate_slots(make("a", range(5)), 6)
+    assert m.block_pool.get_num_free_blocks() == 10
+
+
+def test_prefix_caching_allocate_rejects_hits_for_a_running_request():
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
+    a = make("a", range(9))
+    m.allocate_slots(a, 9)
+    b = make("b", range(12))
+    hits, _ = m.get_computed_blocks(b)
+    m.allocate_slots(b, 4, hits)
+    b.num_computed_tokens = 8
+    with pytest.raises(ValueError, match="prefix hits can only be added at admission"):
+        m.allocate_slots(b, 4, hits)
+    m.check_invariants()
+
+
+def test_prefix_caching_pool_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="num_gpu_blocks must be an int >= 1, got 0"):
+        BlockPool(0)
+    pool = BlockPool(2)
+    with pytest.raises(ValueError, match="cannot get 3 blocks: only 2 are free"):
+        pool.get_new_blocks(3)
+    assert pool.get_num_free_blocks() == 2
+
+
+def test_prefix_caching_core_never_imports_torch():
+    code = (
+        "import sys, pkgutil, importlib, tinyvllm.core as core\n"
+        "for m in pkgutil.iter_modules(core.__path__): importlib.import_module('tinyvllm.core.' + m.name)\n"
+        "bad = sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.'))\n"
+        "print(len(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0", "tinyvllm.core imported torch"
