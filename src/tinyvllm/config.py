@@ -41,6 +41,11 @@ class SchedulerConfig:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_model_len", self.max_model_len, 1)
         _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        if not self.enable_chunked_prefill and self.long_prefill_token_threshold > 0:
+            raise ValueError(
+                f"long_prefill_token_threshold={self.long_prefill_token_threshold} chunks prompts, "
+                "which needs enable_chunked_prefill=True"
+            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"with chunked prefill off, max_num_batched_tokens ({self.max_num_batched_tokens}) must be "

@@ -86,6 +86,8 @@ class Request:
         # Prompt tokens found in the prefix cache at this request's first admission.
         self.num_cached_tokens = -1
         self.num_preemptions = 0
+        # The stop token that finished the request, if one did.
+        self.stop_reason: int | None = None
         self.output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(prompt)
 

@@ -1,0 +1,69 @@
+"""SchedulerOutput: what one scheduling step hands to the model runner (frozen).
+
+Concept: the complete, immutable description of one step: which requests run, how
+many tokens each, which blocks they newly got, and which requests left since the last
+step. The runner needs nothing else from the scheduler.
+
+Follows: seed 002 opening (a step is a token count per request; prefills and decodes
+mix). Mirrors: ``vllm/v1/core/sched/output.py`` (``NewRequestData``,
+``CachedRequestData``, ``SchedulerOutput``).
+
+Invariants: ``total_num_scheduled_tokens == sum(num_scheduled_tokens.values())``; every
+scheduled request appears in exactly one of ``scheduled_new_reqs`` and
+``scheduled_cached_reqs``; ``num_computed_tokens`` is the count *before* this step, i.e.
+the position of the step's first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from tinyvllm.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request the runner has not seen before (first admission)."""
+
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams
+    block_ids: tuple[int, ...]  # the whole block table: prefix hits then new blocks
+    num_computed_tokens: int  # prefix-cache hit tokens, where this step starts
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """A request the runner has seen: still running, or resumed after preemption."""
+
+    req_id: str
+    resumed_from_preemption: bool
+    new_block_ids: tuple[int, ...]  # blocks to append; the whole table when resumed
+    num_computed_tokens: int  # where this step starts
+    # All token ids (prompt + outputs) when resumed: the runner dropped the request at
+    # preemption and rebuilds it from these. None for a request that kept running.
+    resumed_token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step: the requests to run and the tokens per request, within the budget."""
+
+    scheduled_new_reqs: tuple[NewRequestData, ...]
+    scheduled_cached_reqs: tuple[CachedRequestData, ...]
+    num_scheduled_tokens: Mapping[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: frozenset[str]  # finished (or aborted) since the previous step
+    preempted_req_ids: frozenset[str]  # preempted in this step
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_scheduled_tokens", MappingProxyType(dict(self.num_scheduled_tokens)))
+        assert self.total_num_scheduled_tokens == sum(self.num_scheduled_tokens.values()), (
+            f"total {self.total_num_scheduled_tokens} != sum {sum(self.num_scheduled_tokens.values())}"
+        )
+
+    @property
+    def num_scheduled_reqs(self) -> int:
+        return len(self.num_scheduled_tokens)

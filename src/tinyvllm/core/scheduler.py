@@ -1,0 +1,346 @@
+"""Scheduler: the token budget, chunked prefill, prefix hits at admission, preemption.
+
+Concept: each step, decide how many tokens of which requests to compute. There are no
+prefill and decode phases: every request only has ``num_tokens`` and
+``num_computed_tokens``, and a step schedules part of the difference for as many
+requests as the token budget allows, so one step can mix prompt chunks and decodes.
+
+Follows: seed 002 opening (token_budget from ``--max-num-batched-tokens``; mixed
+prefill and decode; R3 prefilled over two steps; the waiting queue holds new and
+preempted requests, preempted ones at the front; running requests may still be
+prefilling) and §3.1 (prefix hits only when a request leaves the waiting queue;
+append-only block tables). Where the seed is silent we follow vLLM V1's scheduler.
+Mirrors: ``vllm/v1/core/sched/scheduler.py`` (v0.8.x), ``vllm/v1/core/sched/utils.py``
+(``check_stop``).
+
+One step (``schedule``):
+1. running requests, in order: as many new tokens as they have (capped by
+   ``long_prefill_token_threshold`` and the remaining budget); if ``allocate_slots``
+   fails, preempt the *last* running request and retry, until it fits or the request
+   itself was preempted;
+2. waiting requests, in arrival order, only if nothing was preempted in this step and
+   fewer than ``max_num_seqs`` run: look up prefix hits, allocate, move to running;
+3. advance every scheduled request's ``num_computed_tokens`` at once, so the runner and
+   ``update_from_output`` see the step's end state.
+
+Invariants (``check_invariants``): every unfinished request is in exactly one of
+``waiting`` and ``running``; running requests have status RUNNING; a request in
+``waiting`` holds no blocks and has no computed tokens; ``len(running) <= max_num_seqs``;
+the KV cache manager's invariants hold.
+
+NOTE 1 (preemption is recompute): a preempted request frees all its blocks, drops to
+``num_computed_tokens = 0`` and goes to the front of the waiting queue. Its block
+hashes are kept, so when it is admitted again it usually re-hits its own prefix.
+NOTE 2 (no token for a partial prefill): a step that does not reach the end of a
+request's tokens produces no token for it; the runner's sample for such a row, if any,
+is discarded here.
+
+Left out: priorities, speculative decoding, structured output, encoder inputs, KV
+transfer, async scheduling.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tinyvllm.config import CacheConfig, SchedulerConfig
+from tinyvllm.core.kv_cache_manager import KVCacheManager, cdiv
+from tinyvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from tinyvllm.outputs import EngineCoreOutput, ModelRunnerOutput
+from tinyvllm.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot of the scheduler for logging and tutorials."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float
+    prefix_cache_hit_rate: float
+    num_preemptions: int
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Set a finished status on ``request`` if its last token ends it; True if it does.
+
+    Order: the EOS token (unless ``ignore_eos``), then a stop token, then length
+    (``max_tokens`` outputs or ``max_model_len`` tokens), so a last token that is both a
+    stop token and the ``max_tokens``-th reports "stop".
+    """
+    params = request.sampling_params
+    last = request.output_token_ids[-1]
+    if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last in params.stop_token_ids:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last
+        return True
+    if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False
+
+
+def prefill_chunk_size(num_remaining: int, token_budget: int, long_prefill_token_threshold: int) -> int:
+    """Tokens to schedule for a request with ``num_remaining`` uncomputed tokens."""
+    n = num_remaining
+    if 0 < long_prefill_token_threshold < n:
+        n = long_prefill_token_threshold
+    return min(n, token_budget)
+
+
+class Scheduler:
+    """Decides each step's tokens per request; owns the waiting and running queues."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, log_stats: bool = False) -> None:
+        if cache_config.num_gpu_blocks is None:
+            raise ValueError("cache_config.num_gpu_blocks is None: the scheduler needs the pool size")
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.log_stats = log_stats
+        self.max_model_len = scheduler_config.max_model_len
+        self.kv_cache_manager = KVCacheManager(
+            block_size=cache_config.block_size,
+            num_gpu_blocks=cache_config.num_gpu_blocks,
+            max_model_len=scheduler_config.max_model_len,
+            enable_caching=cache_config.enable_prefix_caching,
+            num_preallocate_tokens=cache_config.num_preallocate_tokens,
+            hash_algo=cache_config.hash_algo,
+            log_stats=log_stats,
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # Finished since the last step; the next SchedulerOutput tells the runner.
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # -- requests in and out ---------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request. Raises ValueError, changing nothing, on bad input."""
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"duplicate request id {rid!r}")
+        if request.num_prompt_tokens == 0:
+            raise ValueError(f"request {rid!r}: the prompt is empty")
+        if request.num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
+                f"max_model_len {self.max_model_len}"
+            )
+        if request.sampling_params.max_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {request.sampling_params.max_tokens}")
+        if request.status != RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
+            raise ValueError(f"request {rid!r} is not fresh: {request!r}")
+        final_len = min(request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len)
+        blocks_needed = cdiv(final_len, self.cache_config.block_size)
+        if blocks_needed > self.kv_cache_manager.num_gpu_blocks:
+            raise ValueError(
+                f"request {rid!r} may grow to {final_len} tokens = {blocks_needed} blocks, but the pool "
+                f"has only {self.kv_cache_manager.num_gpu_blocks} blocks"
+            )
+        self.requests[rid] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
+        """Finish requests from outside (abort, or a stop string found by the engine).
+        Their blocks are freed at once; unknown or already finished ids are ignored."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"finished_status must be a FINISHED_* status, got {finished_status!r}")
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        for rid in ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = finished_status
+            self._free_request(request)
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.kv_cache_manager.free_block_hashes(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+
+    def _preempt_last_running(self) -> Request:
+        """Preempt by recompute (NOTE 1): the victim is the last running request."""
+        victim = self.running.pop()
+        self.kv_cache_manager.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    # -- one step --------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's tokens per request within the token budget."""
+        config = self.scheduler_config
+        kv = self.kv_cache_manager
+        token_budget = config.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        start_tokens: dict[str, int] = {}
+        new_reqs: list[Request] = []
+        resumed_reqs: list[Request] = []
+        running_reqs: list[Request] = []
+        preempted: list[Request] = []
+
+        # 1. Running requests first, in order.
+        index = 0
+        while index < len(self.running) and token_budget > 0:
+            request = self.running[index]
+            num_new = prefill_chunk_size(
+                request.num_tokens - request.num_computed_tokens, token_budget, config.long_prefill_token_threshold
+            )
+            assert num_new > 0, f"running request {request.request_id!r} has nothing to compute"
+            while (new_blocks := kv.allocate_slots(request, num_new)) is None:
+                preempted.append(self._preempt_last_running())
+                if preempted[-1] is request:
+                    break
+            if new_blocks is None:
+                break
+            running_reqs.append(request)
+            new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            num_scheduled[request.request_id] = num_new
+            start_tokens[request.request_id] = request.num_computed_tokens
+            token_budget -= num_new
+            index += 1
+
+        # 2. Waiting requests, in arrival order, unless this step had to preempt.
+        while not preempted and self.waiting and token_budget > 0 and len(self.running) < config.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            num_remaining = request.num_tokens - num_hit_tokens
+            if not config.enable_chunked_prefill and num_remaining > token_budget:
+                break  # the prompt is scheduled whole or not at all
+            num_new = prefill_chunk_size(num_remaining, token_budget, config.long_prefill_token_threshold)
+            new_blocks = kv.allocate_slots(request, num_new, hits)
+            if new_blocks is None:
+                break
+            self.waiting.popleft()
+            (resumed_reqs if request.status == RequestStatus.PREEMPTED else new_reqs).append(request)
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            new_block_ids[request.request_id] = kv.get_block_ids(request.request_id)
+            num_scheduled[request.request_id] = num_new
+            start_tokens[request.request_id] = num_hit_tokens
+            token_budget -= num_new
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=tuple(
+                NewRequestData(
+                    req_id=r.request_id,
+                    prompt_token_ids=tuple(r.prompt_token_ids),
+                    sampling_params=r.sampling_params,
+                    block_ids=tuple(new_block_ids[r.request_id]),
+                    num_computed_tokens=start_tokens[r.request_id],
+                )
+                for r in new_reqs
+            ),
+            scheduled_cached_reqs=tuple(
+                CachedRequestData(
+                    req_id=r.request_id,
+                    resumed_from_preemption=resumed,
+                    new_block_ids=tuple(new_block_ids[r.request_id]),
+                    num_computed_tokens=start_tokens[r.request_id],
+                    resumed_token_ids=tuple(r.all_token_ids) if resumed else None,
+                )
+                for r, resumed in [(r, False) for r in running_reqs] + [(r, True) for r in resumed_reqs]
+            ),
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=frozenset(self.finished_req_ids),
+            preempted_req_ids=frozenset(r.request_id for r in preempted),
+        )
+        # 3. Advance at once: the runner and update_from_output see the step's end state.
+        for rid, n in num_scheduled.items():
+            self.requests[rid].num_computed_tokens += n
+        self.finished_req_ids = set()
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append each request's sampled tokens, apply stop checks, free the finished.
+
+        Returns one ``EngineCoreOutput`` per scheduled request that got tokens or finished.
+        """
+        outputs: list[EngineCoreOutput] = []
+        for rid in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is None:
+                continue  # finished from outside after this step was scheduled
+            index = model_runner_output.req_id_to_index.get(rid)
+            sampled = model_runner_output.sampled_token_ids[index] if index is not None else []
+            if request.num_computed_tokens < request.num_tokens:
+                sampled = []  # a partial prefill produces no token (NOTE 2)
+            new_token_ids: list[int] = []
+            for token in sampled:
+                request.append_output_token_ids(token)
+                new_token_ids.append(token)
+                if check_stop(request, self.max_model_len):
+                    break
+            if request.is_finished:
+                self.running.remove(request)
+                self._free_request(request)
+            if new_token_ids or request.is_finished:
+                outputs.append(
+                    EngineCoreOutput(
+                        request_id=rid,
+                        new_token_ids=new_token_ids,
+                        finish_reason=RequestStatus.get_finished_reason(request.status),
+                        stop_reason=request.stop_reason,
+                        num_cached_tokens=max(request.num_cached_tokens, 0),
+                    )
+                )
+        return outputs
+
+    # -- views -----------------------------------------------------------------------
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def get_stats(self) -> SchedulerStats:
+        stats = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_hit_rate=stats.hit_rate if stats is not None else 0.0,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def check_invariants(self) -> None:
+        self.kv_cache_manager.check_invariants()
+        queued = [r.request_id for r in self.waiting] + [r.request_id for r in self.running]
+        assert len(queued) == len(set(queued)), f"a request is queued twice: {queued}"
+        assert set(queued) == set(self.requests), (
+            f"queued {sorted(queued)} != known unfinished requests {sorted(self.requests)}"
+        )
+        assert len(self.running) <= self.scheduler_config.max_num_seqs, (
+            f"{len(self.running)} running > max_num_seqs {self.scheduler_config.max_num_seqs}"
+        )
+        for r in self.running:
+            assert r.status == RequestStatus.RUNNING, f"{r!r} is in running"
+            assert 0 < r.num_computed_tokens <= r.num_tokens, f"{r!r} has bad num_computed_tokens"
+        for r in self.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r!r} is in waiting"
+            assert r.num_computed_tokens == 0, f"waiting {r!r} has computed tokens"
+            assert not self.kv_cache_manager.req_to_blocks.get(r.request_id), f"waiting {r!r} holds blocks"

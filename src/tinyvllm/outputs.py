@@ -1,0 +1,54 @@
+"""Outputs that cross a boundary: model runner -> scheduler -> engine (all frozen).
+
+Concept: the values one stage hands to the next. ``ModelRunnerOutput`` carries the
+sampled tokens of one step; ``EngineCoreOutput`` is what the scheduler reports per
+request after a step (new tokens, finish reason).
+
+Mirrors: ``vllm/v1/outputs.py`` (``ModelRunnerOutput``) and ``vllm/v1/engine/__init__.py``
+(``EngineCoreOutput``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """Tokens sampled in one step, row ``req_id_to_index[req_id]`` per request.
+
+    A request whose step did not reach the end of its prompt has an empty list.
+    """
+
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if len(self.req_ids) != len(self.sampled_token_ids):
+            raise ValueError(
+                f"{len(self.req_ids)} req_ids but {len(self.sampled_token_ids)} rows of sampled tokens"
+            )
+
+
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    """One request's result of one step.
+
+    Attributes:
+        request_id: the request.
+        new_token_ids: tokens appended this step (empty for a partial prefill).
+        finish_reason: "stop", "length" or "abort" once finished, else None.
+        stop_reason: the stop token id that ended it, if one did.
+        num_cached_tokens: prompt tokens found in the prefix cache at first admission.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
