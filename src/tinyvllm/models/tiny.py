@@ -1,0 +1,105 @@
+"""Tiny random-weight models for tests, tutorials and the README: real Hugging Face folders.
+
+Concept: build, offline and deterministically, a small Qwen3, Qwen2 or Llama checkpoint
+(config.json, model.safetensors, generation_config.json) plus a byte-level BPE
+tokenizer trained on text every Python install has (a few standard-library sources).
+The weights are random: the text they generate is gibberish, which is fine for checking
+that an engine computes what transformers computes.
+
+Mirrors: nothing in vLLM (its tests download real checkpoints; we cannot, and a fake of
+the right shape checks the same arithmetic).
+
+NOTE 1 (peaked logits): the weights are drawn with a larger ``initializer_range`` than
+transformers' default, so the next-token distribution is not nearly flat and greedy
+choices are not decided by rounding noise.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+TINY_FAMILIES = ("qwen3", "qwen2", "llama")
+EOS_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS_TOKEN, "<think>", "</think>"]
+_CORPUS_FILES = ("textwrap.py", "string.py", "shlex.py", "difflib.py", "heapq.py")
+
+
+def stdlib_corpus() -> list[str]:
+    """Source text of a few standard-library modules, present on every Python."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [(stdlib / name).read_text(encoding="utf-8") for name in _CORPUS_FILES]
+
+
+def train_tokenizer(folder: str | Path, vocab_size: int = 512) -> None:
+    """Train a byte-level BPE tokenizer on the corpus and save it in transformers' format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(stdlib_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    fast.save_pretrained(str(folder))
+
+
+def tiny_config(family: str, vocab_size: int, **overrides):
+    """A transformers config of the family with small shapes (GQA ratio 2)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        initializer_range=0.1,  # NOTE 1
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=0,
+    )
+    common.update(overrides)
+    if family == "qwen3":
+        return Qwen3Config(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **common)
+    if family == "qwen2":
+        return Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **common)
+    if family == "llama":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+        common["tie_word_embeddings"] = overrides.get("tie_word_embeddings", False)
+        return LlamaConfig(rope_parameters=rope, **common)
+    raise ValueError(f"unknown tiny model family {family!r}; choose one of {TINY_FAMILIES}")
+
+
+def build_tiny_model(folder: str | Path, family: str = "qwen3", seed: int = 0, vocab_size: int = 512, **overrides) -> Path:
+    """Write a tiny random ``family`` model and its tokenizer into ``folder``; return it."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"unknown tiny model family {family!r}; choose one of {TINY_FAMILIES}")
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(path, vocab_size)
+    config = tiny_config(family, vocab_size, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(str(path), safe_serialization=True)
+    GenerationConfig(eos_token_id=0, bos_token_id=None).save_pretrained(str(path))
+    return path
