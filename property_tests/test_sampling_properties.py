@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tinyvllm.config import EngineConfig, ReasoningConfig, SchedulerConfig
-from tinyvllm.sample.batch_update import BatchUpdate
+from tinyvllm.sample.batch_update import BatchUpdate, MoveDirectionality
 from tinyvllm.sample.logits_processors import LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor
 from tinyvllm.sample.sampler import Sampler
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
@@ -168,3 +168,27 @@ def test_thinking_budget_thinks_exactly_budget_tokens_then_forces_end(budget, en
     assert out[: len(expected)] == expected[: len(out)]
     assert out[k : k + budget] == tail[:budget]
     assert out[k + budget : k + budget + end_len] == list(end)
+
+
+@given(data=st.data())
+def test_min_p_count_matches_rows_under_raw_updates_with_moves_onto_occupied_rows(data):
+    """Hand-built BatchUpdates, including UNIDIRECTIONAL moves onto occupied rows (appendix R2)."""
+    proc = MinPLogitsProcessor(CONFIG, CPU, False)
+    model = [0.0] * MAX  # the reference: row -> min_p
+    values = st.sampled_from([0.0, 0.1, 0.5])
+    rows = st.integers(0, MAX - 1)
+    for _ in range(data.draw(st.integers(1, 6))):
+        removed = data.draw(st.lists(rows, max_size=2, unique=True))
+        added = data.draw(st.lists(st.tuples(rows, values), max_size=3, unique_by=lambda t: t[0]))
+        moved = data.draw(st.lists(st.tuples(rows, rows, st.booleans()).filter(lambda t: t[0] != t[1]), max_size=3))
+        for r in removed:
+            model[r] = 0.0
+        for r, v in added:
+            model[r] = v
+        for a, b, swap in moved:
+            model[a], model[b] = (model[b] if swap else 0.0), model[a]
+        proc.update_state(BatchUpdate(MAX, removed, [(r, SamplingParams(min_p=v), None, []) for r, v in added],
+                                      [(a, b, MoveDirectionality.SWAP if swap else MoveDirectionality.UNIDIRECTIONAL) for a, b, swap in moved]))
+        assert proc.min_p_cpu.tolist() == torch.tensor(model, dtype=torch.float32).tolist()
+        assert proc.min_p_count == sum(1 for v in model if v)
+        proc.check_invariants()
