@@ -69,13 +69,21 @@ class SchedulerStats:
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Set a finished status on ``request`` if its last token ends it; True if it does.
 
-    Order: the EOS token (unless ``ignore_eos``), then a stop token, then length
+    Below ``min_tokens`` outputs only ``max_model_len`` ends a request. Then, in order:
+    the EOS token (unless ``ignore_eos``), then a stop token, then length
     (``max_tokens`` outputs or ``max_model_len`` tokens), so a last token that is both a
     stop token and the ``max_tokens``-th reports "stop". This is today's vLLM order; the
     v0.8-era ``check_stop`` tested length first and would report "length".
     """
     params = request.sampling_params
     last = request.output_token_ids[-1]
+    if request.num_output_tokens < params.min_tokens:
+        # EOS and stop tokens do not count yet (MinTokens masks them in the sampler too);
+        # the length limits still do, so max_model_len is never passed.
+        if request.num_tokens >= max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
     if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
         request.status = RequestStatus.FINISHED_STOPPED
         return True

@@ -1,0 +1,1 @@
+"""The worker side (torch): the persistent input batch and, later, the model runner."""
