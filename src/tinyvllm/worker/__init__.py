@@ -1,0 +1,1 @@
+"""The worker side of tinyvllm: torch tensors, attention metadata, the model runner."""
