@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from paged_cases import make_case
+
 from tinyvllm.attention.reference import paged_attention
 
 
@@ -30,29 +32,6 @@ def naive_attention(query, key_cache, value_cache, query_lens, seq_lens, block_i
             rows.append(torch.stack(heads))
             row += 1
     return torch.stack(rows)
-
-
-def make_case(query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size, seed=0):
-    """A shuffled pool of blocks; each request gets its own, and unused slots hold NaN."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_req = [-(-s // block_size) for s in seq_lens]
-    num_blocks = sum(blocks_per_req) + 2
-    perm = torch.randperm(num_blocks, generator=gen).tolist()
-    block_ids, start = [], 0
-    for n in blocks_per_req:
-        block_ids.append(perm[start : start + n])
-        start += n
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_size), float("nan"))
-    value_cache = torch.full_like(key_cache, float("nan"))
-    for ids, seq_len in zip(block_ids, seq_lens):
-        for p in range(seq_len):
-            key_cache[ids[p // block_size], p % block_size] = torch.randn(num_kv_heads, head_size, generator=gen)
-            value_cache[ids[p // block_size], p % block_size] = torch.randn(num_kv_heads, head_size, generator=gen)
-    query = torch.randn(sum(query_lens), num_heads, head_size, generator=gen)
-    width = max(blocks_per_req) + 1
-    table = torch.tensor([ids + [0] * (width - len(ids)) for ids in block_ids], dtype=torch.int32)
-    qsl = torch.tensor([0] + torch.tensor(query_lens).cumsum(0).tolist(), dtype=torch.int32)
-    return query, key_cache, value_cache, qsl, torch.tensor(seq_lens, dtype=torch.int32), table, block_ids
 
 
 @pytest.mark.parametrize(
