@@ -73,8 +73,8 @@ def choose_query_tile(num_queries_per_kv: int, decode_only: bool) -> tuple[int, 
 def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
     """The largest r in [0, R] whose first tile ``query_start_loc[r] // BLOCK_Q + r`` is
     <= ``tile``. r == R means the tile lies in the padding after the last request."""
-    lo: tl.int32 = 0
-    hi = num_reqs + 1
+    lo: tl.int32 = 0  # typed: an int argument equal to 1 arrives as a constexpr
+    hi: tl.int32 = num_reqs + 1
     while lo < hi:
         mid = (lo + hi) // 2
         first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
