@@ -19,6 +19,9 @@ from tinyvllm.attention.triton_attention import (
 # Tolerances per dtype. The reference works in float32 from the same inputs; the kernel
 # differs by summation order and, on a GPU, by rounding softmax weights to fp16/bf16
 # before the P @ V product (about one ulp of the output's dtype).
+# CUDA when present; the CPU under TRITON_INTERPRET=1 otherwise (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 TOLERANCES = {
     torch.float32: dict(atol=1e-4, rtol=1e-4),
     torch.float16: dict(atol=5e-3, rtol=5e-3),
@@ -28,7 +31,7 @@ TOLERANCES = {
 
 def check_against_reference(
     query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
-    dtype=torch.float32, num_segments=None, pad_tokens=0, device="cpu", seed=0,
+    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0,
 ):  # fmt: skip
     """Run both backends on one case and compare; padding rows must come back zero."""
     q, kc, vc, qsl, sl, bt, _ = make_case(
