@@ -229,6 +229,28 @@ def test_scheduler_stops_on_stop_token_ids():
     assert not s.has_unfinished_requests()
 
 
+def test_scheduler_min_tokens_defers_eos_and_stop_tokens():
+    prompt = list(range(5))
+    eos = _first_token(prompt)
+    s = make_scheduler()
+    s.add_request(make_req("r", prompt, eos_token_id=eos, stop_token_ids=[eos], min_tokens=3, max_tokens=8))
+    _, [o] = step(s)
+    assert o.new_token_ids == [eos] and o.finish_reason is None  # below min_tokens: not a stop
+    expected, seq = [eos], prompt + [eos]
+    while len(expected) < 8:  # the fake model's continuation, stopping at EOS from output 3 on
+        expected.append(next_token(seq))
+        seq.append(expected[-1])
+        if expected[-1] == eos and len(expected) >= 3:
+            break
+    assert [eos] + run_to_completion(s)["r"] == expected
+
+
+def test_scheduler_min_tokens_still_stops_at_max_model_len():
+    s = make_scheduler(max_model_len=7)
+    s.add_request(make_req("r", range(5), min_tokens=10, max_tokens=10, ignore_eos=True))
+    assert len(run_to_completion(s)["r"]) == 2
+
+
 def test_scheduler_stops_at_max_model_len():
     s = make_scheduler(max_model_len=8)
     s.add_request(make_req("r", range(5), max_tokens=100, ignore_eos=True))

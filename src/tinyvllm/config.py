@@ -83,7 +83,40 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """All configs of one engine, handed to components that need more than one."""
+    """All configs of one engine, handed to components that need more than one.
+
+    ``reasoning_config`` (seed 001 ch. 13) turns on the thinking-token budget; None
+    (the default) means the model has no think sections.
+    """
 
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
+    reasoning_config: "ReasoningConfig | None" = None
+
+
+@dataclass(frozen=True)
+class ReasoningConfig:
+    """The token sequences that open and close a reasoning ("think") section.
+
+    Seed 001 ch. 13.3: the thinking budget is enabled when this config exists. Both
+    sequences may be several tokens long (e.g. ``<|end_thinking|>`` split by the tokenizer);
+    an empty end sequence disables budget tracking (nothing could be forced).
+
+    Attributes:
+        reasoning_start_token_ids: the sequence that opens a think section.
+        reasoning_end_token_ids: the sequence that closes it, forced when the budget runs out.
+    """
+
+    reasoning_start_token_ids: tuple[int, ...] = ()
+    reasoning_end_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("reasoning_start_token_ids", "reasoning_end_token_ids"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)):
+                raise ValueError(f"{name} must be a sequence of ints, got {value!r}")
+            ids = tuple(value or ())
+            for tok in ids:
+                if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                    raise ValueError(f"{name} must hold non-negative ints, got {tok!r}")
+            object.__setattr__(self, name, ids)

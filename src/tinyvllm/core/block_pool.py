@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """BlockPool: every KV-cache block of the device, the free queue, and the prefix cache.
 
 Concept: the pool owns all ``num_gpu_blocks`` ``KVCacheBlock`` objects and the two
@@ -24,6 +25,7 @@ lookup returns the first, so references aggregate on one copy.
 NOTE 3 (lazy eviction): a freed block keeps its hash and its place in the map; it is
 evicted only when ``get_new_blocks`` pops it for new content.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from tinyvllm.request import Request
 
 
+# --8<-- [start:pool_init]
 class BlockPool:
     """All KV-cache blocks, the free queue over them, and the hash -> block map."""
 
@@ -49,16 +52,20 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         # {block_hash: {block_id: block}}; inner dicts keep caching order (NOTE 2).
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        # --8<-- [end:pool_init]
 
     # -- prefix cache -------------------------------------------------------------
 
+    # --8<-- [start:get_cached_block]
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The first block cached under ``block_hash``, or None on a miss."""
         blocks = self.cached_block_hash_to_block.get(block_hash)
         if not blocks:
             return None
         return next(iter(blocks.values()))
+    # --8<-- [end:get_cached_block]
 
+    # --8<-- [start:cache_full_blocks]
     def cache_full_blocks(
         self,
         request: "Request",
@@ -92,7 +99,9 @@ class BlockPool:
                 block_hashes.append(block_hash)
             block.block_hash = block_hash
             self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
+    # --8<-- [end:cache_full_blocks]
 
+    # --8<-- [start:evict]
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         """Drop ``block`` from the prefix cache if it is there; True if it was."""
         block_hash = block.block_hash
@@ -107,9 +116,11 @@ class BlockPool:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
         return True
+    # --8<-- [end:evict]
 
     # -- allocation ----------------------------------------------------------------
 
+    # --8<-- [start:get_new_blocks]
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` blocks from the head of the free queue, evicting their old
         content from the prefix cache; each comes back with ref_cnt 1."""
@@ -125,7 +136,9 @@ class BlockPool:
             block.incr_ref()
             new_blocks.append(block)
         return new_blocks
+    # --8<-- [end:get_new_blocks]
 
+    # --8<-- [start:touch]
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-cache hits; a hit still in the free queue leaves it
         (seed 003 ``_touch``), so it cannot be evicted while in use."""
@@ -133,7 +146,9 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.incr_ref()
+    # --8<-- [end:touch]
 
+    # --8<-- [start:free_blocks]
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, in the order given; a block reaching ref_cnt
         0 goes to the tail of the free queue, still cached (NOTE 3)."""
@@ -141,7 +156,9 @@ class BlockPool:
             block.decr_ref()
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
+    # --8<-- [end:free_blocks]
 
+    # --8<-- [start:reset_prefix_cache]
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Refused (False) while any block is in use, since a
         running request's full blocks must stay findable for the requests after it."""
@@ -152,6 +169,7 @@ class BlockPool:
         for block in self.blocks:
             block.reset_hash()
         return True
+    # --8<-- [end:reset_prefix_cache]
 
     # -- statistics and checks -----------------------------------------------------
 
@@ -162,6 +180,7 @@ class BlockPool:
         """Fraction of blocks in use, in [0, 1]."""
         return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
 
+    # --8<-- [start:check_invariants]
     def check_invariants(self) -> None:
         self.free_block_queue.check_invariants(self.blocks)
         free_ids = {block.block_id for block in self.free_block_queue}
@@ -180,3 +199,4 @@ class BlockPool:
             for block_id, block in by_id.items():
                 assert block is self.blocks[block_id], f"cache map entry {block_id} is not block {block_id}"
                 assert block.block_hash == block_hash, f"block {block_id} is cached under a hash it does not carry"
+    # --8<-- [end:check_invariants]

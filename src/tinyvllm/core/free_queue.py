@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """KVCacheBlock and FreeKVCacheBlockQueue: block metadata and the LRU list of free blocks.
 
 Concept: a ``KVCacheBlock`` is the bookkeeping of one physical block (its id, how many
@@ -24,6 +25,7 @@ tail. The eviction policy lives in who appends what when: the KV cache manager f
 request's blocks in reverse, so a chain's tail (its longest, least shareable prefix) is
 evicted before its head.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from tinyvllm.core.prefix_hash import BlockHash
 
 
+# --8<-- [start:kv_cache_block]
 class KVCacheBlock:
     """Metadata of one KV-cache block: id, reference count, hash, free-list links."""
 
@@ -73,8 +76,10 @@ class KVCacheBlock:
     def __repr__(self) -> str:
         hashed = "hashed" if self._block_hash is not None else "unhashed"
         return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}, {hashed})"
+# --8<-- [end:kv_cache_block]
 
 
+# --8<-- [start:queue_init]
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks; the head is the next to be reused."""
 
@@ -85,11 +90,15 @@ class FreeKVCacheBlockQueue:
         for prev, nxt in zip(blocks, blocks[1:]):
             prev.next_free_block = nxt
             nxt.prev_free_block = prev
+    # --8<-- [end:queue_init]
 
+    # --8<-- [start:contains]
     def _contains(self, block: KVCacheBlock) -> bool:
         """O(1): a block is in the list iff it is linked or is the (single) head."""
         return block.prev_free_block is not None or block is self.free_list_head
+    # --8<-- [end:contains]
 
+    # --8<-- [start:popleft]
     def popleft(self) -> KVCacheBlock:
         """Take the block at the head (the least recently freed)."""
         block = self.free_list_head
@@ -97,7 +106,9 @@ class FreeKVCacheBlockQueue:
             raise ValueError("No free blocks available")
         self.remove(block)
         return block
+    # --8<-- [end:popleft]
 
+    # --8<-- [start:remove]
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink ``block`` from anywhere in the list in O(1)."""
         if not self._contains(block):
@@ -112,7 +123,9 @@ class FreeKVCacheBlockQueue:
             self.free_list_tail = block.prev_free_block
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
+    # --8<-- [end:remove]
 
+    # --8<-- [start:append]
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail (it will be reused last)."""
         if self._contains(block):
@@ -125,6 +138,7 @@ class FreeKVCacheBlockQueue:
             self.free_list_tail = block
         block.next_free_block = None
         self.num_free_blocks += 1
+    # --8<-- [end:append]
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
         block = self.free_list_head
@@ -136,6 +150,7 @@ class FreeKVCacheBlockQueue:
         """The free blocks from head to tail (O(n); for tests, tracing and the docs)."""
         return list(self)
 
+    # --8<-- [start:check_invariants]
     def check_invariants(self, all_blocks: Iterable[KVCacheBlock] | None = None) -> None:
         """Assert the list is well formed; with ``all_blocks``, that the unlisted are unlinked."""
         seen: set[int] = set()
@@ -154,3 +169,4 @@ class FreeKVCacheBlockQueue:
                 assert block.prev_free_block is None and block.next_free_block is None, (
                     f"block {block.block_id} is not in the free list but still carries links"
                 )
+    # --8<-- [end:check_invariants]

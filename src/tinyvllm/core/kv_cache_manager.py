@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """KVCacheManager: which blocks each request holds, and prefix-cache hits.
 
 Concept: the scheduler's one door to KV memory. It maps requests to their blocks
@@ -29,6 +30,7 @@ keeps the request's block hashes, which stay valid because tokens are only appen
 
 Left out: sliding windows, hybrid KV specs, speculative lookahead slots, KV offloading.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from tinyvllm.core.prefix_hash import BlockHash, get_hash_fn, hash_request_token
 from tinyvllm.request import Request
 
 
+# --8<-- [start:helpers]
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for non-negative ``a`` and positive ``b``."""
     return -(-a // b)
@@ -54,6 +57,7 @@ def max_cache_hit_blocks(num_tokens: int, block_size: int) -> int:
     """The most full blocks a request of ``num_tokens`` tokens may take from the cache:
     whole blocks, leaving at least its last token to compute (NOTE 1)."""
     return max(num_tokens - 1, 0) // block_size
+# --8<-- [end:helpers]
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class KVCacheManager:
             raise ValueError(f"max_model_len must be an int >= 1, got {max_model_len!r}")
         if not isinstance(num_preallocate_tokens, int) or num_preallocate_tokens < 0:
             raise ValueError(f"num_preallocate_tokens must be an int >= 0, got {num_preallocate_tokens!r}")
+        # --8<-- [start:manager_fields]
         self.hash_fn = get_hash_fn(hash_algo)
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
@@ -107,9 +112,11 @@ class KVCacheManager:
         # request id -> how many of its leading blocks are in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         self._stats = PrefixCacheStats()
+        # --8<-- [end:manager_fields]
 
     # -- lookups -------------------------------------------------------------------
 
+    # --8<-- [start:get_computed_blocks]
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of cached full blocks from the start of ``request``, and the
         number of tokens they hold. Changes no block."""
@@ -131,9 +138,11 @@ class KVCacheManager:
             s = self._stats
             self._stats = PrefixCacheStats(s.requests + 1, s.queries + request.num_tokens, s.hits + num_computed_tokens)
         return computed, num_computed_tokens
+    # --8<-- [end:get_computed_blocks]
 
     # -- allocation ----------------------------------------------------------------
 
+    # --8<-- [start:allocate_slots]
     def allocate_slots(
         self,
         request: Request,
@@ -159,6 +168,7 @@ class KVCacheManager:
         if new_computed_blocks and not self.enable_caching:
             raise ValueError(f"request {req_id!r}: new_computed_blocks given with prefix caching disabled")
 
+        # --8<-- [start:allocate_step1]
         # Step 1: how many new blocks the computed, hit and scheduled tokens need.
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed_tokens + num_tokens
@@ -173,17 +183,23 @@ class KVCacheManager:
             )
         num_required_blocks = num_blocks_needed(total_tokens, self.block_size)
         num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
+        # --8<-- [end:allocate_step1]
 
+        # --8<-- [start:allocate_step2]
         # Step 2: can the free queue supply them once evictable hits are taken out? (NOTE 2)
         num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
         if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_hits:
             return None
+        # --8<-- [end:allocate_step2]
 
+        # --8<-- [start:allocate_step3]
         # Step 3: touch the hits so they cannot be evicted.
         self.block_pool.touch(new_computed_blocks)
         req_blocks = self.req_to_blocks.setdefault(req_id, req_blocks)
         req_blocks.extend(new_computed_blocks)
+        # --8<-- [end:allocate_step3]
 
+        # --8<-- [start:allocate_step4]
         # Step 4: pop new blocks from the head (evicting old content), with preallocation.
         new_blocks: list[KVCacheBlock] = []
         if num_new_blocks > 0:
@@ -194,7 +210,9 @@ class KVCacheManager:
             )
             new_blocks = self.block_pool.get_new_blocks(num_to_get)
             req_blocks.extend(new_blocks)
+        # --8<-- [end:allocate_step4]
 
+        # --8<-- [start:allocate_step5]
         # Step 5: cache every block that is now full, for later requests of this very batch.
         if self.enable_caching:
             num_cached = self.num_cached_block.get(req_id, len(new_computed_blocks))
@@ -204,18 +222,24 @@ class KVCacheManager:
                 request, req_blocks, block_hashes, num_cached, num_full, self.block_size, self.hash_fn
             )
             self.num_cached_block[req_id] = max(num_cached, num_full)
+        # --8<-- [end:allocate_step5]
         return new_blocks
+    # --8<-- [end:allocate_slots]
 
+    # --8<-- [start:free]
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so a chain's tail is evicted before
         its head (seed 002 §2.2(2)). Safe on a request that holds none."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_block.pop(request.request_id, None)
+    # --8<-- [end:free]
 
+    # --8<-- [start:free_block_hashes]
     def free_block_hashes(self, request: Request) -> None:
         """Forget a finished request's block hashes (NOTE 3)."""
         self.req_to_block_hashes.pop(request.request_id, None)
+    # --8<-- [end:free_block_hashes]
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks; refused (False) while any block is in use."""

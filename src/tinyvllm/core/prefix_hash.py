@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """Prefix hashing: the identity of a full KV-cache block.
 
 Concept: a full block of ``block_size`` tokens is identified by a ``BlockHash`` chained
@@ -36,6 +37,7 @@ LoRA called "x" can never be confused with a salt "x".
 
 Left out: multimodal extra keys (image hashes) and hybrid-model block sizes.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 HashFn = Callable[[Any], int]
 
 
+# --8<-- [start:block_hash]
 class BlockHash(NamedTuple):
     """The key of one full block in the prefix cache.
 
@@ -61,6 +64,7 @@ class BlockHash(NamedTuple):
     hash_value: int
     token_ids: tuple[int, ...]
     extra_keys: tuple | None = None
+# --8<-- [end:block_hash]
 
 
 def _stable_bytes(obj: Any) -> bytes:
@@ -72,12 +76,14 @@ def _stable_bytes(obj: Any) -> bytes:
     return repr(obj).encode("utf-8")
 
 
+# --8<-- [start:hash_fns]
 def sha256_hash(obj: Any) -> int:
     """Collision-resistant hash of a nested tuple, as a 256-bit int."""
     return int.from_bytes(hashlib.sha256(_stable_bytes(obj)).digest(), "big")
 
 
 def builtin_hash(obj: Any) -> int:
+# --8<-- [end:hash_fns]
     """Python's ``hash``: fast, but collisions can be crafted. Single-tenant use only."""
     return hash(obj)
 
@@ -85,14 +91,17 @@ def builtin_hash(obj: Any) -> int:
 _HASH_FNS: dict[str, HashFn] = {"sha256": sha256_hash, "builtin": builtin_hash}
 
 
+# --8<-- [start:get_hash_fn]
 def get_hash_fn(name: str) -> HashFn:
     """The hash function called ``name``: ``"sha256"`` (default) or ``"builtin"``."""
     try:
         return _HASH_FNS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown hash_algo {name!r}; choose one of {sorted(_HASH_FNS)}") from None
+# --8<-- [end:get_hash_fn]
 
 
+# --8<-- [start:none_hash]
 _HASH_SEED: str = os.environ.get("TINYVLLM_HASH_SEED", "0")
 _NONE_HASH_CACHE: dict[HashFn, int] = {}
 
@@ -104,8 +113,10 @@ def none_hash(hash_fn: HashFn) -> int:
         value = hash_fn(("tinyvllm.none_hash", _HASH_SEED))
         _NONE_HASH_CACHE[hash_fn] = value
     return value
+# --8<-- [end:none_hash]
 
 
+# --8<-- [start:hash_block_tokens]
 def hash_block_tokens(
     hash_fn: HashFn,
     parent_block_hash_value: int | None,
@@ -118,8 +129,10 @@ def hash_block_tokens(
     token_ids = tuple(curr_block_token_ids)
     value = hash_fn((parent_block_hash_value, token_ids, extra_keys))
     return BlockHash(value, token_ids, extra_keys)
+# --8<-- [end:hash_block_tokens]
 
 
+# --8<-- [start:extra_keys]
 def generate_block_hash_extra_keys(request: "Request", start_token_idx: int, end_token_idx: int) -> tuple | None:
     """Extra keys of the block spanning ``[start_token_idx, end_token_idx)``.
 
@@ -133,8 +146,10 @@ def generate_block_hash_extra_keys(request: "Request", start_token_idx: int, end
     if start_token_idx == 0 and request.cache_salt is not None:
         keys.append(("salt", request.cache_salt))
     return tuple(keys) if keys else None
+# --8<-- [end:extra_keys]
 
 
+# --8<-- [start:hash_request_tokens]
 def hash_request_tokens(hash_fn: HashFn, block_size: int, request: "Request") -> list[BlockHash]:
     """The chain of block hashes of a request's full blocks (a partial tail is skipped)."""
     if block_size < 1:
@@ -149,3 +164,4 @@ def hash_request_tokens(hash_fn: HashFn, block_size: int, request: "Request") ->
         hashes.append(block_hash)
         parent = block_hash.hash_value
     return hashes
+# --8<-- [end:hash_request_tokens]

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """Scheduler: the token budget, chunked prefill, prefix hits at admission, preemption.
 
 Concept: each step, decide how many tokens of which requests to compute. There are no
@@ -38,6 +39,7 @@ is discarded here.
 Left out: priorities, speculative decoding, structured output, encoder inputs, KV
 transfer, async scheduling.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -63,15 +65,25 @@ class SchedulerStats:
     num_preemptions: int
 
 
+# --8<-- [start:check_stop]
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Set a finished status on ``request`` if its last token ends it; True if it does.
 
-    Order: the EOS token (unless ``ignore_eos``), then a stop token, then length
+    Below ``min_tokens`` outputs only ``max_model_len`` ends a request. Then, in order:
+    the EOS token (unless ``ignore_eos``), then a stop token, then length
     (``max_tokens`` outputs or ``max_model_len`` tokens), so a last token that is both a
-    stop token and the ``max_tokens``-th reports "stop".
+    stop token and the ``max_tokens``-th reports "stop". This is today's vLLM order; the
+    v0.8-era ``check_stop`` tested length first and would report "length".
     """
     params = request.sampling_params
     last = request.output_token_ids[-1]
+    if request.num_output_tokens < params.min_tokens:
+        # EOS and stop tokens do not count yet (MinTokens masks them in the sampler too);
+        # the length limits still do, so max_model_len is never passed.
+        if request.num_tokens >= max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
     if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
         request.status = RequestStatus.FINISHED_STOPPED
         return True
@@ -83,14 +95,17 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+# --8<-- [end:check_stop]
 
 
+# --8<-- [start:prefill_chunk_size]
 def prefill_chunk_size(num_remaining: int, token_budget: int, long_prefill_token_threshold: int) -> int:
     """Tokens to schedule for a request with ``num_remaining`` uncomputed tokens."""
     n = num_remaining
     if 0 < long_prefill_token_threshold < n:
         n = long_prefill_token_threshold
     return min(n, token_budget)
+# --8<-- [end:prefill_chunk_size]
 
 
 class Scheduler:
@@ -147,6 +162,7 @@ class Scheduler:
         self.requests[rid] = request
         self.waiting.append(request)
 
+    # --8<-- [start:finish_requests]
     def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
         """Finish requests from outside (abort, or a stop string found by the engine).
         Their blocks are freed at once; unknown or already finished ids are ignored."""
@@ -163,6 +179,7 @@ class Scheduler:
                 self.waiting.remove(request)
             request.status = finished_status
             self._free_request(request)
+    # --8<-- [end:finish_requests]
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
@@ -170,6 +187,7 @@ class Scheduler:
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
 
+    # --8<-- [start:preempt]
     def _preempt_last_running(self) -> Request:
         """Preempt by recompute (NOTE 1): the victim is the last running request."""
         victim = self.running.pop()
@@ -180,6 +198,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(victim)
         return victim
+    # --8<-- [end:preempt]
 
     # -- one step --------------------------------------------------------------------
 
@@ -196,6 +215,7 @@ class Scheduler:
         running_reqs: list[Request] = []
         preempted: list[Request] = []
 
+        # --8<-- [start:running_loop]
         # 1. Running requests first, in order.
         index = 0
         while index < len(self.running) and token_budget > 0:
@@ -216,7 +236,9 @@ class Scheduler:
             start_tokens[request.request_id] = request.num_computed_tokens
             token_budget -= num_new
             index += 1
+        # --8<-- [end:running_loop]
 
+        # --8<-- [start:waiting_loop]
         # 2. Waiting requests, in arrival order, unless this step had to preempt.
         while not preempted and self.waiting and token_budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting[0]
@@ -239,6 +261,7 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             start_tokens[request.request_id] = num_hit_tokens
             token_budget -= num_new
+        # --8<-- [end:waiting_loop]
 
         output = SchedulerOutput(
             scheduled_new_reqs=tuple(
@@ -266,12 +289,15 @@ class Scheduler:
             finished_req_ids=frozenset(self.finished_req_ids),
             preempted_req_ids=frozenset(r.request_id for r in preempted),
         )
+        # --8<-- [start:advance]
         # 3. Advance at once: the runner and update_from_output see the step's end state.
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
         self.finished_req_ids = set()
         return output
+        # --8<-- [end:advance]
 
+    # --8<-- [start:update_from_output]
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
@@ -308,6 +334,7 @@ class Scheduler:
                     )
                 )
         return outputs
+    # --8<-- [end:update_from_output]
 
     # -- views -----------------------------------------------------------------------
 

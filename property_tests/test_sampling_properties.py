@@ -1,0 +1,194 @@
+"""Hypothesis properties of the sampling modules (seed 001 ch. 10, 13)."""
+
+import torch
+from hypothesis import given, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tinyvllm.config import EngineConfig, ReasoningConfig, SchedulerConfig
+from tinyvllm.sample.batch_update import BatchUpdate, MoveDirectionality
+from tinyvllm.sample.logits_processors import LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor
+from tinyvllm.sample.sampler import Sampler
+from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.worker.input_batch import InputBatch
+
+CPU = torch.device("cpu")
+V = 16
+MAX = 6
+CONFIG = EngineConfig(scheduler_config=SchedulerConfig(max_num_seqs=MAX))
+finite = st.floats(-20, 20, allow_nan=False, width=32)
+logit_rows = st.lists(st.lists(finite, min_size=V, max_size=V), min_size=1, max_size=MAX)
+
+
+def added_update(params_list, outputs=None):
+    outputs = outputs or [[] for _ in params_list]
+    return BatchUpdate(len(params_list), [], [(i, p, None, o) for i, (p, o) in enumerate(zip(params_list, outputs))], [])
+
+
+@given(rows=logit_rows, data=st.data())
+def test_min_p_never_changes_the_argmax(rows, data):
+    logits = torch.tensor(rows)
+    min_ps = data.draw(st.lists(st.floats(0, 1), min_size=len(rows), max_size=len(rows)))
+    proc = MinPLogitsProcessor(CONFIG, CPU, False)
+    proc.update_state(added_update([SamplingParams(min_p=m) for m in min_ps]))
+    out = proc.apply(logits.clone())
+    best = logits.argmax(-1)
+    assert torch.equal(out.gather(1, best[:, None]), logits.gather(1, best[:, None]))
+    assert torch.equal(out.max(-1).values, logits.max(-1).values)
+
+
+@given(rows=logit_rows, data=st.data())
+def test_logit_bias_changes_exactly_the_biased_entries_by_the_bias(rows, data):
+    logits = torch.tensor(rows)
+    bias_st = st.one_of(st.none(), st.dictionaries(st.integers(0, V - 1), st.floats(-5, 5, width=32), max_size=4))
+    biases = data.draw(st.lists(bias_st, min_size=len(rows), max_size=len(rows)))
+    proc = LogitBiasLogitsProcessor(CONFIG, CPU, False)
+    proc.update_state(added_update([SamplingParams(logit_bias=b) for b in biases]))
+    diff = proc.apply(logits.clone()) - logits
+    expected = torch.zeros_like(logits)
+    for row, bias in enumerate(biases):
+        for tok, value in (bias or {}).items():
+            expected[row, tok] = value
+    assert torch.allclose(diff, expected, atol=1e-5)
+
+
+@given(data=st.data())
+def test_min_tokens_masks_stop_tokens_exactly_while_output_is_short(data):
+    n = data.draw(st.integers(1, MAX))
+    params = [
+        SamplingParams(min_tokens=data.draw(st.integers(0, 4)), stop_token_ids=data.draw(st.lists(st.integers(0, V - 1), max_size=3)))
+        for _ in range(n)
+    ]
+    outputs = [[] for _ in range(n)]
+    proc = MinTokensLogitsProcessor(CONFIG, CPU, False)
+    proc.update_state(added_update(params, outputs))
+    for _ in range(6):
+        out = proc.apply(torch.zeros(n, V))
+        for row, (p, o) in enumerate(zip(params, outputs)):
+            masked = set(torch.isinf(out[row]).nonzero().view(-1).tolist())
+            assert masked == (set(p.stop_token_ids) if len(o) < p.min_tokens else set()), (row, p, o)
+        for row in range(n):
+            if data.draw(st.booleans()):
+                outputs[row].append(V - 1)
+        proc.update_state(None)
+
+
+class MinPBatchMachine(RuleBasedStateMachine):
+    """Random add / remove / condense / swap through the InputBatch; MinP's count follows."""
+
+    def __init__(self):
+        super().__init__()
+        self.proc = MinPLogitsProcessor(CONFIG, CPU, False)
+        from tinyvllm.sample.logits_processors import LogitsProcessors
+
+        self.batch = InputBatch(MAX, CPU, LogitsProcessors([self.proc]))
+        self.live: dict[str, float] = {}
+        self.next_id = 0
+        self.added_this_step = False
+        self.pending = False  # changes not yet handed over by refresh()
+
+    @precondition(lambda self: len(self.live) < MAX)
+    @rule(min_p=st.sampled_from([0.0, 0.0, 0.1, 0.5, 1.0]))
+    def add(self, min_p):
+        req_id = f"r{self.next_id}"
+        self.next_id += 1
+        self.batch.add_request(req_id, SamplingParams(min_p=min_p), None, [])
+        self.live[req_id] = min_p
+        self.added_this_step = self.pending = True
+
+    @precondition(lambda self: self.live and not self.added_this_step)
+    @rule(data=st.data())
+    def remove(self, data):
+        req_id = data.draw(st.sampled_from(sorted(self.live)))
+        self.batch.remove_request(req_id)
+        del self.live[req_id]
+        self.pending = True
+
+    @rule(data=st.data(), swap=st.booleans())
+    def step(self, data, swap):
+        self.batch.condense()
+        if swap and self.batch.num_reqs >= 2:
+            i1, i2 = data.draw(st.lists(st.integers(0, self.batch.num_reqs - 1), min_size=2, max_size=2, unique=True))
+            self.batch.swap_states(i1, i2)
+        self.batch.refresh()
+        self.added_this_step = self.pending = False
+        rows = [self.live[r] for r in self.batch.req_ids]
+        assert self.proc.min_p_cpu[: len(rows)].tolist() == torch.tensor(rows, dtype=torch.float32).tolist()
+
+    @invariant()
+    def count_matches_rows(self):
+        self.proc.check_invariants()
+        if not self.pending:
+            assert self.proc.min_p_count == sum(1 for m in self.live.values() if m)
+
+
+TestMinPCountMatchesRows = MinPBatchMachine.TestCase
+
+
+@given(seed=st.integers(0, 2**31 - 1), others=st.integers(0, 4), temperature=st.sampled_from([0.5, 1.0, 2.0]))
+def test_seeded_sampling_is_reproducible(seed, others, temperature):
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(7))
+
+    def run(n_others):
+        batch = InputBatch(MAX, CPU)
+        for i in range(n_others):
+            batch.add_request(f"o{i}", SamplingParams(temperature=1.0), None, [])
+        batch.add_request("me", SamplingParams(temperature=temperature, top_k=8, seed=seed), None, [])
+        batch.refresh()
+        row = batch.req_id_to_index["me"]
+        full = logits.repeat(batch.num_reqs, 1)
+        return [Sampler()(full, batch).sampled_token_ids[row].item() for _ in range(5)]
+
+    assert run(0) == run(others)
+
+
+@given(
+    budget=st.integers(0, 6),
+    end_len=st.integers(1, 3),
+    prefix=st.lists(st.integers(8, V - 1), max_size=3),
+    tail=st.lists(st.integers(8, V - 1), min_size=12, max_size=12),
+    temperature=st.sampled_from([0.0, 1.0]),
+)
+def test_thinking_budget_thinks_exactly_budget_tokens_then_forces_end(budget, end_len, prefix, tail, temperature):
+    start, end = (4,), tuple(range(5, 5 + end_len))
+    holder = ThinkingBudgetStateHolder(ReasoningConfig(start, end), MAX, 0, CPU, False)
+    batch = InputBatch(MAX, CPU, None, holder)
+    out: list[int] = []
+    batch.add_request("r", SamplingParams(temperature=temperature, thinking_token_budget=budget, seed=1), [0], out)
+    wanted = list(prefix) + list(start) + list(tail)  # what the fake model would say
+    for step in range(len(wanted)):
+        batch.refresh()
+        logits = torch.full((1, V), -30.0)
+        logits[0, wanted[len(out)] if len(out) < len(wanted) else 8] = 30.0
+        out.append(Sampler()(logits, batch).sampled_token_ids.item())
+        holder.check_invariants()
+    k = len(prefix) + len(start)
+    expected = list(prefix) + list(start) + list(tail[:budget]) + list(end)
+    expected += list(tail[budget + len(end):])  # the fake model indexes by position
+    assert out[: len(expected)] == expected[: len(out)]
+    assert out[k : k + budget] == tail[:budget]
+    assert out[k + budget : k + budget + end_len] == list(end)
+
+
+@given(data=st.data())
+def test_min_p_count_matches_rows_under_raw_updates_with_moves_onto_occupied_rows(data):
+    """Hand-built BatchUpdates, including UNIDIRECTIONAL moves onto occupied rows (appendix R2)."""
+    proc = MinPLogitsProcessor(CONFIG, CPU, False)
+    model = [0.0] * MAX  # the reference: row -> min_p
+    values = st.sampled_from([0.0, 0.1, 0.5])
+    rows = st.integers(0, MAX - 1)
+    for _ in range(data.draw(st.integers(1, 6))):
+        removed = data.draw(st.lists(rows, max_size=2, unique=True))
+        added = data.draw(st.lists(st.tuples(rows, values), max_size=3, unique_by=lambda t: t[0]))
+        moved = data.draw(st.lists(st.tuples(rows, rows, st.booleans()).filter(lambda t: t[0] != t[1]), max_size=3))
+        for r in removed:
+            model[r] = 0.0
+        for r, v in added:
+            model[r] = v
+        for a, b, swap in moved:
+            model[a], model[b] = (model[b] if swap else 0.0), model[a]
+        proc.update_state(BatchUpdate(MAX, removed, [(r, SamplingParams(min_p=v), None, []) for r, v in added],
+                                      [(a, b, MoveDirectionality.SWAP if swap else MoveDirectionality.UNIDIRECTIONAL) for a, b, swap in moved]))
+        assert proc.min_p_cpu.tolist() == torch.tensor(model, dtype=torch.float32).tolist()
+        assert proc.min_p_count == sum(1 for v in model if v)
+        proc.check_invariants()

@@ -1,0 +1,185 @@
+"""Attention metadata: where each scheduled token sits, in the sequence and in the cache.
+
+Concept: the scheduler hands the worker, per request, how many tokens are already computed
+(``num_computed_tokens``), how many are scheduled this step (``num_scheduled_tokens``) and
+the request's block ids. Attention needs the same facts token by token: each token's
+position, its slot in the paged cache, where each request's queries start, each request's
+sequence length and padded block table, and which rows produce logits. Small pure functions
+compute each one from plain ints; ``build_attention_metadata`` packs them as tensors into a
+frozen ``AttentionMetadata``.
+
+Follows: seed 003 "KV cache物理内存分配" (``_prepare_inputs`` builds ``attn_metadata`` and
+``logits_indices``; attention reads them through the forward context).
+Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``_prepare_inputs``) and
+``vllm/v1/attention/backends/utils.py`` (``CommonAttentionMetadata``).
+
+Invariants (property-tested): slots are unique across the batch and each lies inside its own
+request's blocks; positions continue from ``num_computed_tokens``; ``query_start_loc`` is the
+cumulative sum of ``num_scheduled_tokens``; ``logits_indices[r]`` is request r's last row.
+
+NOTE 1 (padding convention): a CUDA graph replays a fixed token count, so the runner may pad
+the N real tokens to ``num_padded_tokens``. Padding rows belong to no request: their position
+is 0 (a valid rotary index), their slot is ``PAD_SLOT_ID`` (``write_kv_cache`` skips them),
+``query_start_loc[-1]`` stays N, and both attention backends write zeros to their output
+rows. Block-table rows are padded with ``PAD_BLOCK_ID`` past a request's own blocks; the
+kernels never read those entries (they stop at ``cdiv(seq_len, block_size)``).
+
+Left out: padding the request count (full CUDA graphs of decode batches come with the
+CUDA-graph work), speculative decoding, multimodal positions (M-RoPE), persistent buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
+from tinyvllm.core.kv_cache_manager import cdiv
+
+# Fills a block-table row past the request's own blocks. Never read by the kernels; block 0
+# keeps an accidental read in bounds.
+PAD_BLOCK_ID = 0
+
+
+def _check_batch(num_computed_tokens: Sequence[int], num_scheduled_tokens: Sequence[int]) -> None:
+    if len(num_computed_tokens) != len(num_scheduled_tokens):
+        raise ValueError(
+            f"num_computed_tokens has {len(num_computed_tokens)} requests but "
+            f"num_scheduled_tokens has {len(num_scheduled_tokens)}"
+        )
+    for r, (c, n) in enumerate(zip(num_computed_tokens, num_scheduled_tokens)):
+        if c < 0:
+            raise ValueError(f"num_computed_tokens[{r}] = {c} is negative")
+        if n < 1:
+            raise ValueError(f"num_scheduled_tokens[{r}] = {n}: every request in the batch needs >= 1 token")
+
+
+# --8<-- [start:builders]
+def compute_query_start_loc(num_scheduled_tokens: Sequence[int]) -> list[int]:
+    """``[0, n0, n0+n1, ...]``: where each request's queries start (R+1 entries)."""
+    starts = [0]
+    for n in num_scheduled_tokens:
+        starts.append(starts[-1] + n)
+    return starts
+
+
+def compute_seq_lens(num_computed_tokens: Sequence[int], num_scheduled_tokens: Sequence[int]) -> list[int]:
+    """Tokens in the cache for each request once this step's K/V are written."""
+    return [c + n for c, n in zip(num_computed_tokens, num_scheduled_tokens)]
+
+
+def compute_positions(num_computed_tokens: Sequence[int], num_scheduled_tokens: Sequence[int]) -> list[int]:
+    """Each scheduled token's position in its sequence: request r's tokens are
+    ``num_computed_tokens[r], ..., num_computed_tokens[r] + num_scheduled_tokens[r] - 1``."""
+    return [p for c, n in zip(num_computed_tokens, num_scheduled_tokens) for p in range(c, c + n)]
+
+
+def slot_for_position(block_ids: Sequence[int], position: int, block_size: int) -> int:
+    """The cache slot of one token: ``block_ids[position // S] * S + position % S``."""
+    return block_ids[position // block_size] * block_size + position % block_size
+
+
+def compute_slot_mapping(
+    num_computed_tokens: Sequence[int],
+    num_scheduled_tokens: Sequence[int],
+    block_ids: Sequence[Sequence[int]],
+    block_size: int,
+) -> list[int]:
+    """Each scheduled token's slot, through its own request's block ids."""
+    slots = []
+    for r, (c, n) in enumerate(zip(num_computed_tokens, num_scheduled_tokens)):
+        if len(block_ids[r]) < cdiv(c + n, block_size):
+            raise ValueError(
+                f"request {r} has {len(block_ids[r])} blocks but {c + n} tokens need "
+                f"{cdiv(c + n, block_size)} of size {block_size}"
+            )
+        slots.extend(slot_for_position(block_ids[r], p, block_size) for p in range(c, c + n))
+    return slots
+
+
+def pad_block_table(block_ids: Sequence[Sequence[int]], max_num_blocks: int) -> list[list[int]]:
+    """Rows of block ids, each padded with ``PAD_BLOCK_ID`` to ``max_num_blocks``."""
+    longest = max((len(ids) for ids in block_ids), default=0)
+    if max_num_blocks < longest:
+        raise ValueError(f"max_num_blocks = {max_num_blocks} is less than the longest block table ({longest})")
+    return [list(ids) + [PAD_BLOCK_ID] * (max_num_blocks - len(ids)) for ids in block_ids]
+
+
+def compute_logits_indices(query_start_loc: Sequence[int]) -> list[int]:
+    """The row of each request's last scheduled token: ``query_start_loc[r + 1] - 1``."""
+    return [end - 1 for end in query_start_loc[1:]]
+# --8<-- [end:builders]
+
+
+# --8<-- [start:metadata]
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Everything attention needs for one step, as tensors (int32, except int64 slots)."""
+
+    positions: torch.Tensor  # [N_pad] int64; padding rows 0
+    query_start_loc: torch.Tensor  # [R + 1] int32; last entry = num_actual_tokens
+    seq_lens: torch.Tensor  # [R] int32; cached tokens including this step's
+    slot_mapping: torch.Tensor  # [N_pad] int64; padding rows PAD_SLOT_ID
+    block_table: torch.Tensor  # [R, max_num_blocks] int32; padded with PAD_BLOCK_ID
+    logits_indices: torch.Tensor  # [R] int64; last scheduled row of each request
+    num_actual_tokens: int  # N, the real tokens (the rest of N_pad is padding)
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+
+    @property
+    def num_reqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def num_padded_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
+# --8<-- [end:metadata]
+
+
+def build_attention_metadata(
+    num_computed_tokens: Sequence[int],
+    num_scheduled_tokens: Sequence[int],
+    block_ids: Sequence[Sequence[int]],
+    block_size: int,
+    *,
+    num_padded_tokens: int | None = None,
+    max_num_blocks: int | None = None,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Build the step's ``AttentionMetadata`` from per-request ints (NOTE 1 for padding)."""
+    _check_batch(num_computed_tokens, num_scheduled_tokens)
+    if len(block_ids) != len(num_scheduled_tokens):
+        raise ValueError(f"block_ids has {len(block_ids)} rows for {len(num_scheduled_tokens)} requests")
+    if block_size < 1:
+        raise ValueError(f"block_size = {block_size} must be >= 1")
+    num_tokens = sum(num_scheduled_tokens)
+    num_padded = num_tokens if num_padded_tokens is None else num_padded_tokens
+    if num_padded < num_tokens:
+        raise ValueError(f"num_padded_tokens = {num_padded} is less than the {num_tokens} scheduled tokens")
+    pad = num_padded - num_tokens
+    query_start_loc = compute_query_start_loc(num_scheduled_tokens)
+    seq_lens = compute_seq_lens(num_computed_tokens, num_scheduled_tokens)
+    positions = compute_positions(num_computed_tokens, num_scheduled_tokens) + [0] * pad
+    slots = compute_slot_mapping(num_computed_tokens, num_scheduled_tokens, block_ids, block_size)
+    slots += [PAD_SLOT_ID] * pad
+    width = max((len(ids) for ids in block_ids), default=0) if max_num_blocks is None else max_num_blocks
+    table = pad_block_table(block_ids, width)
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return AttentionMetadata(
+        positions=tensor(positions, torch.int64),
+        query_start_loc=tensor(query_start_loc, torch.int32),
+        seq_lens=tensor(seq_lens, torch.int32),
+        slot_mapping=tensor(slots, torch.int64),
+        block_table=tensor(table, torch.int32).reshape(len(block_ids), width),
+        logits_indices=tensor(compute_logits_indices(query_start_loc), torch.int64),
+        num_actual_tokens=num_tokens,
+        max_query_len=max(num_scheduled_tokens, default=0),
+        max_seq_len=max(seq_lens, default=0),
+        block_size=block_size,
+    )

@@ -1,0 +1,200 @@
+"""The persistent input batch: one row per running request, kept compact step to step.
+
+Concept: requests keep their row across steps, so per-row state (sampling tensors, logits
+processors' state) changes only where the batch changes. Each step the model runner calls
+``remove_request`` for finished requests (their rows become holes), ``add_request`` for
+new ones (the lowest hole first, else a new row at the end), ``condense()`` (the highest
+live rows move down into the remaining holes: UNIDIRECTIONAL moves), optionally
+``swap_states``, and then ``refresh()``, which freezes the step's changes into one
+``BatchUpdate`` and hands it to every logits processor and to the thinking-budget holder.
+
+Seed: 001 appendix U2 (the builder and the input batch), ch. 7.3 (live output lists).
+Mirrors: ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch``: ``add_request``,
+``remove_request``, ``swap_states``, ``condense``, ``refresh_metadata``).
+
+Invariants (``check_invariants``): after ``condense`` rows ``0 .. num_reqs - 1`` are live
+and nothing lies beyond; ``req_id_to_index`` and ``req_ids`` agree; each live row's
+``temperature``/``top_p``/``top_k`` equal its request's params; a row has a generator
+exactly when its request has a seed; rows with no request hold the neutral values.
+
+NOTE 1: within a step, every removal comes before the first addition: ``add_request``
+reads the builder's holes, after which ``removed_append`` raises (ch. 8.3).
+NOTE 2: MinTokens must hold back EOS as well as ``stop_token_ids`` (vLLM's
+``all_stop_token_ids``). ``add_request(eos_token_id=...)`` hands the processors a copy
+of the params with EOS appended to ``stop_token_ids`` unless ``ignore_eos``.
+Left out: token-id and block-table buffers (the model runner's issue), LoRA, pooling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
+from tinyvllm.sample.logits_processors.state import LogitsProcessors
+from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
+from tinyvllm.sampling_params import SamplingParams
+
+
+class InputBatch:
+    """The persistent batch of running requests (see the module header)."""
+
+    def __init__(
+        self,
+        max_num_reqs: int,
+        device: torch.device | str = "cpu",
+        logitsprocs: LogitsProcessors | None = None,
+        thinking_budget: ThinkingBudgetStateHolder | None = None,
+    ) -> None:
+        if max_num_reqs < 1:
+            raise ValueError(f"max_num_reqs must be >= 1, got {max_num_reqs!r}")
+        self.max_num_reqs = max_num_reqs
+        self.device = torch.device(device)
+        self.logitsprocs = logitsprocs or LogitsProcessors()
+        self.thinking_budget = thinking_budget
+        self.batch_update_builder = BatchUpdateBuilder()
+        self.req_ids: list[str | None] = []  # row -> request id (None: a hole)
+        self.req_id_to_index: dict[str, int] = {}
+        self.params: list[SamplingParams | None] = []
+        self.output_token_ids: list[list[int] | None] = []  # row -> the request's live output list
+        self.temperature = torch.ones(max_num_reqs, dtype=torch.float32)  # [R_max]
+        self.top_p = torch.ones(max_num_reqs, dtype=torch.float32)  # [R_max]
+        self.top_k = torch.zeros(max_num_reqs, dtype=torch.int64)  # [R_max], 0 = off
+        self.generators: dict[int, torch.Generator] = {}  # row -> the request's own generator
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    # --8<-- [start:add_remove]
+    def add_request(
+        self,
+        req_id: str,
+        params: SamplingParams,
+        prompt_token_ids: list[int] | None,
+        output_token_ids: list[int],
+        eos_token_id: int | None = None,
+    ) -> int:
+        """Put a request into the lowest hole (or a new last row); return its row."""
+        if req_id in self.req_id_to_index:
+            raise ValueError(f"request {req_id!r} is already in the batch")
+        if self.num_reqs >= self.max_num_reqs:
+            raise ValueError(f"batch is full ({self.max_num_reqs} requests); cannot add {req_id!r}")
+        row = self.batch_update_builder.pop_removed()  # NOTE 1
+        if row is None:
+            row = len(self.req_ids)
+            self.req_ids.append(None)
+            self.params.append(None)
+            self.output_token_ids.append(None)
+        self.req_ids[row], self.req_id_to_index[req_id] = req_id, row
+        self.params[row], self.output_token_ids[row] = params, output_token_ids
+        self.temperature[row] = params.temperature
+        self.top_p[row] = params.top_p
+        self.top_k[row] = params.top_k
+        if params.seed is not None:
+            self.generators[row] = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.batch_update_builder.added.append(
+            (row, _params_for_processors(params, eos_token_id), prompt_token_ids, output_token_ids)
+        )
+        return row
+
+    def remove_request(self, req_id: str) -> int | None:
+        """Take a request out; its row becomes a hole. Returns the row (None if unknown)."""
+        row = self.req_id_to_index.pop(req_id, None)
+        if row is None:
+            return None
+        self._clear_row(row)
+        self.batch_update_builder.removed_append(row)
+        return row
+    # --8<-- [end:add_remove]
+
+    def _clear_row(self, row: int) -> None:
+        self.req_ids[row] = None
+        self.params[row] = None
+        self.output_token_ids[row] = None
+        self.temperature[row], self.top_p[row], self.top_k[row] = 1.0, 1.0, 0
+        self.generators.pop(row, None)
+
+    # --8<-- [start:condense]
+    def condense(self) -> None:
+        """Move the highest live rows into the remaining holes (UNIDIRECTIONAL moves)."""
+        holes = sorted(self.batch_update_builder.removed)  # lowest first
+        last = len(self.req_ids) - 1
+        for hole in holes:
+            while last >= 0 and self.req_ids[last] is None:
+                last -= 1
+            if last <= hole:
+                break
+            self._move_row(last, hole)
+            self.batch_update_builder.moved.append((last, hole, MoveDirectionality.UNIDIRECTIONAL))
+            last -= 1
+        del self.req_ids[self.num_reqs :], self.params[self.num_reqs :], self.output_token_ids[self.num_reqs :]
+
+    def swap_states(self, i1: int, i2: int) -> None:
+        """Exchange two live rows (recorded as a SWAP)."""
+        for index in (i1, i2):
+            if not 0 <= index < len(self.req_ids) or self.req_ids[index] is None:
+                raise ValueError(f"swap_states: row {index} holds no request")
+        for seq in (self.req_ids, self.params, self.output_token_ids):
+            seq[i1], seq[i2] = seq[i2], seq[i1]
+        for tensor in (self.temperature, self.top_p, self.top_k):
+            tensor[[i1, i2]] = tensor[[i2, i1]]
+        g1, g2 = self.generators.pop(i1, None), self.generators.pop(i2, None)
+        if g1 is not None:
+            self.generators[i2] = g1
+        if g2 is not None:
+            self.generators[i1] = g2
+        self.req_id_to_index[self.req_ids[i1]] = i1
+        self.req_id_to_index[self.req_ids[i2]] = i2
+        self.batch_update_builder.moved.append((i1, i2, MoveDirectionality.SWAP))
+        self.batch_update_builder.batch_changed = True
+    # --8<-- [end:condense]
+
+    def _move_row(self, src: int, dst: int) -> None:
+        req_id = self.req_ids[src]
+        assert req_id is not None and self.req_ids[dst] is None, f"move {src} -> {dst} needs a live source and a hole"
+        self.req_ids[dst], self.params[dst], self.output_token_ids[dst] = req_id, self.params[src], self.output_token_ids[src]
+        self.temperature[dst], self.top_p[dst], self.top_k[dst] = self.temperature[src], self.top_p[src], self.top_k[src]
+        generator = self.generators.pop(src, None)
+        if generator is not None:
+            self.generators[dst] = generator
+        self.req_id_to_index[req_id] = dst
+        self._clear_row(src)
+
+    # --8<-- [start:refresh]
+    def refresh(self) -> BatchUpdate | None:
+        """Hand this step's BatchUpdate (None: no change) to the processors and the thinking budget.
+
+        Call it every step, changed or not: MinTokens and the thinking budget re-read the
+        live output lists here.
+        """
+        if any(req_id is None for req_id in self.req_ids):
+            raise RuntimeError(f"rows {[i for i, r in enumerate(self.req_ids) if r is None]} are holes: call condense() first")
+        batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
+        for proc in self.logitsprocs.all:
+            proc.update_state(batch_update)
+        if self.thinking_budget is not None:
+            self.thinking_budget.sync_batch(batch_update)
+            self.thinking_budget.update_state(self.output_token_ids)
+        return batch_update
+    # --8<-- [end:refresh]
+
+    def check_invariants(self) -> None:
+        assert len(self.req_ids) == len(self.params) == len(self.output_token_ids), "row lists differ in length"
+        for req_id, row in self.req_id_to_index.items():
+            assert self.req_ids[row] == req_id, f"request {req_id!r} maps to row {row} holding {self.req_ids[row]!r}"
+        for row in range(self.max_num_reqs):
+            params = self.params[row] if row < len(self.params) else None
+            expected = (params.temperature, params.top_p, params.top_k) if params else (1.0, 1.0, 0)
+            got = (self.temperature[row].item(), self.top_p[row].item(), self.top_k[row].item())
+            assert got == tuple(torch.tensor(expected[:2]).tolist()) + (expected[2],), f"row {row}: tensors {got} != params {expected}"
+            has_seed = params is not None and params.seed is not None
+            assert (row in self.generators) == has_seed, f"row {row}: generator present {row in self.generators}, seed {has_seed}"
+
+
+def _params_for_processors(params: SamplingParams, eos_token_id: int | None) -> SamplingParams:
+    """The params the processors see: EOS joins the stop tokens (NOTE 2)."""
+    if eos_token_id is None or params.ignore_eos or eos_token_id in params.stop_token_ids:
+        return params
+    return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, eos_token_id))

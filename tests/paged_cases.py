@@ -1,0 +1,35 @@
+"""Paged attention test cases shared by the reference and Triton tests."""
+
+import torch
+
+
+def make_case(
+    query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
+    seed=0, dtype=torch.float32, device="cpu", pad_tokens=0,
+):  # fmt: skip
+    """A paged batch: a shuffled pool of blocks, each request's own blocks holding random K/V
+    at its positions and NaN in every slot it does not use (so reading one shows up).
+    Returns query (with ``pad_tokens`` random padding rows), the caches, query_start_loc,
+    seq_lens, a block table one column wider than needed, and the block ids as lists."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_req = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_req) + 2
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    block_ids, start = [], 0
+    for n in blocks_per_req:
+        block_ids.append(perm[start : start + n])
+        start += n
+    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_size), float("nan"))
+    value_cache = torch.full_like(key_cache, float("nan"))
+    for ids, seq_len in zip(block_ids, seq_lens):
+        for cache in (key_cache, value_cache):
+            kv = torch.randn(len(ids) * block_size, num_kv_heads, head_size, generator=gen)
+            kv[seq_len:] = float("nan")
+            cache[torch.tensor(ids)] = kv.view(len(ids), block_size, num_kv_heads, head_size)
+    query = torch.randn(sum(query_lens) + pad_tokens, num_heads, head_size, generator=gen)
+    width = max(blocks_per_req) + 1
+    table = torch.tensor([ids + [0] * (width - len(ids)) for ids in block_ids], dtype=torch.int32)
+    qsl = torch.tensor([0] + torch.tensor(query_lens).cumsum(0).tolist(), dtype=torch.int32)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    tensors = [t.to(device) for t in (query.to(dtype), key_cache.to(dtype), value_cache.to(dtype), qsl, sl, table)]
+    return (*tensors, block_ids)

@@ -1,0 +1,214 @@
+"""The Triton kernel against the torch reference: tiny drawn cases under the interpreter on
+the CPU, wide ones on a GPU (``gpu`` marker). Outputs are poisoned with NaN before each run
+and unused cache slots hold NaN, so an unwritten row or a read past a request fails."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from paged_cases import make_case
+
+from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention.triton_attention import (
+    ATTENTION_CG_SUPPORT,
+    SPLIT_KV_SEGMENTS,
+    choose_num_segments,
+    choose_query_tile,
+)
+
+# Tolerances per dtype. The reference works in float32 from the same inputs; the kernel
+# differs by summation order and, on a GPU, by rounding softmax weights to fp16/bf16
+# before the P @ V product (about one ulp of the output's dtype).
+# CUDA when present; the CPU under TRITON_INTERPRET=1 otherwise (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+TOLERANCES = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}
+
+
+def check_against_reference(
+    query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
+    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0,
+):  # fmt: skip
+    """Run both backends on one case and compare; padding rows must come back zero."""
+    q, kc, vc, qsl, sl, bt, _ = make_case(
+        query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
+        seed=seed, dtype=dtype, device=device, pad_tokens=pad_tokens,
+    )  # fmt: skip
+    scale = head_size**-0.5
+    expected = reference.paged_attention(q, kc, vc, qsl, sl, bt, scale)
+    out = torch.full_like(q, float("nan"))
+    result = triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, scale, out=out, num_segments=num_segments)
+    assert result is out and out.dtype == dtype
+    assert not out.isnan().any(), f"unwritten or NaN rows: {out.isnan().any(-1).any(-1).nonzero().flatten().tolist()}"
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[dtype])
+    if pad_tokens:
+        assert (out[sum(query_lens) :] == 0).all()
+
+
+def test_declares_cuda_graph_support_always():
+    assert ATTENTION_CG_SUPPORT == "ALWAYS"
+
+
+@pytest.mark.parametrize(
+    "query_lens, seq_lens, num_heads, num_kv_heads, block_size",
+    [
+        ([1], [1], 2, 2, 16),  # the first token of a sequence: one key
+        ([1], [17], 4, 2, 16),  # decode, context 17 = one full block + 1
+        ([17], [17], 2, 1, 16),  # prefill of 17 tokens over two blocks, GQA 2
+        ([3, 1, 24], [40, 33, 24], 8, 2, 32),  # chunked prefill + decode + prefill, GQA 4
+        ([1, 2, 1], [1, 50, 17], 8, 1, 16),  # MQA (GQA 8), mixed
+        ([1], [255], 2, 2, 16),  # a long decode context: 16 blocks
+        ([5, 0, 2], [9, 3, 2], 2, 1, 16),  # a request with no query tokens this step
+    ],
+)
+def test_matches_reference(query_lens, seq_lens, num_heads, num_kv_heads, block_size):
+    check_against_reference(query_lens, seq_lens, num_heads, num_kv_heads, 64, block_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_dtypes(dtype):
+    check_against_reference([2, 1, 6], [20, 17, 6], 4, 2, 64, 16, dtype=dtype)
+
+
+def test_head_dim_128_and_non_power_of_two_group():
+    check_against_reference([3, 1], [19, 33], 6, 2, 128, 16)  # G = 3: rows padded to BLOCK_M
+
+
+def test_padding_rows_are_zero():
+    check_against_reference([2, 1], [18, 5], 4, 2, 64, 16, pad_tokens=5)
+
+
+@pytest.mark.parametrize("num_segments", [2, SPLIT_KV_SEGMENTS])
+def test_split_kv_matches_reference(num_segments):
+    # decode with long-ish and short contexts: some segments are empty for the short one
+    check_against_reference([1, 1, 1], [100, 17, 1], 4, 1, 64, 16, num_segments=num_segments)
+
+
+def test_split_kv_with_prefill_rows_and_padding():
+    # the split path is chosen for decode, but it is correct for any batch
+    check_against_reference([4, 1], [40, 70], 4, 2, 64, 16, num_segments=4, pad_tokens=3)
+
+
+@st.composite
+def tiny_batches(draw):
+    num_reqs = draw(st.integers(1, 3))
+    query_lens = [draw(st.sampled_from([1, 1, 2, 5, 16, 24])) for _ in range(num_reqs)]
+    seq_lens = [q + draw(st.sampled_from([0, 0, 1, 15, 16, 40])) for q in query_lens]
+    num_kv_heads = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    return dict(
+        query_lens=query_lens, seq_lens=seq_lens, num_heads=num_kv_heads * group,
+        num_kv_heads=num_kv_heads, head_size=64, block_size=draw(st.sampled_from([16, 32])),
+        dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])),
+        num_segments=draw(st.sampled_from([None, None, 1, 4])), pad_tokens=draw(st.sampled_from([0, 0, 3])),
+        seed=draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+
+
+@settings(max_examples=20)
+@given(tiny_batches())
+def test_drawn_tiny_batches_match_reference(case):
+    check_against_reference(**case)
+
+
+def test_choose_num_segments_splits_only_few_long_decodes():
+    assert choose_num_segments(num_tokens=4, num_reqs=4, num_kv_heads=8, max_context=4096) == SPLIT_KV_SEGMENTS
+    assert choose_num_segments(num_tokens=5, num_reqs=4, num_kv_heads=8, max_context=4096) == 1  # a prefill row
+    assert choose_num_segments(num_tokens=64, num_reqs=64, num_kv_heads=8, max_context=4096) == 1  # 512 programs
+    assert choose_num_segments(num_tokens=4, num_reqs=4, num_kv_heads=8, max_context=256) == 1  # short
+
+
+@given(st.integers(1, 16), st.booleans())
+def test_query_tile_holds_its_rows(group, decode_only):
+    block_q, block_m = choose_query_tile(group, decode_only)
+    assert block_q >= 1 and block_m >= 16 and block_m & (block_m - 1) == 0
+    assert block_q * group <= block_m
+
+
+def _args():
+    q, kc, vc, qsl, sl, bt, _ = make_case([2], [3], 4, 2, 16, 16)  # H = 4, Hkv = 2
+    return dict(query=q, key_cache=kc, value_cache=vc, query_start_loc=qsl, seq_lens=sl, block_table=bt, scale=1.0)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(query=a["query"][0]), "must be \\[N, H, D\\]"),
+        (lambda a: a.update(value_cache=a["value_cache"][:1]), "must both be"),
+        (lambda a: a.update(query=torch.zeros(2, 3, 16)), "query heads 3 are not a multiple"),
+        (lambda a: a.update(query=torch.zeros(2, 2, 8)), "cache head size 16 != query head size 8"),
+        (lambda a: a.update(query=a["query"].half()), "must be one dtype"),
+        (lambda a: a.update(seq_lens=a["seq_lens"].long()), "seq_lens dtype torch.int64"),
+        (lambda a: a.update(query_start_loc=torch.zeros(3, dtype=torch.int32)), "must be \\[R \\+ 1\\]"),
+        (lambda a: a.update(block_table=a["block_table"][:0]), "must be \\[R, max_blocks\\] with R = 1"),
+        (lambda a: a.update(block_table=torch.zeros(1, 4, dtype=torch.int32)[:, ::2]), "must be unit along max_blocks"),
+        (lambda a: a.update(out=torch.zeros(2, 4, 16, dtype=torch.float16)), "out \\(2, 4, 16\\) torch.float16"),
+        (lambda a: a.update(num_segments=3), "num_segments 3"),
+        (lambda a: a.update(query=torch.zeros(2, 16, 4).transpose(1, 2)), "query must have unit stride along D"),
+    ],
+)
+def test_launcher_checks(change, message):
+    args = _args()
+    change(args)
+    with pytest.raises(ValueError, match=message):
+        triton_attention.paged_attention(**args)
+
+
+@pytest.mark.parametrize("block_size, head_size, message", [(8, 16, "block size 8"), (16, 80, "head size 80")])
+def test_launcher_rejects_unsupported_tile_sizes(block_size, head_size, message):
+    q, kc, vc, qsl, sl, bt, _ = make_case([1], [3], 2, 1, head_size, block_size)
+    with pytest.raises(ValueError, match=message):
+        triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 1.0)
+
+
+# ---- GPU: wide and many (run with `python3 -m pytest -m gpu` on a CUDA machine) ----
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_gpu_mixed_batches(dtype, head_size, group, block_size):
+    query_lens = [1, 7, 1, 37, 1, 64, 3, 1]
+    seq_lens = [1, 17, 255, 300, 256, 64, 1000, 2049]
+    for seed, pad in ((0, 0), (1, 13)):
+        check_against_reference(
+            query_lens, seq_lens, 2 * group, 2, head_size, block_size,
+            dtype=dtype, pad_tokens=pad, device="cuda", seed=seed,
+        )  # fmt: skip
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_segments", [None, 1, 4, SPLIT_KV_SEGMENTS])
+def test_gpu_long_decode_split_kv(dtype, num_segments):
+    seq_lens = [4096, 1, 17, 255, 8000, 600]
+    check_against_reference([1] * len(seq_lens), seq_lens, 32, 8, 128, 16, dtype=dtype, num_segments=num_segments, device="cuda")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_long_prefill(dtype):
+    check_against_reference([1024, 300], [1024, 2300], 16, 4, 128, 16, dtype=dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_drawn_batches(seed):
+    gen = torch.Generator().manual_seed(seed)
+    num_reqs = int(torch.randint(1, 40, (1,), generator=gen))
+    query_lens = torch.randint(1, 80, (num_reqs,), generator=gen)
+    query_lens = torch.where(torch.rand(num_reqs, generator=gen) < 0.6, 1, query_lens).tolist()
+    seq_lens = [q + int(torch.randint(0, 1500, (1,), generator=gen)) for q in query_lens]
+    check_against_reference(query_lens, seq_lens, 16, 2, 128, 16, dtype=torch.bfloat16, device="cuda", seed=seed)
