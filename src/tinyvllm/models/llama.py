@@ -1,0 +1,324 @@
+"""The decoder: one Llama-style transformer for Llama, Qwen2 and Qwen3, over the paged KV cache.
+
+Concept: a ``DecoderForCausalLM`` turns the N scheduled tokens of a step (any mix of
+prefill chunks and decodes, back to back) into hidden states, reading and writing the
+paged KV cache through the step's ``AttentionMetadata``. Per layer: RMSNorm, one fused
+q/k/v projection, (Qwen3) RMSNorm on each q and k head, rotary embedding at each token's
+position, ``write_kv_cache`` of k and v into the layer's cache, ``paged_attention`` over
+everything cached, output projection, residual; then RMSNorm and a fused SiLU-gated MLP.
+``compute_logits`` maps only the rows the runner asks for to the vocabulary, in float32.
+The three families differ by flags of the ``ModelSpec``: ``qk_norm`` (Qwen3), ``qkv_bias``
+(Qwen2), ``rope_scaling`` (llama3), ``tie_word_embeddings``.
+
+Follows: seed 003 "KV cache物理内存分配" (the per-layer cache ``(2, num_blocks, block_size,
+num_kv_heads, head_size)``, ``key_cache = kv[0]``, ``value_cache = kv[1]``; attention reads
+slots and block ids from the attention metadata).
+Mirrors: ``vllm/model_executor/models/llama.py`` (and ``qwen2.py``, ``qwen3.py``), with
+``vllm/model_executor/layers/rotary_embedding.py`` and ``layernorm.py`` folded in.
+
+Invariants: the arithmetic is transformers' own, operation for operation, so float32
+results match ``AutoModelForCausalLM`` to rounding; padding rows (``num_padded_tokens >
+num_actual_tokens``, CUDA graphs) write nothing to the cache and leave the real rows
+unchanged; no Python loop runs over tokens.
+
+NOTE 1 (fused projections): q, k and v share one ``Linear`` whose weight is the three
+checkpoint matrices stacked along the output dimension, ``[(H + 2 * Hkv) * D, hidden]``
+(rows ``[0, H*D)`` are q, then k, then v; the bias likewise); gate and up share one whose
+weight is ``[2 * I, hidden]`` (gate rows first). One matmul instead of three (or two), as in
+vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``; ``load_model`` stacks them.
+NOTE 2 (transformers' rounding): RMSNorm computes its variance in float32 and multiplies by
+the weight after casting back; ``inv_freq`` and cos/sin are computed in float32 and cast to
+the model dtype, exactly as transformers does, so the same weights give the same numbers.
+NOTE 3 (inv_freq stays float32): the rotary module recomputes ``inv_freq`` in float32 from
+the spec after every ``.to()`` / ``to_empty()``, so casting the model to bfloat16 never
+rounds the frequencies.
+NOTE 4 (flat names): the module tree drops Hugging Face's ``model.`` level
+(``embed_tokens``, ``layers``, ``norm``, ``lm_head``); ``load_model`` maps the names.
+
+Left out: tensor parallelism, quantisation, sliding windows, rope types other than default
+and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention.kv_cache_write import write_kv_cache
+from tinyvllm.models.loader import ModelSpec, check_tensor_names, find_weight_files, iter_safetensors, load_model_spec
+from tinyvllm.worker.attention_metadata import AttentionMetadata
+
+ATTENTION_BACKENDS = {"reference": reference.paged_attention, "triton": triton_attention.paged_attention}
+# Checkpoint tensors that carry nothing the decoder needs (old Llama exports saved the buffer).
+_IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def kv_cache_shape(spec: ModelSpec, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """One layer's cache (seed 003): ``(2, num_blocks, block_size, Hkv, D)``, keys at index 0."""
+    if num_blocks < 1 or block_size < 1:
+        raise ValueError(f"num_blocks = {num_blocks} and block_size = {block_size} must both be >= 1")
+    return (2, num_blocks, block_size, spec.num_key_value_heads, spec.head_dim)
+
+
+class RMSNorm(nn.Module):
+    """``weight * (x / sqrt(mean(x^2) + eps))``, the variance in float32 (NOTE 2)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., size]
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def compute_inv_freq(spec: ModelSpec, device: torch.device | str | None = None) -> torch.Tensor:
+    """Rotary inverse frequencies ``theta^(-2i/D)`` in float32, [D/2]; llama3 scaling divides
+    the low frequencies by ``factor`` and blends the middle band smoothly (NOTE 2)."""
+    dim = spec.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim  # [D/2]
+    inv_freq = 1.0 / (spec.rope_theta**exponents)  # [D/2]
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return inv_freq
+    low_freq_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_freq_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq  # [D/2]
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)  # long waves: / factor
+    smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of ``position * inv_freq`` for each token, neox layout (two halves)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.register_buffer("inv_freq", compute_inv_freq(spec), persistent=False)  # [D/2] float32
+
+    def _apply(self, fn, recurse=True):  # NOTE 3: recompute in float32 wherever we moved
+        super()._apply(fn, recurse)
+        self.inv_freq = compute_inv_freq(self.spec, self.inv_freq.device)
+        return self
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [N, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [N, D]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each head of x ([N, heads, D]) by its token's angle: ``x*cos + rotate_half(x)*sin``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [N, heads, D]
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    """Fused q/k/v projection, optional q/k norm, rotary, paged KV cache, output projection."""
+
+    def __init__(self, spec: ModelSpec, attend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = spec.num_attention_heads, spec.num_key_value_heads
+        self.head_dim = spec.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)  # NOTE 1
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.scale = self.head_dim**-0.5
+        self.attend = attend
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [N, hidden]
+        cos: torch.Tensor,  # [N, D]
+        sin: torch.Tensor,  # [N, D]
+        kv_cache: torch.Tensor,  # [2, B, S, Hkv, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)  # [N, H, D]
+        k = k.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
+        v = v.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        key_cache, value_cache = kv_cache[0], kv_cache[1]  # [B, S, Hkv, D] each
+        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)  # padding slots skipped
+        out = self.attend(
+            q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale
+        )  # [N, H, D]; padding rows zero
+        return self.o_proj(out.view(n, self.q_size))  # [N, hidden]
+
+
+class MLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul (NOTE 1)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.intermediate_size = spec.intermediate_size
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden]
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [N, I] each
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, spec: ModelSpec, attend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = Attention(spec, attend)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x, cos, sin, kv_cache, meta) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderForCausalLM(nn.Module):
+    """Llama / Qwen2 / Qwen3 over the paged KV cache. Build it with ``load_model``."""
+
+    def __init__(self, spec: ModelSpec, attention_backend: str = "reference") -> None:
+        super().__init__()
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend {attention_backend!r} is not one of {sorted(ATTENTION_BACKENDS)}")
+        self.spec = spec
+        self.attention_backend = attention_backend
+        attend = ATTENTION_BACKENDS[attention_backend]
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.rotary = RotaryEmbedding(spec)
+        self.layers = nn.ModuleList(DecoderLayer(spec, attend) for _ in range(spec.num_hidden_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """With ``tie_word_embeddings``, lm_head shares the embedding matrix (one Parameter)."""
+        if self.spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [N] int64 (N may include CUDA-graph padding)
+        positions: torch.Tensor,  # [N] int64
+        kv_caches: list[torch.Tensor],  # L x [2, B, S, Hkv, D]
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, one row per token: [N, hidden]."""
+        n = attn_metadata.num_padded_tokens
+        if input_ids.shape != (n,) or positions.shape != (n,):
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must both be "
+                f"[{n}] (num_padded_tokens of the attention metadata)"
+            )
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"kv_caches has {len(kv_caches)} tensors for {len(self.layers)} layers")
+        x = self.embed_tokens(input_ids)  # [N, hidden]
+        cos, sin = self.rotary(positions, x.dtype)  # [N, D] each
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, kv_cache, attn_metadata)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, hidden] -> [R, V] float32 logits (the matmul runs in the model's dtype)."""
+        return self.lm_head(hidden).float()
+
+
+def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor the decoder reads, in Hugging Face naming, with its shape."""
+    hidden, inter, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
+    shapes = {"model.embed_tokens.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,)}
+    if not spec.tie_word_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, hidden)
+    for i in range(spec.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,)}
+        shapes |= {p + "self_attn.q_proj.weight": (q, hidden), p + "self_attn.o_proj.weight": (hidden, q)}
+        shapes |= {p + "self_attn.k_proj.weight": (kv, hidden), p + "self_attn.v_proj.weight": (kv, hidden)}
+        shapes |= {p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden)}
+        shapes |= {p + "mlp.down_proj.weight": (hidden, inter)}
+        if spec.qkv_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,)}
+            shapes |= {p + "self_attn.v_proj.bias": (kv,)}
+        if spec.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    return shapes
+
+
+def _check_tensors(spec: ModelSpec, tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """Missing, misshapen or unknown tensors: a ValueError naming the tensor."""
+    check_tensor_names(spec, tensors, folder)
+    shapes = expected_tensor_shapes(spec)
+    for name, tensor in tensors.items():
+        if name in shapes:
+            if tuple(tensor.shape) != shapes[name]:
+                raise ValueError(
+                    f"tensor {name!r} in {folder} has shape {tuple(tensor.shape)}, expected {shapes[name]}"
+                )
+        elif not (name.endswith(_IGNORED_TENSOR_SUFFIXES) or (name == "lm_head.weight" and spec.tie_word_embeddings)):
+            raise ValueError(f"tensor {name!r} in {folder} is not used by this decoder (unsupported feature)")
+
+
+@torch.no_grad()
+def _copy_weights(model: DecoderForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy checkpoint tensors into the model, stacking q/k/v and gate/up (NOTE 1)."""
+    spec = model.spec
+    model.embed_tokens.weight.copy_(tensors["model.embed_tokens.weight"])
+    model.norm.weight.copy_(tensors["model.norm.weight"])
+    if not spec.tie_word_embeddings:
+        model.lm_head.weight.copy_(tensors["lm_head.weight"])
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        layer.input_layernorm.weight.copy_(tensors[p + "input_layernorm.weight"])
+        layer.post_attention_layernorm.weight.copy_(tensors[p + "post_attention_layernorm.weight"])
+        attn.qkv_proj.weight.copy_(torch.cat([tensors[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
+        if spec.qkv_bias:
+            attn.qkv_proj.bias.copy_(torch.cat([tensors[p + f"self_attn.{x}_proj.bias"] for x in "qkv"]))
+        attn.o_proj.weight.copy_(tensors[p + "self_attn.o_proj.weight"])
+        if spec.qk_norm:
+            attn.q_norm.weight.copy_(tensors[p + "self_attn.q_norm.weight"])
+            attn.k_norm.weight.copy_(tensors[p + "self_attn.k_norm.weight"])
+        mlp.gate_up_proj.weight.copy_(torch.cat([tensors[p + f"mlp.{x}_proj.weight"] for x in ("gate", "up")]))
+        mlp.down_proj.weight.copy_(tensors[p + "mlp.down_proj.weight"])
+
+
+def load_model(
+    folder: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    attention_backend: str = "reference",
+) -> DecoderForCausalLM:
+    """Read the folder's spec and safetensors, check every tensor (names and shapes) before
+    building anything, then build the model on ``device`` in ``dtype`` and copy the weights."""
+    if attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend {attention_backend!r} is not one of {sorted(ATTENTION_BACKENDS)}")
+    spec = load_model_spec(folder)
+    tensors = dict(iter_safetensors(find_weight_files(folder)))
+    _check_tensors(spec, tensors, Path(folder))
+    with torch.device("meta"):  # no random init: shapes only, memory comes with to_empty
+        model = DecoderForCausalLM(spec, attention_backend)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    model.tie_weights()  # moving off "meta" makes new Parameters, which unties them
+    _copy_weights(model, tensors)
+    return model.requires_grad_(False).eval()
