@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Everything of issue 5 that needs a GPU, in one command, from any directory:
+# Everything that needs a GPU, in one command, from any directory:
 #   bash bench/gpu.sh
-# 1. the `gpu`-marked tests (Triton against the reference, wide shapes, every dtype);
-# 2. bench/attention.py (Triton vs SDPA, decode and prefill; JSON in bench/results/).
-# Needs a CUDA device with torch, triton, pytest and hypothesis installed; no network.
-# Budget: under nine minutes on an H100 (each step has its own time limit below).
+# 1. every `gpu`-marked test (Triton attention against the reference, wide shapes, every
+#    dtype; the engine against transformers in float32 and bfloat16);
+# 2. bench/attention.py   (Triton vs SDPA, decode and prefill; JSON in bench/results/);
+# 3. bench/throughput.py  (nano-vllm's workload, tinyvllm vs transformers; JSON in bench/results/).
+# Needs a CUDA device with torch, triton, transformers, pytest and hypothesis; no network,
+# nothing to install. Budget: under nine minutes on an H100 (each step has its own limit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
 
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
     echo "bench/gpu.sh: no CUDA device visible to torch; nothing to run" >&2
@@ -16,7 +19,9 @@ python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 
 
 status=0
 echo "== gpu tests =="
-timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider || status=$?
+timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider || status=$?
 echo "== bench/attention.py =="
-timeout 220 python3 bench/attention.py || status=$?
+timeout 130 python3 bench/attention.py || status=$?
+echo "== bench/throughput.py =="
+timeout 150 python3 bench/throughput.py || status=$?
 exit "$status"

@@ -15,3 +15,12 @@ def make_request():
         return Request(request_id, list(token_ids), sampling, **kwargs)
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """Tiny random Qwen3, Qwen2 and Llama folders (real HF format), built once a session."""
+    from tinyvllm.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {family: build_tiny_model(root / family, family) for family in ("qwen3", "qwen2", "llama")}

@@ -1,11 +1,20 @@
 """tinyvllm: a small, documented, test-first reference implementation of the vLLM V1 engine.
 
-The top level stays free of torch so that ``import tinyvllm.core`` (the scheduler side)
-never pulls it in; a test enforces that.
+``from tinyvllm import LLM, SamplingParams``. ``LLM`` is imported lazily, on first use, so
+that ``import tinyvllm.core`` (the scheduler side) never pulls in torch; a test enforces it.
 """
 
+from tinyvllm.outputs import CompletionOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import SamplingParams
 
-__all__ = ["Request", "RequestStatus", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from tinyvllm.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'tinyvllm' has no attribute {name!r}")

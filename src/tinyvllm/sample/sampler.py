@@ -89,7 +89,9 @@ class Sampler:
         logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
         for proc in input_batch.logitsprocs.argmax_invariant:
             logits = proc.apply(logits)
-        logits = apply_top_k_top_p(logits, input_batch.top_k[:num_reqs], input_batch.top_p[:num_reqs])
+        top_k, top_p = input_batch.top_k[:num_reqs], input_batch.top_p[:num_reqs]
+        if bool((top_k > 0).any() or (top_p < 1).any()):  # the sort over V only when some row needs it
+            logits = apply_top_k_top_p(logits, top_k.to(logits.device), top_p.to(logits.device))
         random_tokens = random_sample(logits.softmax(dim=-1), input_batch.generators)  # [R]
         return SamplerOutput(torch.where(is_greedy, greedy_tokens, random_tokens))
 # --8<-- [end:sampler]

@@ -1,0 +1,1 @@
+"""The engine: ``LLMEngine`` (one step = schedule, execute, update) and ``LLM`` on top."""

@@ -1,0 +1,96 @@
+"""LLMEngine: requests in, one step at a time, finished outputs out.
+
+Concept: the loop that ties the pieces together. ``add_request`` hands a tokenized
+prompt to the scheduler; ``step()`` schedules, runs the model, feeds the sampled tokens
+back to the scheduler and turns finished requests into ``RequestOutput``s. It holds no
+logic of its own beyond that bookkeeping (detokenising, timing).
+
+Follows: DESIGN.md "One engine step"; STYLE.md item 7 (``step()`` reads top to bottom).
+Mirrors: ``vllm/v1/engine/llm_engine.py`` and ``vllm/v1/engine/core.py`` (``EngineCore.step``)
+with the output processor folded in; nano-vllm's ``LLMEngine.step``.
+
+Invariants: every request added is either unfinished in the scheduler or has been
+returned exactly once as a finished ``RequestOutput`` (or aborted).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.outputs import CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput
+from tinyvllm.request import Request, RequestStatus
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.worker.model_runner import ModelRunner
+
+
+@dataclass
+class _Tracked:
+    """What the engine remembers of a request until it is returned."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    arrival_time: float
+    token_ids: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
+    num_cached_tokens: int = 0
+
+
+class LLMEngine:
+    """Schedule -> execute -> update, one step at a time."""
+
+    def __init__(self, scheduler: Scheduler, model_runner: ModelRunner, tokenizer=None, eos_token_id: int | None = None):
+        self.scheduler = scheduler
+        self.model_runner = model_runner
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+        self._tracked: dict[str, _Tracked] = {}
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, prompt: str | None = None
+    ) -> None:
+        """Queue a request; ValueError (nothing queued) on a bad one."""
+        request = Request(request_id, prompt_token_ids, sampling_params, eos_token_id=self.eos_token_id)
+        self.scheduler.add_request(request)
+        self._tracked[request_id] = _Tracked(prompt, list(prompt_token_ids), time.perf_counter())
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Stop requests now and free their blocks; they produce no output."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        for rid in ids:
+            self._tracked.pop(rid, None)
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the requests that finished in it."""
+        scheduler_output = self.scheduler.schedule()
+        model_output = self.model_runner.execute_model(scheduler_output)
+        core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        now = time.perf_counter()
+        finished = []
+        for out in core_outputs:
+            tracked = self._tracked[out.request_id]
+            if out.new_token_ids and tracked.first_token_time is None:
+                tracked.first_token_time = now
+                tracked.num_cached_tokens = out.num_cached_tokens
+            tracked.token_ids.extend(out.new_token_ids)
+            if out.finished:
+                finished.append(self._make_output(out, self._tracked.pop(out.request_id), now))
+        return finished
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def _make_output(self, out: EngineCoreOutput, tracked: _Tracked, now: float) -> RequestOutput:
+        text = self.tokenizer.decode(tracked.token_ids, skip_special_tokens=True) if self.tokenizer else ""
+        completion = CompletionOutput(0, text, tracked.token_ids, out.finish_reason, out.stop_reason)
+        return RequestOutput(
+            request_id=out.request_id,
+            prompt=tracked.prompt,
+            prompt_token_ids=tracked.prompt_token_ids,
+            outputs=[completion],
+            finished=True,
+            num_cached_tokens=tracked.num_cached_tokens,
+            metrics=RequestMetrics(tracked.arrival_time, tracked.first_token_time, now),
+        )

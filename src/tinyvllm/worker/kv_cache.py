@@ -1,0 +1,77 @@
+"""KV cache memory: how many blocks fit, and the per-layer tensors that hold them.
+
+Concept: the block ids the scheduler hands out become memory here. Every decoder layer
+gets one tensor shaped ``(2, num_blocks, block_size, Hkv, D)`` (keys, then values), and
+block ``b`` of every layer holds the same tokens. On a GPU the number of blocks is what is
+left of ``gpu_memory_utilization`` of the device after the weights and a profiling forward
+at the worst-case batch; ``num_gpu_blocks_override`` fixes it (tests, the CPU).
+
+Follows: seed 003 "KV cache物理内存分配" (``determine_available_memory``,
+``get_kv_cache_config``: ``num_blocks = available // page_size``, one tensor per layer of
+shape ``(2, num_blocks, block_size, num_kv_heads, head_size)``).
+Mirrors: ``vllm/v1/worker/gpu_worker.py`` (``determine_available_memory``),
+``vllm/v1/core/kv_cache_utils.py`` (``get_kv_cache_config``),
+``vllm/v1/worker/gpu_model_runner.py`` (``initialize_kv_cache``).
+
+Invariants: every layer's tensor has the same shape; the pool holds at least one request
+of ``max_model_len`` tokens, or start-up fails saying how many blocks are needed.
+
+NOTE 1 (never more than can be used): the pool is capped at ``max_num_seqs`` requests of
+``max_model_len`` tokens; beyond that blocks could never all be in use at once.
+NOTE 2 (the CPU): with no override, the CPU gets a fixed byte budget (``CPU_KV_CACHE_BYTES``)
+rather than a share of the machine's memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tinyvllm.core.kv_cache_manager import cdiv
+
+CPU_KV_CACHE_BYTES = 1 << 30  # NOTE 2
+
+
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, keys and values."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return num_layers * 2 * block_size * num_kv_heads * head_dim * itemsize
+
+
+def num_blocks_from_budget(
+    budget_bytes: int, per_block: int, block_size: int, max_model_len: int, max_num_seqs: int
+) -> int:
+    """Blocks that fit in ``budget_bytes``, capped at what can ever be in use (NOTE 1)."""
+    cap = max_num_seqs * cdiv(max_model_len, block_size)
+    return max(0, min(budget_bytes // per_block, cap))
+
+
+def check_fits_one_request(num_blocks: int, block_size: int, max_model_len: int) -> None:
+    """Fail at start-up if one ``max_model_len`` request cannot fit in the pool."""
+    needed = cdiv(max_model_len, block_size)
+    if num_blocks < needed:
+        raise ValueError(
+            f"the KV cache holds {num_blocks} blocks of {block_size} tokens, but one request of "
+            f"max_model_len={max_model_len} tokens needs {needed}: raise gpu_memory_utilization or "
+            f"num_gpu_blocks_override, or lower max_model_len"
+        )
+
+
+def allocate_kv_caches(
+    num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+    dtype: torch.dtype, device: torch.device | str,
+) -> list[torch.Tensor]:
+    """One zeroed tensor per layer, ``(2, B, S, Hkv, D)``: ``[0]`` keys, ``[1]`` values."""
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def available_gpu_kv_bytes(gpu_memory_utilization: float, device: torch.device) -> int:
+    """Bytes left for the KV cache after the weights and the profiling forward ran.
+
+    ``used = total - free`` counts everything on the device now (this process and any
+    other); the profiling peak above the current allocation is added back, since that
+    activation memory is needed again at every step.
+    """
+    free, total = torch.cuda.mem_get_info(device)
+    activation_peak = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
+    return int(total * gpu_memory_utilization) - (total - free) - activation_peak
