@@ -9,12 +9,10 @@ drift from the code. Regenerate after a deliberate change with
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tutorial_runner import run_tutorial
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tutorials" / "02_scheduler.py"
@@ -24,13 +22,7 @@ COLUMNS = ["step", "tokens", "running", "waiting", "free", "hits", "preempted", 
 
 @pytest.fixture(scope="module")
 def tutorial_output() -> str:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, f"tutorial exited with {proc.returncode}:\n{proc.stderr}"
-    return proc.stdout
+    return run_tutorial("02_scheduler.py")
 
 
 def _table(output: str) -> list[dict[str, str]]:

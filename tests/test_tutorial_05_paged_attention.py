@@ -1,21 +1,10 @@
 """Tutorial 05 runs and prints what the docs say it prints."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tutorial_runner import run_tutorial
 
 
 def test_tutorial_05_paged_attention():
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "tutorials" / "05_paged_attention.py")],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = run_tutorial("05_paged_attention.py")
     assert "kv_cache shape (2, 8, 16, 2, 64)" in out
     # step 1: A's 20 tokens fill block 5 (slots 80..95) then block 2 (32..35); B's go to block 7
     assert "slot_mapping    [80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 32, 33, 34, 35, 112, 113, 114, -1, -1]" in out

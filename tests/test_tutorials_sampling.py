@@ -1,18 +1,6 @@
 """The sampling tutorials run and print the documents' results."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(name: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    done = subprocess.run([sys.executable, str(ROOT / "tutorials" / name)], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+from tutorial_runner import run_tutorial as run
 
 
 def test_tutorial_03_logits_processors():
