@@ -1,3 +1,4 @@
+# --8<-- [start:criterion]
 """The engine on a GPU (``gpu`` marker; skipped without CUDA): the Triton backend against
 transformers' generate from the same folder.
 
@@ -11,6 +12,7 @@ to agree, and (2) wherever the two paths first split, the two candidate tokens t
 near-tie in the float32 model's logits (within 2% of the logit range), i.e. a place where
 the rounding of either engine could legitimately decide.
 """
+# --8<-- [end:criterion]
 
 import pytest
 import torch

@@ -116,6 +116,7 @@ class LLM:
         torch.manual_seed(seed)
         self.model = load_model(model, dtype=self.dtype, device=self.device, attention_backend=attention_backend)
         self.spec = spec
+        # --8<-- [start:kv_start_up]
         per_block = bytes_per_block(spec.num_hidden_layers, block_size, spec.num_key_value_heads, spec.head_dim, self.dtype)
         if num_gpu_blocks_override is not None:
             num_blocks = num_gpu_blocks_override
@@ -135,6 +136,7 @@ class LLM:
             spec.num_hidden_layers, num_blocks, block_size, spec.num_key_value_heads, spec.head_dim,
             self.dtype, self.device,
         )
+        # --8<-- [end:kv_start_up]
         logitsprocs = build_logitsprocs(self.config, self.device, False, False)
         thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, 0, self.device, False)
         input_batch = InputBatch(max_num_seqs, self.device, logitsprocs, thinking)
@@ -143,6 +145,7 @@ class LLM:
         self.engine = LLMEngine(scheduler, runner, self.tokenizer, self.eos_token_id)
         self._ids = itertools.count()
 
+    # --8<-- [start:profile]
     @torch.inference_mode()
     def _profile_forward(self, scheduler_config: SchedulerConfig, block_size: int) -> None:
         """Run the worst-case batch once so the activation peak is known (GPU only)."""
@@ -164,6 +167,10 @@ class LLM:
         self.model.compute_logits(hidden[:rows])
         del caches, hidden
         torch.cuda.synchronize(self.device)
+        # Hand the profile's blocks back to the device, so that ``total - free`` counts only
+        # what stays allocated and the activation peak is counted once, by the allocator stats.
+        torch.cuda.empty_cache()
+    # --8<-- [end:profile]
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -172,16 +179,18 @@ class LLM:
 
     def _prompt_token_ids(self, index: int, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer(prompt, add_special_tokens=False).input_ids
+            return prompt, self.tokenizer(prompt).input_ids  # with BOS where the tokenizer adds one
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"prompt {index} must be a str or a dict with 'prompt_token_ids', got {prompt!r}")
 
+    # --8<-- [start:eos_stops]
     def _with_eos_stops(self, params: SamplingParams) -> SamplingParams:
         extra = [t for t in self.extra_stop_token_ids if t not in params.stop_token_ids]
         if params.ignore_eos or not extra:
             return params
         return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, *extra))
+    # --8<-- [end:eos_stops]
 
     def generate(
         self,
@@ -190,6 +199,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate a completion for every prompt; outputs come back in prompt order."""
+        # --8<-- [start:validation]
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -220,6 +230,7 @@ class LLM:
         except ValueError:
             self.engine.abort_request(added)  # nothing half-started is left behind
             raise
+        # --8<-- [end:validation]
         return self._run(added, use_tqdm)
 
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

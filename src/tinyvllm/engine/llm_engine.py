@@ -62,6 +62,7 @@ class LLMEngine:
         for rid in ids:
             self._tracked.pop(rid, None)
 
+    # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the requests that finished in it."""
         scheduler_output = self.scheduler.schedule()
@@ -78,6 +79,7 @@ class LLMEngine:
             if out.finished:
                 finished.append(self._make_output(out, self._tracked.pop(out.request_id), now))
         return finished
+    # --8<-- [end:step]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -64,6 +64,7 @@ def kv_cache_shape(spec: ModelSpec, num_blocks: int, block_size: int) -> tuple[i
     return (2, num_blocks, block_size, spec.num_key_value_heads, spec.head_dim)
 
 
+# --8<-- [start:rmsnorm]
 class RMSNorm(nn.Module):
     """``weight * (x / sqrt(mean(x^2) + eps))``, the variance in float32 (NOTE 2)."""
 
@@ -76,8 +77,10 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+# --8<-- [end:rmsnorm]
 
 
+# --8<-- [start:rope]
 def compute_inv_freq(spec: ModelSpec, device: torch.device | str | None = None) -> torch.Tensor:
     """Rotary inverse frequencies ``theta^(-2i/D)`` in float32, [D/2]; llama3 scaling divides
     the low frequencies by ``factor`` and blends the middle band smoothly (NOTE 2)."""
@@ -123,6 +126,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [N, heads, D]
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+# --8<-- [end:rope]
 
 
 class Attention(nn.Module):
@@ -140,6 +144,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.attend = attend
 
+    # --8<-- [start:attention_forward]
     def forward(
         self,
         x: torch.Tensor,  # [N, hidden]
@@ -162,8 +167,10 @@ class Attention(nn.Module):
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale
         )  # [N, H, D]; padding rows zero
         return self.o_proj(out.view(n, self.q_size))  # [N, hidden]
+    # --8<-- [end:attention_forward]
 
 
+# --8<-- [start:mlp_layer]
 class MLP(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul (NOTE 1)."""
 
@@ -191,6 +198,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, kv_cache, meta) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
+# --8<-- [end:mlp_layer]
 
 
 class DecoderForCausalLM(nn.Module):
@@ -210,10 +218,12 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.tie_weights()
 
+    # --8<-- [start:tie]
     def tie_weights(self) -> None:
         """With ``tie_word_embeddings``, lm_head shares the embedding matrix (one Parameter)."""
         if self.spec.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+    # --8<-- [end:tie]
 
     def forward(
         self,
@@ -264,6 +274,7 @@ def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# --8<-- [start:load_model]
 def _check_tensors(spec: ModelSpec, tensors: dict[str, torch.Tensor], folder: Path) -> None:
     """Missing, misshapen or unknown tensors: a ValueError naming the tensor."""
     check_tensor_names(spec, tensors, folder)
@@ -322,3 +333,4 @@ def load_model(
     model.tie_weights()  # moving off "meta" makes new Parameters, which unties them
     _copy_weights(model, tensors)
     return model.requires_grad_(False).eval()
+# --8<-- [end:load_model]

@@ -31,6 +31,7 @@ from tinyvllm.core.kv_cache_manager import cdiv
 CPU_KV_CACHE_BYTES = 1 << 30  # NOTE 2
 
 
+# --8<-- [start:sizing]
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers, keys and values."""
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -54,8 +55,10 @@ def check_fits_one_request(num_blocks: int, block_size: int, max_model_len: int)
             f"max_model_len={max_model_len} tokens needs {needed}: raise gpu_memory_utilization or "
             f"num_gpu_blocks_override, or lower max_model_len"
         )
+# --8<-- [end:sizing]
 
 
+# --8<-- [start:allocate]
 def allocate_kv_caches(
     num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
     dtype: torch.dtype, device: torch.device | str,
@@ -63,15 +66,19 @@ def allocate_kv_caches(
     """One zeroed tensor per layer, ``(2, B, S, Hkv, D)``: ``[0]`` keys, ``[1]`` values."""
     shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+# --8<-- [end:allocate]
 
 
+# --8<-- [start:gpu_budget]
 def available_gpu_kv_bytes(gpu_memory_utilization: float, device: torch.device) -> int:
     """Bytes left for the KV cache after the weights and the profiling forward ran.
 
-    ``used = total - free`` counts everything on the device now (this process and any
-    other); the profiling peak above the current allocation is added back, since that
-    activation memory is needed again at every step.
+    Call it after the profile's memory was handed back (``torch.cuda.empty_cache``):
+    ``used = total - free`` then counts what stays on the device (weights, this process's
+    other tensors, other processes), and the profiling peak above the current allocation
+    is added once, since that activation memory is needed again at every step.
     """
     free, total = torch.cuda.mem_get_info(device)
     activation_peak = torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device)
     return int(total * gpu_memory_utilization) - (total - free) - activation_peak
+# --8<-- [end:gpu_budget]

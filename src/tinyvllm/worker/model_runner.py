@@ -90,6 +90,7 @@ class ModelRunner:
 
     # -- (a) states and the persistent batch ---------------------------------------------
 
+    # --8<-- [start:update_states]
     def _update_states(self, out: SchedulerOutput) -> None:
         batch = self.input_batch
         for req_id in out.finished_req_ids:
@@ -121,9 +122,11 @@ class ModelRunner:
                 )
         batch.condense()
         batch.refresh()
+    # --8<-- [end:update_states]
 
     # -- one step ------------------------------------------------------------------------
 
+    # --8<-- [start:execute_model]
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
@@ -160,3 +163,4 @@ class ModelRunner:
                 state.output_token_ids.append(token)
             tokens.append([token] if done else [])
         return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, tokens)
+    # --8<-- [end:execute_model]
