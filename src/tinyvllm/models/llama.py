@@ -49,7 +49,14 @@ from torch import nn
 
 from tinyvllm.attention import reference, triton_attention
 from tinyvllm.attention.kv_cache_write import write_kv_cache
-from tinyvllm.models.loader import ModelSpec, check_tensor_names, find_weight_files, iter_safetensors, load_model_spec
+from tinyvllm.models.loader import (
+    ModelSpec,
+    check_tensor_names,
+    expected_tensor_shapes,
+    find_weight_files,
+    iter_safetensors,
+    load_model_spec,
+)
 from tinyvllm.worker.attention_metadata import AttentionMetadata
 
 ATTENTION_BACKENDS = {"reference": reference.paged_attention, "triton": triton_attention.paged_attention}
@@ -250,28 +257,6 @@ class DecoderForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, V] float32 logits (the matmul runs in the model's dtype)."""
         return self.lm_head(hidden).float()
-
-
-def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Every checkpoint tensor the decoder reads, in Hugging Face naming, with its shape."""
-    hidden, inter, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
-    q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
-    shapes = {"model.embed_tokens.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,)}
-    if not spec.tie_word_embeddings:
-        shapes["lm_head.weight"] = (spec.vocab_size, hidden)
-    for i in range(spec.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,)}
-        shapes |= {p + "self_attn.q_proj.weight": (q, hidden), p + "self_attn.o_proj.weight": (hidden, q)}
-        shapes |= {p + "self_attn.k_proj.weight": (kv, hidden), p + "self_attn.v_proj.weight": (kv, hidden)}
-        shapes |= {p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden)}
-        shapes |= {p + "mlp.down_proj.weight": (hidden, inter)}
-        if spec.qkv_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,)}
-            shapes |= {p + "self_attn.v_proj.bias": (kv,)}
-        if spec.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
-    return shapes
 
 
 # --8<-- [start:load_model]

@@ -183,21 +183,31 @@ def iter_safetensors(files: Iterable[Path], device: str = "cpu") -> Iterator[tup
                 yield name, handle.get_tensor(name)
 
 
-def expected_tensor_names(spec: ModelSpec) -> list[str]:
-    """Every tensor the decoder needs, in Hugging Face naming."""
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
+def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor the decoder reads, in Hugging Face naming, with its shape."""
+    hidden, inter, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
+    shapes = {"model.embed_tokens.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,)}
     if not spec.tie_word_embeddings:
-        names.append("lm_head.weight")
+        shapes["lm_head.weight"] = (spec.vocab_size, hidden)
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        shapes |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,)}
+        shapes |= {p + "self_attn.q_proj.weight": (q, hidden), p + "self_attn.o_proj.weight": (hidden, q)}
+        shapes |= {p + "self_attn.k_proj.weight": (kv, hidden), p + "self_attn.v_proj.weight": (kv, hidden)}
+        shapes |= {p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden)}
+        shapes |= {p + "mlp.down_proj.weight": (hidden, inter)}
         if spec.qkv_bias:
-            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,)}
+            shapes |= {p + "self_attn.v_proj.bias": (kv,)}
         if spec.qk_norm:
-            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-    return names
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    return shapes
+
+
+def expected_tensor_names(spec: ModelSpec) -> list[str]:
+    """Every tensor the decoder needs, in Hugging Face naming."""
+    return list(expected_tensor_shapes(spec))
 
 
 def check_tensor_names(spec: ModelSpec, names: Iterable[str], folder: str | Path) -> None:

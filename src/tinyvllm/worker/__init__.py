@@ -1,1 +1,1 @@
-"""The worker side (torch): the persistent input batch, attention metadata and, later, the model runner."""
+"""The worker side (torch): the persistent input batch, attention metadata, KV cache memory and the model runner."""
