@@ -67,8 +67,9 @@ def test_padding_rows_skip_and_belong_to_no_request(batch, pad):
     md = build_attention_metadata(
         computed, scheduled, block_ids, block_size, num_padded_tokens=sum(scheduled) + pad
     )
-    assert md.query_start_loc[-1].item() == md.num_actual_tokens == sum(scheduled)
-    assert md.slot_mapping[md.num_actual_tokens :].tolist() == [PAD_SLOT_ID] * pad
-    assert md.positions[md.num_actual_tokens :].tolist() == [0] * pad
+    num_actual = md.query_start_loc[-1].item()
+    assert num_actual == sum(scheduled)
+    assert md.slot_mapping[num_actual:].tolist() == [PAD_SLOT_ID] * pad
+    assert md.positions[num_actual:].tolist() == [0] * pad
     for r, ids in enumerate(block_ids):
         assert md.block_table[r, : len(ids)].tolist() == ids

@@ -8,6 +8,7 @@ from tinyvllm.worker.attention_metadata import (
     PAD_BLOCK_ID,
     AttentionMetadata,
     build_attention_metadata,
+    build_step_inputs,
     compute_logits_indices,
     compute_positions,
     compute_query_start_loc,
@@ -53,10 +54,27 @@ def test_build_attention_metadata_with_padding():
     assert md.block_table.tolist() == [[3, 7, 0], [1, 2, 0], [0, 5, 0]]
     assert md.block_table.dtype == torch.int32
     assert md.logits_indices.tolist() == [4, 5, 7]
-    assert (md.num_actual_tokens, md.num_padded_tokens, md.num_reqs) == (8, 10, 3)
+    assert (md.query_start_loc[-1].item(), md.num_padded_tokens, md.num_reqs) == (8, 10, 3)
     assert (md.max_query_len, md.max_seq_len) == (5, 7)
     with pytest.raises(AttributeError):
-        md.num_actual_tokens = 3  # frozen
+        md.max_query_len = 3  # frozen
+
+
+def test_build_attention_metadata_pads_requests_for_a_full_cudagraph():
+    """A FULL graph fixes the request count too: two padded requests with no tokens,
+    seq_len 0 and an all-PAD block-table row (attention_metadata.py NOTE 1)."""
+    md = build_attention_metadata(
+        COMPUTED, SCHEDULED, BLOCKS, 4, num_padded_tokens=10, num_padded_reqs=5, max_num_blocks=3
+    )
+    assert md.query_start_loc.tolist() == [0, 5, 6, 8, 8, 8]
+    assert md.seq_lens.tolist() == [5, 7, 6, 0, 0]
+    assert md.block_table.tolist() == [[3, 7, 0], [1, 2, 0], [0, 5, 0], [PAD_BLOCK_ID] * 3, [PAD_BLOCK_ID] * 3]
+    assert md.logits_indices.tolist() == [4, 5, 7, 7, 7]
+    assert (md.num_reqs, md.num_padded_tokens) == (5, 10)
+    step = build_step_inputs(COMPUTED, SCHEDULED, BLOCKS, 4, num_padded_tokens=10, num_padded_reqs=5)
+    assert step.num_tokens == 8 and step.seq_lens == [5, 7, 6, 0, 0]
+    with pytest.raises(ValueError, match="num_padded_reqs = 2 is less than the 3 scheduled requests"):
+        build_step_inputs(COMPUTED, SCHEDULED, BLOCKS, 4, num_padded_reqs=2)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from paged_cases import make_case
 
 from tinyvllm.attention import reference, triton_attention
 from tinyvllm.attention.triton_attention import (
-    ATTENTION_CG_SUPPORT,
+    CUDAGRAPH_SUPPORT,
     SPLIT_KV_SEGMENTS,
     choose_num_segments,
     choose_query_tile,
@@ -49,8 +49,11 @@ def check_against_reference(
         assert (out[sum(query_lens) :] == 0).all()
 
 
-def test_declares_cuda_graph_support_always():
-    assert ATTENTION_CG_SUPPORT == "ALWAYS"
+def test_declares_cudagraph_support_always_and_the_reference_never():
+    from tinyvllm.attention.cudagraph_support import AttentionCGSupport
+
+    assert CUDAGRAPH_SUPPORT is AttentionCGSupport.ALWAYS
+    assert reference.CUDAGRAPH_SUPPORT is AttentionCGSupport.NEVER
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def main() -> None:
         tri = triton_attention.paged_attention(*args)
         err = (ref - tri).abs().max().item()
         print(f"  paged_attention: max |reference - triton| = {err:.2e}  agree: {err < 1e-4}")
-        print(f"  padding rows are zero: {bool((tri[md.num_actual_tokens:] == 0).all())}")
+        print(f"  padding rows are zero: {bool((tri[sum(scheduled):] == 0).all())}")
 
 
 if __name__ == "__main__":

@@ -4,13 +4,17 @@ Concept: every knob the engine reads, grouped by the component that reads it. A 
 is built and checked once and never changed afterwards (no late filling of fields, no
 class attributes used as globals).
 
-Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig``).
+Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig``) and
+``vllm/config/compilation.py`` (``CompilationConfig``: ``cudagraph_mode``, capture sizes).
 Invalid values raise ``ValueError`` naming the field and the value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -82,6 +86,64 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class CompilationConfig:
+    """How the model runs under CUDA graphs (seed 000 "CudagraphModes" and "使用指南").
+
+    Attributes:
+        cudagraph_mode: the requested mode; None means the platform default
+            (FULL_AND_PIECEWISE on CUDA, NONE on the CPU). The runner may still downgrade
+            it to what the attention backend supports.
+        cudagraph_capture_sizes: the padded token counts to capture graphs for; None means
+            vLLM's default list up to ``max_cudagraph_capture_size``.
+        max_cudagraph_capture_size: the largest default capture size; None means
+            ``min(2 * max_num_seqs, 512)``, as vLLM does.
+    """
+
+    cudagraph_mode: CUDAGraphMode | None = None
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_cudagraph_capture_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cudagraph_mode is not None and not isinstance(self.cudagraph_mode, CUDAGraphMode):
+            raise ValueError(f"cudagraph_mode must be a CUDAGraphMode or None, got {self.cudagraph_mode!r}")
+        if self.cudagraph_capture_sizes is not None:
+            sizes = self.cudagraph_capture_sizes
+            if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+                raise ValueError(f"cudagraph_capture_sizes must be a list of ints, got {sizes!r}")
+            sizes = tuple(sizes)
+            if not sizes:
+                raise ValueError("cudagraph_capture_sizes must not be empty (use cudagraph_mode NONE instead)")
+            for size in sizes:
+                _check_int("every cudagraph_capture_sizes entry", size, 1)
+            object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(set(sizes))))
+        if self.max_cudagraph_capture_size is not None:
+            _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, object]) -> "CompilationConfig":
+        """Build from a dict like vLLM's ``--compilation-config``; unknown keys are a ValueError."""
+        if not isinstance(config, Mapping):
+            raise ValueError(f"compilation_config must be a dict, got {config!r}")
+        known = {"cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size"}
+        unknown = sorted(map(str, set(config) - known))
+        if unknown:
+            raise ValueError(f"compilation_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        values = dict(config)
+        if "cudagraph_mode" in values:
+            values["cudagraph_mode"] = parse_cudagraph_mode(values["cudagraph_mode"])
+        return cls(**values)
+
+
+def parse_cudagraph_mode(value: object) -> CUDAGraphMode:
+    """A ``CUDAGraphMode`` or its name in capitals ("FULL_AND_PIECEWISE"), as vLLM's CLI takes it."""
+    if isinstance(value, CUDAGraphMode):
+        return value
+    if isinstance(value, str) and value in CUDAGraphMode.__members__:
+        return CUDAGraphMode[value]
+    raise ValueError(f"cudagraph_mode must be one of {list(CUDAGraphMode.__members__)}, got {value!r}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """All configs of one engine, handed to components that need more than one.
 
@@ -92,6 +154,7 @@ class EngineConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     reasoning_config: "ReasoningConfig | None" = None
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
 
 
 @dataclass(frozen=True)

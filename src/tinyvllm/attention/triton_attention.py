@@ -37,13 +37,14 @@ import torch
 import triton
 import triton.language as tl
 
+from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.kv_cache_write import triton_can_run_on
 from tinyvllm.core.kv_cache_manager import cdiv
 
-# AttentionCGSupport (seed 000): ALWAYS > UNIFORM_BATCH > UNIFORM_SINGLE_TOKEN_DECODE > NEVER.
-# The grid and every branch depend on shapes only, so any batch can be captured in a CUDA
-# graph. The enum arrives with the CUDA-graph work; the string names its member.
-ATTENTION_CG_SUPPORT = "ALWAYS"
+# Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
+# depend on tensor shapes only, and the launcher never reads a tensor's value on the host,
+# so a CUDA graph of any batch (mixed prefill and decode included) replays correctly.
+CUDAGRAPH_SUPPORT = AttentionCGSupport.ALWAYS
 
 SPLIT_KV_SEGMENTS = 16  # segments per request on the split-KV path (a power of two)
 SPLIT_KV_MIN_CONTEXT = 512  # tokens the block table must be able to hold before splitting

@@ -23,12 +23,13 @@ NOTE 2 (defaults): ``max_model_len`` defaults to the model's ``max_position_embe
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 from collections.abc import Sequence
 
 import torch
 
-from tinyvllm.config import CacheConfig, EngineConfig, ReasoningConfig, SchedulerConfig
+from tinyvllm.config import CacheConfig, CompilationConfig, EngineConfig, ReasoningConfig, SchedulerConfig
 from tinyvllm.core.kv_cache_manager import cdiv
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.llm_engine import LLMEngine
@@ -48,6 +49,7 @@ from tinyvllm.worker.kv_cache import (
     check_fits_one_request,
     num_blocks_from_budget,
 )
+from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 from tinyvllm.worker.model_runner import ModelRunner
 
 ATTENTION_BACKENDS = ("auto", "triton", "reference")
@@ -62,6 +64,19 @@ def _resolve_device(device: str) -> torch.device:
     if not (device == "cpu" or device.startswith("cuda")):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
     return torch.device(device)
+
+
+def _compilation_config(config: dict | CompilationConfig | None, enforce_eager: bool) -> CompilationConfig:
+    """vLLM's ``compilation_config`` (a dict or a ``CompilationConfig``); ``enforce_eager`` means NONE."""
+    if not isinstance(enforce_eager, bool):
+        raise ValueError(f"enforce_eager must be a bool, got {enforce_eager!r}")
+    if config is None:
+        config = CompilationConfig()
+    elif not isinstance(config, CompilationConfig):
+        config = CompilationConfig.from_dict(config)
+    if enforce_eager:
+        config = dataclasses.replace(config, cudagraph_mode=CUDAGraphMode.NONE)
+    return config
 
 
 class LLM:
@@ -82,6 +97,8 @@ class LLM:
         attention_backend: str = "auto",
         seed: int = 0,
         reasoning_config: ReasoningConfig | None = None,
+        compilation_config: dict | CompilationConfig | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         spec = load_model_spec(model)
         self.device = _resolve_device(device)
@@ -90,6 +107,7 @@ class LLM:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
         if attention_backend == "auto":
             attention_backend = "triton" if self.device.type == "cuda" else "reference"
+        compilation = _compilation_config(compilation_config, enforce_eager)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         max_model_len = spec.max_position_embeddings if max_model_len is None else max_model_len
@@ -124,6 +142,7 @@ class LLM:
             if self.device.type == "cuda":
                 self._profile_forward(scheduler_config, block_size)
                 budget = available_gpu_kv_bytes(gpu_memory_utilization, self.device)
+                budget -= self._measure_cudagraph_bytes(scheduler_config, compilation, block_size, reasoning_config)
             else:
                 budget = CPU_KV_CACHE_BYTES
             num_blocks = num_blocks_from_budget(budget, per_block, block_size, max_model_len, max_num_seqs)
@@ -131,19 +150,70 @@ class LLM:
         cache_config = CacheConfig(
             block_size=block_size, num_gpu_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching
         )
-        self.config = EngineConfig(scheduler_config, cache_config, reasoning_config)
+        self.config = EngineConfig(scheduler_config, cache_config, reasoning_config, compilation)
         kv_caches = allocate_kv_caches(
             spec.num_hidden_layers, num_blocks, block_size, spec.num_key_value_heads, spec.head_dim,
             self.dtype, self.device,
         )
         # --8<-- [end:kv_start_up]
-        logitsprocs = build_logitsprocs(self.config, self.device, False, False)
-        thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, 0, self.device, False)
-        input_batch = InputBatch(max_num_seqs, self.device, logitsprocs, thinking)
-        runner = ModelRunner(self.model, kv_caches, block_size, input_batch, self.device, self.eos_token_id)
+        runner = self._build_runner(kv_caches, block_size, scheduler_config, compilation, reasoning_config)
+        runner.capture_model()  # warm-up and CUDA-graph capture (nothing to do in mode NONE)
         scheduler = Scheduler(scheduler_config, cache_config, log_stats=True)
         self.engine = LLMEngine(scheduler, runner, self.tokenizer, self.eos_token_id)
         self._ids = itertools.count()
+
+    def _build_runner(
+        self,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        scheduler_config: SchedulerConfig,
+        compilation: CompilationConfig,
+        reasoning_config: ReasoningConfig | None,
+    ) -> ModelRunner:
+        """The persistent batch with its logits processors and block table, and the runner."""
+        max_num_seqs = scheduler_config.max_num_seqs
+        config = EngineConfig(scheduler_config, CacheConfig(block_size=block_size), reasoning_config, compilation)
+        logitsprocs = build_logitsprocs(config, self.device, False, False)
+        thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, 0, self.device, False)
+        blocks_per_req = cdiv(scheduler_config.max_model_len, block_size)
+        input_batch = InputBatch(max_num_seqs, self.device, logitsprocs, thinking, max_num_blocks_per_req=blocks_per_req)
+        return ModelRunner(
+            self.model, kv_caches, block_size, input_batch, self.device, self.eos_token_id,
+            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
+            max_model_len=scheduler_config.max_model_len, compilation_config=compilation,
+        )  # fmt: skip
+
+    # --8<-- [start:graph_memory]
+    def _measure_cudagraph_bytes(
+        self,
+        scheduler_config: SchedulerConfig,
+        compilation: CompilationConfig,
+        block_size: int,
+        reasoning_config: ReasoningConfig | None,
+    ) -> int:
+        """GPU memory the CUDA graphs will hold, so the KV budget leaves room for it.
+
+        Graphs bake in the KV cache's address, so they can only be captured after the cache
+        exists; to size the cache first, a trial runner over a one-block cache captures every
+        graph, the reserved memory it adds is measured, and everything is freed again.
+        """
+        spec = self.model.spec
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_reserved(self.device)
+        caches = allocate_kv_caches(
+            spec.num_hidden_layers, 1, block_size, spec.num_key_value_heads, spec.head_dim, self.dtype, self.device
+        )
+        trial = self._build_runner(caches, block_size, scheduler_config, compilation, reasoning_config)
+        if trial.capture_model() == 0:
+            used = 0
+        else:
+            torch.cuda.synchronize(self.device)
+            used = torch.cuda.memory_reserved(self.device) - before
+        del trial, caches
+        gc.collect()
+        torch.cuda.empty_cache()
+        return max(0, used)
+    # --8<-- [end:graph_memory]
 
     # --8<-- [start:profile]
     @torch.inference_mode()

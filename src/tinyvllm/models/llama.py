@@ -12,14 +12,16 @@ The three families differ by flags of the ``ModelSpec``: ``qk_norm`` (Qwen3), ``
 
 Follows: seed 003 "KV cache物理内存分配" (the per-layer cache ``(2, num_blocks, block_size,
 num_kv_heads, head_size)``, ``key_cache = kv[0]``, ``value_cache = kv[1]``; attention reads
-slots and block ids from the attention metadata).
+slots and block ids from the attention metadata); seed 000 "CUDA Graphs", "嵌套 Wrapper 设计"
+(the forward runs as pieces between attention ops, NOTE 5).
 Mirrors: ``vllm/model_executor/models/llama.py`` (and ``qwen2.py``, ``qwen3.py``), with
 ``vllm/model_executor/layers/rotary_embedding.py`` and ``layernorm.py`` folded in.
 
 Invariants: the arithmetic is transformers' own, operation for operation, so float32
-results match ``AutoModelForCausalLM`` to rounding; padding rows (``num_padded_tokens >
-num_actual_tokens``, CUDA graphs) write nothing to the cache and leave the real rows
-unchanged; no Python loop runs over tokens.
+results match ``AutoModelForCausalLM`` to rounding; padding rows (past
+``query_start_loc[-1]``, CUDA graphs) write nothing to the cache and leave the real rows
+unchanged; no Python loop runs over tokens, and nothing in the forward reads a tensor's
+value on the host (a CUDA graph could not capture it).
 
 NOTE 1 (fused projections): q, k and v share one ``Linear`` whose weight is the three
 checkpoint matrices stacked along the output dimension, ``[(H + 2 * Hkv) * D, hidden]``
@@ -34,6 +36,15 @@ the spec after every ``.to()`` / ``to_empty()``, so casting the model to bfloat1
 rounds the frequencies.
 NOTE 4 (flat names): the module tree drops Hugging Face's ``model.`` level
 (``embed_tokens``, ``layers``, ``norm``, ``lm_head``); ``load_model`` maps the names.
+NOTE 5 (the piecewise split, by hand): vLLM gets the pieces of its piecewise CUDA graphs
+from torch.compile, which splits the traced forward at every attention op. Here the split
+is written out: ``pieces[0]`` is the embedding and layer 0 up to its attention;
+``pieces[i]`` is the rest of layer ``i - 1`` and layer ``i`` up to its attention; the last
+finishes the last layer and applies the final norm. ``attention_op`` (KV write + paged
+attention) runs between them. Each piece allocates the buffer the next attention writes
+into, so under piecewise graphs every tensor crossing a split has a fixed address. The
+runner may replace each entry of ``pieces`` with a wrapper (``worker/cuda_graph.py``); the
+model itself knows nothing of graphs.
 
 Left out: tensor parallelism, quantisation, sliding windows, rope types other than default
 and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
@@ -42,13 +53,16 @@ and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.kv_cache_write import write_kv_cache
+from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.models.loader import (
     ModelSpec,
     check_tensor_names,
@@ -57,9 +71,9 @@ from tinyvllm.models.loader import (
     iter_safetensors,
     load_model_spec,
 )
-from tinyvllm.worker.attention_metadata import AttentionMetadata
 
 ATTENTION_BACKENDS = {"reference": reference.paged_attention, "triton": triton_attention.paged_attention}
+ATTENTION_CG_SUPPORT = {"reference": reference.CUDAGRAPH_SUPPORT, "triton": triton_attention.CUDAGRAPH_SUPPORT}
 # Checkpoint tensors that carry nothing the decoder needs (old Llama exports saved the buffer).
 _IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -152,14 +166,13 @@ class Attention(nn.Module):
         self.attend = attend
 
     # --8<-- [start:attention_forward]
-    def forward(
+    def project(
         self,
-        x: torch.Tensor,  # [N, hidden]
+        x: torch.Tensor,  # [N, hidden], already normalised
         cos: torch.Tensor,  # [N, D]
         sin: torch.Tensor,  # [N, D]
-        kv_cache: torch.Tensor,  # [2, B, S, Hkv, D]
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fused q/k/v projection, (Qwen3) q/k norm and rotary: [N, H, D], [N, Hkv, D] x 2."""
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)  # [N, H, D]
@@ -167,13 +180,23 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attention_op(
+        self,
+        q: torch.Tensor,  # [N, H, D]
+        k: torch.Tensor,  # [N, Hkv, D]
+        v: torch.Tensor,  # [N, Hkv, D]
+        kv_cache: torch.Tensor,  # [2, B, S, Hkv, D]
+        meta: AttentionMetadata,
+        out: torch.Tensor,  # [N, H, D], written in place
+    ) -> torch.Tensor:
+        """The split point (NOTE 5): write this step's K/V into the cache, attend over it."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [B, S, Hkv, D] each
         write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)  # padding slots skipped
-        out = self.attend(
-            q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale
+        return self.attend(
+            q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale, out=out
         )  # [N, H, D]; padding rows zero
-        return self.o_proj(out.view(n, self.q_size))  # [N, hidden]
     # --8<-- [end:attention_forward]
 
 
@@ -202,8 +225,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, cos, sin, kv_cache, meta) -> torch.Tensor:  # [N, hidden] -> [N, hidden]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+    def before_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``norm(x)`` to q, k, v, plus the empty [N, H, D] buffer attention writes into (NOTE 5)."""
+        q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin)
+        return q, k, v, torch.empty_like(q)
+
+    def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """``x + o_proj(attn)``, then ``x + mlp(norm(x))``: [N, hidden] -> [N, hidden]."""
+        x = x + self.self_attn.o_proj(attn_out.view(x.shape[0], -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 # --8<-- [end:mlp_layer]
 
@@ -224,6 +253,9 @@ class DecoderForCausalLM(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.tie_weights()
+        # NOTE 5: the pieces between attention ops, in order; a runner may wrap each one.
+        self.pieces: list = [self.first_piece, *(partial(self.middle_piece, i) for i in range(1, len(self.layers)))]
+        self.pieces.append(self.last_piece)
 
     # --8<-- [start:tie]
     def tie_weights(self) -> None:
@@ -232,6 +264,24 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
     # --8<-- [end:tie]
 
+    # --8<-- [start:pieces]
+    def first_piece(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Embedding, rotary angles, and layer 0 up to its attention: x, cos, sin, q, k, v, out."""
+        x = self.embed_tokens(input_ids)  # [N, hidden]
+        cos, sin = self.rotary(positions, x.dtype)  # [N, D] each
+        return (x, cos, sin, *self.layers[0].before_attention(x, cos, sin))
+
+    def middle_piece(
+        self, i: int, x: torch.Tensor, attn_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Layer ``i - 1`` after its attention, then layer ``i`` up to its attention: x, q, k, v, out."""
+        x = self.layers[i - 1].after_attention(x, attn_out)
+        return (x, *self.layers[i].before_attention(x, cos, sin))
+
+    def last_piece(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """The last layer after its attention, then the final norm: [N, hidden]."""
+        return self.norm(self.layers[-1].after_attention(x, attn_out))
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [N] int64 (N may include CUDA-graph padding)
@@ -239,7 +289,10 @@ class DecoderForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],  # L x [2, B, S, Hkv, D]
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        """Hidden states after the final norm, one row per token: [N, hidden]."""
+        """Hidden states after the final norm, one row per token: [N, hidden].
+
+        The pieces run back to back with each layer's attention between them (NOTE 5).
+        """
         n = attn_metadata.num_padded_tokens
         if input_ids.shape != (n,) or positions.shape != (n,):
             raise ValueError(
@@ -248,11 +301,18 @@ class DecoderForCausalLM(nn.Module):
             )
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} tensors for {len(self.layers)} layers")
-        x = self.embed_tokens(input_ids)  # [N, hidden]
-        cos, sin = self.rotary(positions, x.dtype)  # [N, D] each
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, attn_metadata)
-        return self.norm(x)
+        x, cos, sin, q, k, v, out = self.pieces[0](input_ids, positions)
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.attention_op(q, k, v, kv_caches[i], attn_metadata, out)  # eager between pieces
+            if i + 1 < len(self.layers):
+                x, q, k, v, out = self.pieces[i + 1](x, out, cos, sin)
+        return self.pieces[-1](x, out)
+    # --8<-- [end:pieces]
+
+    @property
+    def cudagraph_support(self) -> AttentionCGSupport:
+        """What its attention backend allows under CUDA graphs (seed 000)."""
+        return ATTENTION_CG_SUPPORT[self.attention_backend]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, V] float32 logits (the matmul runs in the model's dtype)."""

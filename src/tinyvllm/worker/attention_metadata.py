@@ -5,11 +5,14 @@ Concept: the scheduler hands the worker, per request, how many tokens are alread
 the request's block ids. Attention needs the same facts token by token: each token's
 position, its slot in the paged cache, where each request's queries start, each request's
 sequence length and padded block table, and which rows produce logits. Small pure functions
-compute each one from plain ints; ``build_attention_metadata`` packs them as tensors into a
-frozen ``AttentionMetadata``.
+compute each one from plain ints; ``build_step_inputs`` runs them all and pads the result
+for a CUDA graph; ``build_attention_metadata`` packs it as fresh tensors into the frozen
+``AttentionMetadata`` (the runner writes it into persistent buffers instead:
+``worker/input_buffers.py``).
 
 Follows: seed 003 "KV cache物理内存分配" (``_prepare_inputs`` builds ``attn_metadata`` and
-``logits_indices``; attention reads them through the forward context).
+``logits_indices``; attention reads them through the forward context); seed 000 "完整 CUDA
+图捕获 & 热身" (a graph replays a fixed, padded batch shape).
 Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``_prepare_inputs``) and
 ``vllm/v1/attention/backends/utils.py`` (``CommonAttentionMetadata``).
 
@@ -17,15 +20,17 @@ Invariants (property-tested): slots are unique across the batch and each lies in
 request's blocks; positions continue from ``num_computed_tokens``; ``query_start_loc`` is the
 cumulative sum of ``num_scheduled_tokens``; ``logits_indices[r]`` is request r's last row.
 
-NOTE 1 (padding convention): a CUDA graph replays a fixed token count, so the runner may pad
+NOTE 1 (padding convention): a CUDA graph replays a fixed token count, so the runner pads
 the N real tokens to ``num_padded_tokens``. Padding rows belong to no request: their position
 is 0 (a valid rotary index), their slot is ``PAD_SLOT_ID`` (``write_kv_cache`` skips them),
 ``query_start_loc[-1]`` stays N, and both attention backends write zeros to their output
-rows. Block-table rows are padded with ``PAD_BLOCK_ID`` past a request's own blocks; the
-kernels never read those entries (they stop at ``cdiv(seq_len, block_size)``).
+rows. A FULL graph also fixes the request count, so the runner may pad the R requests to
+``num_padded_reqs``: a padded request has no query rows (its ``query_start_loc`` entry
+repeats N), ``seq_len`` 0, a block-table row of ``PAD_BLOCK_ID`` and a logits row that is
+never read. Block-table rows are padded with ``PAD_BLOCK_ID`` past a request's own blocks;
+the kernels never read those entries (they stop at ``cdiv(seq_len, block_size)``).
 
-Left out: padding the request count (full CUDA graphs of decode batches come with the
-CUDA-graph work), speculative decoding, multimodal positions (M-RoPE), persistent buffers.
+Left out: speculative decoding, multimodal positions (M-RoPE).
 """
 
 from __future__ import annotations
@@ -36,11 +41,9 @@ from dataclasses import dataclass
 import torch
 
 from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
+from tinyvllm.attention.metadata import AttentionMetadata  # the type lives with attention
 from tinyvllm.core.kv_cache_manager import cdiv
-
-# Fills a block-table row past the request's own blocks. Never read by the kernels; block 0
-# keeps an accidental read in bounds.
-PAD_BLOCK_ID = 0
+from tinyvllm.worker.block_table import PAD_BLOCK_ID
 
 
 def _check_batch(num_computed_tokens: Sequence[int], num_scheduled_tokens: Sequence[int]) -> None:
@@ -113,30 +116,59 @@ def compute_logits_indices(query_start_loc: Sequence[int]) -> list[int]:
 # --8<-- [end:builders]
 
 
-# --8<-- [start:metadata]
-@dataclass(frozen=True)
-class AttentionMetadata:
-    """Everything attention needs for one step, as tensors (int32, except int64 slots)."""
 
-    positions: torch.Tensor  # [N_pad] int64; padding rows 0
-    query_start_loc: torch.Tensor  # [R + 1] int32; last entry = num_actual_tokens
-    seq_lens: torch.Tensor  # [R] int32; cached tokens including this step's
-    slot_mapping: torch.Tensor  # [N_pad] int64; padding rows PAD_SLOT_ID
-    block_table: torch.Tensor  # [R, max_num_blocks] int32; padded with PAD_BLOCK_ID
-    logits_indices: torch.Tensor  # [R] int64; last scheduled row of each request
-    num_actual_tokens: int  # N, the real tokens (the rest of N_pad is padding)
+
+# --8<-- [start:step_inputs]
+@dataclass(frozen=True)
+class StepInputs:
+    """One step's index arithmetic as plain lists, already padded (NOTE 1)."""
+
+    positions: list[int]  # [N_pad]
+    slot_mapping: list[int]  # [N_pad]
+    query_start_loc: list[int]  # [R_pad + 1]
+    seq_lens: list[int]  # [R_pad]
+    logits_indices: list[int]  # [R_pad]
+    num_tokens: int  # N, the real tokens
     max_query_len: int
     max_seq_len: int
-    block_size: int
 
-    @property
-    def num_reqs(self) -> int:
-        return self.seq_lens.shape[0]
 
-    @property
-    def num_padded_tokens(self) -> int:
-        return self.slot_mapping.shape[0]
-# --8<-- [end:metadata]
+def build_step_inputs(
+    num_computed_tokens: Sequence[int],
+    num_scheduled_tokens: Sequence[int],
+    block_ids: Sequence[Sequence[int]],
+    block_size: int,
+    *,
+    num_padded_tokens: int | None = None,
+    num_padded_reqs: int | None = None,
+) -> StepInputs:
+    """Every per-token and per-request list of one step, padded to the given sizes."""
+    _check_batch(num_computed_tokens, num_scheduled_tokens)
+    if len(block_ids) != len(num_scheduled_tokens):
+        raise ValueError(f"block_ids has {len(block_ids)} rows for {len(num_scheduled_tokens)} requests")
+    if block_size < 1:
+        raise ValueError(f"block_size = {block_size} must be >= 1")
+    num_tokens, num_reqs = sum(num_scheduled_tokens), len(num_scheduled_tokens)
+    n_pad = num_tokens if num_padded_tokens is None else num_padded_tokens
+    r_pad = num_reqs if num_padded_reqs is None else num_padded_reqs
+    if n_pad < num_tokens:
+        raise ValueError(f"num_padded_tokens = {n_pad} is less than the {num_tokens} scheduled tokens")
+    if r_pad < num_reqs:
+        raise ValueError(f"num_padded_reqs = {r_pad} is less than the {num_reqs} scheduled requests")
+    query_start_loc = compute_query_start_loc(num_scheduled_tokens) + [num_tokens] * (r_pad - num_reqs)
+    seq_lens = compute_seq_lens(num_computed_tokens, num_scheduled_tokens)
+    slots = compute_slot_mapping(num_computed_tokens, num_scheduled_tokens, block_ids, block_size)
+    return StepInputs(
+        positions=compute_positions(num_computed_tokens, num_scheduled_tokens) + [0] * (n_pad - num_tokens),
+        slot_mapping=slots + [PAD_SLOT_ID] * (n_pad - num_tokens),
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens + [0] * (r_pad - num_reqs),
+        logits_indices=compute_logits_indices(query_start_loc),
+        num_tokens=num_tokens,
+        max_query_len=max(num_scheduled_tokens, default=0),
+        max_seq_len=max(seq_lens, default=0),
+    )
+# --8<-- [end:step_inputs]
 
 
 def build_attention_metadata(
@@ -146,40 +178,29 @@ def build_attention_metadata(
     block_size: int,
     *,
     num_padded_tokens: int | None = None,
+    num_padded_reqs: int | None = None,
     max_num_blocks: int | None = None,
     device: torch.device | str = "cpu",
 ) -> AttentionMetadata:
-    """Build the step's ``AttentionMetadata`` from per-request ints (NOTE 1 for padding)."""
-    _check_batch(num_computed_tokens, num_scheduled_tokens)
-    if len(block_ids) != len(num_scheduled_tokens):
-        raise ValueError(f"block_ids has {len(block_ids)} rows for {len(num_scheduled_tokens)} requests")
-    if block_size < 1:
-        raise ValueError(f"block_size = {block_size} must be >= 1")
-    num_tokens = sum(num_scheduled_tokens)
-    num_padded = num_tokens if num_padded_tokens is None else num_padded_tokens
-    if num_padded < num_tokens:
-        raise ValueError(f"num_padded_tokens = {num_padded} is less than the {num_tokens} scheduled tokens")
-    pad = num_padded - num_tokens
-    query_start_loc = compute_query_start_loc(num_scheduled_tokens)
-    seq_lens = compute_seq_lens(num_computed_tokens, num_scheduled_tokens)
-    positions = compute_positions(num_computed_tokens, num_scheduled_tokens) + [0] * pad
-    slots = compute_slot_mapping(num_computed_tokens, num_scheduled_tokens, block_ids, block_size)
-    slots += [PAD_SLOT_ID] * pad
+    """Build the step's ``AttentionMetadata`` as fresh tensors (NOTE 1 for padding)."""
+    step = build_step_inputs(
+        num_computed_tokens, num_scheduled_tokens, block_ids, block_size,
+        num_padded_tokens=num_padded_tokens, num_padded_reqs=num_padded_reqs,
+    )  # fmt: skip
     width = max((len(ids) for ids in block_ids), default=0) if max_num_blocks is None else max_num_blocks
-    table = pad_block_table(block_ids, width)
+    table = pad_block_table(list(block_ids) + [[]] * (len(step.seq_lens) - len(block_ids)), width)
 
     def tensor(values, dtype):
         return torch.tensor(values, dtype=dtype, device=device)
 
     return AttentionMetadata(
-        positions=tensor(positions, torch.int64),
-        query_start_loc=tensor(query_start_loc, torch.int32),
-        seq_lens=tensor(seq_lens, torch.int32),
-        slot_mapping=tensor(slots, torch.int64),
-        block_table=tensor(table, torch.int32).reshape(len(block_ids), width),
-        logits_indices=tensor(compute_logits_indices(query_start_loc), torch.int64),
-        num_actual_tokens=num_tokens,
-        max_query_len=max(num_scheduled_tokens, default=0),
-        max_seq_len=max(seq_lens, default=0),
+        positions=tensor(step.positions, torch.int64),
+        query_start_loc=tensor(step.query_start_loc, torch.int32),
+        seq_lens=tensor(step.seq_lens, torch.int32),
+        slot_mapping=tensor(step.slot_mapping, torch.int64),
+        block_table=tensor(table, torch.int32).reshape(len(table), width),
+        logits_indices=tensor(step.logits_indices, torch.int64),
+        max_query_len=step.max_query_len,
+        max_seq_len=step.max_seq_len,
         block_size=block_size,
     )

@@ -22,12 +22,16 @@ reads the builder's holes, after which ``removed_append`` raises (ch. 8.3).
 NOTE 2: MinTokens must hold back EOS as well as ``stop_token_ids`` (vLLM's
 ``all_stop_token_ids``). ``add_request(eos_token_id=...)`` hands the processors a copy
 of the params with EOS appended to ``stop_token_ids`` unless ``ignore_eos``.
-Left out: token-id and block-table buffers (the model runner's issue), LoRA, pooling.
+NOTE 3: with ``max_num_blocks_per_req`` the batch also keeps the persistent block table
+(``worker/block_table.py``) in step with its rows: a row's ids are written when a request
+enters it, moved by ``condense``, swapped by ``swap_states`` and cleared on removal.
+Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -35,6 +39,7 @@ from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDi
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.worker.block_table import BlockTable
 
 
 class InputBatch:
@@ -46,6 +51,7 @@ class InputBatch:
         device: torch.device | str = "cpu",
         logitsprocs: LogitsProcessors | None = None,
         thinking_budget: ThinkingBudgetStateHolder | None = None,
+        max_num_blocks_per_req: int | None = None,
     ) -> None:
         if max_num_reqs < 1:
             raise ValueError(f"max_num_reqs must be >= 1, got {max_num_reqs!r}")
@@ -62,6 +68,9 @@ class InputBatch:
         self.top_p = torch.ones(max_num_reqs, dtype=torch.float32)  # [R_max]
         self.top_k = torch.zeros(max_num_reqs, dtype=torch.int64)  # [R_max], 0 = off
         self.generators: dict[int, torch.Generator] = {}  # row -> the request's own generator
+        self.block_table = (  # NOTE 3
+            BlockTable(max_num_reqs, max_num_blocks_per_req, self.device) if max_num_blocks_per_req else None
+        )
 
     @property
     def num_reqs(self) -> int:
@@ -75,6 +84,7 @@ class InputBatch:
         prompt_token_ids: list[int] | None,
         output_token_ids: list[int],
         eos_token_id: int | None = None,
+        block_ids: Sequence[int] = (),
     ) -> int:
         """Put a request into the lowest hole (or a new last row); return its row."""
         if req_id in self.req_id_to_index:
@@ -94,6 +104,8 @@ class InputBatch:
         self.top_k[row] = params.top_k
         if params.seed is not None:
             self.generators[row] = torch.Generator(device=self.device).manual_seed(params.seed)
+        if self.block_table is not None:
+            self.block_table.add_row(row, block_ids)
         self.batch_update_builder.added.append(
             (row, _params_for_processors(params, eos_token_id), prompt_token_ids, output_token_ids)
         )
@@ -115,6 +127,8 @@ class InputBatch:
         self.output_token_ids[row] = None
         self.temperature[row], self.top_p[row], self.top_k[row] = 1.0, 1.0, 0
         self.generators.pop(row, None)
+        if self.block_table is not None:
+            self.block_table.clear_row(row)
 
     # --8<-- [start:condense]
     def condense(self) -> None:
@@ -147,6 +161,8 @@ class InputBatch:
             self.generators[i1] = g2
         self.req_id_to_index[self.req_ids[i1]] = i1
         self.req_id_to_index[self.req_ids[i2]] = i2
+        if self.block_table is not None:
+            self.block_table.swap_rows(i1, i2)
         self.batch_update_builder.moved.append((i1, i2, MoveDirectionality.SWAP))
         self.batch_update_builder.batch_changed = True
     # --8<-- [end:condense]
@@ -159,6 +175,8 @@ class InputBatch:
         generator = self.generators.pop(src, None)
         if generator is not None:
             self.generators[dst] = generator
+        if self.block_table is not None:
+            self.block_table.move_row(src, dst)
         self.req_id_to_index[req_id] = dst
         self._clear_row(src)
 
@@ -191,6 +209,11 @@ class InputBatch:
             assert got == tuple(torch.tensor(expected[:2]).tolist()) + (expected[2],), f"row {row}: tensors {got} != params {expected}"
             has_seed = params is not None and params.seed is not None
             assert (row in self.generators) == has_seed, f"row {row}: generator present {row in self.generators}, seed {has_seed}"
+        if self.block_table is not None:
+            self.block_table.check_invariants()
+            live = {row for row, req_id in enumerate(self.req_ids) if req_id is not None}
+            empty = [r for r in range(self.max_num_reqs) if r not in live and self.block_table.num_blocks[r]]
+            assert not empty, f"rows {empty} hold no request but have block ids"
 
 
 def _params_for_processors(params: SamplingParams, eos_token_id: int | None) -> SamplingParams:

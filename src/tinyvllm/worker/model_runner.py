@@ -1,23 +1,28 @@
 """ModelRunner: turns one ``SchedulerOutput`` into sampled tokens.
 
 Concept: the runner orchestrates one forward and owns nothing that has its own module.
-Each step: (a) bring the runner's copy of every request and the persistent batch up to
-date (removals first, then additions, condense, refresh: one ``BatchUpdate`` reaches the
-logits processors and the thinking budget); (b) choose how to run the model (eager: the
-CUDA-graph dispatcher comes with its own issue); (c) build the attention metadata with
-the pure builders; (d) run the model over the paged KV cache; (e) take the logits of each
-request's last scheduled token, sample, and report one token per request whose step
-reached the end of its tokens.
+Each step: (a) bring the runner's copy of every request, the persistent batch and its
+block table up to date (removals first, then additions, condense, refresh: one
+``BatchUpdate`` reaches the logits processors and the thinking budget); (b) ask the
+CUDA-graph dispatcher how to run this batch (runtime mode and padded ``BatchDescriptor``);
+(c) write the padded inputs and attention metadata into the persistent buffers; (d) run
+the model over the paged KV cache under ``set_forward_context``, so the graph wrappers
+capture, replay or pass through; (e) take the logits of each request's last scheduled
+token, sample, and report one token per request whose step reached the end of its tokens.
 
-Follows: DESIGN.md "One engine step" (2a-2e); seed 003 "KV cache物理内存分配" (the runner
-owns the KV tensors and hands attention its metadata); seed 001 appendix U2 (the
-persistent batch is updated, condensed and refreshed once per step).
+Follows: DESIGN.md's "One engine step" as the project's docs page "The model runner" tells
+it (2a-2e); seed 003 "KV cache物理内存分配" (the runner owns the KV tensors and hands
+attention its metadata); seed 001 appendix U2 (the persistent batch is updated, condensed
+and refreshed once per step); seed 000 "CUDA Graphs" (dispatch, then the forward under a
+forward context; "完整 CUDA 图捕获 & 热身": warm-up runs eagerly, capture uses dummy batches).
 Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``_update_states``, ``_prepare_inputs``,
-``execute_model``) and ``CachedRequestState`` in ``gpu_input_batch.py``.
+``execute_model``, ``_dummy_run``, ``capture_model``) and ``CachedRequestState`` in
+``gpu_input_batch.py``.
 
 Invariants: after ``_update_states`` the batch holds exactly this step's scheduled
-requests, rows ``0 .. R-1``; each ``RunnerRequestState`` has the prompt, the outputs so far
-and the block ids the scheduler gave it.
+requests, rows ``0 .. R-1``, and block-table row r holds row r's block ids; each
+``RunnerRequestState`` has the prompt, the outputs so far and the block ids the scheduler
+gave it; ``cudagraph_stats`` counts every executed step once, by runtime mode.
 
 NOTE 1 (a request not scheduled this step leaves the batch): a running request can be
 skipped when the budget runs out, or preempted. It leaves the persistent batch (its
@@ -26,20 +31,51 @@ its block table is replaced, not extended.
 NOTE 2 (partial prefills draw no randomness): a row whose step ends inside its prompt
 gets no token, and a seeded row's generator is restored after sampling, so the tokens of
 a seeded request do not depend on how its prompt was chunked.
+NOTE 3 (the mode): ``compilation_config.cudagraph_mode`` (None: FULL_AND_PIECEWISE on
+CUDA, NONE on the CPU) is downgraded to what the attention backend supports
+(``resolve_cudagraph_mode``). On the CPU a mode other than NONE runs emulated graphs
+(``CUDAGraphWrapper(emulate=True)``), which check every rule a real graph imposes.
+NOTE 4 (padding): a FULL step pads the tokens to ``desc.num_tokens`` and the requests to
+``desc.num_reqs``; a PIECEWISE step pads only the tokens (attention runs eagerly on the
+real requests); a NONE step pads nothing. Padding rows and requests write no KV and their
+outputs are never read.
+NOTE 5 (dummy batches): warm-up and capture run ``R = desc.num_reqs`` (or ``min(N,
+max_num_seqs)``) dummy requests of zero tokens of context, all KV writes to
+``PAD_SLOT_ID``, every block-table row ``PAD_BLOCK_ID``: nothing in the KV cache changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
+from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
+from tinyvllm.attention.metadata import AttentionMetadata
+from tinyvllm.config import CompilationConfig
+from tinyvllm.core.kv_cache_manager import cdiv
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.sample.sampler import Sampler
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.worker.attention_metadata import build_attention_metadata
+from tinyvllm.worker.attention_metadata import build_step_inputs
+from tinyvllm.worker.block_table import PAD_BLOCK_ID
+from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
+from tinyvllm.worker.cudagraph_dispatcher import (
+    BatchDescriptor,
+    CUDAGraphMode,
+    CudagraphDispatcher,
+    default_capture_sizes,
+    resolve_cudagraph_mode,
+)
 from tinyvllm.worker.input_batch import InputBatch
+from tinyvllm.worker.input_buffers import PAD_TOKEN_ID, InputBuffers
+
+logger = logging.getLogger(__name__)
+UNIFORM_DECODE_QUERY_LEN = 1  # no speculative decoding: a decode step has one token per request
 
 
 @dataclass
@@ -67,6 +103,24 @@ class RunnerRequestState:
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
 
+# --8<-- [start:capture_sizes]
+def resolve_capture_sizes(config: CompilationConfig, max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """The capture sizes to use: the configured ones, else vLLM's defaults up to
+    ``min(2 * max_num_seqs, 512)``; sizes above the token budget can never be used."""
+    if config.cudagraph_capture_sizes is not None:
+        sizes = list(config.cudagraph_capture_sizes)
+    else:
+        sizes = default_capture_sizes(config.max_cudagraph_capture_size or min(2 * max_num_seqs, 512))
+    usable = [s for s in sizes if s <= max_num_batched_tokens]
+    if len(usable) < len(sizes):
+        logger.warning(
+            "cudagraph capture sizes %s exceed max_num_batched_tokens=%d and are dropped",
+            [s for s in sizes if s > max_num_batched_tokens], max_num_batched_tokens,
+        )  # fmt: skip
+    return usable
+# --8<-- [end:capture_sizes]
+
+
 class ModelRunner:
     """Runs the model for one scheduler step and samples (see the module header)."""
 
@@ -78,21 +132,62 @@ class ModelRunner:
         input_batch: InputBatch,
         device: torch.device,
         eos_token_id: int | None = None,
+        *,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        compilation_config: CompilationConfig | None = None,
     ) -> None:
+        if input_batch.block_table is None:
+            raise ValueError("the runner's InputBatch needs a block table: pass max_num_blocks_per_req")
         self.model = model
         self.kv_caches = kv_caches  # L x [2, B, S, Hkv, D]
         self.block_size = block_size
         self.input_batch = input_batch
-        self.device = device
+        self.device = torch.device(device)
         self.eos_token_id = eos_token_id
+        self.max_model_len = max_model_len
         self.sampler = Sampler()
         self.requests: dict[str, RunnerRequestState] = {}
+        self.buffers = InputBuffers(max_num_batched_tokens, input_batch.max_num_reqs, self.device)
+        self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
+        self._init_cudagraphs(compilation_config or CompilationConfig(), max_num_batched_tokens)
+
+    # --8<-- [start:init_cudagraphs]
+    def _init_cudagraphs(self, config: CompilationConfig, max_num_batched_tokens: int) -> None:
+        """Resolve the mode (NOTE 3), initialise the dispatcher's keys, install the wrappers."""
+        max_num_seqs = self.input_batch.max_num_reqs
+        requested = config.cudagraph_mode
+        if requested is None:
+            requested = CUDAGraphMode.FULL_AND_PIECEWISE if self.device.type == "cuda" else CUDAGraphMode.NONE
+        mode = resolve_cudagraph_mode(requested, self.model.cudagraph_support, piecewise_available=True)
+        sizes = resolve_capture_sizes(config, max_num_seqs, max_num_batched_tokens) if mode != CUDAGraphMode.NONE else []
+        if mode != CUDAGraphMode.NONE and not sizes:
+            logger.warning("cudagraph_mode %s -> NONE: no capture size fits the token budget", mode.name)
+            mode = CUDAGraphMode.NONE
+        self.emulate_cudagraphs = self.device.type != "cuda"
+        if mode != CUDAGraphMode.NONE and self.emulate_cudagraphs:
+            logger.warning("cudagraph_mode %s on %s: CUDA graphs are emulated (no speed-up)", mode.name, self.device)
+        self.cudagraph_mode = mode
+        self.dispatcher = CudagraphDispatcher(sizes or [1], max_num_seqs)
+        self.dispatcher.initialize_cudagraph_keys(mode, UNIFORM_DECODE_QUERY_LEN)
+        pool = None if self.emulate_cudagraphs or mode == CUDAGraphMode.NONE else torch.cuda.graph_pool_handle()
+        pieces = [getattr(p, "runnable", p) for p in self.model.pieces]  # unwrapped, if a runner came before
+        if mode.has_piecewise_cudagraphs():
+            pieces = [CUDAGraphWrapper(p, CUDAGraphMode.PIECEWISE, self.emulate_cudagraphs, pool=pool) for p in pieces]
+        self.model.pieces = pieces
+        self.full_graph = (
+            CUDAGraphWrapper(self.model, CUDAGraphMode.FULL, self.emulate_cudagraphs, pool=pool)
+            if mode.has_full_cudagraphs()
+            else None
+        )
+    # --8<-- [end:init_cudagraphs]
 
     # -- (a) states and the persistent batch ---------------------------------------------
 
     # --8<-- [start:update_states]
     def _update_states(self, out: SchedulerOutput) -> None:
         batch = self.input_batch
+        table = batch.block_table
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
         for req_id in list(batch.req_id_to_index):  # removals first (NOTE 1)
@@ -109,46 +204,114 @@ class ModelRunner:
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
+            row = batch.req_id_to_index.get(cached.req_id)  # None: it (re-)enters the batch below
             if cached.resumed_from_preemption:
                 state.block_ids = list(cached.new_block_ids)
+                if row is not None:
+                    table.add_row(row, state.block_ids)
             else:
                 state.block_ids.extend(cached.new_block_ids)
+                if row is not None:
+                    table.append_row(row, cached.new_block_ids)  # incremental, never rebuilt
             state.num_computed_tokens = cached.num_computed_tokens
         for req_id in out.num_scheduled_tokens:
             if req_id not in batch.req_id_to_index:
                 state = self.requests[req_id]
                 batch.add_request(
-                    req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids, self.eos_token_id
-                )
+                    req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
+                    self.eos_token_id, block_ids=state.block_ids,
+                )  # fmt: skip
         batch.condense()
         batch.refresh()
     # --8<-- [end:update_states]
+
+    # -- (b)-(d) dispatch, inputs, forward -----------------------------------------------
+
+    # --8<-- [start:forward]
+    def _forward(
+        self,
+        token_ids: list[int],
+        num_computed: list[int],
+        num_scheduled: list[int],
+        block_ids: list[list[int]],
+        dispatch: tuple[CUDAGraphMode, BatchDescriptor] | None = None,
+        dummy: bool = False,
+    ) -> tuple[torch.Tensor, AttentionMetadata]:
+        """One forward over the persistent buffers; returns hidden states [N_pad, hidden]."""
+        num_tokens, num_reqs = sum(num_scheduled), len(num_scheduled)
+        if dispatch is None:
+            uniform = all(n == UNIFORM_DECODE_QUERY_LEN for n in num_scheduled)
+            dispatch = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform)
+        mode, desc = dispatch
+        num_padded_reqs = desc.num_reqs if mode == CUDAGraphMode.FULL else num_reqs  # NOTE 4
+        step = build_step_inputs(
+            num_computed, num_scheduled, block_ids, self.block_size,
+            num_padded_tokens=desc.num_tokens, num_padded_reqs=num_padded_reqs,
+        )  # fmt: skip
+        if dummy:  # NOTE 5: nothing reaches the KV cache
+            step = dataclasses.replace(step, slot_mapping=[PAD_SLOT_ID] * desc.num_tokens)
+        max_query_len, max_seq_len = step.max_query_len, step.max_seq_len
+        if mode == CUDAGraphMode.FULL:  # frozen into the graph: the descriptor's bounds
+            max_query_len = UNIFORM_DECODE_QUERY_LEN if desc.uniform else desc.num_tokens
+            max_seq_len = self.max_model_len
+        table = self.input_batch.block_table.commit(num_padded_reqs)  # [R_pad, B_max]
+        input_ids, metadata = self.buffers.fill(
+            token_ids, step, table, self.block_size, max_query_len=max_query_len, max_seq_len=max_seq_len
+        )
+        run = self.full_graph if self.full_graph is not None else self.model
+        with set_forward_context(mode, desc):
+            hidden = run(input_ids, metadata.positions, self.kv_caches, metadata)  # [N_pad, hidden]
+        if not dummy:
+            self.cudagraph_stats[mode] += 1
+        return hidden, metadata
+    # --8<-- [end:forward]
+
+    # -- start-up: warm-up and capture ---------------------------------------------------
+
+    # --8<-- [start:capture]
+    def _dummy_run(self, mode: CUDAGraphMode, desc: BatchDescriptor) -> None:
+        """Run a dummy batch shaped like ``desc`` in runtime mode ``mode`` (NOTE 5)."""
+        if desc.uniform:
+            lens = [UNIFORM_DECODE_QUERY_LEN] * desc.num_reqs
+        else:
+            num_reqs = desc.num_reqs or min(desc.num_tokens, self.input_batch.max_num_reqs)
+            lens = [desc.num_tokens - num_reqs + 1] + [1] * (num_reqs - 1)
+        block_ids = [[PAD_BLOCK_ID] * cdiv(n, self.block_size) for n in lens]
+        self._forward([PAD_TOKEN_ID] * sum(lens), [0] * len(lens), lens, block_ids, dispatch=(mode, desc), dummy=True)
+
+    @torch.inference_mode()
+    def capture_model(self) -> int:
+        """Warm up eagerly, then capture every key the dispatcher holds; returns the count."""
+        if self.input_batch.num_reqs:
+            raise RuntimeError("capture_model runs at start-up, before any request is in the batch")
+        captured = 0
+        for mode, descs in self.dispatcher.get_capture_descs():  # PIECEWISE first, largest first
+            for desc in descs:
+                self._dummy_run(CUDAGraphMode.NONE, desc)  # warm-up: eager, same shapes
+                self._dummy_run(mode, desc)  # the wrapper of this mode captures
+                captured += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return captured
+    # --8<-- [end:capture]
 
     # -- one step ------------------------------------------------------------------------
 
     # --8<-- [start:execute_model]
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self._update_states(scheduler_output)
+        self._update_states(scheduler_output)  # (a)
         req_ids: list[str] = list(self.input_batch.req_ids)  # row order
         if not req_ids:
             return ModelRunnerOutput([], {}, [])
         states = [self.requests[r] for r in req_ids]
         num_sched = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
         computed = [s.num_computed_tokens for s in states]
+        token_ids = [t for s, c, n in zip(states, computed, num_sched) for t in s.token_slice(c, c + n)]
 
-        # (b) eager execution; (c) metadata from the pure builders.
-        metadata = build_attention_metadata(
-            computed, num_sched, [s.block_ids for s in states], self.block_size, device=self.device
-        )
-        input_ids = torch.tensor(  # [N]
-            [t for s, c, n in zip(states, computed, num_sched) for t in s.token_slice(c, c + n)],
-            dtype=torch.int64,
-            device=self.device,
-        )
-        # (d) the model over the paged cache.
-        hidden = self.model(input_ids, metadata.positions, self.kv_caches, metadata)  # [N, hidden]
-        logits = self.model.compute_logits(hidden[metadata.logits_indices])  # [R, V]
+        # (b)-(d): dispatch, pad into the persistent buffers, run (graph replay or eager).
+        hidden, metadata = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states])
+        logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
 
         # (e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2).
         complete = [c + n >= s.num_tokens for s, c, n in zip(states, computed, num_sched)]

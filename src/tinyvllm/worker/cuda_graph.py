@@ -1,0 +1,223 @@
+"""The CUDA-graph wrapper: capture a callable once per batch shape, then replay it.
+
+Concept: the runner decides, per step, the runtime mode and the ``BatchDescriptor``
+(``CudagraphDispatcher.dispatch``) and announces them with ``set_forward_context``. Every
+``CUDAGraphWrapper`` reads that context when it is called. With no context, with
+``NONE``, or with a mode that is not its own, it just calls the wrapped callable. With its
+own mode it captures a graph the first time it sees a descriptor and replays it every
+later time. Two wrappers nest: one FULL wrapper around the whole forward, one PIECEWISE
+wrapper around each piece between attention ops; in a FULL step the inner ones pass
+through, in a PIECEWISE step the outer one does.
+
+Follows: seed 000, vLLM design doc "CUDA Graphs" (Chinese translation; based on vLLM PR
+#20059), sections "CUDAGraphWrapper" and "嵌套 Wrapper 设计" (the nested wrappers).
+Mirrors: ``vllm/compilation/cuda_graph.py`` (``CUDAGraphWrapper``) and
+``vllm/forward_context.py`` (``set_forward_context``, ``get_forward_context``).
+
+Invariants: ``entries`` has one entry per descriptor ever captured by this wrapper; a
+replay returns the very tensor objects the capture returned, overwritten in place.
+
+NOTE 1 (what a replay checks): a real graph reads its inputs from the addresses it was
+captured with and bakes every Python value into its kernels. Passing a new tensor, a
+tensor of another shape, or a changed Python number silently computes with stale data.
+So every replay compares each argument with the captured one: tensors (also inside
+lists, tuples, dicts and dataclasses) by storage address, shape, stride and dtype, all
+other values by equality, and raises ``RuntimeError`` naming the argument.
+NOTE 2 (emulation): ``emulate=True`` stands in for a graph on a machine without CUDA.
+Capture runs the callable and keeps its arguments and outputs; replay runs it again on
+the *captured* arguments and copies the results into the captured outputs. Together with
+NOTE 1 this makes every rule a real graph imposes visible in a CPU test.
+NOTE 3 (capture then replay): on CUDA, kernels recorded during capture do not run, so
+the wrapper replays once right after capturing: the first call returns real results too.
+NOTE 4 (one memory pool): all graphs allocate from one pool (``torch.cuda.graph_pool_handle``)
+so that graphs of different sizes share memory; only one graph runs at a time. The runner
+passes the pool; without one, a wrapper creates its own.
+
+Left out: garbage-collection tricks and weak references to outputs during capture (vLLM
+drops them to save memory; we keep the outputs alive, which costs memory, not correctness),
+debug-mode address logging, graphs on several streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode
+
+
+# --8<-- [start:context]
+@dataclass(frozen=True)
+class ForwardContext:
+    """What every wrapper needs to know about the forward that is running now."""
+
+    runtime_mode: CUDAGraphMode
+    batch_descriptor: BatchDescriptor | None
+
+
+_forward_context: ForwardContext | None = None
+
+
+@contextlib.contextmanager
+def set_forward_context(
+    runtime_mode: CUDAGraphMode, batch_descriptor: BatchDescriptor | None
+) -> Iterator[ForwardContext]:
+    """Announce the runtime mode and descriptor of one forward to every wrapper."""
+    global _forward_context
+    if runtime_mode not in CUDAGraphMode.valid_runtime_modes():
+        raise ValueError(f"runtime mode must be one of NONE, PIECEWISE, FULL, got {runtime_mode.name}")
+    if runtime_mode != CUDAGraphMode.NONE and batch_descriptor is None:
+        raise ValueError(f"runtime mode {runtime_mode.name} needs a batch descriptor")
+    previous, _forward_context = _forward_context, ForwardContext(runtime_mode, batch_descriptor)
+    try:
+        yield _forward_context
+    finally:
+        _forward_context = previous
+
+
+def get_forward_context() -> ForwardContext | None:
+    """The context of the forward running now, or None outside ``set_forward_context``."""
+    return _forward_context
+# --8<-- [end:context]
+
+
+# --8<-- [start:signature]
+def describe_arguments(value: Any, name: str) -> dict[str, tuple]:
+    """Flatten an argument into ``{path: fingerprint}``: tensors by (storage address, shape,
+    stride, dtype), lists/tuples/dicts/dataclasses by their parts, anything else by value."""
+    if isinstance(value, torch.Tensor):
+        return {name: ("tensor", value.data_ptr(), tuple(value.shape), value.stride(), value.dtype)}
+    if isinstance(value, (list, tuple)):
+        out = {name: (type(value).__name__, len(value))}
+        for i, item in enumerate(value):
+            out |= describe_arguments(item, f"{name}[{i}]")
+        return out
+    if isinstance(value, dict):
+        out = {name: ("dict", tuple(value))}
+        for key, item in value.items():
+            out |= describe_arguments(item, f"{name}[{key!r}]")
+        return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {name: ("dataclass", type(value))}
+        for f in dataclasses.fields(value):
+            out |= describe_arguments(getattr(value, f.name), f"{name}.{f.name}")
+        return out
+    return {name: ("value", value)}
+
+
+def first_difference(captured: dict[str, tuple], now: dict[str, tuple]) -> str | None:
+    """A sentence naming the first argument that differs from the capture, or None."""
+    for path, then in captured.items():
+        if path not in now:
+            return f"argument {path} is missing (it was {then})"
+        if now[path] != then:
+            what = "tensor (address, shape, stride, dtype)" if then[0] == "tensor" else "value"
+            return f"argument {path} changed since capture: {what} was {then[1:]}, now {now[path][1:]}"
+    extra = next((p for p in now if p not in captured), None)
+    return None if extra is None else f"argument {extra} was not there at capture"
+# --8<-- [end:signature]
+
+
+def _copy_into(target: Any, source: Any) -> None:
+    """Copy ``source``'s tensors into the matching tensors of ``target`` (same structure)."""
+    if isinstance(target, torch.Tensor):
+        target.copy_(source)
+    elif isinstance(target, (list, tuple)):
+        for t, s in zip(target, source):
+            _copy_into(t, s)
+    elif isinstance(target, dict):
+        for key in target:
+            _copy_into(target[key], source[key])
+
+
+@dataclass
+class CUDAGraphEntry:
+    """One captured graph: what it was captured with, what it returns."""
+
+    batch_descriptor: BatchDescriptor
+    signature: dict[str, tuple]  # NOTE 1
+    output: Any  # the tensors a replay overwrites and returns
+    graph: Any = None  # torch.cuda.CUDAGraph; None when emulated
+    args: tuple = ()  # emulated: the captured arguments (NOTE 2)
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    num_replays: int = 0
+
+
+class CUDAGraphWrapper:
+    """Capture / replay / pass through one callable for one runtime mode (module header)."""
+
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        runtime_mode: CUDAGraphMode,
+        emulate: bool = False,
+        *,
+        pool: Any = None,
+    ) -> None:
+        if runtime_mode not in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+            raise ValueError(f"a CUDAGraphWrapper is bound to PIECEWISE or FULL, got {runtime_mode.name}")
+        if not emulate and not torch.cuda.is_available():
+            raise ValueError("CUDAGraphWrapper needs CUDA unless emulate=True")
+        self.runnable = runnable
+        self.runtime_mode = runtime_mode
+        self.emulate = emulate
+        self.pool = pool if pool is not None or emulate else torch.cuda.graph_pool_handle()  # NOTE 4
+        self.entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
+
+    # --8<-- [start:call]
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        context = get_forward_context()
+        if context is None or context.runtime_mode != self.runtime_mode:
+            return self.runnable(*args, **kwargs)  # NONE, or the other wrapper's step: pass through
+        key = context.batch_descriptor
+        signature = self._signature(args, kwargs)
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self._capture(key, signature, args, kwargs)
+            self.entries[key] = entry
+        else:
+            problem = first_difference(entry.signature, signature)
+            if problem is not None:
+                raise RuntimeError(f"{self.runtime_mode.name} graph for {key}: {problem}")
+        self._replay(entry)
+        return entry.output
+    # --8<-- [end:call]
+
+    def _signature(self, args: tuple, kwargs: dict) -> dict[str, tuple]:
+        """NOTE 1: every argument's fingerprint, under its parameter name where known."""
+        try:
+            bound = inspect.signature(getattr(self.runnable, "forward", self.runnable)).bind(*args, **kwargs)
+            named = dict(bound.arguments)
+        except (TypeError, ValueError):  # no introspectable signature: positions and keywords
+            named = {f"#{i}": a for i, a in enumerate(args)} | kwargs
+        signature: dict[str, tuple] = {}
+        for name, value in named.items():
+            signature |= describe_arguments(value, name)
+        return signature
+
+    def _capture(self, key: BatchDescriptor, signature: dict, args: tuple, kwargs: dict) -> CUDAGraphEntry:
+        if self.emulate:
+            output = self.runnable(*args, **kwargs)
+            return CUDAGraphEntry(key, signature, output, args=args, kwargs=kwargs, num_replays=-1)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = self.runnable(*args, **kwargs)
+        return CUDAGraphEntry(key, signature, output, graph=graph, num_replays=-1)  # replayed next (NOTE 3)
+
+    def _replay(self, entry: CUDAGraphEntry) -> None:
+        entry.num_replays += 1
+        if entry.graph is not None:
+            entry.graph.replay()
+        elif entry.num_replays > 0:  # emulated: the capture itself already ran the callable
+            _copy_into(entry.output, self.runnable(*entry.args, **entry.kwargs))
+
+    def check_invariants(self) -> None:
+        for key, entry in self.entries.items():
+            assert entry.batch_descriptor == key, f"entry for {key} holds {entry.batch_descriptor}"
+            assert (entry.graph is None) == self.emulate, f"entry for {key}: graph {entry.graph} with emulate={self.emulate}"
