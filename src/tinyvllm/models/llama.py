@@ -4,7 +4,7 @@ Concept: a ``DecoderForCausalLM`` turns the N scheduled tokens of a step (any mi
 prefill chunks and decodes, back to back) into hidden states, reading and writing the
 paged KV cache through the step's ``AttentionMetadata``. Per layer: RMSNorm, one fused
 q/k/v projection, (Qwen3) RMSNorm on each q and k head, rotary embedding at each token's
-position, ``write_kv_cache`` of k and v into the layer's cache, ``paged_attention`` over
+position, the backend's KV write of k and v into the layer's cache, ``paged_attention`` over
 everything cached, output projection, residual; then RMSNorm and a fused SiLU-gated MLP.
 ``compute_logits`` maps only the rows the runner asks for to the vocabulary, in float32.
 The three families differ by flags of the ``ModelSpec``: ``qk_norm`` (Qwen3), ``qkv_bias``
@@ -53,6 +53,8 @@ and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -61,7 +63,7 @@ from torch import nn
 
 from tinyvllm.attention import reference, triton_attention
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
-from tinyvllm.attention.kv_cache_write import write_kv_cache
+from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.models.loader import (
     ModelSpec,
@@ -72,8 +74,25 @@ from tinyvllm.models.loader import (
     load_model_spec,
 )
 
-ATTENTION_BACKENDS = {"reference": reference.paged_attention, "triton": triton_attention.paged_attention}
-ATTENTION_CG_SUPPORT = {"reference": reference.CUDAGRAPH_SUPPORT, "triton": triton_attention.CUDAGRAPH_SUPPORT}
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """The KV writer and the attention kernel one backend pairs, and its CUDA-graph support."""
+
+    write_kv_cache: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]
+    cudagraph_support: AttentionCGSupport
+
+
+# The reference writes with a boolean mask and reads lengths on the host; the Triton pair
+# does neither, so a whole forward over it can be captured (seed 000, AttentionCGSupport).
+ATTENTION_BACKENDS = {
+    "reference": AttentionBackend(write_kv_cache_torch, reference.paged_attention, reference.CUDAGRAPH_SUPPORT),
+    "triton": AttentionBackend(
+        write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT
+    ),
+}
 # Checkpoint tensors that carry nothing the decoder needs (old Llama exports saved the buffer).
 _IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -153,7 +172,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     """Fused q/k/v projection, optional q/k norm, rotary, paged KV cache, output projection."""
 
-    def __init__(self, spec: ModelSpec, attend) -> None:
+    def __init__(self, spec: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = spec.num_attention_heads, spec.num_key_value_heads
         self.head_dim = spec.head_dim
@@ -163,7 +182,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = self.head_dim**-0.5
-        self.attend = attend
+        self.backend = backend
 
     # --8<-- [start:attention_forward]
     def project(
@@ -193,8 +212,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """The split point (NOTE 5): write this step's K/V into the cache, attend over it."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [B, S, Hkv, D] each
-        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)  # padding slots skipped
-        return self.attend(
+        self.backend.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)  # padding slots skipped
+        return self.backend.paged_attention(
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale, out=out
         )  # [N, H, D]; padding rows zero
     # --8<-- [end:attention_forward]
@@ -218,10 +237,10 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
-    def __init__(self, spec: ModelSpec, attend) -> None:
+    def __init__(self, spec: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = Attention(spec, attend)
+        self.self_attn = Attention(spec, backend)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
@@ -246,10 +265,10 @@ class DecoderForCausalLM(nn.Module):
             raise ValueError(f"attention_backend {attention_backend!r} is not one of {sorted(ATTENTION_BACKENDS)}")
         self.spec = spec
         self.attention_backend = attention_backend
-        attend = ATTENTION_BACKENDS[attention_backend]
+        backend = ATTENTION_BACKENDS[attention_backend]
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.rotary = RotaryEmbedding(spec)
-        self.layers = nn.ModuleList(DecoderLayer(spec, attend) for _ in range(spec.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, backend) for _ in range(spec.num_hidden_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.tie_weights()
@@ -312,7 +331,7 @@ class DecoderForCausalLM(nn.Module):
     @property
     def cudagraph_support(self) -> AttentionCGSupport:
         """What its attention backend allows under CUDA graphs (seed 000)."""
-        return ATTENTION_CG_SUPPORT[self.attention_backend]
+        return ATTENTION_BACKENDS[self.attention_backend].cudagraph_support
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, V] float32 logits (the matmul runs in the model's dtype)."""

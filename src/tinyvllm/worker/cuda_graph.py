@@ -25,8 +25,10 @@ lists, tuples, dicts and dataclasses) by storage address, shape, stride and dtyp
 other values by equality, and raises ``RuntimeError`` naming the argument.
 NOTE 2 (emulation): ``emulate=True`` stands in for a graph on a machine without CUDA.
 Capture runs the callable and keeps its arguments and outputs; replay runs it again on
-the *captured* arguments and copies the results into the captured outputs. Together with
-NOTE 1 this makes every rule a real graph imposes visible in a CPU test.
+the *captured* arguments and copies the results into the captured outputs. Both run under
+``forbid_host_reads``: an op that needs a tensor's value on the host (``.item()``,
+``nonzero``, boolean-mask indexing) raises, as it does while CUDA captures a stream.
+Together with NOTE 1 this makes the rules a real graph imposes visible in a CPU test.
 NOTE 3 (capture then replay): on CUDA, kernels recorded during capture do not run, so
 the wrapper replays once right after capturing: the first call returns real results too.
 NOTE 4 (one memory pool): all graphs allocate from one pool (``torch.cuda.graph_pool_handle``)
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode
 
@@ -122,6 +125,31 @@ def first_difference(captured: dict[str, tuple], now: dict[str, tuple]) -> str |
     extra = next((p for p in now if p not in captured), None)
     return None if extra is None else f"argument {extra} was not there at capture"
 # --8<-- [end:signature]
+
+
+# --8<-- [start:host_reads]
+_aten = torch.ops.aten
+# Ops whose result depends on a tensor's values on the host: a CUDA graph cannot capture them.
+HOST_READ_OPS = frozenset({
+    _aten.item.default, _aten._local_scalar_dense.default, _aten.is_nonzero.default,
+    _aten.nonzero.default, _aten.masked_select.default, _aten.equal.default,
+})  # fmt: skip
+_INDEX_OPS = frozenset({_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default})
+
+
+class forbid_host_reads(TorchDispatchMode):
+    """Raise on any op that reads a tensor's value on the host (NOTE 2): the CPU stand-in
+    for CUDA's "operation not permitted when stream is capturing"."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        bool_index = func in _INDEX_OPS and any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1]
+        )
+        if func in HOST_READ_OPS or bool_index:
+            what = "boolean-mask indexing" if bool_index else str(func)
+            raise RuntimeError(f"{what} reads a tensor's value on the host, which a CUDA graph cannot capture")
+        return func(*args, **(kwargs or {}))
+# --8<-- [end:host_reads]
 
 
 def _copy_into(target: Any, source: Any) -> None:
@@ -203,7 +231,8 @@ class CUDAGraphWrapper:
 
     def _capture(self, key: BatchDescriptor, signature: dict, args: tuple, kwargs: dict) -> CUDAGraphEntry:
         if self.emulate:
-            output = self.runnable(*args, **kwargs)
+            with forbid_host_reads():
+                output = self.runnable(*args, **kwargs)
             return CUDAGraphEntry(key, signature, output, args=args, kwargs=kwargs, num_replays=-1)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
@@ -215,7 +244,8 @@ class CUDAGraphWrapper:
         if entry.graph is not None:
             entry.graph.replay()
         elif entry.num_replays > 0:  # emulated: the capture itself already ran the callable
-            _copy_into(entry.output, self.runnable(*entry.args, **entry.kwargs))
+            with forbid_host_reads():
+                _copy_into(entry.output, self.runnable(*entry.args, **entry.kwargs))
 
     def check_invariants(self) -> None:
         for key, entry in self.entries.items():

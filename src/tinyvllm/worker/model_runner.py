@@ -103,6 +103,21 @@ class RunnerRequestState:
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
 
+@dataclass(frozen=True)
+class StepDispatch:
+    """How the last step ran: its real size, the runtime mode and the padded key."""
+
+    num_tokens: int
+    num_reqs: int
+    uniform_decode: bool
+    runtime_mode: CUDAGraphMode
+    batch_descriptor: BatchDescriptor
+
+    @property
+    def num_padding_tokens(self) -> int:
+        return self.batch_descriptor.num_tokens - self.num_tokens
+
+
 # --8<-- [start:capture_sizes]
 def resolve_capture_sizes(config: CompilationConfig, max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
     """The capture sizes to use: the configured ones, else vLLM's defaults up to
@@ -150,6 +165,7 @@ class ModelRunner:
         self.requests: dict[str, RunnerRequestState] = {}
         self.buffers = InputBuffers(max_num_batched_tokens, input_batch.max_num_reqs, self.device)
         self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
+        self.last_dispatch: StepDispatch | None = None
         self._init_cudagraphs(compilation_config or CompilationConfig(), max_num_batched_tokens)
 
     # --8<-- [start:init_cudagraphs]
@@ -239,8 +255,8 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, AttentionMetadata]:
         """One forward over the persistent buffers; returns hidden states [N_pad, hidden]."""
         num_tokens, num_reqs = sum(num_scheduled), len(num_scheduled)
+        uniform = all(n == UNIFORM_DECODE_QUERY_LEN for n in num_scheduled)
         if dispatch is None:
-            uniform = all(n == UNIFORM_DECODE_QUERY_LEN for n in num_scheduled)
             dispatch = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform)
         mode, desc = dispatch
         num_padded_reqs = desc.num_reqs if mode == CUDAGraphMode.FULL else num_reqs  # NOTE 4
@@ -263,6 +279,7 @@ class ModelRunner:
             hidden = run(input_ids, metadata.positions, self.kv_caches, metadata)  # [N_pad, hidden]
         if not dummy:
             self.cudagraph_stats[mode] += 1
+            self.last_dispatch = StepDispatch(num_tokens, num_reqs, uniform, mode, desc)
         return hidden, metadata
     # --8<-- [end:forward]
 
