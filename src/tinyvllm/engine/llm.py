@@ -108,6 +108,7 @@ class LLM:
         if attention_backend == "auto":
             attention_backend = "triton" if self.device.type == "cuda" else "reference"
         compilation = _compilation_config(compilation_config, enforce_eager)
+        self.cudagraph_memory_bytes = 0  # what the graphs take from the KV budget (GPU only)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
         max_model_len = spec.max_position_embeddings if max_model_len is None else max_model_len
@@ -142,7 +143,10 @@ class LLM:
             if self.device.type == "cuda":
                 self._profile_forward(scheduler_config, block_size)
                 budget = available_gpu_kv_bytes(gpu_memory_utilization, self.device)
-                budget -= self._measure_cudagraph_bytes(scheduler_config, compilation, block_size, reasoning_config)
+                self.cudagraph_memory_bytes = self._measure_cudagraph_bytes(
+                    scheduler_config, compilation, block_size, reasoning_config
+                )
+                budget -= self.cudagraph_memory_bytes
             else:
                 budget = CPU_KV_CACHE_BYTES
             num_blocks = num_blocks_from_budget(budget, per_block, block_size, max_model_len, max_num_seqs)

@@ -295,6 +295,8 @@ class ModelRunner:
             lens = [desc.num_tokens - num_reqs + 1] + [1] * (num_reqs - 1)
         block_ids = [[PAD_BLOCK_ID] * cdiv(n, self.block_size) for n in lens]
         self._forward([PAD_TOKEN_ID] * sum(lens), [0] * len(lens), lens, block_ids, dispatch=(mode, desc), dummy=True)
+        if self.device.type == "cuda":  # the next dummy rewrites the pinned host buffers (input_buffers NOTE 2)
+            torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def capture_model(self) -> int:
@@ -307,8 +309,6 @@ class ModelRunner:
                 self._dummy_run(CUDAGraphMode.NONE, desc)  # warm-up: eager, same shapes
                 self._dummy_run(mode, desc)  # the wrapper of this mode captures
                 captured += 1
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
         return captured
     # --8<-- [end:capture]
 

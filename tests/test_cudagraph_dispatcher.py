@@ -1,0 +1,229 @@
+"""The CUDA-graph dispatcher, rule by rule, as seed 000 (vLLM's "CUDA Graphs" design doc)
+states them: the five modes, the key sets, dispatch priority and padding, cascade
+attention, the downgrade table, capture order."""
+
+import logging
+
+import pytest
+
+from tinyvllm.worker.cudagraph_dispatcher import (
+    AttentionCGSupport,
+    BatchDescriptor,
+    CUDAGraphMode,
+    CudagraphDispatcher,
+    default_capture_sizes,
+    pad_to_capture_size,
+    resolve_cudagraph_mode,
+)
+
+M = CUDAGraphMode
+S = AttentionCGSupport
+
+
+# -- "CudagraphModes": single modes and the two dual modes ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode, decode, mixed, separate",
+    [
+        (M.NONE, M.NONE, M.NONE, False),
+        (M.PIECEWISE, M.PIECEWISE, M.PIECEWISE, False),
+        (M.FULL, M.FULL, M.FULL, False),
+        (M.FULL_DECODE_ONLY, M.FULL, M.NONE, True),
+        (M.FULL_AND_PIECEWISE, M.FULL, M.PIECEWISE, True),
+    ],
+)
+def test_cudagraph_mode_routines(mode, decode, mixed, separate):
+    assert (mode.decode_mode(), mode.mixed_mode(), mode.separate_routine()) == (decode, mixed, separate)
+
+
+def test_cudagraph_mode_values_are_vllms():
+    assert [m.value for m in M] == [0, 1, 2, (2, 0), (2, 1)]
+    assert M.valid_runtime_modes() == frozenset({M.NONE, M.PIECEWISE, M.FULL})
+
+
+@pytest.mark.parametrize(
+    "mode, has_full, has_piecewise",
+    [
+        (M.NONE, False, False),
+        (M.PIECEWISE, False, True),
+        (M.FULL, True, False),
+        (M.FULL_DECODE_ONLY, True, False),
+        (M.FULL_AND_PIECEWISE, True, True),
+    ],
+)
+def test_cudagraph_mode_has_mode(mode, has_full, has_piecewise):
+    assert mode.has_full_cudagraphs() is has_full and mode.has_mode(M.FULL) is has_full
+    assert mode.has_piecewise_cudagraphs() is has_piecewise and mode.has_mode(M.PIECEWISE) is has_piecewise
+    assert mode.has_mode(M.NONE) is (mode in (M.NONE, M.FULL_DECODE_ONLY))
+    with pytest.raises(ValueError, match="single mode"):
+        mode.has_mode(M.FULL_AND_PIECEWISE)
+
+
+def test_cudagraph_batch_descriptor_defaults_and_hashing():
+    desc = BatchDescriptor(8)
+    assert desc == (8, None, False, False)
+    assert {BatchDescriptor(8, 8, uniform=True): "a"}[BatchDescriptor(8, 8, True)] == "a"
+    assert BatchDescriptor(8, 8, uniform=True) != BatchDescriptor(8, 8)
+
+
+# -- padding -----------------------------------------------------------------------------------
+
+
+def test_cudagraph_pad_to_capture_size():
+    sizes = [1, 2, 4, 8, 16]
+    assert [pad_to_capture_size(n, sizes) for n in (1, 3, 4, 5, 16, 17)] == [1, 4, 4, 8, 16, None]
+
+
+def test_cudagraph_default_capture_sizes_are_vllms():
+    sizes = default_capture_sizes(512)
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
+    assert 248 in sizes and 256 in sizes and 264 not in sizes  # step 8 below 256, then 16
+    assert default_capture_sizes(10) == [1, 2, 4, 8]
+
+
+# -- initialize_cudagraph_keys -----------------------------------------------------------------
+
+
+def keys(mode, sizes=(1, 2, 4, 8), max_num_seqs=4, q=1):
+    d = CudagraphDispatcher(sizes, max_num_seqs)
+    d.initialize_cudagraph_keys(mode, q)
+    return d, d.cudagraph_keys[M.PIECEWISE], d.cudagraph_keys[M.FULL]
+
+
+def test_cudagraph_keys_full_and_piecewise():
+    _, piecewise, full = keys(M.FULL_AND_PIECEWISE)
+    assert piecewise == {BatchDescriptor(n) for n in (1, 2, 4, 8)}  # num_reqs=None, uniform=False
+    # uniform decode keys for 1 <= size <= 1 * max_num_seqs only: 8 tokens cannot be 8 decodes
+    assert full == {BatchDescriptor(n, n, uniform=True) for n in (1, 2, 4)}
+
+
+def test_cudagraph_keys_full_mixed_carry_the_request_count():
+    _, piecewise, full = keys(M.FULL)
+    assert piecewise == set()
+    assert full == {BatchDescriptor(1, 1), BatchDescriptor(2, 2), BatchDescriptor(4, 4), BatchDescriptor(8, 4)}
+
+
+def test_cudagraph_keys_full_decode_only_and_spec_decode_query_len():
+    _, piecewise, full = keys(M.FULL_DECODE_ONLY)
+    assert piecewise == set() and full == {BatchDescriptor(n, n, uniform=True) for n in (1, 2, 4)}
+    _, _, full = keys(M.FULL_DECODE_ONLY, sizes=(1, 2, 3, 4, 6, 8, 10), max_num_seqs=4, q=2)
+    # 1 + num_spec_tokens = 2 tokens per request: sizes 2..8 that are multiples of 2
+    assert full == {BatchDescriptor(n, n // 2, uniform=True) for n in (2, 4, 6, 8)}
+
+
+def test_cudagraph_keys_none_and_piecewise():
+    _, piecewise, full = keys(M.NONE)
+    assert piecewise == set() and full == set()
+    _, piecewise, full = keys(M.PIECEWISE)
+    assert piecewise == {BatchDescriptor(n) for n in (1, 2, 4, 8)} and full == set()
+
+
+def test_cudagraph_dispatcher_sizes_sorted_unique_and_checked():
+    d = CudagraphDispatcher([8, 2, 4, 2, 1], 4)
+    assert d.capture_sizes == [1, 2, 4, 8]
+    for bad in ([0], [-4], [2.5], [True]):
+        with pytest.raises(ValueError, match="capture size"):
+            CudagraphDispatcher(bad, 4)
+    with pytest.raises(ValueError, match="max_num_seqs must be an int >= 1, got 0"):
+        CudagraphDispatcher([1], 0)
+
+
+# -- dispatch: FULL > PIECEWISE > NONE --------------------------------------------------------
+
+
+def test_cudagraph_dispatch_priority_and_padding():
+    d, _, _ = keys(M.FULL_AND_PIECEWISE)
+    assert d.dispatch(3, uniform_decode=True) == (M.FULL, BatchDescriptor(4, 4, uniform=True))
+    assert d.dispatch(3) == (M.PIECEWISE, BatchDescriptor(4))  # mixed: pieces only
+    assert d.dispatch(5, uniform_decode=True) == (M.PIECEWISE, BatchDescriptor(8))  # no uniform key of 8
+    assert d.dispatch(9) == (M.NONE, BatchDescriptor(9))  # past the largest size: eager, unpadded
+
+
+def test_cudagraph_dispatch_uniform_batch_may_take_a_mixed_full_graph():
+    d, _, _ = keys(M.FULL)
+    assert d.dispatch(3, uniform_decode=True) == (M.FULL, BatchDescriptor(4, 4))
+    assert d.dispatch(6) == (M.FULL, BatchDescriptor(8, 4))
+
+
+def test_cudagraph_dispatch_full_decode_only_runs_mixed_batches_eagerly():
+    d, _, _ = keys(M.FULL_DECODE_ONLY)
+    assert d.dispatch(2, uniform_decode=True) == (M.FULL, BatchDescriptor(2, 2, uniform=True))
+    assert d.dispatch(2) == (M.NONE, BatchDescriptor(2))
+
+
+def test_cudagraph_dispatch_cascade_attention_never_gets_full():
+    d, _, _ = keys(M.FULL_AND_PIECEWISE)
+    assert d.dispatch(2, uniform_decode=True, use_cascade_attn=True) == (M.PIECEWISE, BatchDescriptor(2))
+    d, _, _ = keys(M.FULL)
+    assert d.dispatch(2, use_cascade_attn=True) == (M.NONE, BatchDescriptor(2))
+
+
+def test_cudagraph_dispatch_mode_none_and_uninitialised():
+    d = CudagraphDispatcher([1, 2, 4], 4)
+    assert d.dispatch(3, uniform_decode=True) == (M.NONE, BatchDescriptor(3))  # keys not initialised
+    d.initialize_cudagraph_keys(M.NONE)
+    assert d.dispatch(3) == (M.NONE, BatchDescriptor(3))
+    with pytest.raises(ValueError, match="num_tokens must be an int >= 1, got 0"):
+        d.dispatch(0)
+
+
+# -- capture order -----------------------------------------------------------------------------
+
+
+def test_cudagraph_capture_descs_piecewise_first_largest_first():
+    d, _, _ = keys(M.FULL_AND_PIECEWISE)
+    assert d.get_capture_descs() == [
+        (M.PIECEWISE, [BatchDescriptor(8), BatchDescriptor(4), BatchDescriptor(2), BatchDescriptor(1)]),
+        (M.FULL, [BatchDescriptor(4, 4, True), BatchDescriptor(2, 2, True), BatchDescriptor(1, 1, True)]),
+    ]
+    d, _, _ = keys(M.NONE)
+    assert d.get_capture_descs() == []
+
+
+# -- "Attention 后端对 CUDA 图的兼容性": the downgrade table --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode, support, piecewise, q, expected",
+    [
+        # ALWAYS keeps everything
+        (M.FULL, S.ALWAYS, True, 1, M.FULL),
+        (M.FULL_AND_PIECEWISE, S.ALWAYS, True, 1, M.FULL_AND_PIECEWISE),
+        # uniform-only backends: FULL -> FULL_AND_PIECEWISE, or FULL_DECODE_ONLY without pieces
+        (M.FULL, S.UNIFORM_BATCH, True, 1, M.FULL_AND_PIECEWISE),
+        (M.FULL, S.UNIFORM_BATCH, False, 1, M.FULL_DECODE_ONLY),
+        (M.FULL, S.UNIFORM_SINGLE_TOKEN_DECODE, True, 1, M.FULL_AND_PIECEWISE),
+        (M.FULL_AND_PIECEWISE, S.UNIFORM_SINGLE_TOKEN_DECODE, True, 1, M.FULL_AND_PIECEWISE),
+        (M.FULL_DECODE_ONLY, S.UNIFORM_SINGLE_TOKEN_DECODE, True, 1, M.FULL_DECODE_ONLY),
+        # NEVER: any FULL-containing mode -> PIECEWISE, or NONE without pieces
+        (M.FULL, S.NEVER, True, 1, M.PIECEWISE),
+        (M.FULL_AND_PIECEWISE, S.NEVER, True, 1, M.PIECEWISE),
+        (M.FULL_DECODE_ONLY, S.NEVER, True, 1, M.PIECEWISE),
+        (M.FULL_DECODE_ONLY, S.NEVER, False, 1, M.NONE),
+        (M.PIECEWISE, S.NEVER, True, 1, M.PIECEWISE),
+        # spec decode (query length 3): FULL decode graphs need UNIFORM_BATCH
+        (M.FULL_AND_PIECEWISE, S.UNIFORM_SINGLE_TOKEN_DECODE, True, 3, M.PIECEWISE),
+        (M.FULL_DECODE_ONLY, S.UNIFORM_SINGLE_TOKEN_DECODE, False, 3, M.NONE),
+        (M.FULL_AND_PIECEWISE, S.UNIFORM_BATCH, True, 3, M.FULL_AND_PIECEWISE),
+        # no piecewise graphs at all
+        (M.PIECEWISE, S.ALWAYS, False, 1, M.NONE),
+        (M.FULL_AND_PIECEWISE, S.ALWAYS, False, 1, M.FULL_DECODE_ONLY),
+        (M.NONE, S.NEVER, False, 1, M.NONE),
+    ],
+)
+def test_cudagraph_resolve_mode_downgrade_table(mode, support, piecewise, q, expected):
+    assert resolve_cudagraph_mode(mode, support, piecewise, q) == expected
+
+
+def test_cudagraph_resolve_mode_logs_one_line_per_downgrade(caplog):
+    with caplog.at_level(logging.WARNING, logger="tinyvllm.worker.cudagraph_dispatcher"):
+        assert resolve_cudagraph_mode(M.FULL, S.UNIFORM_BATCH) == M.FULL_AND_PIECEWISE
+    assert len(caplog.records) == 1
+    assert "FULL -> FULL_AND_PIECEWISE" in caplog.text and "UNIFORM_BATCH" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tinyvllm.worker.cudagraph_dispatcher"):
+        resolve_cudagraph_mode(M.FULL_AND_PIECEWISE, S.ALWAYS)
+    assert caplog.records == []
+    with pytest.raises(ValueError, match="uniform_decode_query_len must be >= 1, got 0"):
+        resolve_cudagraph_mode(M.FULL, S.ALWAYS, True, 0)

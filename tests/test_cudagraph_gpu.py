@@ -1,0 +1,100 @@
+"""CUDA graphs on a GPU (``gpu`` marker; skipped without CUDA): the twins of
+``test_cudagraph_generate.py`` with real ``torch.cuda.CUDAGraph``s.
+
+Criterion: greedy tokens under every mode equal NONE's (float32), and the logits of every
+step equal eager ones within a stated tolerance. Why a tolerance at all: a graph replays the
+same kernels as eager execution, but on the padded batch; cuBLAS may pick another GEMM
+algorithm for 8 rows than for 5, so real rows can differ in the last bits. float32:
+``atol = rtol = 1e-4`` on the logits; bfloat16: 2% of each row's logit range.
+"""
+
+import pytest
+import torch
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+M = CUDAGraphMode
+MODES = ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+PROMPTS = [[(31 * i + 7) % 500 + 3 for i in range(n)] for n in (5, 17, 40, 63, 100)]
+PROMPTS.append(PROMPTS[3][:30] + [11, 12, 13])
+NEW_TOKENS = 12
+
+
+def run_recording_logits(folder, mode, dtype, **kw):
+    llm = LLM(str(folder), dtype=dtype, device="cuda", max_model_len=256, attention_backend="triton",
+              gpu_memory_utilization=0.3, max_num_seqs=8, max_num_batched_tokens=64,
+              compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
+              **kw)  # fmt: skip
+    logits_per_step = []
+    compute_logits = llm.model.compute_logits
+
+    def recording(hidden):
+        logits = compute_logits(hidden)
+        logits_per_step.append(logits.detach().float().cpu())
+        return logits
+
+    llm.model.compute_logits = recording
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    return llm, [o.outputs[0].token_ids for o in outs], logits_per_step
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_cudagraph_float32_tokens_and_logits_equal_eager(tiny_model_dirs, family, mode):
+    folder = tiny_model_dirs[family]
+    _, eager_tokens, eager_logits = run_recording_logits(folder, "NONE", "float32")
+    llm, tokens, logits = run_recording_logits(folder, mode, "float32")
+    assert tokens == eager_tokens
+    assert len(logits) == len(eager_logits)
+    for step, (a, b) in enumerate(zip(logits, eager_logits)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m, s=step: f"step {s}: {m}")
+    runner = llm.engine.model_runner
+    assert runner.cudagraph_mode == M[mode] and not runner.emulate_cudagraphs
+    assert runner.cudagraph_stats[M.FULL if M[mode].has_full_cudagraphs() else M.PIECEWISE] > 0
+    wrappers = ([runner.full_graph] if runner.full_graph else []) + [p for p in runner.model.pieces if hasattr(p, "entries")]
+    assert wrappers and all(isinstance(e.graph, torch.cuda.CUDAGraph) for w in wrappers for e in w.entries.values())
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_gpu_cudagraph_bfloat16_logits_close_to_eager(tiny_model_dirs, family):
+    folder = tiny_model_dirs[family]
+    _, _, eager_logits = run_recording_logits(folder, "NONE", "bfloat16")
+    _, _, logits = run_recording_logits(folder, "FULL_AND_PIECEWISE", "bfloat16")
+    # Compare the first step (identical inputs: the prompts); later steps may follow other tokens.
+    a, b = logits[0], eager_logits[0]
+    spread = (b.max(dim=-1).values - b.min(dim=-1).values)[:, None]  # [R, 1]
+    assert ((a - b).abs() <= 0.02 * spread).all(), f"max diff {(a - b).abs().max():.4f}"
+
+
+def test_gpu_cudagraph_replay_refuses_fresh_tensors(tiny_model_dirs, monkeypatch):
+    from tinyvllm.worker.input_buffers import InputBuffers
+
+    llm = LLM(str(tiny_model_dirs["qwen3"]), dtype="float32", device="cuda", max_model_len=64,
+              attention_backend="triton", gpu_memory_utilization=0.3, max_num_seqs=4,
+              compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+    fill = InputBuffers.fill
+    monkeypatch.setattr(InputBuffers, "fill", lambda self, *a, **k: (lambda ids, md: (ids.clone(), md))(*fill(self, *a, **k)))
+    with pytest.raises(RuntimeError, match="argument input_ids changed since capture"):
+        llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+
+
+def test_gpu_cudagraph_memory_is_counted_in_the_kv_budget(tiny_model_dirs):
+    folder = str(tiny_model_dirs["qwen3"])
+    common = dict(dtype="float32", device="cuda", max_model_len=256, attention_backend="triton",
+                  gpu_memory_utilization=0.3, max_num_seqs=64)  # fmt: skip
+    eager = LLM(folder, enforce_eager=True, **common)
+    eager_blocks = eager.engine.scheduler.kv_cache_manager.num_gpu_blocks
+    assert eager.cudagraph_memory_bytes == 0
+    del eager
+    torch.cuda.empty_cache()
+    graphs = LLM(folder, **common)  # default on CUDA: FULL_AND_PIECEWISE
+    assert graphs.engine.model_runner.cudagraph_mode == M.FULL_AND_PIECEWISE
+    assert graphs.cudagraph_memory_bytes > 0, "graph memory was not measured"
+    assert graphs.engine.scheduler.kv_cache_manager.num_gpu_blocks <= eager_blocks

@@ -1,0 +1,172 @@
+"""The CUDA-graph wrapper and the forward context (seed 000, "CUDAGraphWrapper" and
+"嵌套 Wrapper 设计"), emulated on the CPU: pass-through, capture then replay on the captured
+buffers, every check a real graph silently assumes, and the nested FULL/PIECEWISE design."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from tinyvllm.worker.cuda_graph import (
+    CUDAGraphWrapper,
+    describe_arguments,
+    forbid_host_reads,
+    get_forward_context,
+    set_forward_context,
+)
+from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode
+
+M = CUDAGraphMode
+D4 = BatchDescriptor(4)
+
+
+@dataclass(frozen=True)
+class Params:
+    weight: torch.Tensor
+    bias: float
+
+
+class Counting:
+    """``f(x, params) = x * weight + bias``, counting its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x, params):
+        self.calls += 1
+        return x * params.weight + params.bias
+
+
+def test_cudagraph_forward_context_nests_and_validates():
+    assert get_forward_context() is None
+    with set_forward_context(M.FULL, D4) as outer:
+        assert get_forward_context() is outer and outer.batch_descriptor == D4
+        with set_forward_context(M.NONE, None):
+            assert get_forward_context().runtime_mode == M.NONE
+        assert get_forward_context() is outer
+    assert get_forward_context() is None
+    with pytest.raises(ValueError, match="FULL_AND_PIECEWISE"):
+        with set_forward_context(M.FULL_AND_PIECEWISE, D4):
+            pass
+    with pytest.raises(ValueError, match="PIECEWISE needs a batch descriptor"):
+        with set_forward_context(M.PIECEWISE, None):
+            pass
+
+
+def test_cudagraph_wrapper_binds_a_single_graph_mode():
+    for mode in (M.NONE, M.FULL_AND_PIECEWISE):
+        with pytest.raises(ValueError, match="PIECEWISE or FULL"):
+            CUDAGraphWrapper(Counting(), mode, emulate=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs CUDA unless emulate=True"):
+            CUDAGraphWrapper(Counting(), M.FULL)
+
+
+def test_cudagraph_wrapper_passes_through_without_its_mode():
+    fn = Counting()
+    wrapper = CUDAGraphWrapper(fn, M.FULL, emulate=True)
+    x, params = torch.ones(4), Params(torch.full((4,), 2.0), 1.0)
+    assert wrapper(x, params).tolist() == [3.0] * 4  # no context
+    for mode, desc in ((M.NONE, None), (M.PIECEWISE, D4)):
+        with set_forward_context(mode, desc):
+            assert wrapper(x, params).tolist() == [3.0] * 4
+    assert wrapper.entries == {} and fn.calls == 3
+
+
+def test_cudagraph_wrapper_captures_then_replays_on_the_captured_buffers():
+    fn = Counting()
+    wrapper = CUDAGraphWrapper(fn, M.PIECEWISE, emulate=True)
+    x, params = torch.arange(4.0), Params(torch.full((4,), 2.0), 1.0)
+    with set_forward_context(M.PIECEWISE, D4):
+        first = wrapper(x, params)
+        assert first.tolist() == [1.0, 3.0, 5.0, 7.0] and list(wrapper.entries) == [D4]
+        x.copy_(torch.tensor([10.0, 0.0, 0.0, 0.0]))  # in place: the graph sees it
+        params.weight.fill_(3.0)
+        second = wrapper(x, params)
+    assert second is first  # the captured output tensor, overwritten
+    assert second.tolist() == [31.0, 1.0, 1.0, 1.0]
+    assert wrapper.entries[D4].num_replays == 1
+    wrapper.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda x, p: (x.clone(), p), "argument x changed since capture: tensor"),
+        (lambda x, p: (x, Params(p.weight.clone(), p.bias)), "argument params.weight changed"),
+        (lambda x, p: (x, Params(p.weight, 2.0)), r"argument params.bias changed since capture: value was \(1.0,\)"),
+        (lambda x, p: (x[:2], p), r"argument x changed since capture"),
+        (lambda x, p: (x.double(), p), "argument x changed"),
+        (lambda x, p: (x.view(2, 2)[:, 0], p), "argument x changed"),
+    ],
+)
+def test_cudagraph_wrapper_refuses_what_a_real_graph_would_get_wrong(change, message):
+    wrapper = CUDAGraphWrapper(Counting(), M.FULL, emulate=True)
+    x, params = torch.arange(4.0), Params(torch.ones(4), 1.0)
+    with set_forward_context(M.FULL, D4):
+        wrapper(x, params)
+        with pytest.raises(RuntimeError, match=message):
+            wrapper(*change(x, params))
+        assert wrapper(x, params).tolist() == [1.0, 2.0, 3.0, 4.0]  # still usable afterwards
+
+
+def test_cudagraph_wrapper_checks_inside_lists_and_dicts():
+    wrapper = CUDAGraphWrapper(lambda caches, opts: caches[0] + opts["k"], M.FULL, emulate=True)
+    caches, opts = [torch.zeros(2), torch.zeros(2)], {"k": torch.ones(2)}
+    with set_forward_context(M.FULL, D4):
+        wrapper(caches, opts)
+        with pytest.raises(RuntimeError, match=r"argument caches\[1\] changed"):
+            wrapper([caches[0], torch.zeros(2)], opts)
+        with pytest.raises(RuntimeError, match=r"argument opts\['k'\] changed"):
+            wrapper(caches, {"k": torch.ones(2)})
+        with pytest.raises(RuntimeError, match=r"argument caches changed"):
+            wrapper(caches[:1], opts)
+
+
+def test_cudagraph_describe_arguments_flattens_structures():
+    t = torch.zeros(2, 3)
+    sig = describe_arguments({"a": [t, 3]}, "arg")
+    assert sig["arg['a'][0]"] == ("tensor", t.data_ptr(), (2, 3), (3, 1), torch.float32)
+    assert sig["arg['a'][1]"] == ("value", 3)
+
+
+def test_cudagraph_emulated_capture_forbids_host_reads():
+    def syncs(x):
+        return x[x > 0]  # boolean mask: the output shape depends on the values
+
+    def reads_item(x):
+        return x * x.sum().item()
+
+    for fn in (syncs, reads_item):
+        wrapper = CUDAGraphWrapper(fn, M.FULL, emulate=True)
+        with set_forward_context(M.FULL, D4), pytest.raises(RuntimeError, match="reads a tensor's value on the host"):
+            wrapper(torch.ones(4))
+        assert fn(torch.ones(4)).shape == (4,)  # eagerly it is fine
+    with forbid_host_reads():
+        assert torch.ones(3).add(1).sum(0, keepdim=True).tolist() == [6.0]  # .tolist() after is fine
+
+
+def test_cudagraph_nested_wrappers_full_outer_piecewise_inner():
+    """The seed's nested design: in a FULL step the pieces pass through, in a PIECEWISE step
+    the outer wrapper does, with NONE both do."""
+    piece_a, piece_b = Counting(), Counting()
+    params = Params(torch.full((4,), 2.0), 1.0)
+    inner = [CUDAGraphWrapper(piece_a, M.PIECEWISE, emulate=True), CUDAGraphWrapper(piece_b, M.PIECEWISE, emulate=True)]
+
+    def forward(x):
+        y = inner[0](x, params)
+        y = y * 1.0  # the "attention" between the pieces, always eager
+        return inner[1](y, params)
+
+    outer = CUDAGraphWrapper(forward, M.FULL, emulate=True)
+    x = torch.arange(4.0)
+    expected = ((x * 2 + 1) * 2 + 1).tolist()
+    with set_forward_context(M.FULL, BatchDescriptor(4, 4, True)):
+        assert outer(x).tolist() == expected
+    assert len(outer.entries) == 1 and inner[0].entries == {} and inner[1].entries == {}
+    with set_forward_context(M.PIECEWISE, D4):
+        assert outer(x).tolist() == expected
+    assert len(outer.entries) == 1 and list(inner[0].entries) == [D4] and list(inner[1].entries) == [D4]
+    with set_forward_context(M.NONE, None):
+        assert outer(x).tolist() == expected
+    assert len(outer.entries) == 1 and len(inner[0].entries) == 1
