@@ -34,3 +34,18 @@ def test_throughput_bench_dry_run(tmp_path):
     assert result["tinyvllm_full_workload"]["requests"] == 4
     assert result["tinyvllm_on_hf_subset"]["output_tokens"] == result["transformers_on_hf_subset"]["output_tokens"]
     assert result["speedup_vs_transformers_same_subset"] > 0
+
+
+def test_cli_cudagraph_mode_flag_runs_emulated_graphs(tiny_model_dirs):
+    cmd = [sys.executable, "-m", "tinyvllm", "generate", "--model", str(tiny_model_dirs["qwen3"]),
+           "--prompt", "def add(a, b):", "--max-tokens", "3", "--device", "cpu", "--max-model-len", "64",
+           "--cudagraph-mode", "PIECEWISE"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "cudagraph_mode PIECEWISE on cpu: CUDA graphs are emulated" in out.stderr
+    assert "generated 3 tokens" in out.stdout
+    eager = subprocess.run(cmd[:-2] + ["--enforce-eager"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert eager.returncode == 0 and "emulated" not in eager.stderr
+    assert eager.stdout.split("\n")[0] == out.stdout.split("\n")[0], "graphs changed the completion"
+    bad = subprocess.run(cmd[:-1] + ["full"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert bad.returncode == 2 and "invalid choice: 'full'" in bad.stderr

@@ -2,7 +2,9 @@
 
 ``tinyvllm generate --model DIR --prompt TEXT [...]`` prints the completion, then one line
 of figures: prompt and generated tokens, seconds, generated tokens per second, and
-prompt tokens served from the prefix cache. ``tinyvllm tiny-model DIR`` writes a tiny
+prompt tokens served from the prefix cache. ``--cudagraph-mode`` and ``--enforce-eager``
+choose how the model runs under CUDA graphs, as vLLM's ``--compilation-config`` and
+``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a tiny
 random-weight model folder (for trying the engine with no download).
 """
 
@@ -11,6 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+
+# The five CUDAGraphMode names (worker/cudagraph_dispatcher.py), spelled out so that
+# `tinyvllm --help` does not import the engine.
+MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 
 def _add_generate(sub) -> None:
@@ -28,6 +34,11 @@ def _add_generate(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument(
+        "--cudagraph-mode", default=None, choices=MODE_NAMES,
+        help="CUDA graphs (default: FULL_AND_PIECEWISE on CUDA, NONE on the CPU, where other modes are emulated)",
+    )  # fmt: skip
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (cudagraph mode NONE)")
 
 
 def _generate(args) -> int:
@@ -39,7 +50,8 @@ def _generate(args) -> int:
     llm = LLM(
         args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, attention_backend=args.attention_backend,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        num_gpu_blocks_override=args.num_gpu_blocks_override, enforce_eager=args.enforce_eager,
+        compilation_config={"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else None,
     )
     start = time.perf_counter()
     [out] = llm.generate(args.prompt, params, use_tqdm=False)

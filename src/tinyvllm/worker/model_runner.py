@@ -119,18 +119,22 @@ class StepDispatch:
 
 
 # --8<-- [start:capture_sizes]
-def resolve_capture_sizes(config: CompilationConfig, max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+def resolve_capture_sizes(
+    config: CompilationConfig, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+) -> list[int]:
     """The capture sizes to use: the configured ones, else vLLM's defaults up to
-    ``min(2 * max_num_seqs, 512)``; sizes above the token budget can never be used."""
+    ``min(2 * max_num_seqs, 512)``. A step never holds more than the token budget, nor more
+    than ``max_num_seqs`` requests of ``max_model_len`` tokens: larger sizes are dropped."""
     if config.cudagraph_capture_sizes is not None:
         sizes = list(config.cudagraph_capture_sizes)
     else:
         sizes = default_capture_sizes(config.max_cudagraph_capture_size or min(2 * max_num_seqs, 512))
-    usable = [s for s in sizes if s <= max_num_batched_tokens]
+    limit = min(max_num_batched_tokens, max_num_seqs * max_model_len)
+    usable = [s for s in sizes if s <= limit]
     if len(usable) < len(sizes):
         logger.warning(
-            "cudagraph capture sizes %s exceed max_num_batched_tokens=%d and are dropped",
-            [s for s in sizes if s > max_num_batched_tokens], max_num_batched_tokens,
+            "cudagraph capture sizes %s exceed max_num_batched_tokens=%d (or max_num_seqs * max_model_len) "
+            "and are dropped", [s for s in sizes if s > limit], max_num_batched_tokens,
         )  # fmt: skip
     return usable
 # --8<-- [end:capture_sizes]
@@ -176,7 +180,9 @@ class ModelRunner:
         if requested is None:
             requested = CUDAGraphMode.FULL_AND_PIECEWISE if self.device.type == "cuda" else CUDAGraphMode.NONE
         mode = resolve_cudagraph_mode(requested, self.model.cudagraph_support, piecewise_available=True)
-        sizes = resolve_capture_sizes(config, max_num_seqs, max_num_batched_tokens) if mode != CUDAGraphMode.NONE else []
+        sizes = []
+        if mode != CUDAGraphMode.NONE:
+            sizes = resolve_capture_sizes(config, max_num_seqs, max_num_batched_tokens, self.max_model_len)
         if mode != CUDAGraphMode.NONE and not sizes:
             logger.warning("cudagraph_mode %s -> NONE: no capture size fits the token budget", mode.name)
             mode = CUDAGraphMode.NONE
@@ -290,9 +296,10 @@ class ModelRunner:
         """Run a dummy batch shaped like ``desc`` in runtime mode ``mode`` (NOTE 5)."""
         if desc.uniform:
             lens = [UNIFORM_DECODE_QUERY_LEN] * desc.num_reqs
-        else:
+        else:  # spread evenly: no dummy request is longer than max_model_len
             num_reqs = desc.num_reqs or min(desc.num_tokens, self.input_batch.max_num_reqs)
-            lens = [desc.num_tokens - num_reqs + 1] + [1] * (num_reqs - 1)
+            base, extra = divmod(desc.num_tokens, num_reqs)
+            lens = [base + 1] * extra + [base] * (num_reqs - extra)
         block_ids = [[PAD_BLOCK_ID] * cdiv(n, self.block_size) for n in lens]
         self._forward([PAD_TOKEN_ID] * sum(lens), [0] * len(lens), lens, block_ids, dispatch=(mode, desc), dummy=True)
         if self.device.type == "cuda":  # the next dummy rewrites the pinned host buffers (input_buffers NOTE 2)
