@@ -236,3 +236,18 @@ def test_cudagraph_padding_rows_do_not_change_real_rows(tiny_model_dirs):
     for unpadded, padded in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(unpadded, padded, rtol=1e-5, atol=1e-5)
         assert not padded[:, ~written].any(), "padding rows wrote to the KV cache"
+
+
+def test_cudagraph_capture_sizes_are_limited_by_what_a_step_can_hold():
+    from tinyvllm.config import CompilationConfig
+    from tinyvllm.worker.model_runner import resolve_capture_sizes
+
+    default = CompilationConfig()
+    assert resolve_capture_sizes(default, max_num_seqs=4, max_num_batched_tokens=8192, max_model_len=64) == [1, 2, 4, 8]
+    sizes = resolve_capture_sizes(default, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=2048)
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 512 and len(sizes) == 51  # vLLM's default list
+    config = CompilationConfig(cudagraph_capture_sizes=(1, 64, 300))
+    assert resolve_capture_sizes(config, max_num_seqs=4, max_num_batched_tokens=8192, max_model_len=64) == [1, 64]
+    assert resolve_capture_sizes(config, max_num_seqs=8, max_num_batched_tokens=32, max_model_len=64) == [1]
+    capped = CompilationConfig(max_cudagraph_capture_size=16)
+    assert resolve_capture_sizes(capped, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=64) == [1, 2, 4, 8, 16]

@@ -6,10 +6,11 @@ prompt is finished, with a progress bar. Names and defaults follow vLLM's ``LLM`
 scripts port both ways.
 
 Start-up, in order: the folder's config (architecture, shapes) -> device and dtype ->
-limits (``max_model_len``, the token budget) -> the tokenizer and EOS ids -> the model
-weights -> the number of KV blocks (profiled on a GPU, an override or a byte budget on
-the CPU) -> the KV tensors -> the persistent batch with the logits processors -> the
-runner, the scheduler and the engine.
+limits (``max_model_len``, the token budget) and the compilation config -> the tokenizer
+and EOS ids -> the model weights -> the number of KV blocks (profiled on a GPU, less what
+the CUDA graphs will hold; an override or a byte budget on the CPU) -> the KV tensors ->
+the persistent batch with the logits processors and block table -> the runner, which
+warms up and captures its CUDA graphs -> the scheduler and the engine.
 
 Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.generate``), ``vllm/v1/engine/core.py``
 (``_initialize_kv_caches``), ``vllm/v1/worker/gpu_worker.py`` (``determine_available_memory``).
@@ -18,6 +19,10 @@ NOTE 1 (EOS): the request's EOS is the tokenizer's; further EOS ids listed in
 ``generation_config.json`` (Qwen3 lists two) become stop tokens unless ``ignore_eos``.
 NOTE 2 (defaults): ``max_model_len`` defaults to the model's ``max_position_embeddings``;
 ``max_num_batched_tokens`` to ``max(8192, max_num_seqs)``.
+NOTE 3 (CUDA graphs): ``compilation_config`` is vLLM's dict (``cudagraph_mode``,
+``cudagraph_capture_sizes``, ``max_cudagraph_capture_size``) or a ``CompilationConfig``;
+``enforce_eager=True`` means mode NONE. The default mode is FULL_AND_PIECEWISE on CUDA and
+NONE on the CPU, where any other mode runs emulated graphs (seed 000, vLLM's "CUDA Graphs").
 """
 
 from __future__ import annotations
