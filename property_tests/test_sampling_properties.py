@@ -137,7 +137,7 @@ def test_seeded_sampling_is_reproducible(seed, others, temperature):
         batch.refresh()
         row = batch.req_id_to_index["me"]
         full = logits.repeat(batch.num_reqs, 1)
-        return [Sampler()(full, batch).sampled_token_ids[row].item() for _ in range(5)]
+        return [Sampler()(full, batch.make_sampling_metadata()).sampled_token_ids[row].item() for _ in range(5)]
 
     assert run(0) == run(others)
 
@@ -160,7 +160,7 @@ def test_thinking_budget_thinks_exactly_budget_tokens_then_forces_end(budget, en
         batch.refresh()
         logits = torch.full((1, V), -30.0)
         logits[0, wanted[len(out)] if len(out) < len(wanted) else 8] = 30.0
-        out.append(Sampler()(logits, batch).sampled_token_ids.item())
+        out.append(Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.item())
         holder.check_invariants()
     k = len(prefix) + len(start)
     expected = list(prefix) + list(start) + list(tail[:budget]) + list(end)

@@ -1,10 +1,15 @@
-"""The sampler: order of operations, greedy / random rows, top-k / top-p, seeds, forcing."""
+"""The sampler: order of operations, greedy / random rows, top-k / top-p, seeds, forcing;
+and SamplingMetadata, the frozen view of the batch that the sampler reads."""
+
+import dataclasses
+from types import MappingProxyType
 
 import pytest
 import torch
 
 from tinyvllm.config import EngineConfig, ReasoningConfig, SchedulerConfig
-from tinyvllm.sample.logits_processors import build_logitsprocs
+from tinyvllm.sample.logits_processors import LogitsProcessors, build_logitsprocs
+from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.sampler import Sampler, SamplerOutput, apply_top_k_top_p, random_sample
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 from tinyvllm.sampling_params import SamplingParams
@@ -28,7 +33,7 @@ def test_greedy_rows_take_argmax_after_non_argmax_invariant_processors():
     batch.refresh()
     logits = torch.zeros(3, V)
     logits[:, 2] = 5.0
-    out = Sampler()(logits, batch)
+    out = Sampler()(logits, batch.make_sampling_metadata())
     assert isinstance(out, SamplerOutput)
     assert out.sampled_token_ids.tolist()[0] == 7 and out.sampled_token_ids.tolist()[2] == 2
     assert out.sampled_token_ids.tolist()[1] != 2  # EOS-like stop token held back
@@ -41,15 +46,15 @@ def test_logits_are_cast_to_float32():
     batch.refresh()
     logits = torch.zeros(1, V, dtype=torch.bfloat16)
     logits[0, 4] = 1.0
-    assert Sampler()(logits, batch).sampled_token_ids.tolist() == [4]
+    assert Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.tolist() == [4]
 
 
 def test_row_count_mismatch_raises():
     batch = make_batch()
     batch.add_request("a", SamplingParams(), None, [])
     batch.refresh()
-    with pytest.raises(ValueError, match="2 rows"):
-        Sampler()(torch.zeros(2, V), batch)
+    with pytest.raises(ValueError, match="2 rows.* 1 requests"):
+        Sampler()(torch.zeros(2, V), batch.make_sampling_metadata())
 
 
 def test_top_k_top_p_masks():
@@ -87,7 +92,8 @@ def test_same_seed_same_tokens_whatever_else_is_in_the_batch():
         row = batch.req_id_to_index["mine"]
         tokens = []
         for _ in range(6):
-            tokens.append(Sampler()(torch.zeros(batch.num_reqs, V), batch).sampled_token_ids[row].item())
+            out = Sampler()(torch.zeros(batch.num_reqs, V), batch.make_sampling_metadata())
+            tokens.append(out.sampled_token_ids[row].item())
         return tokens
 
     alone = run(0, True)
@@ -100,7 +106,7 @@ def test_min_p_applies_to_random_rows_only():
     batch.add_request("r", SamplingParams(temperature=1.0, min_p=0.5, seed=0), None, [])
     batch.refresh()
     logits = torch.tensor([[2.0, 1.9, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0]])
-    tokens = {Sampler()(logits, batch).sampled_token_ids.item() for _ in range(50)}
+    tokens = {Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.item() for _ in range(50)}
     assert tokens == {0, 1}
 
 
@@ -113,8 +119,144 @@ def test_thinking_budget_forcing_in_sampler_beats_greedy_and_random_rows():
     logits[:, 5] = 8.0
     for _ in range(4):
         batch.refresh()
-        tokens = Sampler()(logits, batch).sampled_token_ids.tolist()
+        tokens = Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.tolist()
         greedy_out.append(tokens[0])
         random_out.append(tokens[1])
     assert greedy_out == [5, 2, 3, 5]
     assert random_out[:2] == [2, 3]
+
+
+def test_top_k_top_p_none_means_off_for_every_row():
+    logits = torch.tensor([[0.3, 2.0, -1.0, 1.5], [1.0, 0.0, 4.0, 2.0]])
+    k, p = torch.tensor([2, 0]), torch.tensor([0.5, 1.0])
+    assert torch.equal(apply_top_k_top_p(logits, k, None), apply_top_k_top_p(logits, k, torch.ones(2)))
+    assert torch.equal(apply_top_k_top_p(logits, None, p), apply_top_k_top_p(logits, torch.zeros(2, dtype=torch.int64), p))
+    assert torch.isinf(apply_top_k_top_p(logits, k, None)).tolist() == [[True, False, True, False], [False] * 4]
+    assert torch.equal(apply_top_k_top_p(logits, None, None), logits)
+
+
+# -- SamplingMetadata -------------------------------------------------------------------
+
+
+def make_metadata(temperature, top_p=None, top_k=None, generators=None):
+    temperature = torch.tensor(temperature, dtype=torch.float32)
+    return SamplingMetadata(
+        temperature=temperature,
+        all_greedy=bool((temperature == 0).all()),
+        all_random=not bool((temperature == 0).any()),
+        top_p=None if top_p is None else torch.tensor(top_p, dtype=torch.float32),
+        top_k=None if top_k is None else torch.tensor(top_k, dtype=torch.int64),
+        generators=generators or {},
+        logitsprocs=LogitsProcessors(),
+        thinking_budget=None,
+    )
+
+
+def test_make_sampling_metadata_holds_the_rows_values():
+    batch = make_batch()
+    batch.add_request("greedy", SamplingParams(temperature=0), None, [])
+    batch.add_request("nucleus", SamplingParams(temperature=0.8, top_p=0.9, seed=5), None, [])
+    batch.add_request("topk", SamplingParams(temperature=1.5, top_k=4), None, [])
+    batch.refresh()
+    md = batch.make_sampling_metadata()
+    assert md.num_reqs == 3
+    assert md.temperature.dtype == torch.float32
+    assert md.temperature.tolist() == torch.tensor([0.0, 0.8, 1.5]).tolist()
+    assert md.top_p.tolist() == torch.tensor([1.0, 0.9, 1.0]).tolist()
+    assert md.top_k.dtype == torch.int64 and md.top_k.tolist() == [0, 0, 4]
+    assert (md.all_greedy, md.all_random) == (False, False)
+    assert list(md.generators) == [1] and md.generators[1] is batch.generators[1]  # the request's own RNG
+    assert md.logitsprocs is batch.logitsprocs and md.thinking_budget is None
+
+
+def test_make_sampling_metadata_flags_and_none_limits():
+    batch = make_batch()
+    batch.add_request("a", SamplingParams(temperature=0), None, [])
+    batch.add_request("b", SamplingParams(temperature=0, top_k=3), None, [])
+    batch.refresh()
+    md = batch.make_sampling_metadata()
+    assert (md.all_greedy, md.all_random) == (True, False)
+    assert md.top_p is None and md.top_k.tolist() == [0, 3]
+    assert dict(md.generators) == {}
+
+    batch.remove_request("a")
+    batch.remove_request("b")
+    batch.add_request("c", SamplingParams(temperature=1.0, seed=7), None, [])
+    batch.add_request("d", SamplingParams(temperature=0.5, top_p=0.95), None, [])
+    batch.add_request("e", SamplingParams(temperature=2.0, seed=8), None, [])
+    batch.condense()
+    batch.refresh()
+    md = batch.make_sampling_metadata()
+    assert (md.all_greedy, md.all_random) == (False, True)
+    assert md.top_k is None and md.top_p.tolist() == torch.tensor([1.0, 0.95, 1.0]).tolist()
+    assert sorted(md.generators) == [0, 2]
+    assert md.generators[0] is batch.generators[0] and md.generators[2] is batch.generators[2]
+
+
+def test_make_sampling_metadata_is_a_frozen_snapshot():
+    batch = make_batch()
+    batch.add_request("a", SamplingParams(temperature=0.7, seed=1), None, [])
+    batch.add_request("b", SamplingParams(temperature=0.3), None, [])
+    batch.refresh()
+    md = batch.make_sampling_metadata()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        md.temperature = torch.zeros(2)
+    with pytest.raises(TypeError):
+        md.generators[1] = torch.Generator()
+    batch.remove_request("a")
+    batch.add_request("c", SamplingParams(temperature=0, seed=2), None, [])
+    batch.refresh()
+    assert md.temperature.tolist() == torch.tensor([0.7, 0.3]).tolist()  # the batch's edits do not leak in
+    assert list(md.generators) == [0] and md.generators[0] is not batch.generators[0]
+
+
+def test_make_sampling_metadata_refuses_holes_and_unrefreshed_changes():
+    batch = make_batch()
+    for r in ("a", "b", "c"):
+        batch.add_request(r, SamplingParams(), None, [])
+    with pytest.raises(RuntimeError, match="refresh"):
+        batch.make_sampling_metadata()  # added but not yet handed to the processors
+    batch.refresh()
+    batch.remove_request("a")
+    with pytest.raises(RuntimeError, match=r"rows \[0\] are holes"):
+        batch.make_sampling_metadata()
+    batch.condense()
+    with pytest.raises(RuntimeError, match="refresh"):
+        batch.make_sampling_metadata()
+    batch.refresh()
+    assert batch.make_sampling_metadata().num_reqs == 2
+
+
+def test_sampling_metadata_is_frozen_and_its_generators_read_only():
+    mine = {0: torch.Generator().manual_seed(3)}
+    md = make_metadata([1.0, 0.0], generators=mine)
+    assert md.num_reqs == 2
+    for name, value in [("all_greedy", True), ("top_k", None), ("generators", {})]:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(md, name, value)
+    assert isinstance(md.generators, MappingProxyType)
+    with pytest.raises(TypeError):
+        md.generators[1] = torch.Generator()
+    mine[1] = torch.Generator()  # the caller's dict was copied
+    assert list(md.generators) == [0]
+
+
+def test_sampling_metadata_rejects_inconsistent_shapes():
+    with pytest.raises(ValueError, match=r"top_k must have shape \[2\], got \(3,\)"):
+        make_metadata([1.0, 1.0], top_k=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"generators name rows \[2\]"):
+        make_metadata([1.0, 1.0], generators={2: torch.Generator()})
+    with pytest.raises(ValueError, match=r"temperature must have shape \[R\]"):
+        make_metadata([[1.0]])
+
+
+def test_sampler_runs_from_metadata_alone():
+    """No InputBatch: row 0 greedy, row 1 random but top-k 1, row 2 random among its top 2."""
+    logits = torch.tensor([[0.0, 3.0, 1.0, 0.5], [2.0, 0.0, 1.0, 1.9], [0.0, 0.0, 5.0, 5.0]])
+    md = make_metadata([0.0, 1.0, 1.0], top_k=[0, 1, 2], generators={2: torch.Generator().manual_seed(0)})
+    seen = set()
+    for _ in range(40):
+        tokens = Sampler()(logits, md).sampled_token_ids.tolist()
+        assert tokens[:2] == [1, 0]
+        seen.add(tokens[2])
+    assert seen == {2, 3}

@@ -33,7 +33,7 @@ for step in range(len(model_says)):
     state = holder._state[0]
     logits = torch.zeros(1, V)
     logits[0, model_says[step]] = 5.0
-    token = Sampler()(logits, batch).sampled_token_ids.item()
+    token = Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.item()
     forced = "forced" if token != model_says[step] else "model"
     print(
         f"  step {step}: in_think={state['in_think']!s:5} in_end={state['in_end']!s:5} think_count={state['think_count']} "

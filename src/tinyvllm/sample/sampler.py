@@ -16,20 +16,25 @@ Mirrors: ``vllm/v1/sample/sampler.py`` and ``vllm/v1/sample/ops/topk_topp_sample
 
 Calling convention (the model runner, each step):
 ``input_batch.remove_request(...)``/``add_request(...)``, ``input_batch.condense()``,
-``input_batch.refresh()``, then ``Sampler()(logits, input_batch) -> SamplerOutput``; the
-caller appends each sampled token to its request's output list before the next refresh.
+``input_batch.refresh()``, then
+``Sampler()(logits, input_batch.make_sampling_metadata()) -> SamplerOutput``; the caller
+appends each sampled token to its request's output list before the next refresh.
+
+NOTE 1: the sampler reads only the frozen ``SamplingMetadata`` (``sample/metadata.py``),
+never the worker's persistent batch: ``sample/`` does not import ``worker/``. Whether the
+sort over V is needed at all is decided when the metadata is built (``top_k``/``top_p``
+are None when no row uses them).
 Left out: logprobs, penalties, speculative decoding's rejection sampler.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from tinyvllm.worker.input_batch import InputBatch
+from tinyvllm.sample.metadata import SamplingMetadata
 
 
 @dataclass(frozen=True)
@@ -40,25 +45,32 @@ class SamplerOutput:
 
 
 # --8<-- [start:ops]
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     """Mask (-inf) tokens outside each row's top-k, then outside its top-p nucleus.
 
-    ``logits`` ``[R, V]``; ``top_k`` ``[R]`` (0 = off); ``top_p`` ``[R]`` (1 = off). The most
-    likely token always survives. Returns a new tensor.
+    ``logits`` ``[R, V]``; ``top_k`` ``[R]`` (0 = off; None = off for every row); ``top_p``
+    ``[R]`` (1 = off; None = off for every row). The most likely token always survives.
+    Returns a new tensor.
     """
+    if top_k is None and top_p is None:
+        return logits.clone()
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
-    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)  # [R, V]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [R, 1]
-    sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)  # [R, V]
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked tokens
-    outside = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)  # [R, V]
-    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+    if top_k is not None:
+        ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)  # [R, V]
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [R, 1]
+        sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)  # [R, V]
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked tokens
+        outside = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)  # [R, V]
+        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+def random_sample(probs: torch.Tensor, generators: Mapping[int, torch.Generator]) -> torch.Tensor:
     """One token per row from ``probs`` ``[R, V]``; rows in ``generators`` use their own RNG."""
     q = torch.empty_like(probs).exponential_()  # [R, V]
     for row, generator in generators.items():
@@ -70,28 +82,31 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 # --8<-- [start:sampler]
 class Sampler:
-    """Logits ``[R, V]`` + the persistent batch -> ``SamplerOutput`` (see the module header)."""
+    """Logits ``[R, V]`` + this step's ``SamplingMetadata`` -> ``SamplerOutput`` (see the module header)."""
 
-    def __call__(self, logits: torch.Tensor, input_batch: "InputBatch") -> SamplerOutput:
-        num_reqs = input_batch.num_reqs
-        if logits.shape[0] != num_reqs:
-            raise ValueError(f"logits have {logits.shape[0]} rows, the batch has {num_reqs} requests")
+    def __call__(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
+        md = sampling_metadata
+        if logits.shape[0] != md.num_reqs:
+            raise ValueError(f"logits have {logits.shape[0]} rows, the sampling metadata has {md.num_reqs} requests")
         logits = logits.to(torch.float32, copy=True)  # [R, V]
-        for proc in input_batch.logitsprocs.non_argmax_invariant:
+        for proc in md.logitsprocs.non_argmax_invariant:
             logits = proc.apply(logits)
-        if input_batch.thinking_budget is not None:
-            logits = input_batch.thinking_budget.apply_to_logits(logits)
-        greedy_tokens = logits.argmax(dim=-1)  # [R]
-        temperature = input_batch.temperature[:num_reqs].to(logits.device)  # [R]
+        if md.thinking_budget is not None:
+            logits = md.thinking_budget.apply_to_logits(logits)
+        if md.all_greedy:
+            return SamplerOutput(logits.argmax(dim=-1))  # [R]
+        greedy_tokens = None if md.all_random else logits.argmax(dim=-1)  # [R]
+        temperature = md.temperature.to(logits.device)  # [R]
         is_greedy = temperature == 0  # [R]
-        if bool(is_greedy.all()):
-            return SamplerOutput(greedy_tokens)
         logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
-        for proc in input_batch.logitsprocs.argmax_invariant:
+        for proc in md.logitsprocs.argmax_invariant:
             logits = proc.apply(logits)
-        top_k, top_p = input_batch.top_k[:num_reqs], input_batch.top_p[:num_reqs]
-        if bool((top_k > 0).any() or (top_p < 1).any()):  # the sort over V only when some row needs it
-            logits = apply_top_k_top_p(logits, top_k.to(logits.device), top_p.to(logits.device))
-        random_tokens = random_sample(logits.softmax(dim=-1), input_batch.generators)  # [R]
+        if md.top_k is not None or md.top_p is not None:  # the sort over V only when some row needs it
+            top_k = None if md.top_k is None else md.top_k.to(logits.device)
+            top_p = None if md.top_p is None else md.top_p.to(logits.device)
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        random_tokens = random_sample(logits.softmax(dim=-1), md.generators)  # [R]
+        if greedy_tokens is None:
+            return SamplerOutput(random_tokens)
         return SamplerOutput(torch.where(is_greedy, greedy_tokens, random_tokens))
 # --8<-- [end:sampler]

@@ -5,8 +5,10 @@ processors' state) changes only where the batch changes. Each step the model run
 ``remove_request`` for finished requests (their rows become holes), ``add_request`` for
 new ones (the lowest hole first, else a new row at the end), ``condense()`` (the highest
 live rows move down into the remaining holes: UNIDIRECTIONAL moves), optionally
-``swap_states``, and then ``refresh()``, which freezes the step's changes into one
-``BatchUpdate`` and hands it to every logits processor and to the thinking-budget holder.
+``swap_states``, then ``refresh()``, which freezes the step's changes into one
+``BatchUpdate`` and hands it to every logits processor and to the thinking-budget holder,
+and finally ``make_sampling_metadata()``, the frozen view of rows ``0 .. num_reqs - 1``
+that the sampler reads (the sampler never sees this class).
 
 Seed: 001 appendix U2 (the builder and the input batch), ch. 7.3 (live output lists).
 Mirrors: ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch``: ``add_request``,
@@ -32,11 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import torch
 
 from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
+from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.block_table import BlockTable
@@ -197,6 +201,38 @@ class InputBatch:
             self.thinking_budget.update_state(self.output_token_ids)
         return batch_update
     # --8<-- [end:refresh]
+
+    # --8<-- [start:sampling_metadata]
+    def make_sampling_metadata(self) -> SamplingMetadata:
+        """Freeze rows ``0 .. num_reqs - 1`` into the sampler's view of this step.
+
+        Call it after ``refresh()``: the processors and the thinking budget it hands over
+        must already know this step's batch. Tensors are copies (on ``self.device``), so
+        later edits of the batch cannot change a metadata already built; the generators
+        are the batch's own objects, so sampling advances them.
+        """
+        holes = [i for i, r in enumerate(self.req_ids) if r is None]
+        if holes:
+            raise RuntimeError(f"rows {holes} are holes: call condense() and refresh() first")
+        builder = self.batch_update_builder
+        if builder.has_removed() or builder.added or builder.moved or builder.batch_changed:
+            raise RuntimeError("the batch changed since the last refresh(): call refresh() first")
+        n = self.num_reqs
+        temperature = self.temperature[:n].to(self.device, copy=True)  # [R]
+        top_p, top_k = self.top_p[:n], self.top_k[:n]  # [R], [R]
+        is_greedy = temperature == 0  # [R]
+        return SamplingMetadata(
+            temperature=temperature,
+            all_greedy=bool(is_greedy.all()),
+            all_random=not bool(is_greedy.any()),
+            # None when no row needs them: the sampler then skips the sort over V.
+            top_p=top_p.to(self.device, copy=True) if bool((top_p < 1).any()) else None,
+            top_k=top_k.to(self.device, copy=True) if bool((top_k > 0).any()) else None,
+            generators=MappingProxyType(dict(self.generators)),
+            logitsprocs=self.logitsprocs,
+            thinking_budget=self.thinking_budget,
+        )
+    # --8<-- [end:sampling_metadata]
 
     def check_invariants(self) -> None:
         assert len(self.req_ids) == len(self.params) == len(self.output_token_ids), "row lists differ in length"

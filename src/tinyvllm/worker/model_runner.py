@@ -340,7 +340,8 @@ class ModelRunner:
         # (e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2).
         complete = [c + n >= s.num_tokens for s, c, n in zip(states, computed, num_sched)]
         saved = {row: g.get_state() for row, g in self.input_batch.generators.items() if not complete[row]}
-        sampled = self.sampler(logits, self.input_batch).sampled_token_ids.tolist()  # [R]
+        sampling_metadata = self.input_batch.make_sampling_metadata()
+        sampled = self.sampler(logits, sampling_metadata).sampled_token_ids.tolist()  # [R]
         for row, rng_state in saved.items():
             self.input_batch.generators[row].set_state(rng_state)
         tokens: list[list[int]] = []
