@@ -4,9 +4,11 @@
 # 1. every `gpu`-marked test (Triton attention against the reference, wide shapes, every
 #    dtype; the engine against transformers in float32 and bfloat16);
 # 2. bench/attention.py   (Triton vs SDPA, decode and prefill; JSON in bench/results/);
-# 3. bench/throughput.py  (nano-vllm's workload, tinyvllm vs transformers; JSON in bench/results/).
+# 3. bench/throughput.py  (nano-vllm's workload, tinyvllm vs transformers; JSON in bench/results/);
+# 4. bench/cudagraphs.py  (decode latency and throughput under each cudagraph_mode, against NONE;
+#    JSON in bench/results/).
 # Needs a CUDA device with torch, triton, transformers, pytest and hypothesis; no network,
-# nothing to install. Budget: under nine minutes on an H100 (each step has its own limit).
+# nothing to install. Budget: at most twelve minutes on an H100 (each step has its own limit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -24,4 +26,6 @@ echo "== bench/attention.py =="
 timeout 130 python3 bench/attention.py || status=$?
 echo "== bench/throughput.py =="
 timeout 150 python3 bench/throughput.py || status=$?
+echo "== bench/cudagraphs.py =="
+timeout 200 python3 bench/cudagraphs.py || status=$?
 exit "$status"

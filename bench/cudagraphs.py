@@ -1,0 +1,289 @@
+"""Benchmark: decode latency and throughput under each CUDA-graph mode, against eager (NONE).
+
+What it measures (seed 000, vLLM's "CUDA Graphs" design doc): for each of the five
+``cudagraph_mode`` settings (NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE)
+one ``LLM`` is built (Triton attention backend, which supports full graphs of any batch,
+so no mode is downgraded) and measured twice:
+
+- **Per-step decode latency** at batch 1, 8, 32 and 128. B requests with 32-token random
+  prompts are added with ``llm.engine.add_request``; the engine is stepped until every one
+  of them is in decode (the last step was a uniform decode of B requests), then 3 more
+  untimed warm-up steps run, then 5 repeats of 20 ``llm.engine.step()`` calls each are
+  timed with the wall clock, ``torch.cuda.synchronize()`` before and after each timed
+  repeat. Reported: the median seconds per step over the repeats, B / that (tokens/s),
+  and the speed-up against NONE at the same B (NONE's median / the mode's median). The
+  remaining requests are then aborted (``llm.engine.abort_request``) before the next B.
+- **Throughput**: a smaller version of nano-vllm's workload (``make_workload`` from
+  ``bench/throughput.py``: 64 requests, prompts of 100-512 random ids, 100-256 output
+  tokens, ``ignore_eos``, greedy) through ``llm.generate``; output tokens/s and the ratio
+  against NONE.
+
+Every figure is also reported as a ratio against NONE measured in the same run (the
+README's rule); absolute times are only meaningful on a GPU, and the JSON names the
+device. The **stats check**: ``model_runner.cudagraph_stats`` is read before and after
+each timed region, and every timed step must have run in the runtime mode the setting
+implies at decode: NONE for NONE, PIECEWISE for PIECEWISE, FULL for FULL,
+FULL_DECODE_ONLY and FULL_AND_PIECEWISE (a graph that silently fell back to eager would
+otherwise look like "no speed-up"). The script exits 1 when a check fails.
+
+Set-up: the Qwen3-0.6B-shaped random-weight folder of ``bench/throughput.py``
+(``build_model_folder``, bf16), ``max_num_seqs=128``, capture sizes 1, 2, 4, ..., 128,
+``max_model_len=1024``, block size 16, and a fixed KV pool (``num_gpu_blocks_override``),
+so that start-up does no memory profiling and no trial capture. ``startup_s`` is the
+``LLM(...)`` construction: weight loading, warm-up and graph capture; NONE captures
+nothing, so a mode's ``startup_s`` minus NONE's is its capture cost (plus any Triton
+compilation the earlier modes did not already do).
+
+Time budget: about 150 s on an H100 in all, model build included (the GPU session is
+short; an estimate, not yet measured on one, and ``gpu.sh`` allows 200 s): hence 5
+repeats of 20 steps per point and a 64-request workload. The JSON is rewritten after
+every mode (``"complete": false`` until the end), so a run cut short keeps what it measured.
+
+Run on a GPU: ``python3 bench/cudagraphs.py`` (writes
+``bench/results/cudagraphs-<device>.json``). ``--dry-run`` runs every code path on the
+CPU with the tiny Qwen3 model, the Triton kernels under the interpreter
+(``TRITON_INTERPRET=1``), batches 1 and 2, 2 repeats of 2 timed steps and capture sizes
+1, 2, 4; CUDA graphs are then emulated (correct, never faster), so the stats check still
+means something but its timings mean nothing. The test suite runs it (about 35 s on two
+cores). Without CUDA and without ``--dry-run`` it prints a message and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from throughput import build_model_folder, make_workload, sync  # noqa: E402  (sibling script)
+
+MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]  # NONE first: the baseline
+EXPECTED_DECODE_MODE = {"NONE": "NONE", "PIECEWISE": "PIECEWISE", "FULL": "FULL",
+                        "FULL_DECODE_ONLY": "FULL", "FULL_AND_PIECEWISE": "FULL"}  # fmt: skip
+FULL = dict(
+    batch_sizes=[1, 8, 32, 128], prompt_len=32, warmup_steps=3, timed_steps=20, repeats=5,
+    capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128], max_num_seqs=128, max_model_len=1024, block_size=16,
+    num_gpu_blocks=4096, dtype="bfloat16",
+    throughput=dict(num_seqs=64, max_input_len=512, max_output_len=256, min_len=100, max_id=10000),
+)  # fmt: skip
+DRY = dict(
+    batch_sizes=[1, 2], prompt_len=8, warmup_steps=1, timed_steps=2, repeats=2,
+    capture_sizes=[1, 2, 4], max_num_seqs=4, max_model_len=64, block_size=16,
+    num_gpu_blocks=64, dtype="auto",
+    throughput=dict(num_seqs=4, max_input_len=24, max_output_len=12, min_len=4, max_id=500),
+)  # fmt: skip
+
+
+def stats_delta(runner, before) -> dict[str, int]:
+    """Steps executed since ``before`` (a copy of ``cudagraph_stats``), by runtime-mode name."""
+    return {mode.name: n for mode, n in (runner.cudagraph_stats - before).items()}
+
+
+def num_graphs(runner) -> dict[str, int]:
+    """Graphs the runner's wrappers hold: FULL entries, and PIECEWISE entries over all pieces."""
+    full = len(runner.full_graph.entries) if runner.full_graph is not None else 0
+    piecewise = sum(len(p.entries) for p in runner.model.pieces if hasattr(p, "entries"))
+    return {"FULL": full, "PIECEWISE": piecewise}
+
+
+def decode_latency(llm, batch: int, cfg: dict, expected: str) -> dict:
+    """Median seconds per decode step with ``batch`` requests in decode (module header)."""
+    from tinyvllm import SamplingParams
+
+    engine, runner = llm.engine, llm.engine.model_runner
+    steps = cfg["warmup_steps"] + cfg["repeats"] * cfg["timed_steps"]
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 8)  # never finishes while timed
+    rng = random.Random(batch)
+    vocab = min(llm.spec.vocab_size, 10000)
+    ids = [f"latency-{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(vocab) for _ in range(cfg["prompt_len"])], params)
+    steps_to_decode = 0
+    while True:  # until the last step was one uniform decode of every request (prefill done)
+        engine.step()
+        steps_to_decode += 1
+        last = runner.last_dispatch
+        if last.uniform_decode and last.num_reqs == batch:
+            break
+        if steps_to_decode > 64:
+            raise RuntimeError(f"batch {batch}: not all requests reached decode after {steps_to_decode} steps")
+    for _ in range(cfg["warmup_steps"]):
+        engine.step()
+    gc.collect()
+    before = runner.cudagraph_stats.copy()
+    times = []
+    for _ in range(cfg["repeats"]):
+        sync()
+        start = time.perf_counter()
+        for _ in range(cfg["timed_steps"]):
+            engine.step()
+        sync()
+        times.append((time.perf_counter() - start) / cfg["timed_steps"])
+    used = stats_delta(runner, before)
+    last = runner.last_dispatch
+    assert last.num_reqs == batch and last.uniform_decode, f"batch {batch}: the batch changed while timed: {last}"
+    engine.abort_request(ids)
+    median = statistics.median(times)
+    timed = cfg["repeats"] * cfg["timed_steps"]
+    return dict(
+        batch=batch, median_step_s=median, step_s_per_repeat=times, tok_per_s=batch / median,
+        steps_to_decode=steps_to_decode, timed_steps=timed, runtime_modes_timed=used,
+        batch_descriptor=last.batch_descriptor._asdict(),
+        stats_ok=used == {expected: timed},
+    )  # fmt: skip
+
+
+def throughput(llm, cfg: dict, expected: str) -> dict:
+    """Output tokens/s of ``llm.generate`` on the smaller nano-vllm workload."""
+    from tinyvllm import SamplingParams
+
+    w = cfg["throughput"]
+    prompts, max_tokens = make_workload(w["num_seqs"], w["max_input_len"], w["max_output_len"],
+                                        min_len=w["min_len"], max_id=w["max_id"])  # fmt: skip
+    params = [SamplingParams(temperature=0, ignore_eos=True, max_tokens=m) for m in max_tokens]
+    runner = llm.engine.model_runner
+    before = runner.cudagraph_stats.copy()
+    gc.collect()
+    sync()
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    sync()
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == sum(max_tokens), f"{tokens} tokens generated, {sum(max_tokens)} asked for"
+    used = stats_delta(runner, before)
+    # Mixed (prefill) steps may run in other modes; the decode mode must have been used, and
+    # NONE must not have run a single graph.
+    ok = set(used) == {"NONE"} if expected == "NONE" else used.get(expected, 0) > 0
+    return dict(requests=len(prompts), output_tokens=tokens, seconds=seconds, tok_per_s=tokens / seconds,
+                runtime_modes=used, stats_ok=ok)  # fmt: skip
+
+
+def measure_mode(folder: Path, mode: str, cfg: dict, device: str) -> dict:
+    from tinyvllm import LLM
+
+    sync()
+    start = time.perf_counter()
+    llm = LLM(
+        str(folder), dtype=cfg["dtype"], device=device, max_model_len=cfg["max_model_len"],
+        block_size=cfg["block_size"], num_gpu_blocks_override=cfg["num_gpu_blocks"],
+        max_num_seqs=cfg["max_num_seqs"], attention_backend="triton",
+        compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": cfg["capture_sizes"]},
+    )  # fmt: skip
+    sync()
+    startup = time.perf_counter() - start
+    runner = llm.engine.model_runner
+    resolved = runner.cudagraph_mode.name
+    expected = EXPECTED_DECODE_MODE[mode]
+    graphs = num_graphs(runner)
+    latency = [decode_latency(llm, b, cfg, expected) for b in cfg["batch_sizes"]]
+    tput = throughput(llm, cfg, expected)
+    del llm, runner
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return dict(
+        mode=mode, resolved_mode=resolved, expected_decode_runtime_mode=expected, startup_s=startup,
+        graphs_captured=graphs, latency=latency, throughput=tput,
+        stats_ok=resolved == mode and all(r["stats_ok"] for r in latency) and tput["stats_ok"],
+    )  # fmt: skip
+
+
+def ratios(modes: dict) -> dict:
+    """Every mode against NONE of the same run: latency speed-up per batch, throughput ratio."""
+    base = modes["NONE"]
+    base_step = {r["batch"]: r["median_step_s"] for r in base["latency"]}
+    return {
+        name: dict(
+            latency_speedup_vs_none={str(r["batch"]): base_step[r["batch"]] / r["median_step_s"]
+                                     for r in m["latency"]},  # fmt: skip
+            throughput_ratio_vs_none=m["throughput"]["tok_per_s"] / base["throughput"]["tok_per_s"],
+            startup_minus_none_s=m["startup_s"] - base["startup_s"],
+        )
+        for name, m in modes.items()
+    }
+
+
+def environment(device: str) -> dict:
+    import tinyvllm
+    import transformers
+    import triton
+
+    cpu = platform.processor() or platform.machine()
+    return dict(
+        device=torch.cuda.get_device_name() if device == "cuda" else f"cpu ({cpu})",
+        torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,
+        tinyvllm=tinyvllm.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+        torch_threads=torch.get_num_threads(), cpu_count=os.cpu_count(),
+        triton_interpret=os.environ.get("TRITON_INTERPRET"), time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )  # fmt: skip
+
+
+def print_table(record: dict) -> None:
+    print(f"device: {record['environment']['device']}  (speed-up = NONE's median step time / the mode's)")
+    for name, m in record["modes"].items():
+        r = record["ratios"][name]
+        speedup = r["latency_speedup_vs_none"]
+        lat = "  ".join(f"B={x['batch']}: {x['median_step_s'] * 1e3:7.2f} ms x{speedup[str(x['batch'])]:.2f}"
+                        for x in m["latency"])  # fmt: skip
+        print(f"{name:18s} startup {m['startup_s']:6.1f} s | {lat} | "
+              f"{m['throughput']['tok_per_s']:8.0f} tok/s x{r['throughput_ratio_vs_none']:.2f} | "
+              f"stats {'ok' if m['stats_ok'] else 'WRONG'}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU, Triton under the interpreter")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON file (default bench/results/cudagraphs-<device>.json)")  # fmt: skip
+    args = parser.parse_args(argv)
+    has_cuda = torch.cuda.is_available()
+    if not has_cuda and not args.dry_run:
+        print("bench/cudagraphs.py: no CUDA device; nothing to time (use --dry-run to exercise the code on the CPU)")
+        return 0
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before tinyvllm imports the kernels
+
+    device = "cpu" if args.dry_run else "cuda"
+    cfg = DRY if args.dry_run else FULL
+    env = environment(device)
+    slug = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
+    out = args.out or ROOT / "bench" / "results" / f"cudagraphs-{'dry-' if args.dry_run else ''}{slug}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = dict(benchmark="cudagraphs", dry_run=args.dry_run, complete=False, config=cfg, environment=env,
+                  modes={}, ratios={}, stats_check=False)  # fmt: skip
+    wall = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_model_folder(Path(tmp) / "model", args.dry_run)
+        record["model_build_s"] = time.perf_counter() - wall
+        for mode in MODES:
+            record["modes"][mode] = measure_mode(folder, mode, cfg, device)
+            record["ratios"] = ratios(record["modes"])
+            record["stats_check"] = all(m["stats_ok"] for m in record["modes"].values())
+            record["total_s"] = time.perf_counter() - wall
+            out.write_text(json.dumps(record, indent=2))  # partial results survive a timeout
+    record["complete"] = True
+    record["total_s"] = time.perf_counter() - wall
+    out.write_text(json.dumps(record, indent=2))
+    print_table(record)
+    print(f"total {record['total_s']:.1f} s; wrote {out}")
+    if not record["stats_check"]:
+        print("bench/cudagraphs.py: some timed steps did not run in the expected runtime mode", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
