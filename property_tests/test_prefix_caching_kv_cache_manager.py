@@ -13,7 +13,8 @@ with a small independent model that shares no code with the library:
 Follows: seed 002 §2.2 (LRU free queue, tail of a chain evicted first), §3.1-3.2;
 seed 003 ``allocate_slots`` steps 1-5, ``free`` in reverse, ``_touch``; seed 004
 "Free", "Get Computed Blocks", "Duplication" and the review corner case (evictable hit
-blocks are discounted before allocating). DESIGN.md "Semantics we follow".
+blocks are discounted before allocating); the classic semantics the docs page "The KV cache
+manager" lists (no null block, append-only block tables, preallocation off by default).
 
 Properties checked after every rule (``@invariant``): the library's own
 ``check_invariants``; free queue ids == model list; ref counts == model; num free +

@@ -143,7 +143,12 @@ def test_cudagraph_emulated_capture_forbids_host_reads():
             wrapper(torch.ones(4))
         assert fn(torch.ones(4)).shape == (4,)  # eagerly it is fine
     with forbid_host_reads():
-        assert torch.ones(3).add(1).sum(0, keepdim=True).tolist() == [6.0]  # .tolist() after is fine
+        total = torch.ones(3).add(1).sum(0, keepdim=True)  # device-side arithmetic is fine
+        with pytest.raises(RuntimeError, match=r"Tensor.tolist\(\) reads"):
+            total.tolist()
+        with pytest.raises(RuntimeError, match=r"Tensor.numpy\(\) reads"):
+            total.numpy()
+    assert total.tolist() == [6.0]  # restored on exit
 
 
 def test_cudagraph_nested_wrappers_full_outer_piecewise_inner():

@@ -18,11 +18,12 @@ padding (slot ``PAD_SLOT_ID``, position 0) and attention writes zeros there. Pad
 requests (a FULL CUDA graph's fixed request count) have no query rows and ``seq_len`` 0.
 
 NOTE 1 (ints are bounds): the Python ints are frozen into a CUDA graph at capture. So in a
-step that replays a FULL graph they are the bounds of its ``BatchDescriptor`` (the seed's
-rule: ``max_query_len`` is the uniform query length of a uniform decode graph and the
-token count of a mixed one; ``max_seq_len`` is ``max_model_len``); in every other step
-they are exact. Nothing in the forward branches on them; the tensors carry the step's
-real values.
+step that replays a FULL graph they are the bounds of its ``BatchDescriptor``:
+``max_query_len`` is the uniform query length of a uniform decode graph and the token
+count of a mixed one (the seed's rule), and ``max_seq_len`` is ``max_model_len`` (ours);
+in every other step they are exact. No kernel of ours reads them (ours choose their
+routine from shapes); they matter because a backend may, and because the FULL replay
+check compares them. The tensors carry the step's real values.
 """
 
 from __future__ import annotations

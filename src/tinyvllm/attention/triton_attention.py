@@ -10,7 +10,7 @@ path cuts each request's blocks into ``NUM_SEGMENTS`` segments handled by separa
 then a second small kernel merges the partial results (NOTE 2).
 
 Follows: seed 003 "KV cache物理内存分配" (the cache layout and the block ids in the attention
-metadata); seed 000 "AttentionCGSupport" (this backend is CUDA-graph safe: ``ALWAYS``).
+metadata); seed 000 "Attention 后端对 CUDA 图的兼容性" (this backend is CUDA-graph safe: ``ALWAYS``).
 Mirrors: ``vllm/attention/ops/triton_unified_attention.py`` (``kernel_unified_attention_2d``,
 ``_3d`` and ``reduce_segments``) and ``vllm/v1/attention/backends/triton_attn.py``.
 

@@ -5,7 +5,8 @@ prompt to the scheduler; ``step()`` schedules, runs the model, feeds the sampled
 back to the scheduler and turns finished requests into ``RequestOutput``s. It holds no
 logic of its own beyond that bookkeeping (detokenising, timing).
 
-Follows: DESIGN.md "One engine step"; STYLE.md item 7 (``step()`` reads top to bottom).
+Follows: the docs page "The model runner" (one engine step: schedule, execute, update);
+``step()`` reads top to bottom in a dozen lines.
 Mirrors: ``vllm/v1/engine/llm_engine.py`` and ``vllm/v1/engine/core.py`` (``EngineCore.step``)
 with the output processor folded in; nano-vllm's ``LLMEngine.step``.
 

@@ -137,9 +137,36 @@ HOST_READ_OPS = frozenset({
 _INDEX_OPS = frozenset({_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default})
 
 
+def _host_read(name: str) -> Callable[..., Any]:
+    def refuse(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"Tensor.{name}() reads a tensor's value on the host, which a CUDA graph cannot capture")
+
+    return refuse
+
+
 class forbid_host_reads(TorchDispatchMode):
     """Raise on any op that reads a tensor's value on the host (NOTE 2): the CPU stand-in
-    for CUDA's "operation not permitted when stream is capturing"."""
+    for CUDA's "operation not permitted when stream is capturing".
+
+    Ops reach ``__torch_dispatch__``; ``Tensor.tolist`` and ``Tensor.numpy`` read CPU memory
+    without dispatching an op, so inside the ``with`` block they are replaced by methods
+    that raise, and restored on exit.
+    """
+
+    _UNDISPATCHED = ("tolist", "numpy")
+
+    def __enter__(self):
+        self._saved = {name: getattr(torch.Tensor, name) for name in self._UNDISPATCHED}
+        for name in self._UNDISPATCHED:
+            setattr(torch.Tensor, name, _host_read(name))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for name, method in self._saved.items():
+                setattr(torch.Tensor, name, method)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         bool_index = func in _INDEX_OPS and any(

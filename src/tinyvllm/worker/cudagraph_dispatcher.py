@@ -23,10 +23,10 @@ key's ``num_tokens`` is a capture size; PIECEWISE keys have ``num_reqs=None`` an
 exactly ``num_reqs * uniform_decode_query_len`` tokens. ``dispatch`` only ever returns a
 key from ``cudagraph_keys`` (or ``NONE`` with the unpadded count).
 
-NOTE 1 (where we differ from vLLM): with ``AttentionCGSupport.NEVER`` vLLM refuses a
-mode whose mixed routine is FULL with an error; we downgrade it (to PIECEWISE, or NONE
-without piecewise graphs) and log why, as the seed's table describes for the other
-cases. A PIECEWISE-containing mode without piecewise graphs is downgraded too
+NOTE 1 (where we differ from vLLM's code): with ``AttentionCGSupport.NEVER`` vLLM refuses
+a mode whose mixed routine is FULL with an error; we downgrade it (to PIECEWISE, or NONE
+without piecewise graphs) and log why, as the seed itself states ("如果最低能力是 NEVER(对于
+-O3 编译模式),则降级到 PIECEWISE 模式": if the lowest support is NEVER, downgrade to PIECEWISE). A PIECEWISE-containing mode without piecewise graphs is downgraded too
 (FULL_AND_PIECEWISE to FULL_DECODE_ONLY, PIECEWISE to NONE). Capture sizes above the
 token budget are dropped by the runner, not here.
 NOTE 2 (the mixed FULL key keeps its request count): a FULL graph of a mixed batch is

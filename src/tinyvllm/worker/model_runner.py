@@ -10,10 +10,9 @@ the model over the paged KV cache under ``set_forward_context``, so the graph wr
 capture, replay or pass through; (e) take the logits of each request's last scheduled
 token, sample, and report one token per request whose step reached the end of its tokens.
 
-Follows: DESIGN.md's "One engine step" as the project's docs page "The model runner" tells
-it (2a-2e); seed 003 "KV cache物理内存分配" (the runner owns the KV tensors and hands
-attention its metadata); seed 001 appendix U2 (the persistent batch is updated, condensed
-and refreshed once per step); seed 000 "CUDA Graphs" (dispatch, then the forward under a
+Follows: the docs page "The model runner" (one engine step, parts (a)-(e)); seed 003
+"KV cache物理内存分配" (the runner owns the KV tensors and hands attention its metadata);
+seed 001 appendix U2 (the persistent batch is updated, condensed and refreshed once per step); seed 000 "CUDA Graphs" (dispatch, then the forward under a
 forward context; "完整 CUDA 图捕获 & 热身": warm-up runs eagerly, capture uses dummy batches).
 Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``_update_states``, ``_prepare_inputs``,
 ``execute_model``, ``_dummy_run``, ``capture_model``) and ``CachedRequestState`` in
