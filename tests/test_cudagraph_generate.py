@@ -14,22 +14,13 @@ import logging
 
 import pytest
 import torch
+from test_generate import NEW_TOKENS, PROMPTS  # the central test's workload: shared prefixes, a 1-token prompt
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 
 M = CUDAGraphMode
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
-PREFIX = [(37 * i + 11) % 500 + 5 for i in range(20)]
-PROMPTS = [
-    PREFIX + [300, 301, 302, 303, 304],
-    PREFIX + [(7 * i) % 400 + 50 for i in range(13)],
-    [401, 402, 403],
-    PREFIX[:9] + [77, 78],
-    [9],
-    PREFIX + [300, 301, 302, 303, 304, 305, 306],
-]
-NEW_TOKENS = 8
 # Budget 16 forces chunked prefill; 5 blocks of 16 for 4 running requests force a preemption.
 ENGINE = dict(device="cpu", max_model_len=64, block_size=16, max_num_batched_tokens=16, max_num_seqs=4,
               num_gpu_blocks_override=5)  # fmt: skip
