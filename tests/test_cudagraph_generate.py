@@ -242,3 +242,15 @@ def test_cudagraph_capture_sizes_are_limited_by_what_a_step_can_hold():
     assert resolve_capture_sizes(config, max_num_seqs=8, max_num_batched_tokens=32, max_model_len=64) == [1]
     capped = CompilationConfig(max_cudagraph_capture_size=16)
     assert resolve_capture_sizes(capped, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=64) == [1, 2, 4, 8, 16]
+
+
+def test_cudagraph_release_unwraps_the_pieces(tiny_model_dirs):
+    llm = LLM(str(tiny_model_dirs["qwen3"]), compilation_config={"cudagraph_mode": "PIECEWISE",
+              "cudagraph_capture_sizes": [2]}, **ENGINE)  # fmt: skip
+    runner = llm.engine.model_runner
+    assert all(hasattr(p, "entries") for p in llm.model.pieces)
+    runner.release_cudagraphs()
+    assert not any(hasattr(p, "entries") for p in llm.model.pieces) and runner.full_graph is None
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm.generate({"prompt_token_ids": [5, 6]}, params, use_tqdm=False)
+    assert set(runner.cudagraph_stats) == {M.NONE}

@@ -218,6 +218,7 @@ class LLM:
         else:
             torch.cuda.synchronize(self.device)
             used = torch.cuda.memory_reserved(self.device) - before
+        trial.release_cudagraphs()  # the model's pieces must not keep the trial's graphs alive
         del trial, caches
         gc.collect()
         torch.cuda.empty_cache()

@@ -304,6 +304,13 @@ class ModelRunner:
         if self.device.type == "cuda":  # the next dummy rewrites the pinned host buffers (input_buffers NOTE 2)
             torch.cuda.synchronize(self.device)
 
+    def release_cudagraphs(self) -> None:
+        """Drop every captured graph and unwrap the model's pieces (the trial capture)."""
+        self.model.pieces = [getattr(p, "runnable", p) for p in self.model.pieces]
+        self.full_graph = None
+        self.cudagraph_mode = CUDAGraphMode.NONE
+        self.dispatcher.initialize_cudagraph_keys(CUDAGraphMode.NONE)
+
     @torch.inference_mode()
     def capture_model(self) -> int:
         """Warm up eagerly, then capture every key the dispatcher holds; returns the count."""
