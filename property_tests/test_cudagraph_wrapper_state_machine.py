@@ -29,9 +29,10 @@ left set. Examples: nested FULL and PIECEWISE wrappers around a two-piece model 
 eager model in both kinds of step; a fresh tensor between pieces is refused;
 ``forbid_host_reads`` raises on ``.item()`` and boolean-mask indexing during an emulated
 capture and replay, not on an integer gather; context and constructor validation.
-Known gaps, marked ``xfail(strict=True)``: outputs inside a dataclass are not refreshed by
-an emulated replay; ``.tolist()`` and ops with a data-dependent output size are not caught
-by ``forbid_host_reads``.
+Two gaps this file found are closed and pinned here: outputs inside a dataclass are
+refreshed by an emulated replay; ``.tolist()`` and ops with a data-dependent output size
+(``unique``, ``bincount``, ``repeat_interleave`` without ``output_size``) are refused by
+``forbid_host_reads``.
 """
 
 from __future__ import annotations
@@ -422,12 +423,6 @@ def test_cudagraph_emulated_replay_forbids_host_reads_and_allows_gathers():
             assert torch.equal(gather(x), torch.tensor([4.0, 2.0]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cuda_graph.py forbid_host_reads: .tolist() and ops whose output size depends on values "
-    "(unique, bincount, repeat_interleave without output_size) read the host during a CUDA capture "
-    "but never reach __torch_dispatch__ as a HOST_READ_OPS op on CPU, so the emulation lets them through",
-)
 @pytest.mark.parametrize(
     "op",
     [
@@ -453,11 +448,6 @@ class CudagraphToyOutput:
     hidden: torch.Tensor
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cuda_graph.py _copy_into copies into tensors, lists, tuples and dicts only: an output "
-    "dataclass keeps its capture-time values on every emulated replay (a real graph overwrites them)",
-)
 def test_cudagraph_emulated_replay_refreshes_dataclass_outputs():
     def forward(x: torch.Tensor) -> CudagraphToyOutput:
         return CudagraphToyOutput(x * 2.0)

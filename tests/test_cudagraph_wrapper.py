@@ -175,3 +175,13 @@ def test_cudagraph_nested_wrappers_full_outer_piecewise_inner():
     with set_forward_context(M.NONE, None):
         assert outer(x).tolist() == expected
     assert len(outer.entries) == 1 and len(inner[0].entries) == 1
+
+
+def test_cudagraph_an_unchanged_nan_scalar_is_no_change():
+    wrapper = CUDAGraphWrapper(lambda x, s: x * 2, M.FULL, emulate=True)
+    x = torch.ones(2)
+    with set_forward_context(M.FULL, D4):
+        wrapper(x, float("nan"))
+        assert wrapper(x, float("nan")).tolist() == [2.0, 2.0]  # another NaN object: equal here
+        with pytest.raises(RuntimeError, match=r"argument s changed"):
+            wrapper(x, 1.0)

@@ -111,6 +111,8 @@ def describe_arguments(value: Any, name: str) -> dict[str, tuple]:
         for f in dataclasses.fields(value):
             out |= describe_arguments(getattr(value, f.name), f"{name}.{f.name}")
         return out
+    if isinstance(value, float) and value != value:
+        return {name: ("value", "nan")}  # NaN != NaN, yet an unchanged NaN is no change
     return {name: ("value", value)}
 
 
@@ -133,6 +135,8 @@ _aten = torch.ops.aten
 HOST_READ_OPS = frozenset({
     _aten.item.default, _aten._local_scalar_dense.default, _aten.is_nonzero.default,
     _aten.nonzero.default, _aten.masked_select.default, _aten.equal.default,
+    _aten._unique2.default, _aten.unique_dim.default, _aten.unique_consecutive.default,
+    _aten.bincount.default,
 })  # fmt: skip
 _INDEX_OPS = frozenset({_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default})
 
@@ -172,7 +176,8 @@ class forbid_host_reads(TorchDispatchMode):
         bool_index = func in _INDEX_OPS and any(
             isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1]
         )
-        if func in HOST_READ_OPS or bool_index:
+        unsized_repeat = func is _aten.repeat_interleave.Tensor and (kwargs or {}).get("output_size") is None
+        if func in HOST_READ_OPS or bool_index or unsized_repeat:
             what = "boolean-mask indexing" if bool_index else str(func)
             raise RuntimeError(f"{what} reads a tensor's value on the host, which a CUDA graph cannot capture")
         return func(*args, **(kwargs or {}))
@@ -189,6 +194,9 @@ def _copy_into(target: Any, source: Any) -> None:
     elif isinstance(target, dict):
         for key in target:
             _copy_into(target[key], source[key])
+    elif dataclasses.is_dataclass(target):
+        for f in dataclasses.fields(target):
+            _copy_into(getattr(target, f.name), getattr(source, f.name))
 
 
 @dataclass
