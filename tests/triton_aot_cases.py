@@ -1,0 +1,129 @@
+"""Compile every Triton kernel of the project ahead of time for CUDA targets (no GPU needed).
+
+Run as a script by ``tests/test_triton_aot.py`` in a subprocess WITHOUT ``TRITON_INTERPRET``
+(the test suite sets it on machines without CUDA, and under it ``@triton.jit`` kernels are
+interpreted instead of compiled). Prints one JSON line per case: its id, the stages the
+compiler produced, the PTX ``.target`` line, the cubin size, or the error.
+
+The cases are the constexpr configurations the launchers really use (read from
+``choose_query_tile`` and the launchers' own rules), cut to a matrix that compiles in about
+a minute on two cores: every dtype x GQA group x tile x split at sm_90 (head size 128, block
+16), the other head size and block size at sm_90 for bf16, and bf16/fp32 at sm_80.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+DTYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
+
+
+def attention_cases() -> list[dict]:
+    from tinyvllm.attention.triton_attention import SPLIT_KV_SEGMENTS, choose_query_tile
+
+    cases = []
+
+    def add(cc, dtype, group, decode, segments, head, block):
+        block_q, block_m = choose_query_tile(group, decode_only=decode)
+        fp32 = dtype == "float32"
+        consts = dict(QUERIES_PER_KV=group, BLOCK_SIZE=block, HEAD_SIZE=head, BLOCK_Q=block_q, BLOCK_M=block_m,
+                      NUM_SEGMENTS=segments, DOT_FP32=fp32, INPUT_PRECISION="ieee" if fp32 else "tf32")  # fmt: skip
+        tile = "decode" if decode else "prefill"
+        cases.append(dict(id=f"attention-sm{cc}-{dtype}-g{group}-{tile}-seg{segments}-d{head}-s{block}",
+                          kernel="attention", cc=cc, dtype=dtype, consts=consts))  # fmt: skip
+
+    for dtype in DTYPES:
+        for group in (1, 2, 4, 8):
+            for decode in (True, False):
+                for segments in (1, SPLIT_KV_SEGMENTS):
+                    add(90, dtype, group, decode, segments, 128, 16)
+    for head, block in ((64, 16), (128, 32), (64, 32)):
+        add(90, "bfloat16", 4, True, SPLIT_KV_SEGMENTS, head, block)
+        add(90, "bfloat16", 4, False, 1, head, block)
+    for dtype in ("bfloat16", "float32"):
+        for group in (1, 4):
+            for decode in (True, False):
+                for segments in (1, SPLIT_KV_SEGMENTS):
+                    add(80, dtype, group, decode, segments, 128, 16)
+    return cases
+
+
+def merge_cases() -> list[dict]:
+    from tinyvllm.attention.triton_attention import SPLIT_KV_SEGMENTS
+
+    return [
+        dict(id=f"merge-sm{cc}-{dtype}-d{head}", kernel="merge", cc=cc, dtype=dtype,
+             consts=dict(NUM_SEGMENTS=SPLIT_KV_SEGMENTS, HEAD_SIZE=head))  # fmt: skip
+        for cc in (80, 90) for dtype in DTYPES for head in (64, 128)
+    ]
+
+
+def write_cases() -> list[dict]:
+    from triton import next_power_of_2
+
+    from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
+
+    return [
+        dict(id=f"kv_write-sm{cc}-{dtype}-h{heads}-d{head}-s{block}", kernel="kv_write", cc=cc, dtype=dtype,
+             consts=dict(NUM_KV_HEADS=heads, HEAD_SIZE=head, BLOCK_SIZE=block, HEADS_PADDED=next_power_of_2(heads),
+                         PAD_SLOT=PAD_SLOT_ID))  # fmt: skip
+        for cc in (80, 90) for dtype in DTYPES for heads, head, block in ((8, 128, 16), (3, 64, 32))
+    ]
+
+
+def all_cases() -> list[dict]:
+    return attention_cases() + merge_cases() + write_cases()
+
+
+def _kernel_and_types(case: dict):
+    from tinyvllm.attention import kv_cache_write, triton_attention
+
+    t = DTYPES[case["dtype"]]
+    if case["kernel"] == "attention":
+        fn = triton_attention._paged_attention_kernel
+        types = dict(out_ptr=t, part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32", query_ptr=t,
+                     key_cache_ptr=t, value_cache_ptr=t, query_start_loc_ptr="*i32", seq_lens_ptr="*i32",
+                     block_table_ptr="*i32", scale="fp32")  # fmt: skip
+    elif case["kernel"] == "merge":
+        fn = triton_attention._merge_segments_kernel
+        types = dict(out_ptr=t, part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+    else:
+        fn = kv_cache_write._write_kv_cache_kernel
+        types = dict(key_ptr=t, value_ptr=t, key_cache_ptr=t, value_cache_ptr=t, slot_mapping_ptr="*i64")
+    return fn, types
+
+
+def compile_case(case: dict) -> dict:
+    """Compile one case for ``sm_<cc>``; every non-pointer, non-constexpr argument is an i32."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, types = _kernel_and_types(case)
+    signature, constexprs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in case["consts"]:
+            signature[name], constexprs[(i,)] = "constexpr", case["consts"][name]
+        else:
+            signature[name] = types.get(name, "i32")
+    try:
+        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", case["cc"], 32))
+    except Exception as exc:  # reported, not raised: the test names the case
+        return dict(id=case["id"], error=f"{type(exc).__name__}: {str(exc)[:2000]}")
+    target = next((line for line in kernel.asm["ptx"].splitlines() if line.startswith(".target")), "")
+    return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")))
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("run without TRITON_INTERPRET: under the interpreter @triton.jit kernels are not compiled")
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        for result in pool.map(compile_case, all_cases()):
+            print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
