@@ -118,6 +118,11 @@ class BlockPool:
         return True
     # --8<-- [end:evict]
 
+    def uncache_block(self, block: KVCacheBlock) -> bool:
+        """Forget ``block``'s content: drop it from the prefix cache (a failed step's blocks,
+        whose KV was never written). True if it was cached."""
+        return self._maybe_evict_cached_block(block)
+
     # -- allocation ----------------------------------------------------------------
 
     # --8<-- [start:get_new_blocks]

@@ -27,6 +27,13 @@ counted in the queue, but touching them takes them out, so they are discounted (
 NOTE 3 (hashes outlive preemption): ``free`` releases blocks (finish or preemption) but
 keeps the request's block hashes, which stay valid because tokens are only appended;
 ``free_block_hashes`` forgets them once the request is finished for good.
+NOTE 4 (a cached block is written only once its step finished): ``allocate_slots`` caches
+a block as soon as the step's tokens will fill it, so a later request of the *same* step
+may hit it; that is safe because every layer writes the step's K/V before it attends.
+But if the step then fails, the KV of those blocks was never (fully) written. So blocks
+cached during a step stay "uncommitted" until the scheduler calls ``commit_step`` (the
+forward finished); ``rollback_step`` drops the uncommitted ones from the prefix cache
+after the failed step's requests were aborted. No later request can hit them.
 
 Left out: sliding windows, hybrid KV specs, speculative lookahead slots, KV offloading.
 """
@@ -111,6 +118,8 @@ class KVCacheManager:
         self.req_to_block_hashes: dict[str, list[BlockHash]] = {}
         # request id -> how many of its leading blocks are in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
+        # Blocks cached since the last commit_step: their KV is written by a step still running (NOTE 4).
+        self.uncommitted_blocks: list[KVCacheBlock] = []
         self._stats = PrefixCacheStats()
         # --8<-- [end:manager_fields]
 
@@ -221,6 +230,7 @@ class KVCacheManager:
             self.block_pool.cache_full_blocks(
                 request, req_blocks, block_hashes, num_cached, num_full, self.block_size, self.hash_fn
             )
+            self.uncommitted_blocks.extend(req_blocks[num_cached:num_full])  # NOTE 4
             self.num_cached_block[req_id] = max(num_cached, num_full)
         # --8<-- [end:allocate_step5]
         return new_blocks
@@ -240,6 +250,29 @@ class KVCacheManager:
         """Forget a finished request's block hashes (NOTE 3)."""
         self.req_to_block_hashes.pop(request.request_id, None)
     # --8<-- [end:free_block_hashes]
+
+    # --8<-- [start:commit]
+    def commit_step(self) -> None:
+        """The step that filled the uncommitted blocks finished: their KV is written (NOTE 4)."""
+        self.uncommitted_blocks.clear()
+
+    def rollback_step(self) -> list[int]:
+        """Drop the blocks cached by a failed step from the prefix cache (NOTE 4).
+
+        Call it after the failed step's requests were aborted, so nothing holds these
+        blocks; they stay in the free queue, without a hash. Returns their ids.
+        """
+        dropped = []
+        for block in self.uncommitted_blocks:
+            assert block.ref_cnt == 0, (
+                f"block {block.block_id} of a failed step is still held (ref_cnt {block.ref_cnt}): "
+                "abort the step's requests first"
+            )
+            if self.block_pool.uncache_block(block):
+                dropped.append(block.block_id)
+        self.uncommitted_blocks.clear()
+        return dropped
+    # --8<-- [end:commit]
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks; refused (False) while any block is in use."""

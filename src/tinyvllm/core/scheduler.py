@@ -35,6 +35,10 @@ hashes are kept, so when it is admitted again it usually re-hits its own prefix.
 NOTE 2 (no token for a partial prefill): a step that does not reach the end of a
 request's tokens produces no token for it; the runner's sample for such a row, if any,
 is discarded here.
+NOTE 3 (a failed step): ``update_from_output`` first commits the step's newly cached
+blocks (their KV is now written). If the forward raises instead, ``abort_failed_step``
+aborts the step's requests and rolls the prefix cache back, so the engine can serve on
+(the offline counterpart of vLLM's engine-dead handling, which stops the engine).
 
 Left out: priorities, speculative decoding, structured output, encoder inputs, KV
 transfer, async scheduling.
@@ -305,6 +309,7 @@ class Scheduler:
 
         Returns one ``EngineCoreOutput`` per scheduled request that got tokens or finished.
         """
+        self.kv_cache_manager.commit_step()  # the forward finished: this step's blocks are written
         outputs: list[EngineCoreOutput] = []
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
@@ -335,6 +340,17 @@ class Scheduler:
                 )
         return outputs
     # --8<-- [end:update_from_output]
+
+    # --8<-- [start:abort_failed_step]
+    def abort_failed_step(self, scheduler_output: SchedulerOutput) -> list[str]:
+        """Undo a step whose forward (or sampling) raised: abort its requests, freeing their
+        blocks, and drop the blocks it cached from the prefix cache, since their KV was never
+        written (NOTE 3). Requests the step did not schedule are untouched. Returns the ids."""
+        failed = [rid for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
+        self.finish_requests(failed, RequestStatus.FINISHED_ABORTED)
+        self.kv_cache_manager.rollback_step()
+        return failed
+    # --8<-- [end:abort_failed_step]
 
     # -- views -----------------------------------------------------------------------
 

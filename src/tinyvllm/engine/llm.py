@@ -318,8 +318,12 @@ class LLM:
 
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(req_ids), desc="Generating", disable=not use_tqdm, dynamic_ncols=True) as bar:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    finished[out.request_id] = out
-                    bar.update(1)
+            try:
+                while self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        finished[out.request_id] = out
+                        bar.update(1)
+            except BaseException:  # the failed step is undone by the engine; drop the rest of this call
+                self.engine.abort_request([r for r in req_ids if r not in finished])
+                raise
         return [finished[r] for r in req_ids]

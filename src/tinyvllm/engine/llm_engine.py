@@ -12,6 +12,13 @@ with the output processor folded in; nano-vllm's ``LLMEngine.step``.
 
 Invariants: every request added is either unfinished in the scheduler or has been
 returned exactly once as a finished ``RequestOutput`` (or aborted).
+
+NOTE 1 (a step that raises): if the forward, the sampler, a logits processor or the
+output update raises anything (``KeyboardInterrupt`` included), the step's requests are
+aborted and their blocks freed, the blocks the step cached leave the prefix cache (their
+KV was never written), the runner empties its persistent batch, and the exception goes
+on to the caller. Requests the step did not schedule carry on. vLLM's engine instead
+reports itself dead; an offline engine can do better, because nothing else shares it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.outputs import CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput
 from tinyvllm.request import Request, RequestStatus
@@ -67,8 +75,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the requests that finished in it."""
         scheduler_output = self.scheduler.schedule()
-        model_output = self.model_runner.execute_model(scheduler_output)
-        core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        try:
+            model_output = self.model_runner.execute_model(scheduler_output)
+            core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        except BaseException:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
+            self._abort_failed_step(scheduler_output)
+            raise
         now = time.perf_counter()
         finished = []
         for out in core_outputs:
@@ -81,6 +93,15 @@ class LLMEngine:
                 finished.append(self._make_output(out, self._tracked.pop(out.request_id), now))
         return finished
     # --8<-- [end:step]
+
+    # --8<-- [start:abort_failed_step]
+    def _abort_failed_step(self, scheduler_output: SchedulerOutput) -> None:
+        """NOTE 1: as if the failed step's requests had never been added."""
+        failed = self.scheduler.abort_failed_step(scheduler_output)
+        self.model_runner.recover_from_failed_step(failed)
+        for rid in failed:
+            self._tracked.pop(rid, None)
+    # --8<-- [end:abort_failed_step]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -27,6 +27,9 @@ of the params with EOS appended to ``stop_token_ids`` unless ``ignore_eos``.
 NOTE 3: with ``max_num_blocks_per_req`` the batch also keeps the persistent block table
 (``worker/block_table.py``) in step with its rows: a row's ids are written when a request
 enters it, moved by ``condense``, swapped by ``swap_states`` and cleared on removal.
+NOTE 4: a seeded request's ``torch.Generator`` belongs to the request, not to the row: the
+runner keeps it across the request leaving and re-entering the batch (preemption, a
+skipped step), so its random stream never restarts.
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
 
@@ -89,8 +92,13 @@ class InputBatch:
         output_token_ids: list[int],
         eos_token_id: int | None = None,
         block_ids: Sequence[int] = (),
+        generator: torch.Generator | None = None,
     ) -> int:
-        """Put a request into the lowest hole (or a new last row); return its row."""
+        """Put a request into the lowest hole (or a new last row); return its row.
+
+        A seeded request brings its own ``generator`` (NOTE 4); without one, a fresh
+        generator seeded with ``params.seed`` is made.
+        """
         if req_id in self.req_id_to_index:
             raise ValueError(f"request {req_id!r} is already in the batch")
         if self.num_reqs >= self.max_num_reqs:
@@ -107,7 +115,7 @@ class InputBatch:
         self.top_p[row] = params.top_p
         self.top_k[row] = params.top_k
         if params.seed is not None:
-            self.generators[row] = torch.Generator(device=self.device).manual_seed(params.seed)
+            self.generators[row] = generator or torch.Generator(device=self.device).manual_seed(params.seed)
         if self.block_table is not None:
             self.block_table.add_row(row, block_ids)
         self.batch_update_builder.added.append(
@@ -183,6 +191,17 @@ class InputBatch:
             self.block_table.move_row(src, dst)
         self.req_id_to_index[req_id] = dst
         self._clear_row(src)
+
+    def reset(self) -> None:
+        """Empty the batch after a failed step, whatever state the step left it in: every
+        row is removed in one fresh ``BatchUpdate``, so the processors drop all their rows."""
+        self.batch_update_builder = BatchUpdateBuilder()  # forget half-recorded changes
+        for row in range(len(self.req_ids)):
+            self._clear_row(row)
+            self.batch_update_builder.removed_append(row)
+        self.req_ids, self.params, self.output_token_ids = [], [], []
+        self.req_id_to_index.clear()
+        self.refresh()
 
     # --8<-- [start:refresh]
     def refresh(self) -> BatchUpdate | None:

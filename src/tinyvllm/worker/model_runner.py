@@ -41,6 +41,9 @@ outputs are never read.
 NOTE 5 (dummy batches): warm-up and capture run ``R = desc.num_reqs`` (or ``min(N,
 max_num_seqs)``) dummy requests of zero tokens of context, all KV writes to
 ``PAD_SLOT_ID``, every block-table row ``PAD_BLOCK_ID``: nothing in the KV cache changes.
+NOTE 6 (a seeded request's stream): its ``torch.Generator`` lives in its
+``RunnerRequestState`` and enters the batch with it every time, so preemption, skipped
+steps and chunking never restart it: the same seed gives the same tokens whatever else runs.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class RunnerRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     output_token_ids: list[int]  # the live list the logits processors read
+    generator: torch.Generator | None = None  # a seeded request's own stream, for its whole life (NOTE 6)
 
     @property
     def num_tokens(self) -> int:
@@ -100,6 +104,10 @@ class RunnerRequestState:
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+
+def _seeded_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    return torch.Generator(device=device).manual_seed(params.seed) if params.seed is not None else None
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,7 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=[],
+                generator=_seeded_generator(new.sampling_params, self.device),
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
@@ -240,7 +249,7 @@ class ModelRunner:
                 state = self.requests[req_id]
                 batch.add_request(
                     req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
-                    self.eos_token_id, block_ids=state.block_ids,
+                    self.eos_token_id, block_ids=state.block_ids, generator=state.generator,
                 )  # fmt: skip
         batch.condense()
         batch.refresh()
@@ -287,6 +296,16 @@ class ModelRunner:
             self.last_dispatch = StepDispatch(num_tokens, num_reqs, uniform, mode, desc)
         return hidden, metadata
     # --8<-- [end:forward]
+
+    # --8<-- [start:recover]
+    def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
+        """After a step raised: forget the failed requests and empty the persistent batch,
+        whatever state the step left it in. Requests the step did not schedule keep their
+        state here and re-enter the batch when next scheduled (NOTE 1)."""
+        for req_id in failed_req_ids:
+            self.requests.pop(req_id, None)
+        self.input_batch.reset()
+    # --8<-- [end:recover]
 
     # -- start-up: warm-up and capture ---------------------------------------------------
 

@@ -1,0 +1,207 @@
+"""A step that raises leaves the engine serving: its requests are aborted, no block leaks,
+and no later request hits a block whose KV the failed step never wrote.
+
+Faults are injected where a real one would come from: the model's forward, the sampler, a
+logits processor (in ``apply`` and in ``update_state``), ``KeyboardInterrupt`` included."""
+
+import pytest
+import torch
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.core.kv_cache_manager import KVCacheManager
+from tinyvllm.request import Request
+from tinyvllm.sample.logits_processors import LogitsProcessor
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+PREFIX = [(13 * i + 7) % 400 + 20 for i in range(40)]  # 10 full blocks of 4
+
+
+class Boom(Exception):
+    pass
+
+
+class Fault:
+    """Raises ``exc`` the ``at``-th time it is triggered (1-based), once."""
+
+    def __init__(self, at: int = 1, exc: BaseException | type = Boom):
+        self.at, self.calls, self.exc = at, 0, exc
+
+    def trigger(self) -> None:
+        self.calls += 1
+        if self.calls == self.at:
+            raise self.exc if isinstance(self.exc, BaseException) else self.exc("injected fault")
+
+
+class FaultyProcessor(LogitsProcessor):
+    """A logits processor that raises in ``apply`` or in ``update_state``."""
+
+    def __init__(self, fault: Fault, where: str):
+        self.fault, self.where = fault, where
+
+    def apply(self, logits):
+        if self.where == "apply":
+            self.fault.trigger()
+        return logits
+
+    def is_argmax_invariant(self):
+        return False
+
+    def update_state(self, batch_update):
+        if self.where == "update_state":
+            self.fault.trigger()
+
+
+def make_llm(folder, **kw):
+    return LLM(str(folder), device="cpu", max_model_len=64, block_size=4, **kw)
+
+
+def inject(llm, where: str, fault: Fault) -> None:
+    runner = llm.engine.model_runner
+    if where == "forward":
+        forward = llm.model.forward
+
+        def faulty_forward(*args, **kwargs):
+            fault.trigger()
+            return forward(*args, **kwargs)
+
+        llm.model.forward = faulty_forward
+    elif where == "sampler":
+        sampler = runner.sampler
+
+        def faulty_sampler(*args):
+            fault.trigger()
+            return sampler(*args)
+
+        runner.sampler = faulty_sampler
+    else:
+        runner.input_batch.logitsprocs.non_argmax_invariant.append(FaultyProcessor(fault, where))
+
+
+def assert_clean(llm):
+    engine = llm.engine
+    kv = engine.scheduler.kv_cache_manager
+    assert not engine.has_unfinished_requests(), "a request of the failed call is left"
+    assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks, "a block leaked"
+    assert kv.uncommitted_blocks == []
+    engine.scheduler.check_invariants()
+    engine.model_runner.input_batch.check_invariants()
+    # Finished requests' runner states go when the next step tells the runner; nothing else stays.
+    assert set(engine.model_runner.requests) <= engine.scheduler.finished_req_ids
+    assert engine._tracked == {}
+
+
+@pytest.fixture(scope="module")
+def fresh(tiny_model_dirs):
+    """What a fresh engine answers, per prompt (greedy, so a cache hit changes nothing)."""
+    llm = make_llm(tiny_model_dirs["qwen3"], enable_prefix_caching=False)
+    cache = {}
+
+    def answer(prompt):
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = llm.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        return cache[key]
+
+    return answer
+
+
+@pytest.mark.parametrize("where", ["forward", "sampler", "apply", "update_state"])
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+def test_failed_step_aborts_its_requests_and_the_engine_serves_on(tiny_model_dirs, fresh, where, exc):
+    llm = make_llm(tiny_model_dirs["qwen3"])
+    inject(llm, where, Fault(at=2, exc=exc))
+    prompts = [PREFIX + [1, 2, 3], PREFIX[:20] + [9], [5, 6, 7]]
+    with pytest.raises(exc):
+        llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    assert_clean(llm)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [fresh(p) for p in prompts]
+    assert_clean(llm)
+
+
+def test_blocks_of_a_failed_first_forward_never_serve_a_hit(tiny_model_dirs, fresh):
+    """The issue's "worse" case: blocks are cached when allocated, before the forward writes
+    them. After a failed forward, a prompt with the same prefix must not hit them."""
+    llm = make_llm(tiny_model_dirs["qwen3"])
+    inject(llm, "forward", Fault(at=1))
+    with pytest.raises(Boom):
+        llm.generate({"prompt_token_ids": PREFIX + [1]}, GREEDY, use_tqdm=False)
+    kv = llm.engine.scheduler.kv_cache_manager
+    assert kv.block_pool.cached_block_hash_to_block == {}, "unwritten blocks stayed in the prefix cache"
+    [out] = llm.generate({"prompt_token_ids": PREFIX + [2]}, GREEDY, use_tqdm=False)
+    assert out.num_cached_tokens == 0
+    assert out.outputs[0].token_ids == fresh(PREFIX + [2])
+    [again] = llm.generate({"prompt_token_ids": PREFIX + [3]}, GREEDY, use_tqdm=False)
+    assert again.num_cached_tokens == 40, "blocks written by a finished step must still be shared"
+    assert again.outputs[0].token_ids == fresh(PREFIX + [3])
+
+
+def test_blocks_committed_before_the_failure_stay_cached(tiny_model_dirs, fresh):
+    """A chunked prompt: the first chunk's step finishes (its blocks are written), the
+    second chunk's step fails. Only the second chunk's blocks leave the cache."""
+    llm = make_llm(tiny_model_dirs["qwen3"], max_num_batched_tokens=24)
+    inject(llm, "forward", Fault(at=2))
+    with pytest.raises(Boom):
+        llm.generate({"prompt_token_ids": PREFIX + [1]}, GREEDY, use_tqdm=False)
+    assert_clean(llm)
+    [out] = llm.generate({"prompt_token_ids": PREFIX + [2]}, GREEDY, use_tqdm=False)
+    assert out.num_cached_tokens == 24, "the first chunk's 6 written blocks should be hits"
+    assert out.outputs[0].token_ids == fresh(PREFIX + [2])
+
+
+def test_requests_the_failed_step_did_not_schedule_carry_on(tiny_model_dirs, fresh):
+    """With one request at a time, B waits while A's step fails: A is aborted, B runs to
+    the fresh-engine output."""
+    llm = make_llm(tiny_model_dirs["qwen3"], max_num_seqs=1)
+    engine = llm.engine
+    engine.add_request("A", PREFIX[:9], GREEDY)
+    engine.add_request("B", [5, 6, 7], GREEDY)
+    engine.step()  # A's prefill
+    inject(llm, "sampler", Fault(at=1))
+    with pytest.raises(Boom):
+        engine.step()
+    assert [r.request_id for r in engine.scheduler.waiting] == ["B"] and not engine.scheduler.running
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
+    assert finished == {"B": fresh([5, 6, 7])}
+    assert_clean(llm)
+
+
+def test_kv_cache_manager_commit_and_rollback():
+    kv = KVCacheManager(block_size=4, num_gpu_blocks=8, max_model_len=32, enable_caching=True)
+    a = Request("a", list(range(10)), SamplingParams())
+    assert kv.allocate_slots(a, 10) is not None
+    assert [b.block_id for b in kv.uncommitted_blocks] == [0, 1]  # the two full blocks
+    kv.commit_step()
+    assert kv.uncommitted_blocks == []
+    a.num_computed_tokens = 10
+    a.append_output_token_ids([10, 11])
+    kv.allocate_slots(a, 2)
+    assert [b.block_id for b in kv.uncommitted_blocks] == [2]  # tokens 8..11 fill block 2
+    with pytest.raises(AssertionError, match="still held"):
+        kv.rollback_step()  # its holder has not been aborted
+    kv.free(a)
+    kv.uncommitted_blocks = [kv.block_pool.blocks[2]]
+    assert kv.rollback_step() == [2]
+    cached = {b.block_id for d in kv.block_pool.cached_block_hash_to_block.values() for b in d.values()}
+    assert cached == {0, 1} and kv.block_pool.blocks[2].block_hash is None
+    kv.check_invariants()
+
+
+def test_input_batch_reset_empties_every_row_and_the_processors(tiny_model_dirs):
+    llm = make_llm(tiny_model_dirs["qwen3"])
+    batch = llm.engine.model_runner.input_batch
+    batch.add_request("x", SamplingParams(min_tokens=3, seed=1), [1], [], eos_token_id=0, block_ids=[3])
+    batch.add_request("y", SamplingParams(logit_bias={4: 2.0}), [1], [], block_ids=[5, 6])
+    batch.refresh()
+    batch.remove_request("x")  # a half-done step: a hole, nothing condensed
+    batch.reset()
+    assert batch.num_reqs == 0 and batch.req_ids == [] and batch.generators == {}
+    assert batch.block_table.num_blocks[:2] == [0, 0]
+    batch.check_invariants()
+    logits = torch.zeros(1, 512)
+    batch.add_request("z", SamplingParams(), [1], [], block_ids=[1])
+    batch.refresh()
+    out = llm.engine.model_runner.sampler(logits, batch.make_sampling_metadata())
+    assert out.sampled_token_ids.shape == (1,)  # the processors hold no stale rows
