@@ -6,17 +6,41 @@ prompt tokens served from the prefix cache. ``--cudagraph-mode`` and ``--enforce
 choose how the model runs under CUDA graphs, as vLLM's ``--compilation-config`` and
 ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a tiny
 random-weight model folder (for trying the engine with no download).
+
+Errors (the contract ``tests/test_cli.py`` holds):
+- A flag argparse refuses (an unknown choice, a non-number): argparse's usage and
+  message on stderr, exit status 2.
+- A user error (``ValueError``, ``TypeError``, ``OSError`` and so ``FileNotFoundError``):
+  exactly one line on stderr, ``tinyvllm: error: <message>``, no traceback, exit status 2.
+  That covers every broken model folder (``models/loader.py`` turns each into one
+  ValueError naming the file and the field), sampling values ``SamplingParams`` refuses
+  (``--max-tokens 0``, ``--temperature -1``, ``--top-p 2``), ``--device cuda`` with no GPU,
+  a ``--max-model-len`` past the model's or the KV cache's, an unwritable ``tiny-model``
+  folder.
+- Ctrl-C (``KeyboardInterrupt``): one line, ``tinyvllm: error: interrupted``, exit status
+  130 (128 + SIGINT, what shells report for a command killed by Ctrl-C).
+- Anything else is a bug in tinyvllm, not the user's doing: it propagates with its full
+  traceback (exit status 1). Set ``TINYVLLM_TRACEBACK=1`` to get the traceback of the
+  user errors too (a ``TypeError`` from a bug would otherwise read as one line).
+
+Fail fast: ``generate`` checks the numbers, the sampling values and the whole model folder
+(``check_model_folder``: config, weight headers, tokenizer files, EOS; no torch) before
+importing the engine, so a typo costs a fraction of a second, not torch's import.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 # The five CUDAGraphMode names (worker/cudagraph_dispatcher.py), spelled out so that
 # `tinyvllm --help` does not import the engine.
 MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+USER_ERRORS = (ValueError, TypeError, OSError)  # FileNotFoundError is an OSError
+EXIT_USER_ERROR = 2  # as argparse's
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
 def _add_generate(sub) -> None:
@@ -41,12 +65,32 @@ def _add_generate(sub) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (cudagraph mode NONE)")
 
 
-def _generate(args) -> int:
-    from tinyvllm import LLM, SamplingParams
+def _check_args(args):
+    """What can be checked without torch: the numbers, the sampling values, the folder.
+    Returns the ``SamplingParams``; raises ValueError naming the flag or the file."""
+    from tinyvllm.models.loader import check_model_folder
+    from tinyvllm.sampling_params import SamplingParams
 
+    counts = {"--max-model-len": args.max_model_len, "--num-gpu-blocks-override": args.num_gpu_blocks_override}
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
+    spec = check_model_folder(args.model)
+    if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
+        raise ValueError(
+            f"--max-model-len {args.max_model_len} exceeds the model's max_position_embeddings "
+            f"{spec.max_position_embeddings} (config.json of {args.model})"
+        )
+    return params
+
+
+def _generate(args) -> int:
+    params = _check_args(args)
+    from tinyvllm import LLM
+
     llm = LLM(
         args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, attention_backend=args.attention_backend,
@@ -66,6 +110,11 @@ def _generate(args) -> int:
     return 0
 
 
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (a message from transformers may span several)."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tinyvllm", description="tinyvllm: a teaching implementation of vLLM V1")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
     tiny.add_argument("folder")
     tiny.add_argument("--family", default="qwen3", choices=["qwen3", "qwen2", "llama"])
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # argparse errors: usage, message, exit status 2
+    debug = os.environ.get("TINYVLLM_TRACEBACK", "") not in ("", "0")
     try:
         if args.command == "generate":
             return _generate(args)
@@ -81,9 +131,16 @@ def main(argv: list[str] | None = None) -> int:
 
         print(build_tiny_model(args.folder, args.family))
         return 0
-    except ValueError as e:
-        print(f"tinyvllm: error: {e}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as e:
+        if debug:
+            raise
+        print(f"tinyvllm: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("tinyvllm: error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -67,11 +67,11 @@ from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cac
 from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.models.loader import (
     ModelSpec,
-    check_tensor_names,
-    expected_tensor_shapes,
+    check_weights,
     find_weight_files,
     iter_safetensors,
     load_model_spec,
+    read_tensor_infos,
 )
 
 
@@ -93,8 +93,6 @@ ATTENTION_BACKENDS = {
         write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT
     ),
 }
-# Checkpoint tensors that carry nothing the decoder needs (old Llama exports saved the buffer).
-_IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def kv_cache_shape(spec: ModelSpec, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -339,20 +337,6 @@ class DecoderForCausalLM(nn.Module):
 
 
 # --8<-- [start:load_model]
-def _check_tensors(spec: ModelSpec, tensors: dict[str, torch.Tensor], folder: Path) -> None:
-    """Missing, misshapen or unknown tensors: a ValueError naming the tensor."""
-    check_tensor_names(spec, tensors, folder)
-    shapes = expected_tensor_shapes(spec)
-    for name, tensor in tensors.items():
-        if name in shapes:
-            if tuple(tensor.shape) != shapes[name]:
-                raise ValueError(
-                    f"tensor {name!r} in {folder} has shape {tuple(tensor.shape)}, expected {shapes[name]}"
-                )
-        elif not (name.endswith(_IGNORED_TENSOR_SUFFIXES) or (name == "lm_head.weight" and spec.tie_word_embeddings)):
-            raise ValueError(f"tensor {name!r} in {folder} is not used by this decoder (unsupported feature)")
-
-
 @torch.no_grad()
 def _copy_weights(model: DecoderForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
     """Copy checkpoint tensors into the model, stacking q/k/v and gate/up (NOTE 1)."""
@@ -384,13 +368,15 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str = "reference",
 ) -> DecoderForCausalLM:
-    """Read the folder's spec and safetensors, check every tensor (names and shapes) before
-    building anything, then build the model on ``device`` in ``dtype`` and copy the weights."""
+    """Read the folder's spec, check every tensor (names, shapes, dtypes) from the safetensors
+    headers before reading any, then build the model on ``device`` in ``dtype`` and copy the
+    weights. A broken folder is a ValueError naming the file and the field or tensor."""
     if attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {attention_backend!r} is not one of {sorted(ATTENTION_BACKENDS)}")
     spec = load_model_spec(folder)
-    tensors = dict(iter_safetensors(find_weight_files(folder)))
-    _check_tensors(spec, tensors, Path(folder))
+    files = find_weight_files(folder)
+    check_weights(spec, read_tensor_infos(files), folder)  # headers only: nothing read yet
+    tensors = dict(iter_safetensors(files))
     with torch.device("meta"):  # no random init: shapes only, memory comes with to_empty
         model = DecoderForCausalLM(spec, attention_backend)
     model = model.to(dtype=dtype).to_empty(device=device)

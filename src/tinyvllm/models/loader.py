@@ -2,8 +2,10 @@
 
 Concept: turn a local folder as ``save_pretrained`` writes it into plain values the
 engine can trust: a frozen ``ModelSpec`` (architecture and shapes), the weight tensors,
-the tokenizer and the EOS token ids. Every problem is reported before anything runs, as
-a ``ValueError`` naming the folder, file or tensor.
+the tokenizer and the EOS token ids. Every problem with the folder is reported before
+anything runs, as one ``ValueError`` naming the file and the field (or tensor) and the
+value found; nothing from deep inside (``KeyError``, ``ZeroDivisionError``,
+``SafetensorError``, ``AttributeError`` on a list where an object was expected) escapes.
 
 Mirrors: ``vllm/model_executor/model_loader/`` (default loader, safetensors iteration)
 and ``vllm/transformers_utils/config.py``, in a few hundred lines.
@@ -13,20 +15,59 @@ Supported: ``Qwen3ForCausalLM`` (q/k RMSNorm), ``Qwen2ForCausalLM`` (q/k/v bias)
 transformers v4 (top-level ``rope_theta`` and ``rope_scaling``) and v5
 (``rope_parameters``).
 
+What is checked (each failure a ``ValueError`` naming the file and the field):
+- JSON files (``config.json``, ``generation_config.json``,
+  ``model.safetensors.index.json``): readable, valid UTF-8 JSON, an object at the top.
+- ``config.json``: ``architectures`` a list of names, one supported. Integers (not
+  bools, not floats, not strings) and >= 1: ``vocab_size``, ``hidden_size``,
+  ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
+  ``num_key_value_heads`` and ``head_dim`` (both optional), ``max_position_embeddings``;
+  none past ``MAX_CONFIG_INT`` (2**31 - 1).
+  The heads divide by the KV heads; without ``head_dim``, ``hidden_size`` divides by the
+  heads; ``head_dim`` is even (rotary pairs). Finite numbers > 0: ``rms_norm_eps``,
+  ``rope_theta``. Bools: ``tie_word_embeddings``, ``attention_bias``. ``dtype`` one of
+  float32 / float16 / bfloat16. Rope: ``rope_scaling`` / ``rope_parameters`` objects,
+  type default or llama3; llama3 needs ``factor`` > 0, ``low_freq_factor`` > 0,
+  ``high_freq_factor`` > ``low_freq_factor`` and ``original_max_position_embeddings`` >= 1.
+- Weights: safetensors only (NOTE 1); the index's shard names stay inside the folder
+  (NOTE 3); every header parses and covers its file (truncated and empty files are
+  named); no tensor is in two files; every tensor the decoder needs is there with its
+  shape and a float dtype, and none it would ignore (``check_weights``, from the headers
+  alone, before any tensor is read).
+- Tokenizer: the folder has tokenizer files (NOTE 4), and those in JSON parse; what
+  transformers then refuses is wrapped in a ValueError naming the folder.
+- EOS: ``generation_config.json``'s ``eos_token_id`` is an int >= 0 or a list of them.
+``check_model_folder`` runs all of these but the tokenizer's loading, without torch or
+transformers (the command line calls it first, so a broken folder fails in a blink).
+
 NOTE 1 (no pickle): weights are read with safetensors only. A ``pytorch_model.bin`` is
 a pickle that can run code when loaded; we refuse it instead of unpickling it.
 NOTE 2 (dtype "auto"): the checkpoint's dtype on a GPU; float32 on the CPU, where
 half-precision matmuls are slow and the equivalence tests want exact arithmetic.
+NOTE 3 (shards stay inside): ``model.safetensors.index.json`` names its shard files; a
+name that is absolute, climbs out with ``..``, or is a symlink resolving outside the
+folder is refused (otherwise a downloaded folder could make us read any file on the
+machine). One exception, so that the Hugging Face hub cache loads: in
+``.../snapshots/<revision>/`` a symlink may resolve into the repository's ``../../blobs/``.
+The same rule holds for ``*.safetensors`` found without an index.
+NOTE 4 (no tokenizer files): transformers v5 does not fail on a folder without any: the
+tokenizer class named by ``config.json`` (``Qwen2Tokenizer`` for qwen3) is built with its
+default vocabulary, ``{"<|endoftext|>": 0}``, a one-token tokenizer that turns every
+prompt into nothing. We ask for ``tokenizer.json``, ``tokenizer.model`` or ``vocab.json``
+with ``merges.txt`` first.
 
-Left out: quantised checkpoints, multimodal configs, remote code.
+Left out: quantised checkpoints, multimodal configs, remote code; checking that the
+tokenizer's ids fit the model's ``vocab_size`` (some real checkpoints list added tokens
+past it that never occur).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -35,6 +76,15 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
 }
 _DTYPES = ("float32", "float16", "bfloat16")
+# safetensors dtype codes a weight may have (float8 and integers mean a quantised checkpoint)
+WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
+# Checkpoint tensors that carry nothing the decoder needs (old Llama exports saved the buffer).
+IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+# The tokenizer's JSON files, each parsed first so that a broken one is named.
+_TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_REQUIRED = object()  # sentinel: a field with no default
+MAX_CONFIG_INT = 2**31 - 1  # sizes past it are typos (and overflow int32 index arithmetic)
 
 
 @dataclass(frozen=True)
@@ -70,6 +120,15 @@ class ModelSpec:
     torch_dtype: str  # the checkpoint's dtype, one of float32 / float16 / bfloat16
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as a safetensors header describes it (no data read)."""
+
+    file: Path
+    dtype: str  # safetensors code: "F32", "BF16", "I64", ...
+    shape: tuple[int, ...]
+
+
 def _require_folder(folder: str | Path) -> Path:
     path = Path(folder)
     if not path.is_dir():
@@ -78,109 +137,287 @@ def _require_folder(folder: str | Path) -> Path:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object; any other content is a ValueError naming the file."""
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise ValueError(f"{path} is missing") from None
+    except OSError as e:  # a directory, no permission, an I/O error
+        raise ValueError(f"{path} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text: {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object {{...}}, got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a bool", int: "an integer", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+# -- typed fields: each failure names the file, the field and the value --------------------
+
+
+def _int_field(table: dict[str, Any], key: str, where: str, default: Any = _REQUIRED, minimum: int = 1) -> int:
+    """``table[key]`` as an int >= ``minimum``; absent or null gives ``default``."""
+    value = table.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            missing = "is missing" if key not in table else "is null"
+            raise ValueError(f"{where}: required field {key!r} {missing}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: field {key!r} must be an integer, got {value!r} ({_json_type(value)})")
+    if value < minimum:
+        raise ValueError(f"{where}: field {key!r} must be >= {minimum}, got {value}")
+    if value > MAX_CONFIG_INT:
+        raise ValueError(f"{where}: field {key!r} must be <= {MAX_CONFIG_INT}, got {value}")
+    return value
+
+
+def _float_field(table: dict[str, Any], key: str, where: str, default: float | object = _REQUIRED) -> float:
+    """``table[key]`` as a finite number > 0; absent or null gives ``default``."""
+    value = table.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            missing = "is missing" if key not in table else "is null"
+            raise ValueError(f"{where}: required field {key!r} {missing}")
+        return float(default)  # type: ignore[arg-type]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: field {key!r} must be a number, got {value!r} ({_json_type(value)})")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past float's range
+        number = math.inf
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{where}: field {key!r} must be a finite number > 0, got {value!r}")
+    return number
+
+
+def _bool_field(table: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = table.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: field {key!r} must be true or false, got {value!r} ({_json_type(value)})")
+    return value
+
+
+def _object_field(table: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """``table[key]`` as a JSON object; absent or null gives ``{}``."""
+    value = table.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: field {key!r} must be an object {{...}}, got {value!r} ({_json_type(value)})")
+    return value
 
 
 def _rope(config: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:
     """rope_theta and scaling from either config form (v5 ``rope_parameters`` first)."""
-    params = config.get("rope_parameters") or {}
-    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    scaling = config.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-    if not scaling:
-        return float(theta), None
+    params = _object_field(config, "rope_parameters", str(path))
+    legacy = _object_field(config, "rope_scaling", str(path))
+    if params.get("rope_theta") is not None:
+        theta = _float_field(params, "rope_theta", f"{path}: rope_parameters")
+    else:
+        theta = _float_field(config, "rope_theta", str(path), default=10000.0)
+    source, scaling = ("rope_scaling", legacy) if legacy else ("rope_parameters", params)
+    where = f"{path}: {source}"
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if not isinstance(rope_type, str):
+        raise ValueError(f"{where}: field 'rope_type' must be a string, got {rope_type!r}")
     if rope_type == "default":
-        return float(theta), None
+        return theta, None
     if rope_type != "llama3":
-        raise ValueError(f"{path}: rope type {rope_type!r} is not supported (only default and llama3)")
-    return float(theta), RopeScaling(
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        raise ValueError(
+            f"{where}: rope type {rope_type!r} is not supported (field 'rope_type'; only default and llama3)"
+        )
+    for key in _LLAMA3_KEYS:
+        if scaling.get(key) is None:
+            raise ValueError(f"{where}: rope type 'llama3' needs the field {key!r}, which is missing")
+    rope = RopeScaling(
+        factor=_float_field(scaling, "factor", where),
+        low_freq_factor=_float_field(scaling, "low_freq_factor", where),
+        high_freq_factor=_float_field(scaling, "high_freq_factor", where),
+        original_max_position_embeddings=_int_field(scaling, "original_max_position_embeddings", where),
     )
+    if rope.high_freq_factor <= rope.low_freq_factor:  # the smooth band divides by their difference
+        raise ValueError(
+            f"{where}: field 'high_freq_factor' ({rope.high_freq_factor}) must be greater than "
+            f"'low_freq_factor' ({rope.low_freq_factor})"
+        )
+    return theta, rope
+
+
+def _architecture(config: dict[str, Any], path: Path) -> str:
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"{path}: field 'architectures' must be a list of class names, got {archs!r}")
+    supported = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
+    if not supported:
+        raise ValueError(
+            f"{path}: architectures {archs!r} include none of the supported {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    return supported[0]
 
 
 def load_model_spec(folder: str | Path) -> ModelSpec:
-    """Read and check ``config.json`` of a Hugging Face model folder."""
+    """Read and check ``config.json`` of a Hugging Face model folder (every check listed
+    in the module header); a ValueError names the file, the field and the value."""
     path = _require_folder(folder) / "config.json"
     config = _read_json(path)
-    archs = [a for a in config.get("architectures") or [] if a in SUPPORTED_ARCHITECTURES]
-    if not archs:
-        raise ValueError(
-            f"{path}: architectures {config.get('architectures')!r} include none of the supported "
-            f"{sorted(SUPPORTED_ARCHITECTURES)}"
-        )
-    arch = archs[0]
+    where = str(path)
+    arch = _architecture(config, path)
     family = SUPPORTED_ARCHITECTURES[arch]
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        spec_fields = dict(
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
-            num_hidden_layers=int(config["num_hidden_layers"]),
-            num_attention_heads=heads,
+    sizes = {
+        key: _int_field(config, key, where)
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    }
+    hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+    kv_heads = _int_field(config, "num_key_value_heads", where, default=heads)
+    if heads % kv_heads:
+        raise ValueError(
+            f"{where}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
         )
-    except KeyError as e:
-        raise ValueError(f"{path}: required field {e.args[0]!r} is missing") from None
+    head_dim = _int_field(config, "head_dim", where, default=None)
+    if head_dim is None:
+        if hidden % heads:
+            raise ValueError(
+                f"{where}: hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) "
+                f"and no head_dim is given"
+            )
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise ValueError(f"{where}: head_dim must be even (the rotary embedding rotates pairs), got {head_dim}")
     theta, scaling = _rope(config, path)
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-    if dtype not in _DTYPES:
-        raise ValueError(f"{path}: dtype {dtype!r} is not one of {_DTYPES}")
+    dtype = next((config[k] for k in ("dtype", "torch_dtype") if config.get(k) is not None), "float32")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise ValueError(f"{where}: dtype {dtype!r} is not one of {_DTYPES}")
     return ModelSpec(
         architecture=arch,
         family=family,
-        **spec_fields,
-        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        **sizes,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=_float_field(config, "rms_norm_eps", where, default=1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=_int_field(config, "max_position_embeddings", where, default=2048),
+        tie_word_embeddings=_bool_field(config, "tie_word_embeddings", where, default=False),
         qk_norm=family == "qwen3",
-        qkv_bias=family == "qwen2" or bool(config.get("attention_bias", False)),
+        qkv_bias=family == "qwen2" or _bool_field(config, "attention_bias", where, default=False),
         torch_dtype=dtype,
     )
 
 
+# -- weights --------------------------------------------------------------------------------
+
+
+def _check_stays_inside(file: Path, folder: Path, named_by: str) -> None:
+    """Refuse a weight file that resolves outside the folder (NOTE 3)."""
+    root = folder.resolve()
+    real = file.resolve()
+    if real.is_relative_to(root):
+        return
+    if root.parent.name == "snapshots" and real.is_relative_to(root.parent.parent / "blobs"):
+        return  # the Hugging Face hub cache: snapshots/<rev>/x -> ../../blobs/<hash>
+    raise ValueError(f"{named_by}: {file.name} resolves to {real}, outside the model folder {folder}")
+
+
+def _shard_path(name: object, folder: Path, index: Path) -> Path:
+    """The file an index entry names, refused if the name leaves the folder (NOTE 3)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{index}: weight_map values must be file names, got {name!r}")
+    rel = PurePosixPath(name.replace("\\", "/"))
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"{index}: shard {name!r} is outside the model folder {folder} (absolute or '..')")
+    return folder / rel
+
+
 def find_weight_files(folder: str | Path) -> list[Path]:
     """The safetensors files of a folder: those named by ``model.safetensors.index.json``
-    when it exists (sharded checkpoints), else every ``*.safetensors``."""
+    when it exists (sharded checkpoints), else every ``*.safetensors``. Every file is a
+    regular file inside the folder (NOTE 3)."""
     path = _require_folder(folder)
     index = path / "model.safetensors.index.json"
     if index.exists():
         weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index} has no weight_map")
-        files = [path / name for name in sorted(set(weight_map.values()))]
+            raise ValueError(
+                f"{index}: field 'weight_map' must be a non-empty object {{tensor: file}}, got {weight_map!r}"
+            )
+        names = set()
+        for name in weight_map.values():
+            if not isinstance(name, str):
+                raise ValueError(f"{index}: weight_map values must be file names, got {name!r}")
+            names.add(name)
+        files = [_shard_path(name, path, index) for name in sorted(names)]
         for f in files:
             if not f.exists():
                 raise ValueError(f"{index} names {f.name}, which is missing from {path}")
-        return files
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        pickled = sorted(p.name for p in path.glob("*.bin"))
-        hint = f" (found {pickled}: pickled weights are refused, convert them to safetensors)" if pickled else ""
-        raise ValueError(f"no *.safetensors weights in {path}{hint}")
+            _check_stays_inside(f, path, str(index))
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            pickled = sorted(p.name for p in path.glob("*.bin"))
+            hint = f" (found {pickled}: pickled weights are refused, convert them to safetensors)" if pickled else ""
+            raise ValueError(f"no *.safetensors weights in {path}{hint}")
+        for f in files:
+            _check_stays_inside(f, path, str(path))
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"weight file {f} is not a regular file")
     return files
 
 
+def _safetensors_error(file: Path, error: Exception, tensor: str | None = None) -> ValueError:
+    what = f"tensor {tensor!r} of {file}" if tensor else str(file)
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return ValueError(f"{what} cannot be read as safetensors (truncated or not a safetensors file?): {reason}")
+
+
+def read_tensor_infos(files: Iterable[Path]) -> dict[str, TensorInfo]:
+    """Name -> dtype and shape of every tensor, from the safetensors headers only: cheap,
+    no torch. A header that does not parse or does not cover its file (truncated, empty)
+    and a tensor stored in two files are ValueErrors naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    infos: dict[str, TensorInfo] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="numpy") as handle:
+                for name in handle.keys():
+                    piece = handle.get_slice(name)
+                    if name in infos:
+                        raise ValueError(f"tensor {name!r} is stored twice, in {infos[name].file} and in {f}")
+                    infos[name] = TensorInfo(f, str(piece.get_dtype()), tuple(piece.get_shape()))
+        except (SafetensorError, OSError) as e:
+            raise _safetensors_error(f, e) from None
+    return infos
+
+
 def iter_safetensors(files: Iterable[Path], device: str = "cpu") -> Iterator[tuple[str, Any]]:
-    """Yield ``(name, tensor)`` for every tensor of the files, without unpickling."""
-    from safetensors import safe_open
+    """Yield ``(name, tensor)`` for every tensor of the files, without unpickling; an
+    unreadable file or tensor is a ValueError naming it."""
+    from safetensors import SafetensorError, safe_open
 
     for f in files:
-        with safe_open(str(f), framework="pt", device=device) as handle:
+        try:
+            handle_cm = safe_open(str(f), framework="pt", device=device)
+        except (SafetensorError, OSError) as e:
+            raise _safetensors_error(f, e) from None
+        with handle_cm as handle:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                try:
+                    tensor = handle.get_tensor(name)
+                except (SafetensorError, OSError) as e:
+                    raise _safetensors_error(f, e, name) from None
+                yield name, tensor
 
 
 def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -218,15 +455,65 @@ def check_tensor_names(spec: ModelSpec, names: Iterable[str], folder: str | Path
             raise ValueError(f"tensor {name!r} is missing from the weights in {folder}")
 
 
-def load_tokenizer(folder: str | Path):
-    """The folder's tokenizer, through transformers' ``AutoTokenizer``."""
+def check_weights(spec: ModelSpec, infos: dict[str, TensorInfo], folder: str | Path) -> None:
+    """Missing, misshapen, non-float or unused tensors: a ValueError naming the tensor and
+    its file. Runs on the headers (``read_tensor_infos``), before any tensor is read."""
+    last = f"model.layers.{spec.num_hidden_layers - 1}.input_layernorm.weight"
+    if last not in infos:  # before listing every tensor of num_hidden_layers layers (it could be huge)
+        raise ValueError(
+            f"tensor {last!r} is missing from the weights in {folder} "
+            f"(config.json has num_hidden_layers = {spec.num_hidden_layers})"
+        )
+    check_tensor_names(spec, infos, folder)
+    shapes = expected_tensor_shapes(spec)
+    for name, info in infos.items():
+        if name in shapes:
+            if info.shape != shapes[name]:
+                raise ValueError(f"tensor {name!r} in {info.file} has shape {info.shape}, expected {shapes[name]}")
+            if info.dtype not in WEIGHT_DTYPES:
+                raise ValueError(
+                    f"tensor {name!r} in {info.file} has dtype {info.dtype}, not one of {WEIGHT_DTYPES} "
+                    f"(quantised checkpoints are not supported)"
+                )
+        elif not (name.endswith(IGNORED_TENSOR_SUFFIXES) or (name == "lm_head.weight" and spec.tie_word_embeddings)):
+            raise ValueError(f"tensor {name!r} in {info.file} is not used by this decoder (unsupported feature)")
+
+
+# -- tokenizer and EOS ------------------------------------------------------------------------
+
+
+def check_tokenizer_files(folder: str | Path) -> None:
+    """Refuse a folder with no tokenizer files (NOTE 4) instead of a one-token tokenizer,
+    and name the tokenizer's JSON file that does not parse (transformers would not)."""
     path = _require_folder(folder)
+    present = (path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()
+    if not (present or ((path / "vocab.json").is_file() and (path / "merges.txt").is_file())):
+        raise ValueError(
+            f"no tokenizer files in {path}: expected tokenizer.json, tokenizer.model, or vocab.json with merges.txt"
+        )
+    for name in _TOKENIZER_JSON:
+        if (path / name).exists():
+            _read_json(path / name)
+
+
+def load_tokenizer(folder: str | Path):
+    """The folder's tokenizer, through transformers' ``AutoTokenizer``; any failure to read
+    the tokenizer files is a ValueError naming the folder."""
+    path = _require_folder(folder)
+    check_tokenizer_files(path)
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load a tokenizer from {path}: {e}") from None
+    except Exception as e:  # transformers and tokenizers raise many types on a bad file
+        reason = " ".join(str(e).split())
+        raise ValueError(f"cannot load a tokenizer from {path} ({type(e).__name__}: {reason})") from e
+
+
+def _eos_id(value: object, gen: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{gen}: field 'eos_token_id' must be a token id (an integer >= 0), got {value!r}")
+    return value
 
 
 def load_eos_token_ids(folder: str | Path, tokenizer=None) -> list[int]:
@@ -235,10 +522,20 @@ def load_eos_token_ids(folder: str | Path, tokenizer=None) -> list[int]:
     if gen.exists():
         eos = _read_json(gen).get("eos_token_id")
         if eos is not None:
-            return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+            return [_eos_id(e, gen) for e in eos] if isinstance(eos, list) else [_eos_id(eos, gen)]
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         return [int(tokenizer.eos_token_id)]
     return []
+
+
+def check_model_folder(folder: str | Path) -> ModelSpec:
+    """Every check of the module header but loading the tokenizer, without importing torch
+    or transformers; returns the spec. The command line runs it before starting the engine."""
+    spec = load_model_spec(folder)
+    check_weights(spec, read_tensor_infos(find_weight_files(folder)), folder)
+    check_tokenizer_files(folder)
+    load_eos_token_ids(folder)
+    return spec
 
 
 def resolve_dtype(dtype: str, spec: ModelSpec, device: str):
