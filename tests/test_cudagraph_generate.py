@@ -190,7 +190,6 @@ def test_cudagraph_api_defaults_and_enforce_eager(tiny_model_dirs, caplog):
         ({"cudagraph_capture_sizes": []}, "must not be empty"),
         ({"cudagraph_capture_sizes": "1,2"}, "must be a list of ints"),
         ({"max_cudagraph_capture_size": -1}, "max_cudagraph_capture_size must be an int >= 1"),
-        ("FULL", "compilation_config must be a dict"),
     ],
 )
 def test_cudagraph_bad_compilation_config_is_a_value_error(tiny_model_dirs, config, message):
@@ -198,8 +197,10 @@ def test_cudagraph_bad_compilation_config_is_a_value_error(tiny_model_dirs, conf
         LLM(str(tiny_model_dirs["qwen3"]), compilation_config=config, **ENGINE)
 
 
-def test_cudagraph_enforce_eager_must_be_a_bool(tiny_model_dirs):
-    with pytest.raises(ValueError, match="enforce_eager must be a bool, got 'yes'"):
+def test_cudagraph_compilation_config_and_enforce_eager_of_the_wrong_type_are_type_errors(tiny_model_dirs):
+    with pytest.raises(TypeError, match="compilation_config must be a dict, a CompilationConfig or None, got 'FULL'"):
+        LLM(str(tiny_model_dirs["qwen3"]), compilation_config="FULL", **ENGINE)
+    with pytest.raises(TypeError, match="enforce_eager must be a bool, got 'yes'"):
         LLM(str(tiny_model_dirs["qwen3"]), enforce_eager="yes", **ENGINE)
 
 

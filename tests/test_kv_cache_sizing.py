@@ -4,7 +4,15 @@ the start-up check, and the per-layer tensors."""
 import pytest
 import torch
 
-from tinyvllm.worker.kv_cache import allocate_kv_caches, bytes_per_block, check_fits_one_request, num_blocks_from_budget
+from tinyvllm.worker import kv_cache
+from tinyvllm.worker.kv_cache import (
+    allocate_kv_caches,
+    available_memory_bytes,
+    bytes_per_block,
+    check_fits_one_request,
+    check_kv_cache_fits,
+    num_blocks_from_budget,
+)
 
 
 def test_kv_cache_bytes_per_block_matches_seed003_example():
@@ -25,6 +33,23 @@ def test_kv_cache_start_up_check_names_the_numbers():
     check_fits_one_request(4, 16, 64)
     with pytest.raises(ValueError, match="holds 3 blocks of 16 tokens, but one request of max_model_len=64 tokens needs 4"):
         check_fits_one_request(3, 16, 64)
+
+
+def test_kv_cache_memory_check_says_how_much_was_asked_for_and_how_much_there_is():
+    check_kv_cache_fits(10, 100, 1000)  # exactly fits
+    check_kv_cache_fits(10**9, 2048, None)  # free memory unknown: not checked
+    with pytest.raises(ValueError, match=r"10 blocks needs 1000.0 MiB .* only 999.0 MiB of memory is available"):
+        check_kv_cache_fits(10, 100 * 2**20, 999 * 2**20)
+    with pytest.raises(ValueError, match=r"1000000000 blocks needs 1907.3 GiB \(2048 bytes a block\), but only 2.0 GiB"):
+        check_kv_cache_fits(10**9, 2048, 2 * 2**30)
+
+
+def test_kv_cache_available_cpu_memory_is_read_from_the_machine(monkeypatch):
+    available = available_memory_bytes(torch.device("cpu"))
+    assert available is not None and 0 < available
+    monkeypatch.setattr(kv_cache, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc")), raising=False)
+    fallback = available_memory_bytes(torch.device("cpu"))  # os.sysconf's free pages
+    assert fallback is not None and 0 < fallback
 
 
 def test_kv_cache_one_tensor_per_layer_in_seed003_shape():

@@ -1,8 +1,11 @@
-"""SamplingParams: defaults, and a ValueError naming field and value for every bad field."""
+"""SamplingParams: defaults, and an error naming field and value for every bad field:
+TypeError for a wrong type, ValueError for a value out of range."""
 
 import math
 
+import numpy as np
 import pytest
+import torch
 
 from tinyvllm.config import ReasoningConfig
 from tinyvllm.sampling_params import SamplingParams
@@ -33,26 +36,69 @@ def test_valid_values_are_kept():
     "field, value, shown",
     [
         ("temperature", -0.1, "-0.1"), ("temperature", math.nan, "nan"), ("temperature", math.inf, "inf"),
-        ("temperature", "1", "'1'"),
-        ("top_p", 0.0, "0.0"), ("top_p", 1.5, "1.5"), ("top_p", -1, "-1"), ("top_p", None, "None"),
-        ("top_k", -1, "-1"), ("top_k", 2.5, "2.5"), ("top_k", True, "True"),
+        ("temperature", 1e-3, "0.001"), ("temperature", 1e-40, "1e-40"), ("temperature", 1e39, "1e+39"),
+        ("top_p", 0.0, "0.0"), ("top_p", 1.5, "1.5"), ("top_p", -1, "-1"),
+        ("top_k", -1, "-1"), ("top_k", 2**63, str(2**63)),
         ("min_p", -0.1, "-0.1"), ("min_p", 1.1, "1.1"), ("min_p", math.nan, "nan"),
-        ("logit_bias", [1, 2], "[1, 2]"), ("logit_bias", {-1: 1.0}, "-1"), ("logit_bias", {"a": 1.0}, "'a'"),
-        ("logit_bias", {1: math.inf}, "inf"),
-        ("min_tokens", -1, "-1"), ("min_tokens", 17, "17"), ("min_tokens", 1.0, "1.0"),
-        ("max_tokens", 0, "0"), ("max_tokens", 2.0, "2.0"), ("max_tokens", True, "True"),
-        ("stop_token_ids", [-1], "-1"), ("stop_token_ids", ["x"], "'x'"), ("stop_token_ids", "abc", "'abc'"),
-        ("ignore_eos", 1, "1"),
-        ("seed", 1.5, "1.5"), ("seed", "7", "'7'"),
-        ("thinking_token_budget", -1, "-1"), ("thinking_token_budget", 2.0, "2.0"),
-        ("extra_args", [1], "[1]"),
+        ("logit_bias", {-1: 1.0}, "-1"), ("logit_bias", {1: math.inf}, "inf"), ("logit_bias", {1: 100.5}, "100.5"),
+        ("logit_bias", {1: -1e39}, "-1e+39"),
+        ("min_tokens", -1, "-1"), ("min_tokens", 17, "17"),
+        ("max_tokens", 0, "0"),
+        ("stop_token_ids", [-1], "-1"),
+        ("seed", 2**70, str(2**70)), ("seed", -(2**63) - 1, str(-(2**63) - 1)),
+        ("thinking_token_budget", -1, "-1"),
     ],
 )
-def test_invalid_field_raises_value_error_naming_field_and_value(field, value, shown):
+def test_bad_value_raises_value_error_naming_field_and_value(field, value, shown):
     with pytest.raises(ValueError) as info:
         SamplingParams(**{field: value})
     message = str(info.value)
     assert field in message and shown in message, message
+
+
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("temperature", "1", "'1'"), ("temperature", None, "None"), ("temperature", True, "True"),
+        ("top_p", None, "None"), ("top_p", "0.5", "'0.5'"),
+        ("top_k", 2.5, "2.5"), ("top_k", True, "True"), ("top_k", np.bool_(True), "True"),
+        ("min_p", "0", "'0'"),
+        ("logit_bias", [1, 2], "[1, 2]"), ("logit_bias", {"a": 1.0}, "'a'"), ("logit_bias", {1.0: 1.0}, "1.0"),
+        ("logit_bias", {1: "x"}, "'x'"), ("logit_bias", {1: None}, "None"),
+        ("min_tokens", 1.0, "1.0"),
+        ("max_tokens", 2.0, "2.0"), ("max_tokens", True, "True"), ("max_tokens", "8", "'8'"),
+        ("stop_token_ids", ["x"], "'x'"), ("stop_token_ids", "abc", "'abc'"), ("stop_token_ids", 5, "5"),
+        ("stop_token_ids", [1.0], "1.0"),
+        ("ignore_eos", 1, "1"), ("ignore_eos", "no", "'no'"),
+        ("seed", 1.5, "1.5"), ("seed", "7", "'7'"), ("seed", True, "True"),
+        ("thinking_token_budget", 2.0, "2.0"),
+        ("extra_args", [1], "[1]"), ("extra_args", {1: 2}, "1"),
+    ],
+)
+def test_wrong_type_raises_type_error_naming_field_and_value(field, value, shown):
+    with pytest.raises(TypeError) as info:
+        SamplingParams(**{field: value})
+    message = str(info.value)
+    assert field in message and shown in message, message
+
+
+def test_numpy_and_torch_integers_are_accepted_and_stored_as_int():
+    p = SamplingParams(
+        top_k=np.int32(5), max_tokens=np.int64(9), min_tokens=torch.tensor(2), seed=np.uint8(7),
+        stop_token_ids=np.array([3, 4]), logit_bias={np.int64(6): np.float32(1.5)}, temperature=np.float64(0.5),
+        thinking_token_budget=np.int16(3),
+    )  # fmt: skip
+    assert (p.top_k, p.max_tokens, p.min_tokens, p.seed, p.stop_token_ids) == (5, 9, 2, 7, (3, 4))
+    assert p.logit_bias == {6: 1.5} and p.thinking_token_budget == 3 and p.temperature == 0.5
+    for value in (p.top_k, p.max_tokens, p.min_tokens, p.seed, *p.stop_token_ids, *p.logit_bias, p.thinking_token_budget):
+        assert type(value) is int
+    assert type(p.temperature) is float and type(p.logit_bias[6]) is float
+
+
+def test_limits_are_inclusive():
+    p = SamplingParams(temperature=0.01, logit_bias={1: 100, 2: -100}, seed=2**63 - 1, top_k=2**63 - 1)
+    assert p.logit_bias == {1: 100.0, 2: -100.0}
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63)
 
 
 def test_is_frozen():
@@ -66,5 +112,8 @@ def test_reasoning_config_validation():
     assert rc.reasoning_start_token_ids == (1, 2) and rc.reasoning_end_token_ids == (3,)
     with pytest.raises(ValueError, match="reasoning_end_token_ids.*-4"):
         ReasoningConfig((1,), (-4,))
-    with pytest.raises(ValueError, match="reasoning_start_token_ids"):
+    with pytest.raises(TypeError, match="reasoning_start_token_ids.*'abc'"):
         ReasoningConfig("abc", (1,))
+    with pytest.raises(TypeError, match="reasoning_end_token_ids.*1.5"):
+        ReasoningConfig((1,), (1.5,))
+    assert ReasoningConfig(np.array([7]), (np.int64(8),)) == ReasoningConfig((7,), (8,))

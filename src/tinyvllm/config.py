@@ -6,7 +6,9 @@ class attributes used as globals).
 
 Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig``) and
 ``vllm/config/compilation.py`` (``CompilationConfig``: ``cudagraph_mode``, capture sizes).
-Invalid values raise ``ValueError`` naming the field and the value.
+Invalid values raise ``ValueError`` naming the field and the value; ``ReasoningConfig``,
+which users build and pass to ``LLM``, follows ``tinyvllm.validation``'s rule (a wrong type
+is a ``TypeError``). Whether its ids lie in the vocabulary is checked by ``LLM``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tinyvllm.validation import check_token_ids
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 
 
@@ -163,7 +166,9 @@ class ReasoningConfig:
 
     Seed 001 ch. 13.3: the thinking budget is enabled when this config exists. Both
     sequences may be several tokens long (e.g. ``<|end_thinking|>`` split by the tokenizer);
-    an empty end sequence disables budget tracking (nothing could be forced).
+    an empty end sequence disables budget tracking (nothing could be forced). ``LLM``
+    builds one from the tokenizer when the vocabulary has ``<think>`` and ``</think>`` as
+    single tokens and none is passed.
 
     Attributes:
         reasoning_start_token_ids: the sequence that opens a think section.
@@ -176,10 +181,5 @@ class ReasoningConfig:
     def __post_init__(self) -> None:
         for name in ("reasoning_start_token_ids", "reasoning_end_token_ids"):
             value = getattr(self, name)
-            if isinstance(value, (str, bytes)):
-                raise ValueError(f"{name} must be a sequence of ints, got {value!r}")
-            ids = tuple(value or ())
-            for tok in ids:
-                if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
-                    raise ValueError(f"{name} must hold non-negative ints, got {tok!r}")
+            ids = () if value is None else tuple(check_token_ids(name, value))  # TypeError, or ValueError if < 0
             object.__setattr__(self, name, ids)

@@ -15,6 +15,11 @@ Invariants:
   processors keep a reference to it and read it live);
 - ``0 <= num_computed_tokens <= num_tokens``.
 
+Validates (``tinyvllm.validation``'s rule): the id a non-empty str, the prompt non-empty
+token ids >= 0 (numpy and torch integers become ints), ``cache_salt`` a str or None; a
+wrong type is a ``TypeError``, a wrong value a ``ValueError``. Whether the ids lie in the
+vocabulary is for ``LLMEngine.add_request``, which knows the model.
+
 Left out: multimodal inputs, speculative tokens, pooling, priorities.
 """
 
@@ -24,6 +29,7 @@ import enum
 from collections.abc import Sequence
 
 from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.validation import check_token_ids
 
 
 class RequestStatus(enum.IntEnum):
@@ -65,16 +71,17 @@ class Request:
         lora_name: str | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        if not isinstance(request_id, str) or not request_id:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a non-empty str, got {request_id!r} ({type(request_id).__name__})")
+        if not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        prompt = list(prompt_token_ids)
+        prompt = check_token_ids(f"request {request_id!r}: prompt_token_ids", prompt_token_ids)
         if not prompt:
             raise ValueError(f"request {request_id!r}: the prompt is empty (prompt_token_ids={prompt!r})")
-        for tok in prompt:
-            if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
-                raise ValueError(f"request {request_id!r}: prompt token ids must be non-negative ints, got {tok!r}")
         if not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"request {request_id!r}: sampling_params must be SamplingParams, got {sampling_params!r}")
+            raise TypeError(f"request {request_id!r}: sampling_params must be SamplingParams, got {sampling_params!r}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"request {request_id!r}: cache_salt must be a str or None, got {cache_salt!r}")
         self.request_id = request_id
         self.prompt_token_ids: list[int] = prompt
         self.sampling_params = sampling_params

@@ -14,22 +14,44 @@ custom logits processors).
 
 Invariants: an instance is frozen; ``stop_token_ids`` is a tuple of non-negative ints;
 ``logit_bias`` and ``extra_args`` are private copies (mutating the caller's dict later
-changes nothing). Bad values raise ``ValueError`` naming the field and the value.
+changes nothing); numpy and torch integer scalars are stored as Python ints.
+
+Validates (``tinyvllm.validation``'s rule): a field of the wrong type raises ``TypeError``
+(``top_k=2.5``, ``seed="7"``, ``ignore_eos=1``, ``stop_token_ids=5``), a value out of range
+``ValueError`` (``top_k=-1``, ``seed=2**70``); both name the field and the value. Whether
+token ids lie in the vocabulary, and whether the engine can honour
+``thinking_token_budget``, needs the model: ``LLM.generate`` and ``LLMEngine.add_request``
+check that.
+
+NOTE 1 (temperature): 0 is greedy; a positive temperature must be at least 1e-2 (the
+value below which vLLM clamps, with a warning) and at most float32's largest value.
+Logits are divided by it in float32: ``logits / 1e-40`` overflows to inf, the softmax
+gives NaN, and every draw returns token 0; a temperature that is inf in float32 turns a
+masked ``-inf`` into NaN. We refuse rather than clamp, so nothing changes silently.
+NOTE 2 (logit_bias): each bias is a finite number in [-100, 100], OpenAI's limits. A bias
+of 1e39 is inf in float32, and so is ``100 / temperature`` for a tiny temperature; with
+an inf logit the softmax is NaN and the draw always returns token 0.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tinyvllm.validation import (
+    INT64_MAX,
+    INT64_MIN,
+    check_bool,
+    check_int,
+    check_optional_int,
+    check_real,
+    check_token_ids,
+)
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+MIN_TEMPERATURE = 1e-2  # NOTE 1
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_LOGIT_BIAS = 100.0  # NOTE 2
 
 
 @dataclass(frozen=True)
@@ -65,39 +87,34 @@ class SamplingParams:
     extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if not _is_real(self.temperature) or self.temperature < 0:
+        checked: dict[str, Any] = {}  # field -> the value to store (numpy scalars become Python numbers)
+        temperature = checked["temperature"] = check_real("temperature", self.temperature)
+        if temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 turns it off), got {self.top_k!r}")
-        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        object.__setattr__(self, "logit_bias", _checked_logit_bias(self.logit_bias))
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if 0 < temperature < MIN_TEMPERATURE or temperature > FLOAT32_MAX:  # NOTE 1
             raise ValueError(
-                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+                f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {FLOAT32_MAX:.4g}], got {self.temperature!r}"
             )
-        if isinstance(self.stop_token_ids, (str, bytes)):
-            raise ValueError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}")
-        stop = tuple(self.stop_token_ids or ())
-        for tok in stop:
-            if not _is_int(tok) or tok < 0:
-                raise ValueError(f"stop_token_ids must hold non-negative ints, got {tok!r}")
-        object.__setattr__(self, "stop_token_ids", stop)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        budget = self.thinking_token_budget
-        if budget is not None and (not _is_int(budget) or budget < 0):
-            raise ValueError(f"thinking_token_budget must be an int >= 0 or None, got {budget!r}")
-        if self.extra_args is not None:
-            if not isinstance(self.extra_args, dict):
-                raise ValueError(f"extra_args must be a dict or None, got {self.extra_args!r}")
-            object.__setattr__(self, "extra_args", dict(self.extra_args))
+        top_p = checked["top_p"] = check_real("top_p", self.top_p)
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        checked["top_k"] = check_int("top_k", self.top_k, 0, INT64_MAX)  # 0 turns it off
+        min_p = checked["min_p"] = check_real("min_p", self.min_p)
+        if not 0 <= min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        checked["logit_bias"] = _checked_logit_bias(self.logit_bias)
+        max_tokens = checked["max_tokens"] = check_int("max_tokens", self.max_tokens, 1)
+        min_tokens = checked["min_tokens"] = check_int("min_tokens", self.min_tokens)
+        if not 0 <= min_tokens <= max_tokens:
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens={max_tokens}], got {self.min_tokens!r}")
+        stop = self.stop_token_ids
+        checked["stop_token_ids"] = () if stop is None else tuple(check_token_ids("stop_token_ids", stop))
+        checked["ignore_eos"] = check_bool("ignore_eos", self.ignore_eos)
+        checked["seed"] = check_optional_int("seed", self.seed, INT64_MIN, INT64_MAX)  # a torch.Generator's range
+        checked["thinking_token_budget"] = check_optional_int("thinking_token_budget", self.thinking_token_budget, 0)
+        checked["extra_args"] = _checked_extra_args(self.extra_args)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @property
     def is_greedy(self) -> bool:
@@ -109,11 +126,25 @@ def _checked_logit_bias(logit_bias: object) -> dict[int, float] | None:
     """Validate ``logit_bias`` and return a private copy (None when empty or absent)."""
     if logit_bias is None:
         return None
-    if not isinstance(logit_bias, dict):
-        raise ValueError(f"logit_bias must be a dict {{token_id: bias}} or None, got {logit_bias!r}")
+    if not isinstance(logit_bias, Mapping):
+        raise TypeError(f"logit_bias must be a dict {{token_id: bias}} or None, got {logit_bias!r}")
+    checked: dict[int, float] = {}
     for tok, bias in logit_bias.items():
-        if not _is_int(tok) or tok < 0:
-            raise ValueError(f"logit_bias keys must be non-negative token ids, got {tok!r}")
-        if not _is_real(bias):
-            raise ValueError(f"logit_bias[{tok}] must be a finite number, got {bias!r}")
-    return {tok: float(bias) for tok, bias in logit_bias.items()} or None
+        [token] = check_token_ids("logit_bias keys", [tok])
+        value = check_real(f"logit_bias[{token}]", bias)
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:  # NOTE 2
+            raise ValueError(f"logit_bias[{token}] must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bias!r}")
+        checked[token] = value
+    return checked or None
+
+
+def _checked_extra_args(extra_args: object) -> dict[str, Any] | None:
+    """A private copy of ``extra_args``, a dict with str keys (vLLM's ``dict[str, Any]``)."""
+    if extra_args is None:
+        return None
+    if not isinstance(extra_args, Mapping):
+        raise TypeError(f"extra_args must be a dict or None, got {extra_args!r}")
+    for key in extra_args:
+        if not isinstance(key, str):
+            raise TypeError(f"extra_args keys must be str, got {key!r} ({type(key).__name__})")
+    return dict(extra_args)

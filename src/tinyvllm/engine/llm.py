@@ -5,9 +5,10 @@ user can get wrong before anything runs, then drive ``LLMEngine.step()`` until e
 prompt is finished, with a progress bar. Names and defaults follow vLLM's ``LLM`` so
 scripts port both ways.
 
-Start-up, in order: the folder's config (architecture, shapes) -> device and dtype ->
-limits (``max_model_len``, the token budget) and the compilation config -> the tokenizer
-and EOS ids -> the model weights -> the number of KV blocks (profiled on a GPU, less what
+Start-up, in order: every argument checked, the device and the compilation config (NOTE 6)
+-> the folder's config (architecture, shapes) -> dtype and attention backend -> limits
+(``max_model_len``, the token budget) -> the tokenizer, EOS ids and the reasoning config
+(NOTE 4) -> the model weights -> the number of KV blocks (profiled on a GPU, less what
 the CUDA graphs will hold; an override or a byte budget on the CPU) -> the KV tensors ->
 the persistent batch with the logits processors and block table -> the runner, which
 warms up and captures its CUDA graphs -> the scheduler and the engine.
@@ -23,6 +24,29 @@ NOTE 3 (CUDA graphs): ``compilation_config`` is vLLM's dict (``cudagraph_mode``,
 ``cudagraph_capture_sizes``, ``max_cudagraph_capture_size``) or a ``CompilationConfig``;
 ``enforce_eager=True`` means mode NONE. The default mode is FULL_AND_PIECEWISE on CUDA and
 NONE on the CPU, where any other mode runs emulated graphs (seed 000, vLLM's "CUDA Graphs").
+NOTE 4 (reasoning): with no ``reasoning_config`` given, one is built from the tokenizer
+when its vocabulary has ``<think>`` and ``</think>`` as single tokens within the model's
+vocabulary (Qwen3's has); otherwise the engine has none, and a request with a
+``thinking_token_budget`` is refused rather than silently run without a budget. A given
+config's ids must lie in the vocabulary.
+NOTE 5 (Triton): the Triton kernels run on CUDA, or on the CPU under the interpreter
+(``TRITON_INTERPRET=1``), and tile a KV block and a head with ``tl.dot``, which needs
+``block_size`` and ``head_dim`` to be powers of two >= 16. ``LLM()`` refuses a Triton
+backend (asked for, or chosen by "auto" on CUDA) that could not run, instead of failing at
+the first step.
+NOTE 6 (validation): the constructor checks its arguments before it reads the folder
+(``tinyvllm.validation``'s rule: a wrong type is a TypeError, a wrong value a ValueError,
+both naming the parameter and the value), then what needs the model: the reasoning ids,
+the Triton backend, whether the KV pool fits in the device's free memory
+(``worker/kv_cache.py`` NOTE 3). ``generate`` checks every prompt and every params object
+against the model before the first request is queued. A prompt is a str or a dict with
+the keys of vLLM's ``TextPrompt``/``TokensPrompt``: ``"prompt"`` (text, tokenized unless
+ids are given), ``"prompt_token_ids"`` and ``"cache_salt"`` (prompts with different salts
+never share a cached block); any other key is a ValueError.
+NOTE 7 (custom logits processors): ``logits_processors`` takes ``LogitsProcessor``
+classes and ``"module.path:QualName"`` strings, as vLLM's ``LLM`` does; they run after the
+built-ins and after any installed plugin (``sample/logits_processors/loader.py``), and each
+one's ``validate_params`` is asked about every request in ``generate``.
 """
 
 from __future__ import annotations
@@ -30,10 +54,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 
 import torch
 
+from tinyvllm.attention.kv_cache_write import triton_can_run_on
 from tinyvllm.config import CacheConfig, CompilationConfig, EngineConfig, ReasoningConfig, SchedulerConfig
 from tinyvllm.core.kv_cache_manager import cdiv
 from tinyvllm.core.scheduler import Scheduler
@@ -42,26 +68,47 @@ from tinyvllm.models.llama import load_model
 from tinyvllm.models.loader import load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
+from tinyvllm.sample.logits_processors.interface import LogitsProcessor
+from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
 from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.validation import (
+    INT64_MAX,
+    INT64_MIN,
+    check_bool,
+    check_int,
+    check_optional_int,
+    check_real,
+    check_request_against_model,
+    check_token_ids,
+)
 from tinyvllm.worker.attention_metadata import build_attention_metadata
 from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.kv_cache import (
     CPU_KV_CACHE_BYTES,
     allocate_kv_caches,
     available_gpu_kv_bytes,
+    available_memory_bytes,
     bytes_per_block,
     check_fits_one_request,
+    check_kv_cache_fits,
     num_blocks_from_budget,
 )
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 from tinyvllm.worker.model_runner import ModelRunner
 
 ATTENTION_BACKENDS = ("auto", "triton", "reference")
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # NOTE 6
+THINK_START, THINK_END = "<think>", "</think>"  # NOTE 4
 PromptType = str | dict
+LogitsProcessorSpec = str | type[LogitsProcessor]
 
 
-def _resolve_device(device: str) -> torch.device:
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be 'auto', 'cpu' or 'cuda[:N]' (a str), got {device!r}")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -73,15 +120,61 @@ def _resolve_device(device: str) -> torch.device:
 
 def _compilation_config(config: dict | CompilationConfig | None, enforce_eager: bool) -> CompilationConfig:
     """vLLM's ``compilation_config`` (a dict or a ``CompilationConfig``); ``enforce_eager`` means NONE."""
-    if not isinstance(enforce_eager, bool):
-        raise ValueError(f"enforce_eager must be a bool, got {enforce_eager!r}")
+    check_bool("enforce_eager", enforce_eager)
     if config is None:
         config = CompilationConfig()
+    elif isinstance(config, dict):
+        config = CompilationConfig.from_dict(config)  # ValueError for a bad key or value
     elif not isinstance(config, CompilationConfig):
-        config = CompilationConfig.from_dict(config)
+        raise TypeError(f"compilation_config must be a dict, a CompilationConfig or None, got {config!r}")
     if enforce_eager:
         config = dataclasses.replace(config, cudagraph_mode=CUDAGraphMode.NONE)
     return config
+
+
+def reasoning_config_from_tokenizer(tokenizer, vocab_size: int) -> ReasoningConfig | None:
+    """``<think>`` and ``</think>`` as single tokens of the model's vocabulary, else None (NOTE 4)."""
+    vocab = tokenizer.get_vocab()
+    start, end = vocab.get(THINK_START), vocab.get(THINK_END)
+    if start is None or end is None or not (0 <= start < vocab_size and 0 <= end < vocab_size):
+        return None
+    return ReasoningConfig((start,), (end,))
+
+
+def _check_triton(requested: str, device: torch.device, block_size: int, head_dim: int) -> None:
+    """Refuse a Triton backend that would fail at the first step (NOTE 5)."""
+    chosen = f"attention_backend={requested!r}" + (" (Triton on CUDA)" if requested == "auto" else "")
+    if not triton_can_run_on(device):
+        raise ValueError(
+            f"{chosen} runs Triton kernels, which need a CUDA device or, on the CPU, the interpreter "
+            f"(TRITON_INTERPRET=1; it is {os.environ.get('TRITON_INTERPRET')!r}); device is {device}: "
+            "use attention_backend='reference'"
+        )
+    for name, value in (("block_size", block_size), ("the model's head_dim", head_dim)):
+        if value < 16 or value & (value - 1):
+            raise ValueError(
+                f"{chosen} needs {name} to be a power of two >= 16 (the kernel's tl.dot tiles), got {value}: "
+                "use attention_backend='reference'"
+                + (" or a block_size of 16, 32, ..." if name == "block_size" else "")
+            )
+
+
+def _checked_logits_processors(value: object) -> tuple[LogitsProcessorSpec, ...]:
+    """Classes and ``"module:QualName"`` strings, imported now so a bad name fails before any weight loads."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"logits_processors must be a list of LogitsProcessor classes or 'module:QualName' strings, got {value!r}"
+        )
+    for index, item in enumerate(value):
+        if not isinstance(item, (str, type)):
+            raise TypeError(
+                f"logits_processors[{index}] must be a LogitsProcessor class or a 'module:QualName' string, got {item!r}"
+            )
+    procs = tuple(value)
+    cached_load_custom_logitsprocs(procs)  # ValueError (not a LogitsProcessor, bad name), RuntimeError (import)
+    return procs
 
 
 class LLM:
@@ -104,18 +197,41 @@ class LLM:
         reasoning_config: ReasoningConfig | None = None,
         compilation_config: dict | CompilationConfig | None = None,
         enforce_eager: bool = False,
+        logits_processors: Sequence[LogitsProcessorSpec] | None = None,
     ) -> None:
-        spec = load_model_spec(model)
+        # --8<-- [start:arguments]
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model must be the path of a local folder (a str), got {model!r}")
+        model = os.fspath(model)
         self.device = _resolve_device(device)
-        self.dtype = resolve_dtype(dtype, spec, self.device.type)
+        for name, value in (("dtype", dtype), ("attention_backend", attention_backend)):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {value!r} ({type(value).__name__})")
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
-        if attention_backend == "auto":
-            attention_backend = "triton" if self.device.type == "cuda" else "reference"
-        compilation = _compilation_config(compilation_config, enforce_eager)
-        self.cudagraph_memory_bytes = 0  # what the graphs take from the KV budget (GPU only)
+        max_model_len = check_optional_int("max_model_len", max_model_len, 1)
+        block_size = check_int("block_size", block_size, 1)
+        gpu_memory_utilization = check_real("gpu_memory_utilization", gpu_memory_utilization)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        num_gpu_blocks_override = check_optional_int("num_gpu_blocks_override", num_gpu_blocks_override, 1)
+        enable_prefix_caching = check_bool("enable_prefix_caching", enable_prefix_caching)
+        max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
+        max_num_batched_tokens = check_optional_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        seed = check_int("seed", seed, INT64_MIN, INT64_MAX)
+        if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
+            raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
+        compilation = _compilation_config(compilation_config, enforce_eager)
+        self.logits_processors = _checked_logits_processors(logits_processors)
+        # --8<-- [end:arguments]
+        spec = load_model_spec(model)
+        self.dtype = resolve_dtype(dtype, spec, self.device.type)
+        requested_backend = attention_backend
+        if attention_backend == "auto":
+            attention_backend = "triton" if self.device.type == "cuda" else "reference"
+        if attention_backend == "triton":
+            _check_triton(requested_backend, self.device, block_size, spec.head_dim)  # NOTE 5
+        self.cudagraph_memory_bytes = 0  # what the graphs take from the KV budget (GPU only)
         max_model_len = spec.max_position_embeddings if max_model_len is None else max_model_len
         if max_model_len > spec.max_position_embeddings:
             raise ValueError(
@@ -123,12 +239,14 @@ class LLM:
                 f"{spec.max_position_embeddings}"
             )
         scheduler_config = SchedulerConfig(
-            max_num_batched_tokens=max_num_batched_tokens or max(8192, max_num_seqs),
+            max_num_batched_tokens=max(8192, max_num_seqs) if max_num_batched_tokens is None else max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
         )
+        per_block = bytes_per_block(spec.num_hidden_layers, block_size, spec.num_key_value_heads, spec.head_dim, self.dtype)
         if num_gpu_blocks_override is not None:
             check_fits_one_request(num_gpu_blocks_override, block_size, max_model_len)
+            check_kv_cache_fits(num_gpu_blocks_override, per_block, available_memory_bytes(self.device))
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks_override)  # validates early
 
         self.tokenizer = load_tokenizer(model)
@@ -136,12 +254,16 @@ class LLM:
         tok_eos = self.tokenizer.eos_token_id
         self.eos_token_id = tok_eos if tok_eos is not None else (eos_ids[0] if eos_ids else None)
         self.extra_stop_token_ids = tuple(e for e in eos_ids if e != self.eos_token_id)  # NOTE 1
+        if reasoning_config is None:
+            reasoning_config = reasoning_config_from_tokenizer(self.tokenizer, spec.vocab_size)  # NOTE 4
+        else:
+            for name in ("reasoning_start_token_ids", "reasoning_end_token_ids"):
+                check_token_ids(f"reasoning_config.{name}", getattr(reasoning_config, name), spec.vocab_size)
 
         torch.manual_seed(seed)
         self.model = load_model(model, dtype=self.dtype, device=self.device, attention_backend=attention_backend)
         self.spec = spec
         # --8<-- [start:kv_start_up]
-        per_block = bytes_per_block(spec.num_hidden_layers, block_size, spec.num_key_value_heads, spec.head_dim, self.dtype)
         if num_gpu_blocks_override is not None:
             num_blocks = num_gpu_blocks_override
         else:
@@ -156,6 +278,7 @@ class LLM:
                 budget = CPU_KV_CACHE_BYTES
             num_blocks = num_blocks_from_budget(budget, per_block, block_size, max_model_len, max_num_seqs)
             check_fits_one_request(num_blocks, block_size, max_model_len)
+        check_kv_cache_fits(num_blocks, per_block, available_memory_bytes(self.device))
         cache_config = CacheConfig(
             block_size=block_size, num_gpu_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching
         )
@@ -168,7 +291,10 @@ class LLM:
         runner = self._build_runner(kv_caches, block_size, scheduler_config, compilation, reasoning_config)
         runner.capture_model()  # warm-up and CUDA-graph capture (nothing to do in mode NONE)
         scheduler = Scheduler(scheduler_config, cache_config, log_stats=True)
-        self.engine = LLMEngine(scheduler, runner, self.tokenizer, self.eos_token_id)
+        self.engine = LLMEngine(
+            scheduler, runner, self.tokenizer, self.eos_token_id,
+            vocab_size=spec.vocab_size, reasoning_config=reasoning_config,
+        )  # fmt: skip
         self._ids = itertools.count()
 
     def _build_runner(
@@ -182,7 +308,7 @@ class LLM:
         """The persistent batch with its logits processors and block table, and the runner."""
         max_num_seqs = scheduler_config.max_num_seqs
         config = EngineConfig(scheduler_config, CacheConfig(block_size=block_size), reasoning_config, compilation)
-        logitsprocs = build_logitsprocs(config, self.device, False, False)
+        logitsprocs = build_logitsprocs(config, self.device, False, False, self.logits_processors)
         thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, 0, self.device, False)
         blocks_per_req = cdiv(scheduler_config.max_model_len, block_size)
         input_batch = InputBatch(max_num_seqs, self.device, logitsprocs, thinking, max_num_blocks_per_req=blocks_per_req)
@@ -257,12 +383,29 @@ class LLM:
 
     # -- generation -------------------------------------------------------------------------
 
-    def _prompt_token_ids(self, index: int, prompt: PromptType) -> tuple[str | None, list[int]]:
+    # --8<-- [start:prompt_inputs]
+    def _prompt_inputs(self, index: int, prompt: PromptType) -> tuple[str | None, list[int], str | None]:
+        """``(text, token ids, cache_salt)`` of one prompt: a str, or a dict as vLLM takes it (NOTE 6)."""
         if isinstance(prompt, str):
-            return prompt, self.tokenizer(prompt).input_ids  # with BOS where the tokenizer adds one
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        raise ValueError(f"prompt {index} must be a str or a dict with 'prompt_token_ids', got {prompt!r}")
+            return prompt, self.tokenizer(prompt).input_ids, None  # with BOS where the tokenizer adds one
+        if not isinstance(prompt, dict):
+            hint = " (token ids go in a dict: {'prompt_token_ids': [...]})" if isinstance(prompt, (list, tuple)) else ""
+            raise TypeError(
+                f"prompt {index} must be a str or a dict with 'prompt' or 'prompt_token_ids', got {prompt!r}{hint}"
+            )
+        unknown = [key for key in prompt if key not in PROMPT_KEYS]
+        if unknown:
+            raise ValueError(f"prompt {index} has an unknown key {unknown[0]!r}; a prompt dict takes {PROMPT_KEYS}")
+        text, salt = prompt.get("prompt"), prompt.get("cache_salt")
+        for key, value in (("prompt", text), ("cache_salt", salt)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"prompt {index}: {key!r} must be a str, got {value!r} ({type(value).__name__})")
+        if "prompt_token_ids" in prompt:
+            return text, check_token_ids(f"prompt {index}", prompt["prompt_token_ids"], self.spec.vocab_size), salt
+        if text is None:
+            raise ValueError(f"prompt {index} needs 'prompt' (text) or 'prompt_token_ids', got {prompt!r}")
+        return text, self.tokenizer(text).input_ids, salt
+    # --8<-- [end:prompt_inputs]
 
     # --8<-- [start:eos_stops]
     def _with_eos_stops(self, params: SamplingParams) -> SamplingParams:
@@ -278,36 +421,51 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate a completion for every prompt; outputs come back in prompt order."""
+        """Generate a completion for every prompt; outputs come back in prompt order.
+
+        ``prompts``: a str, a dict (``{"prompt": text}`` or ``{"prompt_token_ids": ids}``, each
+        optionally with ``"cache_salt"``), or a list of them. Every prompt and every params
+        object is checked before the first request is queued (NOTE 6).
+        """
         # --8<-- [start:validation]
+        check_bool("use_tqdm", use_tqdm)
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        elif isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+            raise TypeError(f"prompts must be a str, a prompt dict or a list of them, got {prompts!r}")
         prompts = list(prompts)
+        single = sampling_params is None or isinstance(sampling_params, SamplingParams)
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if single:
+            params = [sampling_params] * len(prompts)
+        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes)):
+            params = list(sampling_params)
+        else:
+            raise TypeError(f"sampling_params must be a SamplingParams, a list of them or None, got {sampling_params!r}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         max_len = self.config.scheduler_config.max_model_len
+        has_reasoning = self.config.reasoning_config is not None
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):  # every check before anything runs
             if not isinstance(p, SamplingParams):
-                raise ValueError(f"sampling_params[{i}] must be SamplingParams, got {p!r}")
-            text, ids = self._prompt_token_ids(i, prompt)
+                raise TypeError(f"sampling_params[{i}] must be SamplingParams, got {p!r}")
+            text, ids, salt = self._prompt_inputs(i, prompt)
             if not ids:
                 raise ValueError(f"prompt {i} is empty")
             if len(ids) > max_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_model_len {max_len}")
-            bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < self.spec.vocab_size), None)
-            if bad is not None:
-                raise ValueError(f"prompt {i} has token id {bad!r}, outside the vocabulary [0, {self.spec.vocab_size})")
-            requests.append((f"{next(self._ids)}", text, ids, self._with_eos_stops(p)))
+            label = "sampling_params" if single else f"sampling_params[{i}]"
+            check_request_against_model(label, p, self.spec.vocab_size, has_reasoning)  # ids in vocab, thinking
+            validate_logits_processors_parameters(self.logits_processors, p)  # custom processors' own checks
+            requests.append((f"{next(self._ids)}", text, ids, self._with_eos_stops(p), salt))
         added = []
         try:
-            for req_id, text, ids, p in requests:
-                self.engine.add_request(req_id, ids, p, prompt=text)
+            for req_id, text, ids, p, salt in requests:
+                self.engine.add_request(req_id, ids, p, prompt=text, cache_salt=salt)
                 added.append(req_id)
-        except ValueError:
+        except Exception:
             self.engine.abort_request(added)  # nothing half-started is left behind
             raise
         # --8<-- [end:validation]

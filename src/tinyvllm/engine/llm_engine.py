@@ -24,13 +24,16 @@ reports itself dead; an offline engine can do better, because nothing else share
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tinyvllm.config import ReasoningConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.outputs import CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.validation import check_request_against_model, check_token_ids
 from tinyvllm.worker.model_runner import ModelRunner
 
 
@@ -49,20 +52,51 @@ class _Tracked:
 class LLMEngine:
     """Schedule -> execute -> update, one step at a time."""
 
-    def __init__(self, scheduler: Scheduler, model_runner: ModelRunner, tokenizer=None, eos_token_id: int | None = None):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        model_runner: ModelRunner,
+        tokenizer=None,
+        eos_token_id: int | None = None,
+        *,
+        vocab_size: int | None = None,
+        reasoning_config: ReasoningConfig | None = None,
+    ):
         self.scheduler = scheduler
         self.model_runner = model_runner
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
+        self.vocab_size = vocab_size  # None: unknown, token ids are not checked against a vocabulary
+        self.reasoning_config = reasoning_config  # None: thinking_token_budget is refused
         self._tracked: dict[str, _Tracked] = {}
 
+    # --8<-- [start:add_request]
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams, prompt: str | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams,
+        prompt: str | None = None,
+        *,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; ValueError (nothing queued) on a bad one."""
-        request = Request(request_id, prompt_token_ids, sampling_params, eos_token_id=self.eos_token_id)
+        """Queue a request; TypeError or ValueError (nothing queued) on a bad one.
+
+        Checked against the model here, so that a bad request fails now and never inside
+        ``step()``: token ids (the prompt's, ``logit_bias``'s, ``stop_token_ids``) must lie in
+        ``[0, vocab_size)`` when the engine was given ``vocab_size``, and
+        ``thinking_token_budget`` needs the engine's ``reasoning_config``. Requests with
+        different ``cache_salt``s never share a cached block (``core/prefix_hash.py``).
+        """
+        request = Request(request_id, prompt_token_ids, sampling_params, eos_token_id=self.eos_token_id, cache_salt=cache_salt)
+        if prompt is not None and not isinstance(prompt, str):
+            raise TypeError(f"request {request_id!r}: prompt must be a str or None, got {prompt!r}")
+        label = f"request {request_id!r}"
+        check_token_ids(f"{label}: prompt_token_ids", request.prompt_token_ids, self.vocab_size)
+        check_request_against_model(f"{label}: sampling_params", sampling_params, self.vocab_size, self.reasoning_config is not None)
         self.scheduler.add_request(request)
-        self._tracked[request_id] = _Tracked(prompt, list(prompt_token_ids), time.perf_counter())
+        self._tracked[request_id] = _Tracked(prompt, list(request.prompt_token_ids), time.perf_counter())
+    # --8<-- [end:add_request]
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their blocks; they produce no output."""

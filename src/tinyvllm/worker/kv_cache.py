@@ -20,9 +20,18 @@ NOTE 1 (never more than can be used): the pool is capped at ``max_num_seqs`` req
 ``max_model_len`` tokens; beyond that blocks could never all be in use at once.
 NOTE 2 (the CPU): with no override, the CPU gets a fixed byte budget (``CPU_KV_CACHE_BYTES``)
 rather than a share of the machine's memory.
+NOTE 3 (does it fit?): whatever decided the number of blocks (an override, the CPU budget,
+the GPU profile), ``check_kv_cache_fits`` compares the pool's bytes with the memory the
+device has free before anything is allocated, so ``num_gpu_blocks_override=10**9`` is a
+ValueError saying how much was asked for, not an allocator failure (or, on Linux, the
+out-of-memory killer). Free memory on the CPU is Linux's ``MemAvailable`` (free pages plus
+the page cache that can be dropped), else ``os.sysconf``'s free pages, else unknown (not
+checked); a container's memory limit is not seen. On a GPU it is ``torch.cuda.mem_get_info``.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -55,7 +64,50 @@ def check_fits_one_request(num_blocks: int, block_size: int, max_model_len: int)
             f"max_model_len={max_model_len} tokens needs {needed}: raise gpu_memory_utilization or "
             f"num_gpu_blocks_override, or lower max_model_len"
         )
+
+
+def check_kv_cache_fits(num_blocks: int, per_block: int, available_bytes: int | None) -> None:
+    """Fail at start-up if ``num_blocks`` blocks need more than ``available_bytes`` (NOTE 3).
+
+    ``available_bytes`` None means the free memory is unknown: nothing is checked.
+    """
+    needed = num_blocks * per_block
+    if available_bytes is not None and needed > available_bytes:
+        raise ValueError(
+            f"the KV cache of {num_blocks} blocks needs {_readable(needed)} ({per_block} bytes a block), but only "
+            f"{_readable(available_bytes)} of memory is available: lower num_gpu_blocks_override (or max_num_seqs, "
+            "max_model_len)"
+        )
 # --8<-- [end:sizing]
+
+
+def _readable(num_bytes: int) -> str:
+    """``1907.3 GiB``, ``12.0 MiB``: bytes for a person to read."""
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` right now (NOTE 3); None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return _available_cpu_bytes()
+
+
+def _available_cpu_bytes() -> int | None:
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024  # the file counts kB
+    except OSError:
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return max(0, available)
 
 
 # --8<-- [start:allocate]
