@@ -103,6 +103,7 @@ def check_token_ids(name: str, values: object, vocab_size: int | None = None) ->
     return ids
 
 
+# --8<-- [start:request_against_model]
 def check_request_against_model(
     label: str, params: "SamplingParams", vocab_size: int | None, has_reasoning: bool
 ) -> None:
@@ -120,3 +121,4 @@ def check_request_against_model(
             f"{label}.thinking_token_budget={params.thinking_token_budget!r}, but the engine has no "
             "reasoning_config (no <think>/</think> tokens in the vocabulary, and none was passed to LLM)"
         )
+# --8<-- [end:request_against_model]
