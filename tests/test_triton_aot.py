@@ -30,17 +30,24 @@ from triton_aot_cases import all_cases  # noqa: E402
 CASES = all_cases()
 
 
-def _env_without_interpreter() -> dict:
+# Shared memory one program may use (A100: 163 KB, H100: 227 KB); over it a kernel compiles
+# but fails to launch.
+MAX_SHARED_BYTES = {80: 163 * 1024, 90: 227 * 1024}
+
+
+def _env_without_interpreter(cache_dir: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache_dir)  # a fresh cache: every run really compiles, nothing lands in $HOME
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
     return env
 
 
 @pytest.fixture(scope="module")
-def compiled() -> dict[str, dict]:
+def compiled(tmp_path_factory) -> dict[str, dict]:
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "triton_aot_cases.py")],
-        env=_env_without_interpreter(), capture_output=True, text=True, timeout=600,
+        env=_env_without_interpreter(tmp_path_factory.mktemp("triton_cache")), capture_output=True, text=True,
+        timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -54,6 +61,10 @@ def test_triton_aot_kernel_compiles_to_cubin(compiled, case):
     assert {"ttir", "ttgir", "llir", "ptx", "cubin"} <= set(result["stages"]), result
     assert result["target"] in (f".target sm_{case['cc']}", f".target sm_{case['cc']}a"), result["target"]
     assert result["cubin_bytes"] > 0
+    assert result["shared_bytes"] <= MAX_SHARED_BYTES[case["cc"]], (
+        f"{case['id']} needs {result['shared_bytes']} bytes of shared memory, sm_{case['cc']} has "
+        f"{MAX_SHARED_BYTES[case['cc']]}"
+    )
 
 
 def test_triton_aot_matrix_covers_every_kernel_and_target():
@@ -89,7 +100,7 @@ sys.exit(1)
 '''
 
 
-def test_triton_aot_negative_control_rejects_an_interpreter_only_kernel():
+def test_triton_aot_negative_control_rejects_an_interpreter_only_kernel(tmp_path):
     x = torch.arange(64, dtype=torch.float16).reshape(8, 8)
     if not torch.cuda.is_available():  # the interpreter runs it (tests/conftest.py sets TRITON_INTERPRET=1)
         out = torch.empty_like(x)
@@ -97,7 +108,7 @@ def test_triton_aot_negative_control_rejects_an_interpreter_only_kernel():
         torch.testing.assert_close(out, x @ x)
     proc = subprocess.run(
         [sys.executable, "-c", NEGATIVE_CONTROL, str(Path(__file__).parent)],
-        env=_env_without_interpreter(), capture_output=True, text=True, timeout=300,
+        env=_env_without_interpreter(tmp_path), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, f"the compiler accepted a tl.dot on an 8x8 tile:\n{proc.stdout}{proc.stderr[-2000:]}"
     assert proc.stdout.startswith("rejected:"), proc.stdout

@@ -114,7 +114,8 @@ def compile_case(case: dict) -> dict:
     except Exception as exc:  # reported, not raised: the test names the case
         return dict(id=case["id"], error=f"{type(exc).__name__}: {str(exc)[:2000]}")
     target = next((line for line in kernel.asm["ptx"].splitlines() if line.startswith(".target")), "")
-    return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")))
+    return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")),
+                shared_bytes=kernel.metadata.shared)  # fmt: skip
 
 
 def main() -> None:
