@@ -200,7 +200,7 @@ class ModelRunner:
         self.dispatcher = CudagraphDispatcher(sizes or [1], max_num_seqs)
         self.dispatcher.initialize_cudagraph_keys(mode, UNIFORM_DECODE_QUERY_LEN)
         pool = None if self.emulate_cudagraphs or mode == CUDAGraphMode.NONE else torch.cuda.graph_pool_handle()
-        pieces = [getattr(p, "runnable", p) for p in self.model.pieces]  # unwrapped, if a runner came before
+        pieces = self._eager_pieces()
         if mode.has_piecewise_cudagraphs():
             pieces = [CUDAGraphWrapper(p, CUDAGraphMode.PIECEWISE, self.emulate_cudagraphs, pool=pool) for p in pieces]
         self.model.pieces = pieces
@@ -323,9 +323,13 @@ class ModelRunner:
         if self.device.type == "cuda":  # the next dummy rewrites the pinned host buffers (input_buffers NOTE 2)
             torch.cuda.synchronize(self.device)
 
+    def _eager_pieces(self) -> list:
+        """The model's pieces without any wrapper (a runner before this one may have wrapped them)."""
+        return [getattr(p, "runnable", p) for p in self.model.pieces]
+
     def release_cudagraphs(self) -> None:
         """Drop every captured graph and unwrap the model's pieces (the trial capture)."""
-        self.model.pieces = [getattr(p, "runnable", p) for p in self.model.pieces]
+        self.model.pieces = self._eager_pieces()
         self.full_graph = None
         self.cudagraph_mode = CUDAGraphMode.NONE
         self.dispatcher.initialize_cudagraph_keys(CUDAGraphMode.NONE)
