@@ -2,6 +2,7 @@
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ def batches(draw):
     return computed, scheduled, block_ids, block_size
 
 
+@pytest.mark.seed("003:memory")
 @given(batches())
 def test_slot_mapping_is_injective_and_inside_own_blocks(batch):
     computed, scheduled, block_ids, block_size = batch
@@ -41,6 +43,7 @@ def test_slot_mapping_is_injective_and_inside_own_blocks(batch):
             assert slot // block_size in ids, f"slot {slot} of request {r} is outside its blocks {ids}"
 
 
+@pytest.mark.seed("003:memory")
 @given(batches())
 def test_positions_continue_from_num_computed_tokens(batch):
     computed, scheduled, block_ids, block_size = batch

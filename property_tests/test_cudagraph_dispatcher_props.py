@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -167,6 +168,7 @@ def make_dispatcher(sizes, max_num_seqs, mode, q) -> CudagraphDispatcher:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.seed("000:dispatcher")
 @MANY
 @given(scenarios())
 def test_cudagraph_dispatch_pads_to_smallest_size(scenario):
@@ -184,6 +186,7 @@ def test_cudagraph_dispatch_pads_to_smallest_size(scenario):
     assert pad_to_capture_size(n, sorted(set(sizes))) == padded, f"{where}: pad_to_capture_size != {padded}"
 
 
+@pytest.mark.seed("000:dispatcher")
 @MANY
 @given(scenarios())
 def test_cudagraph_dispatch_key_is_in_key_set(scenario):
@@ -200,6 +203,7 @@ def test_cudagraph_dispatch_key_is_in_key_set(scenario):
         assert got_mode in ROUTINES[mode], f"{mode.name} dispatched {got_mode.name}, a routine it does not have"
 
 
+@pytest.mark.seed("000:dispatcher")
 @MANY
 @given(scenarios(modes=FULL_MODES, cascade=st.just(False)))
 def test_cudagraph_dispatch_never_passes_over_full(scenario):
@@ -215,6 +219,7 @@ def test_cudagraph_dispatch_never_passes_over_full(scenario):
         assert got == (FULL, fits[0]), f"{where}: FULL keys {fits} fit, dispatch returned {got}"
 
 
+@pytest.mark.seed("000:modes")
 @MANY
 @given(scenarios(cascade=st.just(True)))
 def test_cudagraph_cascade_attention_never_gets_full(scenario):
@@ -228,6 +233,7 @@ def test_cudagraph_cascade_attention_never_gets_full(scenario):
         assert (got_mode, desc) == want, f"cascade batch of {n}, mode {mode.name}: got {got_mode.name} {desc}"
 
 
+@pytest.mark.seed("000:dispatcher")
 @MANY
 @given(scenarios())
 def test_cudagraph_dispatch_matches_independent_decision_table(scenario):
@@ -263,6 +269,7 @@ def test_cudagraph_check_invariants_hold_for_every_mode(sizes, max_num_seqs, q):
     assert dispatcher.capture_sizes == sorted(set(sizes)), f"{sizes} -> capture_sizes {dispatcher.capture_sizes}"
 
 
+@pytest.mark.seed("000:dispatcher")
 @given(
     sizes=CAPTURE_SIZES, max_num_seqs=st.integers(1, 16), mode=MODES, q=QUERY_LENS, before=MODES, q_before=QUERY_LENS
 )
@@ -281,6 +288,7 @@ def test_cudagraph_key_sets_match_independent_model(sizes, max_num_seqs, mode, q
             )
 
 
+@pytest.mark.seed("000:capture")
 @given(sizes=CAPTURE_SIZES, max_num_seqs=st.integers(1, 16), mode=MODES, q=QUERY_LENS)
 def test_cudagraph_capture_descs_order_and_cover_key_sets(sizes, max_num_seqs, mode, q):
     descs = make_dispatcher(sizes, max_num_seqs, mode, q).get_capture_descs()
@@ -294,6 +302,7 @@ def test_cudagraph_capture_descs_order_and_cover_key_sets(sizes, max_num_seqs, m
         assert set(listed) == want[m], f"{m.name}: captures {sorted(listed)}, key set {sorted(want[m])}"
 
 
+@pytest.mark.seed("000:modes")
 def test_cudagraph_mode_methods_match_definition_table():
     for mode, (decode, mixed) in ROUTINES.items():
         assert (mode.decode_mode(), mode.mixed_mode()) == (decode, mixed), f"{mode.name} routines"
@@ -343,26 +352,31 @@ def resolve_failures(check) -> list:
     return bad
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_result_is_runnable_by_backend():
     bad = resolve_failures(lambda inp, r: backend_can_run(r, inp[1], inp[2], inp[3]))
     assert not bad, f"resolve returned modes the backend cannot run: {bad}"
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_no_full_graphs_with_never_support():
     bad = resolve_failures(lambda inp, r: inp[1] != NEVER or FULL not in ROUTINES[r])
     assert not bad, f"FULL graphs with NEVER support: {bad}"
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_mixed_full_only_with_always():
     bad = resolve_failures(lambda inp, r: ROUTINES[r][1] != FULL or inp[1] == ALWAYS)
     assert not bad, f"a FULL mixed routine without ALWAYS support: {bad}"
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_no_piecewise_when_unavailable():
     bad = resolve_failures(lambda inp, r: inp[2] or PIECEWISE not in ROUTINES[r])
     assert not bad, f"piecewise graphs although piecewise_available=False: {bad}"
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_adds_no_full_graphs():
     bad = resolve_failures(lambda inp, r: FULL in ROUTINES[inp[0]] or FULL not in ROUTINES[r])
     assert not bad, f"FULL graphs that were not asked for: {bad}"
@@ -376,6 +390,7 @@ def test_cudagraph_resolve_is_idempotent():
     assert not bad, f"resolving the result again changes it: {bad}"
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_keeps_a_mode_the_backend_can_run():
     bad = resolve_failures(lambda inp, r: not backend_can_run(*inp) or r == inp[0])
     assert not bad, f"a runnable mode was changed: {bad}"

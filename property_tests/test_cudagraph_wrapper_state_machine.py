@@ -273,7 +273,7 @@ class CudagraphWrapperMachine(RuleBasedStateMachine):
         assert get_forward_context() is None, f"a forward context leaked: {get_forward_context()}"
 
 
-TestCudagraphWrapperStateMachine = CudagraphWrapperMachine.TestCase
+TestCudagraphWrapperStateMachine = pytest.mark.seed("000:wrapper")(CudagraphWrapperMachine.TestCase)
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,6 +318,7 @@ def cudagraph_eager_two_piece(x: torch.Tensor) -> torch.Tensor:
     return cudagraph_piece_out(torch.cumsum(cudagraph_piece_in(x), dim=0))
 
 
+@pytest.mark.seed("000:nested")
 def test_cudagraph_nested_wrappers_pass_through_each_others_steps():
     n = 4
     model = CudagraphTwoPieceModel(n)
@@ -353,6 +354,7 @@ def test_cudagraph_nested_wrappers_pass_through_each_others_steps():
     assert outputs[FULL] is not outputs[PIECEWISE]
 
 
+@pytest.mark.seed("000:nested")
 def test_cudagraph_piecewise_replay_refuses_fresh_tensor_between_pieces():
     n = 2
     model = CudagraphTwoPieceModel(n, fresh_between=True)

@@ -466,9 +466,10 @@ class PrefixCachingKVCacheManagerMachine(RuleBasedStateMachine):
         )
 
 
-Test_prefix_caching_KVCacheManager = PrefixCachingKVCacheManagerMachine.TestCase
+Test_prefix_caching_KVCacheManager = pytest.mark.seed("002:2.5", "002:2.4", "004:data", "004:algorithms")(PrefixCachingKVCacheManagerMachine.TestCase)
 
 
+@pytest.mark.seed("004:corner")
 @given(
     block_size=st.integers(1, 4),
     prompt=st.lists(ALPHABET, min_size=2, max_size=16),
@@ -590,7 +591,7 @@ class PrefixCachingFreeQueueMachine(RuleBasedStateMachine):
         assert (head, tail) == want, f"head/tail {(head, tail)} != model {want}"
 
 
-Test_prefix_caching_FreeKVCacheBlockQueue = PrefixCachingFreeQueueMachine.TestCase
+Test_prefix_caching_FreeKVCacheBlockQueue = pytest.mark.seed("002:2.2", "003:free_queue")(PrefixCachingFreeQueueMachine.TestCase)
 
 
 # ---------------------------------------------------------------------------------------
@@ -606,6 +607,7 @@ def _hashes(tokens: list[int], block_size: int, hash_fn=SHA256, lora=None, salt=
     return hash_request_tokens(hash_fn, block_size, _request("h", tokens, lora, salt))
 
 
+@pytest.mark.seed("002:1.1", "003:hash")
 @given(tokens=TOKENS.filter(bool), block_size=st.integers(1, 6), hash_fn=HASH_FNS)
 def test_prefix_caching_hash_count_is_full_blocks(tokens: list[int], block_size: int, hash_fn) -> None:
     hashes = _hashes(tokens, block_size, hash_fn)
@@ -618,6 +620,7 @@ def test_prefix_caching_hash_count_is_full_blocks(tokens: list[int], block_size:
         assert h.extra_keys is None, f"block {i}: extra keys {h.extra_keys} without lora or salt"
 
 
+@pytest.mark.seed("002:1.1", "002:1.2")
 @given(
     shared=TOKENS,
     tail_a=TOKENS,
@@ -643,6 +646,7 @@ def test_prefix_caching_hash_equal_iff_prefix_equal(
             )
 
 
+@pytest.mark.seed("002:1.2")
 @given(tokens=TOKENS, block_size=st.integers(1, 6), data=st.data())
 def test_prefix_caching_hash_changed_token_changes_block_and_all_later(
     tokens: list[int], block_size: int, data: st.DataObject
@@ -662,6 +666,7 @@ def test_prefix_caching_hash_changed_token_changes_block_and_all_later(
             )
 
 
+@pytest.mark.seed("002:1.2")
 @given(tokens=TOKENS.filter(bool), block_size=st.integers(1, 6), lora=st.sampled_from(["x", "y", "adapter"]))
 def test_prefix_caching_hash_lora_on_every_block(tokens: list[int], block_size: int, lora: str) -> None:
     plain, with_lora = _hashes(tokens, block_size), _hashes(tokens, block_size, lora=lora)
@@ -676,6 +681,7 @@ def test_prefix_caching_hash_lora_on_every_block(tokens: list[int], block_size: 
         assert with_lora[i].hash_value != other[i].hash_value, f"block {i}: loras {lora!r} and {lora + '2'!r} collide"
 
 
+@pytest.mark.seed("002:1.2")
 @given(tokens=TOKENS.filter(bool), block_size=st.integers(1, 6), salt=st.sampled_from(["x", "y", "tenant-7"]))
 def test_prefix_caching_hash_salt_first_block_only_changes_all(tokens: list[int], block_size: int, salt: str) -> None:
     plain, salted = _hashes(tokens, block_size), _hashes(tokens, block_size, salt=salt)
@@ -690,6 +696,7 @@ def test_prefix_caching_hash_salt_first_block_only_changes_all(tokens: list[int]
         assert salted[i].hash_value != other[i].hash_value, f"block {i}: salts {salt!r} and {salt + '2'!r} collide"
 
 
+@pytest.mark.seed("002:1.2")
 @given(tokens=TOKENS.filter(bool), block_size=st.integers(1, 6), name=st.sampled_from(["x", "shared"]))
 def test_prefix_caching_hash_lora_and_salt_of_same_name_differ(tokens: list[int], block_size: int, name: str) -> None:
     by_lora, by_salt = _hashes(tokens, block_size, lora=name), _hashes(tokens, block_size, salt=name)

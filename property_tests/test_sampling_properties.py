@@ -1,6 +1,7 @@
 """Hypothesis properties of the sampling modules (seed 001 ch. 10, 13)."""
 
 import torch
+import pytest
 from hypothesis import given, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -25,6 +26,7 @@ def added_update(params_list, outputs=None):
     return BatchUpdate(len(params_list), [], [(i, p, None, o) for i, (p, o) in enumerate(zip(params_list, outputs))], [])
 
 
+@pytest.mark.seed("001:9", "001:10")
 @given(rows=logit_rows, data=st.data())
 def test_min_p_never_changes_the_argmax(rows, data):
     logits = torch.tensor(rows)
@@ -37,6 +39,7 @@ def test_min_p_never_changes_the_argmax(rows, data):
     assert torch.equal(out.max(-1).values, logits.max(-1).values)
 
 
+@pytest.mark.seed("001:10")
 @given(rows=logit_rows, data=st.data())
 def test_logit_bias_changes_exactly_the_biased_entries_by_the_bias(rows, data):
     logits = torch.tensor(rows)
@@ -52,6 +55,7 @@ def test_logit_bias_changes_exactly_the_biased_entries_by_the_bias(rows, data):
     assert torch.allclose(diff, expected, atol=1e-5)
 
 
+@pytest.mark.seed("001:10")
 @given(data=st.data())
 def test_min_tokens_masks_stop_tokens_exactly_while_output_is_short(data):
     n = data.draw(st.integers(1, MAX))
@@ -122,7 +126,7 @@ class MinPBatchMachine(RuleBasedStateMachine):
             assert self.proc.min_p_count == sum(1 for m in self.live.values() if m)
 
 
-TestMinPCountMatchesRows = MinPBatchMachine.TestCase
+TestMinPCountMatchesRows = pytest.mark.seed("001:R2")(MinPBatchMachine.TestCase)
 
 
 @given(seed=st.integers(0, 2**31 - 1), others=st.integers(0, 4), temperature=st.sampled_from([0.5, 1.0, 2.0]))
@@ -142,6 +146,7 @@ def test_seeded_sampling_is_reproducible(seed, others, temperature):
     assert run(0) == run(others)
 
 
+@pytest.mark.seed("001:13")
 @given(
     budget=st.integers(0, 6),
     end_len=st.integers(1, 3),
@@ -170,6 +175,7 @@ def test_thinking_budget_thinks_exactly_budget_tokens_then_forces_end(budget, en
     assert out[k + budget : k + budget + end_len] == list(end)
 
 
+@pytest.mark.seed("001:R2")
 @given(data=st.data())
 def test_min_p_count_matches_rows_under_raw_updates_with_moves_onto_occupied_rows(data):
     """Hand-built BatchUpdates, including UNIDIRECTIONAL moves onto occupied rows (appendix R2)."""

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -589,7 +590,7 @@ class SchedulerStateMachine(RuleBasedStateMachine):
                 assert r.num_tokens == r.num_computed_tokens + 1, f"{r!r} after one sampled token"
 
 
-Test_scheduler_StateMachine = SchedulerStateMachine.TestCase
+Test_scheduler_StateMachine = pytest.mark.seed("002:opening")(SchedulerStateMachine.TestCase)
 
 
 # ---------------------------------------------------------------------------------------
@@ -613,6 +614,7 @@ def scheduler_workloads(draw: st.DrawFn) -> tuple[Setup, list[tuple[int, Request
     return setup, sorted(specs, key=lambda arrival_spec: arrival_spec[0])
 
 
+@pytest.mark.seed("002:opening")
 @given(workload=scheduler_workloads())
 def test_scheduler_outputs_equal_the_model_run_alone(workload: tuple[Setup, list[tuple[int, RequestSpec]]]) -> None:
     """Whatever the batching, chunking and preemption, each request's outputs and finish

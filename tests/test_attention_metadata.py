@@ -26,6 +26,7 @@ SCHEDULED = [5, 1, 2]
 BLOCKS = [[3, 7], [1, 2], [0, 5]]
 
 
+@pytest.mark.seed("003:memory")
 def test_builders_on_a_mixed_batch():
     assert compute_query_start_loc(SCHEDULED) == [0, 5, 6, 8]
     assert compute_seq_lens(COMPUTED, SCHEDULED) == [5, 7, 6]
@@ -60,6 +61,7 @@ def test_build_attention_metadata_with_padding():
         md.max_query_len = 3  # frozen
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_build_attention_metadata_pads_requests_for_a_full_cudagraph():
     """A FULL graph fixes the request count too: two padded requests with no tokens,
     seq_len 0 and an all-PAD block-table row (attention_metadata.py NOTE 1)."""

@@ -8,6 +8,7 @@ from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDi
 from tinyvllm.sampling_params import SamplingParams
 
 
+@pytest.mark.seed("001:8", "001:U2")
 def test_removed_is_descending_and_pop_takes_lowest_u2():
     # Appendix U2.2: holes registered as 7, 3, 5 are handed out 3, 5, 7.
     builder = BatchUpdateBuilder()
@@ -20,6 +21,7 @@ def test_removed_is_descending_and_pop_takes_lowest_u2():
     assert builder.peek_removed() is None
 
 
+@pytest.mark.seed("001:8")
 def test_removed_append_after_read_raises():
     builder = BatchUpdateBuilder()
     builder.removed_append(2)
@@ -28,6 +30,7 @@ def test_removed_append_after_read_raises():
         builder.removed_append(4)
 
 
+@pytest.mark.seed("001:8")
 @pytest.mark.parametrize("reader", ["peek_removed", "pop_removed"])
 def test_removed_append_after_peek_or_pop_raises(reader):
     builder = BatchUpdateBuilder()
@@ -37,6 +40,7 @@ def test_removed_append_after_peek_or_pop_raises(reader):
         builder.removed_append(0)
 
 
+@pytest.mark.seed("001:8")
 def test_append_allowed_again_after_get_and_reset():
     builder = BatchUpdateBuilder()
     builder.removed_append(1)
@@ -47,10 +51,12 @@ def test_append_allowed_again_after_get_and_reset():
     assert update is not None and list(update.removed) == [3]
 
 
+@pytest.mark.seed("001:8")
 def test_get_and_reset_none_when_nothing_changed():
     assert BatchUpdateBuilder().get_and_reset(5) is None
 
 
+@pytest.mark.seed("001:8", "001:U2")
 def test_get_and_reset_snapshot_is_frozen_and_independent():
     builder = BatchUpdateBuilder()
     params = SamplingParams()
@@ -69,6 +75,7 @@ def test_get_and_reset_snapshot_is_frozen_and_independent():
         update.batch_size = 7
 
 
+@pytest.mark.seed("001:8")
 def test_reset_reports_batch_changed():
     builder = BatchUpdateBuilder()
     assert builder.reset() is False
@@ -80,6 +87,7 @@ def test_reset_reports_batch_changed():
     assert builder.reset() is True
 
 
+@pytest.mark.seed("001:7")
 def test_added_output_list_is_a_live_reference():
     builder = BatchUpdateBuilder()
     out = [5]
@@ -90,5 +98,6 @@ def test_added_output_list_is_a_live_reference():
     assert update.added[0][3] is out
 
 
+@pytest.mark.seed("001:7")
 def test_move_directionality_members():
     assert {m.name for m in MoveDirectionality} == {"UNIDIRECTIONAL", "SWAP"}

@@ -23,6 +23,7 @@ S = AttentionCGSupport
 # -- "CudagraphModes": single modes and the two dual modes ----------------------------------
 
 
+@pytest.mark.seed("000:modes")
 @pytest.mark.parametrize(
     "mode, decode, mixed, separate",
     [
@@ -37,11 +38,13 @@ def test_cudagraph_mode_routines(mode, decode, mixed, separate):
     assert (mode.decode_mode(), mode.mixed_mode(), mode.separate_routine()) == (decode, mixed, separate)
 
 
+@pytest.mark.seed("000:modes")
 def test_cudagraph_mode_values_are_vllms():
     assert [m.value for m in M] == [0, 1, 2, (2, 0), (2, 1)]
     assert M.valid_runtime_modes() == frozenset({M.NONE, M.PIECEWISE, M.FULL})
 
 
+@pytest.mark.seed("000:modes")
 @pytest.mark.parametrize(
     "mode, has_full, has_piecewise",
     [
@@ -60,6 +63,7 @@ def test_cudagraph_mode_has_mode(mode, has_full, has_piecewise):
         mode.has_mode(M.FULL_AND_PIECEWISE)
 
 
+@pytest.mark.seed("000:descriptor")
 def test_cudagraph_batch_descriptor_defaults_and_hashing():
     desc = BatchDescriptor(8)
     assert desc == (8, None, False, False)
@@ -70,11 +74,13 @@ def test_cudagraph_batch_descriptor_defaults_and_hashing():
 # -- padding -----------------------------------------------------------------------------------
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_pad_to_capture_size():
     sizes = [1, 2, 4, 8, 16]
     assert [pad_to_capture_size(n, sizes) for n in (1, 3, 4, 5, 16, 17)] == [1, 4, 4, 8, 16, None]
 
 
+@pytest.mark.seed("000:usage")
 def test_cudagraph_default_capture_sizes_are_vllms():
     sizes = default_capture_sizes(512)
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
@@ -91,6 +97,7 @@ def keys(mode, sizes=(1, 2, 4, 8), max_num_seqs=4, q=1):
     return d, d.cudagraph_keys[M.PIECEWISE], d.cudagraph_keys[M.FULL]
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_keys_full_and_piecewise():
     _, piecewise, full = keys(M.FULL_AND_PIECEWISE)
     assert piecewise == {BatchDescriptor(n) for n in (1, 2, 4, 8)}  # num_reqs=None, uniform=False
@@ -98,12 +105,14 @@ def test_cudagraph_keys_full_and_piecewise():
     assert full == {BatchDescriptor(n, n, uniform=True) for n in (1, 2, 4)}
 
 
+@pytest.mark.seed("000:dispatcher", "000:descriptor")
 def test_cudagraph_keys_full_mixed_carry_the_request_count():
     _, piecewise, full = keys(M.FULL)
     assert piecewise == set()
     assert full == {BatchDescriptor(1, 1), BatchDescriptor(2, 2), BatchDescriptor(4, 4), BatchDescriptor(8, 4)}
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_keys_full_decode_only_and_spec_decode_query_len():
     _, piecewise, full = keys(M.FULL_DECODE_ONLY)
     assert piecewise == set() and full == {BatchDescriptor(n, n, uniform=True) for n in (1, 2, 4)}
@@ -112,6 +121,7 @@ def test_cudagraph_keys_full_decode_only_and_spec_decode_query_len():
     assert full == {BatchDescriptor(n, n // 2, uniform=True) for n in (2, 4, 6, 8)}
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_keys_none_and_piecewise():
     _, piecewise, full = keys(M.NONE)
     assert piecewise == set() and full == set()
@@ -119,6 +129,7 @@ def test_cudagraph_keys_none_and_piecewise():
     assert piecewise == {BatchDescriptor(n) for n in (1, 2, 4, 8)} and full == set()
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_dispatcher_sizes_sorted_unique_and_checked():
     d = CudagraphDispatcher([8, 2, 4, 2, 1], 4)
     assert d.capture_sizes == [1, 2, 4, 8]
@@ -132,6 +143,7 @@ def test_cudagraph_dispatcher_sizes_sorted_unique_and_checked():
 # -- dispatch: FULL > PIECEWISE > NONE --------------------------------------------------------
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_dispatch_priority_and_padding():
     d, _, _ = keys(M.FULL_AND_PIECEWISE)
     assert d.dispatch(3, uniform_decode=True) == (M.FULL, BatchDescriptor(4, 4, uniform=True))
@@ -140,18 +152,21 @@ def test_cudagraph_dispatch_priority_and_padding():
     assert d.dispatch(9) == (M.NONE, BatchDescriptor(9))  # past the largest size: eager, unpadded
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_dispatch_uniform_batch_may_take_a_mixed_full_graph():
     d, _, _ = keys(M.FULL)
     assert d.dispatch(3, uniform_decode=True) == (M.FULL, BatchDescriptor(4, 4))
     assert d.dispatch(6) == (M.FULL, BatchDescriptor(8, 4))
 
 
+@pytest.mark.seed("000:modes", "000:dispatcher")
 def test_cudagraph_dispatch_full_decode_only_runs_mixed_batches_eagerly():
     d, _, _ = keys(M.FULL_DECODE_ONLY)
     assert d.dispatch(2, uniform_decode=True) == (M.FULL, BatchDescriptor(2, 2, uniform=True))
     assert d.dispatch(2) == (M.NONE, BatchDescriptor(2))
 
 
+@pytest.mark.seed("000:modes")
 def test_cudagraph_dispatch_cascade_attention_never_gets_full():
     d, _, _ = keys(M.FULL_AND_PIECEWISE)
     assert d.dispatch(2, uniform_decode=True, use_cascade_attn=True) == (M.PIECEWISE, BatchDescriptor(2))
@@ -159,6 +174,7 @@ def test_cudagraph_dispatch_cascade_attention_never_gets_full():
     assert d.dispatch(2, use_cascade_attn=True) == (M.NONE, BatchDescriptor(2))
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_dispatch_mode_none_and_uninitialised():
     d = CudagraphDispatcher([1, 2, 4], 4)
     assert d.dispatch(3, uniform_decode=True) == (M.NONE, BatchDescriptor(3))  # keys not initialised
@@ -171,6 +187,7 @@ def test_cudagraph_dispatch_mode_none_and_uninitialised():
 # -- capture order -----------------------------------------------------------------------------
 
 
+@pytest.mark.seed("000:capture")
 def test_cudagraph_capture_descs_piecewise_first_largest_first():
     d, _, _ = keys(M.FULL_AND_PIECEWISE)
     assert d.get_capture_descs() == [
@@ -212,10 +229,12 @@ def test_cudagraph_capture_descs_piecewise_first_largest_first():
         (M.NONE, S.NEVER, False, 1, M.NONE),
     ],
 )
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_mode_downgrade_table(mode, support, piecewise, q, expected):
     assert resolve_cudagraph_mode(mode, support, piecewise, q) == expected
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_resolve_mode_logs_one_line_per_downgrade(caplog):
     with caplog.at_level(logging.WARNING, logger="tinyvllm.worker.cudagraph_dispatcher"):
         assert resolve_cudagraph_mode(M.FULL, S.UNIFORM_BATCH) == M.FULL_AND_PIECEWISE

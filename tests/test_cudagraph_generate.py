@@ -51,6 +51,7 @@ def check_clean(llm):
     llm.engine.model_runner.input_batch.check_invariants()
 
 
+@pytest.mark.seed("000:cgsupport", "000:usage")
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 @pytest.mark.parametrize("mode", MODES)
 def test_cudagraph_reference_backend_equals_eager_and_downgrades(tiny_model_dirs, family, mode):
@@ -78,6 +79,7 @@ EXPECTED_TRITON_STEPS = {  # which runtime modes must really happen on this work
 }
 
 
+@pytest.mark.seed("000:nested", "000:capture")
 @pytest.mark.parametrize("mode", MODES)
 def test_cudagraph_triton_backend_equals_eager_with_real_full_and_piecewise_steps(tiny_model_dirs, mode):
     folder = tiny_model_dirs["qwen3"]
@@ -93,6 +95,7 @@ def test_cudagraph_triton_backend_equals_eager_with_real_full_and_piecewise_step
     check_clean(llm)
 
 
+@pytest.mark.seed("000:nested")
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_cudagraph_triton_full_and_piecewise_other_families(tiny_model_dirs, family):
     folder = tiny_model_dirs[family]
@@ -106,6 +109,7 @@ def test_cudagraph_triton_matches_reference_backend(tiny_model_dirs):
     assert eager_tokens(folder, "triton") == eager_tokens(folder, "reference")
 
 
+@pytest.mark.seed("000:capture")
 def test_cudagraph_seeded_sampling_is_the_same_under_graphs(tiny_model_dirs):
     folder = str(tiny_model_dirs["qwen3"])
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=6, seed=11, ignore_eos=True)
@@ -118,6 +122,7 @@ def test_cudagraph_seeded_sampling_is_the_same_under_graphs(tiny_model_dirs):
     assert results[0] == results[1]
 
 
+@pytest.mark.seed("000:capture")
 def test_cudagraph_capture_writes_nothing_to_the_kv_cache(tiny_model_dirs):
     """Capture runs dummy batches whose KV writes all go to PAD_SLOT_ID."""
     llm = LLM(str(tiny_model_dirs["qwen3"]), attention_backend="triton",
@@ -132,6 +137,7 @@ def test_cudagraph_capture_writes_nothing_to_the_kv_cache(tiny_model_dirs):
     assert runner.cudagraph_stats == {}  # dummy runs are not steps
 
 
+@pytest.mark.seed("000:capture")
 def test_cudagraph_replay_catches_a_runner_that_builds_fresh_tensors(tiny_model_dirs, monkeypatch):
     """The bug that is silent on a GPU: handing the graph new tensors instead of writing the
     persistent buffers. The emulated FULL graph names the argument."""
@@ -151,6 +157,7 @@ def test_cudagraph_replay_catches_a_runner_that_builds_fresh_tensors(tiny_model_
         llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_cudagraph_reference_backend_cannot_be_captured_whole(tiny_model_dirs, monkeypatch):
     """Why the reference backend declares NEVER: forced into a FULL graph, its host reads
     fail at capture, as they would on a GPU."""
@@ -165,6 +172,7 @@ def test_cudagraph_reference_backend_cannot_be_captured_whole(tiny_model_dirs, m
             compilation_config={"cudagraph_mode": "FULL", "cudagraph_capture_sizes": [2]}, **ENGINE)  # fmt: skip
 
 
+@pytest.mark.seed("000:usage")
 def test_cudagraph_api_defaults_and_enforce_eager(tiny_model_dirs, caplog):
     folder = str(tiny_model_dirs["qwen3"])
     llm = LLM(folder, **ENGINE)
@@ -180,6 +188,7 @@ def test_cudagraph_api_defaults_and_enforce_eager(tiny_model_dirs, caplog):
     assert llm.engine.model_runner.dispatcher.capture_sizes == [1]
 
 
+@pytest.mark.seed("000:usage")
 @pytest.mark.parametrize(
     "config, message",
     [
@@ -204,6 +213,7 @@ def test_cudagraph_compilation_config_and_enforce_eager_of_the_wrong_type_are_ty
         LLM(str(tiny_model_dirs["qwen3"]), enforce_eager="yes", **ENGINE)
 
 
+@pytest.mark.seed("000:dispatcher")
 def test_cudagraph_padding_rows_do_not_change_real_rows(tiny_model_dirs):
     """A batch run padded (as under a graph) and unpadded gives the same hidden states for
     the real rows: padding rows belong to no request."""
@@ -230,6 +240,7 @@ def test_cudagraph_padding_rows_do_not_change_real_rows(tiny_model_dirs):
         assert not padded[:, ~written].any(), "padding rows wrote to the KV cache"
 
 
+@pytest.mark.seed("000:usage")
 def test_cudagraph_capture_sizes_are_limited_by_what_a_step_can_hold():
     from tinyvllm.config import CompilationConfig
     from tinyvllm.worker.model_runner import resolve_capture_sizes

@@ -45,6 +45,7 @@ def run_recording_logits(folder, mode, dtype, **kw):
     return llm, [o.outputs[0].token_ids for o in outs], logits_per_step
 
 
+@pytest.mark.seed("000:motivation", "000:capture")
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_cudagraph_float32_tokens_and_logits_equal_eager(tiny_model_dirs, family, mode):
@@ -85,6 +86,7 @@ def test_gpu_cudagraph_replay_refuses_fresh_tensors(tiny_model_dirs, monkeypatch
         llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
 
 
+@pytest.mark.seed("000:capture")
 def test_gpu_cudagraph_memory_is_counted_in_the_kv_budget(tiny_model_dirs):
     folder = str(tiny_model_dirs["qwen3"])
     common = dict(dtype="float32", device="cuda", max_model_len=256, attention_backend="triton",

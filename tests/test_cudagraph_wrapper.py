@@ -37,6 +37,7 @@ class Counting:
         return x * params.weight + params.bias
 
 
+@pytest.mark.seed("000:wrapper")
 def test_cudagraph_forward_context_nests_and_validates():
     assert get_forward_context() is None
     with set_forward_context(M.FULL, D4) as outer:
@@ -53,6 +54,7 @@ def test_cudagraph_forward_context_nests_and_validates():
             pass
 
 
+@pytest.mark.seed("000:wrapper")
 def test_cudagraph_wrapper_binds_a_single_graph_mode():
     for mode in (M.NONE, M.FULL_AND_PIECEWISE):
         with pytest.raises(ValueError, match="PIECEWISE or FULL"):
@@ -62,6 +64,7 @@ def test_cudagraph_wrapper_binds_a_single_graph_mode():
             CUDAGraphWrapper(Counting(), M.FULL)
 
 
+@pytest.mark.seed("000:wrapper")
 def test_cudagraph_wrapper_passes_through_without_its_mode():
     fn = Counting()
     wrapper = CUDAGraphWrapper(fn, M.FULL, emulate=True)
@@ -73,6 +76,7 @@ def test_cudagraph_wrapper_passes_through_without_its_mode():
     assert wrapper.entries == {} and fn.calls == 3
 
 
+@pytest.mark.seed("000:wrapper")
 def test_cudagraph_wrapper_captures_then_replays_on_the_captured_buffers():
     fn = Counting()
     wrapper = CUDAGraphWrapper(fn, M.PIECEWISE, emulate=True)
@@ -89,6 +93,7 @@ def test_cudagraph_wrapper_captures_then_replays_on_the_captured_buffers():
     wrapper.check_invariants()
 
 
+@pytest.mark.seed("000:wrapper")
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -130,6 +135,7 @@ def test_cudagraph_describe_arguments_flattens_structures():
     assert sig["arg['a'][1]"] == ("value", 3)
 
 
+@pytest.mark.seed("000:wrapper")
 def test_cudagraph_emulated_capture_forbids_host_reads():
     def syncs(x):
         return x[x > 0]  # boolean mask: the output shape depends on the values
@@ -151,6 +157,7 @@ def test_cudagraph_emulated_capture_forbids_host_reads():
     assert total.tolist() == [6.0]  # restored on exit
 
 
+@pytest.mark.seed("000:nested")
 def test_cudagraph_nested_wrappers_full_outer_piecewise_inner():
     """The seed's nested design: in a FULL step the pieces pass through, in a PIECEWISE step
     the outer wrapper does, with NONE both do."""

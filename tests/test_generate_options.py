@@ -112,6 +112,7 @@ def test_llm_builds_the_reasoning_config_from_the_tokenizer(folder):
     assert LLM(folder, reasoning_config=given, **ENGINE).config.reasoning_config == given  # a given one wins
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_forces_the_end_token_with_the_tokenizer_config(folder):
     llm = LLM(folder, **ENGINE)
     (start,), (end,) = llm.config.reasoning_config.reasoning_start_token_ids, llm.config.reasoning_config.reasoning_end_token_ids
@@ -173,6 +174,7 @@ def procs_module(tmp_path_factory):
         yield importlib.import_module(PROCS_MODULE)
 
 
+@pytest.mark.seed("001:11")
 @pytest.mark.parametrize("how", ["class", "fqcn"])
 def test_logits_processors_take_effect(folder, procs_module, how):
     spec = procs_module.Outer.ForceToken if how == "class" else f"{PROCS_MODULE}:Outer.ForceToken"

@@ -15,6 +15,7 @@ from tinyvllm.worker.kv_cache import (
 )
 
 
+@pytest.mark.seed("003:memory")
 def test_kv_cache_bytes_per_block_matches_seed003_example():
     # Seed 003: block 16, 2 KV heads, head size 128, fp16 -> 16*2*128*2 bytes for K, as much for V.
     assert bytes_per_block(1, 16, 2, 128, torch.float16) == 2 * 16 * 2 * 128 * 2
@@ -22,6 +23,7 @@ def test_kv_cache_bytes_per_block_matches_seed003_example():
     assert bytes_per_block(2, 16, 2, 16, torch.float32) == 8192  # the tiny test models
 
 
+@pytest.mark.seed("003:memory")
 def test_kv_cache_blocks_from_budget_are_capped_by_what_can_be_used():
     per_block = 8192
     assert num_blocks_from_budget(10 * per_block + 5, per_block, 16, 1024, 256) == 10
@@ -52,6 +54,7 @@ def test_kv_cache_available_cpu_memory_is_read_from_the_machine(monkeypatch):
     assert fallback is not None and 0 < fallback
 
 
+@pytest.mark.seed("003:memory")
 def test_kv_cache_one_tensor_per_layer_in_seed003_shape():
     caches = allocate_kv_caches(3, 5, 4, 2, 8, torch.float16, "cpu")
     assert len(caches) == 3 and len({c.data_ptr() for c in caches}) == 3

@@ -21,6 +21,7 @@ def layer_cache(num_blocks, block_size, num_kv_heads, head_size, dtype):
     return kv, kv[0], kv[1]
 
 
+@pytest.mark.seed("003:memory")
 @pytest.mark.parametrize("writer", WRITERS)
 def test_slot_is_block_times_block_size_plus_offset(writer):
     kv, kc, vc = layer_cache(4, 4, 2, 16, torch.float32)
@@ -34,6 +35,7 @@ def test_slot_is_block_times_block_size_plus_offset(writer):
     assert (kv[:, ~written] == 7).all(), "the padding row or an unnamed slot was written"
 
 
+@pytest.mark.seed("003:memory")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("num_kv_heads", [1, 3])
 def test_triton_matches_torch(dtype, num_kv_heads):

@@ -72,6 +72,7 @@ def test_full_prefill_matches_transformers_at_every_position(folders, hf_models,
     assert all(c[:, unused].isnan().all() for c in caches), "the forward wrote outside the request's blocks"
 
 
+@pytest.mark.seed("002:opening", "003:memory")
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_chunked_prefill_and_decode_in_one_batch_match_transformers(folders, hf_models, family):
     model = load_model(folders[family])
@@ -149,6 +150,7 @@ def test_load_model_dtype_tied_weights_and_float32_rotary(folders):
     assert model.compute_logits(hidden).dtype == torch.float32
 
 
+@pytest.mark.seed("003:memory")
 def test_kv_cache_shape(folders):
     model = load_model(folders["qwen3"])
     assert kv_cache_shape(model.spec, 10, 16) == (2, 10, 16, 2, 16)

@@ -89,6 +89,7 @@ def types_of(procs):
     return [type(p) for p in procs.all]
 
 
+@pytest.mark.seed("001:11", "001:Q")
 def test_normal_mode_builds_builtins_then_entry_point_plugin(fake_entry_points):
     asked = fake_entry_points([_FakeEntryPoint("dummy", DummyLogitsProcessor)])
     procs = build_logitsprocs(CONFIG, CPU, False, is_pooling_model=False)
@@ -98,6 +99,7 @@ def test_normal_mode_builds_builtins_then_entry_point_plugin(fake_entry_points):
     assert procs.argmax_invariant[1].max_num_seqs == 4
 
 
+@pytest.mark.seed("001:11")
 def test_fqcn_class_and_nested_qualname(fake_entry_points):
     fake_entry_points([])
     procs = build_logitsprocs(CONFIG, CPU, False, False, [f"{MODULE}:Outer.Inner", DummyLogitsProcessor])
@@ -105,12 +107,14 @@ def test_fqcn_class_and_nested_qualname(fake_entry_points):
     assert len(types_of(procs)) == 5
 
 
+@pytest.mark.seed("001:11", "001:Q")
 def test_plugins_load_before_fqcns(fake_entry_points):
     fake_entry_points([_FakeEntryPoint("inner", Outer.Inner)])
     procs = build_logitsprocs(CONFIG, CPU, False, False, [DummyLogitsProcessor])
     assert types_of(procs)[:3] == [MinPLogitsProcessor, Outer.Inner, DummyLogitsProcessor]
 
 
+@pytest.mark.seed("001:11")
 @pytest.mark.parametrize("fqcn", ["no_colon_here", ":Dummy", f"{MODULE}:", f"{MODULE}:A:B"])
 def test_malformed_fqcn_raises_value_error(fake_entry_points, fqcn):
     fake_entry_points([])
@@ -118,12 +122,14 @@ def test_malformed_fqcn_raises_value_error(fake_entry_points, fqcn):
         build_logitsprocs(CONFIG, CPU, False, False, [fqcn])
 
 
+@pytest.mark.seed("001:11")
 def test_fqcn_of_non_type_raises(fake_entry_points):
     fake_entry_points([])
     with pytest.raises(ValueError, match="must name a class"):
         build_logitsprocs(CONFIG, CPU, False, False, [f"{MODULE}:NOT_A_TYPE"])
 
 
+@pytest.mark.seed("001:11")
 def test_fqcn_of_non_subclass_raises(fake_entry_points):
     fake_entry_points([])
     with pytest.raises(ValueError, match="NotAProcessor is not a subclass of LogitsProcessor"):
@@ -132,12 +138,14 @@ def test_fqcn_of_non_subclass_raises(fake_entry_points):
         build_logitsprocs(CONFIG, CPU, False, False, [NotAProcessor])
 
 
+@pytest.mark.seed("001:11")
 def test_fqcn_missing_attribute_raises(fake_entry_points):
     fake_entry_points([])
     with pytest.raises(ValueError, match="'Missing' not found"):
         build_logitsprocs(CONFIG, CPU, False, False, [f"{MODULE}:Outer.Missing"])
 
 
+@pytest.mark.seed("001:11")
 def test_fqcn_import_failure_raises_runtime_error(fake_entry_points):
     fake_entry_points([])
     with pytest.raises(RuntimeError, match="no_such_module_xyz") as info:
@@ -145,6 +153,7 @@ def test_fqcn_import_failure_raises_runtime_error(fake_entry_points):
     assert isinstance(info.value.__cause__, ModuleNotFoundError)
 
 
+@pytest.mark.seed("001:11")
 def test_entry_point_load_failure_raises_runtime_error(fake_entry_points):
     fake_entry_points([_FakeEntryPoint("broken", error=ImportError("boom"))])
     with pytest.raises(RuntimeError, match="'broken'") as info:
@@ -152,12 +161,14 @@ def test_entry_point_load_failure_raises_runtime_error(fake_entry_points):
     assert "boom" in str(info.value.__cause__)
 
 
+@pytest.mark.seed("001:11")
 def test_entry_point_of_non_subclass_raises(fake_entry_points):
     fake_entry_points([_FakeEntryPoint("bad", NotAProcessor)])
     with pytest.raises(ValueError, match="plugin 'bad'"):
         build_logitsprocs(CONFIG, CPU, False, False)
 
 
+@pytest.mark.seed("001:11", "001:Q")
 def test_pooling_mode_has_no_processors_and_rejects_custom(fake_entry_points):
     fake_entry_points([_FakeEntryPoint("dummy", DummyLogitsProcessor)])
     assert types_of(build_logitsprocs(CONFIG, CPU, False, is_pooling_model=True)) == []
@@ -173,6 +184,7 @@ class _SpecConfig:
     speculative_config: object
 
 
+@pytest.mark.seed("001:11", "001:Q")
 def test_spec_decode_mode_keeps_min_tokens_only(fake_entry_points):
     fake_entry_points([_FakeEntryPoint("dummy", DummyLogitsProcessor)])
     config = _SpecConfig(SchedulerConfig(max_num_seqs=4), speculative_config={"num_speculative_tokens": 2})
@@ -181,6 +193,7 @@ def test_spec_decode_mode_keeps_min_tokens_only(fake_entry_points):
         build_logitsprocs(config, CPU, False, False, [DummyLogitsProcessor])
 
 
+@pytest.mark.seed("001:11")
 def test_validate_parameters_asks_custom_processors(fake_entry_points):
     fake_entry_points([])
     validate_logits_processors_parameters([DummyLogitsProcessor], SamplingParams(extra_args={"x": 1}))
@@ -189,6 +202,7 @@ def test_validate_parameters_asks_custom_processors(fake_entry_points):
     validate_logits_processors_parameters(None, SamplingParams(extra_args={"x": -1}))  # no custom processors
 
 
+@pytest.mark.seed("001:Q")
 def test_validate_parameters_caches_loading(fake_entry_points, monkeypatch):
     fake_entry_points([])
     validate_logits_processors_parameters([f"{MODULE}:DummyLogitsProcessor"], SamplingParams())
@@ -197,6 +211,7 @@ def test_validate_parameters_caches_loading(fake_entry_points, monkeypatch):
     assert cached_load_custom_logitsprocs.cache_info().hits == hits + 1
 
 
+@pytest.mark.seed("001:11")
 def test_fqcn_loads_a_module_installed_at_run_time(fake_entry_points, monkeypatch):
     fake_entry_points([])
     module = types.ModuleType("tvllm_fake_plugin_pkg")

@@ -38,6 +38,7 @@ def bias_state(params, _prompt, _out):
 
 # ---- appendix N: the five process_dict_updates scenarios -------------------------------
 
+@pytest.mark.seed("001:N", "001:10")
 def test_process_dict_updates_n1_added_with_bias():
     biases = {}
     changed = process_dict_updates(biases, update(1, added=[added(0, logit_bias={100: 0.5, 200: -0.3})]), bias_state)
@@ -50,30 +51,35 @@ def test_process_dict_updates_n1_added_with_bias():
     assert proc.bias_tensor.tolist() == pytest.approx([0.5, -0.3])
 
 
+@pytest.mark.seed("001:N")
 def test_process_dict_updates_n2_removed():
     biases = {0: {100: 0.5}, 1: {200: -0.3}}
     assert process_dict_updates(biases, update(1, removed=[1]), bias_state)
     assert biases == {0: {100: 0.5}}
 
 
+@pytest.mark.seed("001:N")
 def test_process_dict_updates_n3_swap():
     biases = {0: {100: 0.5}, 1: {200: -0.3}}
     assert process_dict_updates(biases, update(2, moved=[(0, 1, SWAP)]), bias_state)
     assert biases == {0: {200: -0.3}, 1: {100: 0.5}}
 
 
+@pytest.mark.seed("001:N")
 def test_process_dict_updates_n4_unidirectional():
     biases = {0: {100: 0.5}, 2: {300: 0.8}}
     assert process_dict_updates(biases, update(3, moved=[(0, 1, UNI)]), bias_state)
     assert biases == {1: {100: 0.5}, 2: {300: 0.8}}
 
 
+@pytest.mark.seed("001:N")
 def test_process_dict_updates_n5_new_request_without_bias_clears_row():
     biases = {0: {100: 0.5}}
     assert process_dict_updates(biases, update(1, added=[added(0)]), bias_state)
     assert biases == {}
 
 
+@pytest.mark.seed("001:10")
 def test_process_dict_updates_no_change_returns_false():
     biases = {0: {1: 1.0}}
     assert process_dict_updates(biases, None, bias_state) is False
@@ -82,6 +88,7 @@ def test_process_dict_updates_no_change_returns_false():
     assert biases == {0: {1: 1.0}}
 
 
+@pytest.mark.seed("001:10", "001:7")
 def test_process_dict_updates_removed_before_added_on_same_row():
     # Our order is removed -> added -> moved: a row listed in both ends with the newcomer.
     biases = {1: {7: 1.0}}
@@ -91,6 +98,7 @@ def test_process_dict_updates_removed_before_added_on_same_row():
 
 # ---- container --------------------------------------------------------------------------
 
+@pytest.mark.seed("001:9")
 def test_container_splits_by_argmax_invariance():
     procs = [cls(CONFIG, CPU, False) for cls in BUILTIN_LOGITS_PROCESSORS]
     container = LogitsProcessors(procs)
@@ -102,6 +110,7 @@ def test_container_splits_by_argmax_invariance():
 
 # ---- MinP (ch. 10.1, appendix R2) ---------------------------------------------------------
 
+@pytest.mark.seed("001:10")
 def test_min_p_masks_below_scaled_max_probability():
     proc = MinPLogitsProcessor(CONFIG, CPU, False)
     proc.update_state(update(2, added=[added(0, min_p=0.3), added(1)]))
@@ -113,6 +122,7 @@ def test_min_p_masks_below_scaled_max_probability():
     proc.check_invariants()
 
 
+@pytest.mark.seed("001:R2")
 def test_min_p_r2_count_matches_rows():
     # Appendix R2: rows [0.1, 0.0, 0.05]; then remove 1, add min_p 0.2 at 1 and 0 at 3,
     # move 2 -> 3 one way. The document's walkthrough ends with count 1 and row 1 empty;
@@ -127,6 +137,7 @@ def test_min_p_r2_count_matches_rows():
     proc.check_invariants()
 
 
+@pytest.mark.seed("001:R2", "001:10")
 def test_min_p_unidirectional_move_onto_equal_value_clears_source():
     # Both rows hold the same min_p: the listing in the document skips the move (the
     # values compare equal) and leaves the source row set; ours empties it.
@@ -138,6 +149,7 @@ def test_min_p_unidirectional_move_onto_equal_value_clears_source():
     proc.check_invariants()
 
 
+@pytest.mark.seed("001:10")
 def test_min_p_swap_and_removal_keep_count():
     proc = MinPLogitsProcessor(CONFIG, CPU, False)
     proc.update_state(update(3, added=[added(0, min_p=0.1), added(1), added(2, min_p=0.2)]))
@@ -148,6 +160,7 @@ def test_min_p_swap_and_removal_keep_count():
     proc.check_invariants()
 
 
+@pytest.mark.seed("001:10")
 def test_min_p_fast_path_returns_logits_untouched():
     proc = MinPLogitsProcessor(CONFIG, CPU, False)
     proc.update_state(update(1, added=[added(0)]))
@@ -157,6 +170,7 @@ def test_min_p_fast_path_returns_logits_untouched():
 
 # ---- LogitBias (ch. 10.2, appendix S2) ----------------------------------------------------
 
+@pytest.mark.seed("001:S2", "001:10")
 def test_logit_bias_s2_index_tensors_and_apply():
     proc = LogitBiasLogitsProcessor(CONFIG, CPU, False)
     proc.update_state(update(3, added=[added(0, logit_bias={100: 0.5, 200: -0.3}), added(1), added(2, logit_bias={50: 1.0})]))
@@ -170,6 +184,7 @@ def test_logit_bias_s2_index_tensors_and_apply():
     assert torch.allclose(out, expected)
 
 
+@pytest.mark.seed("001:10")
 def test_logit_bias_follows_moves():
     proc = LogitBiasLogitsProcessor(CONFIG, CPU, False)
     proc.update_state(update(2, added=[added(0, logit_bias={3: 1.0}), added(1)]))
@@ -180,6 +195,7 @@ def test_logit_bias_follows_moves():
 
 # ---- MinTokens (ch. 10.3) ---------------------------------------------------------------
 
+@pytest.mark.seed("001:10")
 def test_min_tokens_masks_until_output_reaches_min_tokens():
     proc = MinTokensLogitsProcessor(CONFIG, CPU, False)
     out = [11]
@@ -196,6 +212,7 @@ def test_min_tokens_masks_until_output_reaches_min_tokens():
     assert not torch.isinf(proc.apply(torch.zeros(2, 6))).any()
 
 
+@pytest.mark.seed("001:10")
 def test_min_tokens_apply_with_spec_decode_docstring_layout():
     # num_draft_tokens [2, 3, 1]: request 0 owns rows 0-1, request 1 rows 2-4, request 2 row 5.
     proc = MinTokensLogitsProcessor(CONFIG, CPU, False)
@@ -239,6 +256,7 @@ class _Adapter(AdapterLogitsProcessor):
         return None
 
 
+@pytest.mark.seed("001:12", "001:P")
 def test_adapter_two_and_three_parameter_callables_see_live_lists():
     proc = _Adapter(CONFIG, CPU, False)
     out0, out1 = [], [7]
@@ -259,12 +277,14 @@ def test_adapter_two_and_three_parameter_callables_see_live_lists():
     assert logits[1, 0].item() == 6.0
 
 
+@pytest.mark.seed("001:12", "001:P")
 def test_adapter_three_parameter_callable_without_prompt_raises():
     proc = _Adapter(CONFIG, CPU, False)
     with pytest.raises(ValueError, match="prompt token ids"):
         proc.update_state(update(1, added=[added(0, extra_args={"prompt_len": True})]))
 
 
+@pytest.mark.seed("001:12")
 def test_adapter_follows_moves():
     proc = _Adapter(CONFIG, CPU, False)
     proc.update_state(update(2, added=[added(0, extra_args={"ban": 1}), added(1)]))

@@ -54,6 +54,7 @@ def step(m: KVCacheManager, r: Request, num_tokens: int):
 # -- seed 002 §3.2: the running example, block_size 4, 10 blocks ---------------------
 
 
+@pytest.mark.seed("002:3.2")
 def test_prefix_caching_seed002_walkthrough_steps_0_to_6():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
     assert free_ids(m) == list(range(10))  # the queue starts in block-id order
@@ -121,6 +122,7 @@ def _cache_abcd_efgh(m: KVCacheManager) -> None:
     m.free(r)
 
 
+@pytest.mark.seed("002:3.1")
 def test_prefix_caching_seed002_case1_waiting_request_hits_two_blocks():
     m = KVCacheManager(block_size=4, num_gpu_blocks=8, max_model_len=64)
     _cache_abcd_efgh(m)
@@ -135,6 +137,7 @@ def test_prefix_caching_seed002_case1_waiting_request_hits_two_blocks():
     assert m.get_block_ids("req1") == [b.block_id for b in hits] + [new[0].block_id]
 
 
+@pytest.mark.seed("002:3.1", "004:duplication")
 def test_prefix_caching_seed002_case2_running_request_never_rehits_append_only():
     m = KVCacheManager(block_size=4, num_gpu_blocks=8, max_model_len=64)
     _cache_abcd_efgh(m)
@@ -158,6 +161,7 @@ def test_prefix_caching_seed002_case2_running_request_never_rehits_append_only()
 # -- seed 004: duplication and the review corner case --------------------------------
 
 
+@pytest.mark.seed("004:duplication", "002:2.3")
 def test_prefix_caching_seed004_duplication_two_blocks_one_hash_later_hit_gets_first():
     bs = 16
     prompt = list(range(1000, 1000 + 3 * bs + 14))  # three full blocks and 14/16
@@ -190,6 +194,7 @@ def test_prefix_caching_seed004_duplication_two_blocks_one_hash_later_hit_gets_f
     m.check_invariants()
 
 
+@pytest.mark.seed("004:corner")
 def test_prefix_caching_seed004_review_corner_case_evictable_hits_are_not_free_blocks():
     """b0 and b1 are cached but sit in the free queue (ref_cnt 0) and are the only free
     blocks. A request hitting both and needing one more block must be refused: touching
@@ -219,6 +224,7 @@ def test_prefix_caching_seed004_review_corner_case_evictable_hits_are_not_free_b
 # -- seed 003: allocate_slots step by step -------------------------------------------
 
 
+@pytest.mark.seed("003:allocate", "003:blocks", "004:algorithms")
 def test_prefix_caching_seed003_allocate_slots_preallocates_and_then_needs_no_new_blocks():
     # Step 1 can give a negative number of new blocks: preallocated ones cover it.
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, num_preallocate_tokens=8)
@@ -234,6 +240,7 @@ def test_prefix_caching_seed003_allocate_slots_preallocates_and_then_needs_no_ne
     assert cached(m) == {"ABCD": [0], "EFGH": [1], "IJKL": [2]}
 
 
+@pytest.mark.seed("003:blocks")
 def test_prefix_caching_seed003_preallocation_is_capped_by_max_blocks_per_request():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=12, num_preallocate_tokens=64)
     r = req("r", "ABCD|EF")
@@ -241,6 +248,7 @@ def test_prefix_caching_seed003_preallocation_is_capped_by_max_blocks_per_reques
     assert len(new) == 3 == m.max_num_blocks_per_req
 
 
+@pytest.mark.seed("003:allocate", "004:algorithms")
 def test_prefix_caching_seed003_full_blocks_are_cached_at_once_for_the_same_batch():
     """Step 5: a block is cached when allocated full, before its KV is even computed, so
     a request later in the same step already hits it."""
@@ -252,6 +260,7 @@ def test_prefix_caching_seed003_full_blocks_are_cached_at_once_for_the_same_batc
     assert [b.block_id for b in hits] == [0, 1]
 
 
+@pytest.mark.seed("003:allocate", "003:free_queue")
 def test_prefix_caching_seed003_touch_removes_free_hits_from_the_queue():
     m = KVCacheManager(block_size=4, num_gpu_blocks=6, max_model_len=64)
     a = req("a", "ABCD|EFGH|I")
@@ -264,6 +273,7 @@ def test_prefix_caching_seed003_touch_removes_free_hits_from_the_queue():
     assert m.get_block_ids("b") == [0, 1, 3]
 
 
+@pytest.mark.seed("003:free", "002:2.2", "004:algorithms")
 def test_prefix_caching_seed003_free_releases_in_reverse_order():
     m = KVCacheManager(block_size=4, num_gpu_blocks=6, max_model_len=64)
     a = req("a", "ABCD|EFGH|IJKL|M")
@@ -277,6 +287,7 @@ def test_prefix_caching_seed003_free_releases_in_reverse_order():
 # -- the cap: never the whole prompt ---------------------------------------------------
 
 
+@pytest.mark.seed("002:1.1", "004:computed")
 @pytest.mark.parametrize(
     ("prompt", "expected_hit_blocks"),
     [("ABCD|EFGH", 1), ("ABCD|EFGH|I", 2), ("ABCD|EFG", 1), ("ABCD", 0), ("ABC", 0)],

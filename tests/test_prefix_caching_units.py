@@ -30,6 +30,7 @@ def make(request_id: str, tokens, **kw) -> Request:
 # -- prefix hashing --------------------------------------------------------------------
 
 
+@pytest.mark.seed("002:1.2", "004:computed")
 def test_prefix_caching_hash_value_collision_is_not_a_hit():
     """Equality compares the token ids too: a bare hash_value collision never hits."""
     always_zero = lambda obj: 0  # noqa: E731 - the worst possible hash function
@@ -45,6 +46,7 @@ def test_prefix_caching_hash_value_collision_is_not_a_hit():
     assert pool.get_cached_block(h2) is None
 
 
+@pytest.mark.seed("002:1.2", "003:hash")
 def test_prefix_caching_hashes_chain_through_the_parent():
     fn = get_hash_fn("sha256")
     a = hash_request_tokens(fn, 4, make("a", [1, 2, 3, 4, 5, 6, 7, 8, 9]))
@@ -55,6 +57,7 @@ def test_prefix_caching_hashes_chain_through_the_parent():
     assert a[1] == hash_block_tokens(fn, a[0].hash_value, [5, 6, 7, 8])
 
 
+@pytest.mark.seed("003:hash")
 def test_prefix_caching_sha256_is_stable_across_processes():
     code = (
         "from tinyvllm.core.prefix_hash import get_hash_fn, hash_block_tokens;"
@@ -67,6 +70,7 @@ def test_prefix_caching_sha256_is_stable_across_processes():
     assert int(out1.stdout) == int(out2.stdout) == here
 
 
+@pytest.mark.seed("002:1.2")
 def test_prefix_caching_extra_keys_lora_on_every_block_salt_on_first():
     r = make("r", range(12), lora_name="adapter", cache_salt="tenant-a")
     assert generate_block_hash_extra_keys(r, 0, 4) == (("lora", "adapter"), ("salt", "tenant-a"))
@@ -78,6 +82,7 @@ def test_prefix_caching_extra_keys_lora_on_every_block_salt_on_first():
     )
 
 
+@pytest.mark.seed("002:1.2")
 @pytest.mark.parametrize(
     ("kw_a", "kw_b", "hits"),
     [
@@ -98,6 +103,7 @@ def test_prefix_caching_salt_and_lora_isolate_the_cache(kw_a, kw_b, hits):
     assert len(found) == hits
 
 
+@pytest.mark.seed("003:hash")
 def test_prefix_caching_builtin_hash_fn_works_too():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, hash_algo="builtin")
     a = make("a", range(9))
@@ -109,6 +115,7 @@ def test_prefix_caching_builtin_hash_fn_works_too():
 # -- the free queue and the block --------------------------------------------------------
 
 
+@pytest.mark.seed("002:2.2", "003:free_queue")
 def test_prefix_caching_free_queue_popleft_remove_append():
     blocks = [KVCacheBlock(i) for i in range(5)]
     q = FreeKVCacheBlockQueue(blocks)
@@ -129,6 +136,7 @@ def test_prefix_caching_free_queue_popleft_remove_append():
     q.check_invariants(blocks)
 
 
+@pytest.mark.seed("003:free_queue")
 def test_prefix_caching_free_queue_rejects_double_append_and_foreign_remove():
     blocks = [KVCacheBlock(i) for i in range(3)]
     q = FreeKVCacheBlockQueue(blocks)
@@ -140,6 +148,7 @@ def test_prefix_caching_free_queue_rejects_double_append_and_foreign_remove():
     q.check_invariants(blocks)
 
 
+@pytest.mark.seed("002:2.1", "003:blocks")
 def test_prefix_caching_block_hash_is_set_once():
     block = KVCacheBlock(7)
     h = BlockHash(1, (1, 2), None)
@@ -150,6 +159,7 @@ def test_prefix_caching_block_hash_is_set_once():
     assert block.block_hash is None
 
 
+@pytest.mark.seed("002:2.4")
 def test_prefix_caching_pool_reset_refuses_while_blocks_are_in_use():
     m = KVCacheManager(block_size=4, num_gpu_blocks=6, max_model_len=64)
     a = make("a", range(9))
@@ -163,6 +173,7 @@ def test_prefix_caching_pool_reset_refuses_while_blocks_are_in_use():
     m.check_invariants()
 
 
+@pytest.mark.seed("002:2.4")
 def test_prefix_caching_usage_and_stats():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, log_stats=True)
     assert m.usage == 0.0
@@ -178,6 +189,7 @@ def test_prefix_caching_usage_and_stats():
     assert KVCacheManager(4, 10, 64).prefix_cache_stats is None
 
 
+@pytest.mark.seed("002:2.5")
 def test_prefix_caching_disabled_never_hits_and_caches_nothing():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, enable_caching=False)
     a = make("a", range(10))
@@ -192,6 +204,7 @@ def test_prefix_caching_disabled_never_hits_and_caches_nothing():
 # -- bad input: ValueError naming the value, nothing changed ------------------------------
 
 
+@pytest.mark.seed("002:2.5")
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -208,6 +221,7 @@ def test_prefix_caching_manager_rejects_bad_config(kwargs, match):
         KVCacheManager(**args)
 
 
+@pytest.mark.seed("003:allocate")
 @pytest.mark.parametrize("num_tokens", [0, -3])
 def test_prefix_caching_allocate_rejects_non_positive_num_tokens(num_tokens):
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
@@ -216,6 +230,7 @@ def test_prefix_caching_allocate_rejects_non_positive_num_tokens(num_tokens):
     assert m.block_pool.get_num_free_blocks() == 10 and m.req_to_blocks == {}
 
 
+@pytest.mark.seed("003:allocate")
 def test_prefix_caching_allocate_rejects_request_longer_than_max_model_len():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=8)
     with pytest.raises(ValueError, match="9 tokens exceed max_model_len 8"):
@@ -224,6 +239,7 @@ def test_prefix_caching_allocate_rejects_request_longer_than_max_model_len():
     m.check_invariants()
 
 
+@pytest.mark.seed("003:allocate")
 def test_prefix_caching_allocate_rejects_more_tokens_than_the_request_has():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
     with pytest.raises(ValueError, match="it has only 5 tokens"):
@@ -231,6 +247,7 @@ def test_prefix_caching_allocate_rejects_more_tokens_than_the_request_has():
     assert m.block_pool.get_num_free_blocks() == 10
 
 
+@pytest.mark.seed("003:allocate", "002:3.1")
 def test_prefix_caching_allocate_rejects_hits_for_a_running_request():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
     a = make("a", range(9))
@@ -244,6 +261,7 @@ def test_prefix_caching_allocate_rejects_hits_for_a_running_request():
     m.check_invariants()
 
 
+@pytest.mark.seed("002:2.4")
 def test_prefix_caching_pool_rejects_bad_sizes():
     with pytest.raises(ValueError, match="num_gpu_blocks must be an int >= 1, got 0"):
         BlockPool(0)

@@ -25,6 +25,7 @@ def make_batch(reasoning=None, max_num_reqs=8):
     return InputBatch(max_num_reqs, CPU, build_logitsprocs(config, CPU, False, False), holder)
 
 
+@pytest.mark.seed("001:9")
 def test_greedy_rows_take_argmax_after_non_argmax_invariant_processors():
     batch = make_batch()
     batch.add_request("bias", SamplingParams(temperature=0, logit_bias={7: 10.0}), None, [])
@@ -101,6 +102,7 @@ def test_same_seed_same_tokens_whatever_else_is_in_the_batch():
     assert len(set(alone)) > 1  # uniform logits: it really is random
 
 
+@pytest.mark.seed("001:9")
 def test_min_p_applies_to_random_rows_only():
     batch = make_batch()
     batch.add_request("r", SamplingParams(temperature=1.0, min_p=0.5, seed=0), None, [])
@@ -110,6 +112,7 @@ def test_min_p_applies_to_random_rows_only():
     assert tokens == {0, 1}
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_forcing_in_sampler_beats_greedy_and_random_rows():
     batch = make_batch(ReasoningConfig((1,), (2, 3)))
     greedy_out, random_out = [], []

@@ -36,6 +36,7 @@ def step(s: Scheduler):
 # -- the token budget and chunked prefill ----------------------------------------------
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_seed002_r3_prefill_spans_two_steps():
     """Seed 002 opening: budget 10, prompts of 3, 5 and 4 tokens. R3 gets only 2 prompt
     tokens in step 0, joins the running queue anyway, and finishes its prompt in step 1
@@ -54,6 +55,7 @@ def test_scheduler_seed002_r3_prefill_spans_two_steps():
     assert not out1.scheduled_new_reqs
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_long_prefill_threshold_400_budget_1024():
     s = make_scheduler(budget=1024, threshold=400, block_size=16)
     for i in range(3):
@@ -62,6 +64,7 @@ def test_scheduler_long_prefill_threshold_400_budget_1024():
     assert got == [[400, 400, 224], [400, 400, 224], [1, 1, 352]]
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_scheduled_tokens_advance_num_computed_at_once():
     s = make_scheduler(budget=6)
     r = make_req("r", range(10))
@@ -71,6 +74,7 @@ def test_scheduler_scheduled_tokens_advance_num_computed_at_once():
     assert r.num_computed_tokens == 6  # the step's end state, before update_from_output
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_chunked_prefill_off_waits_for_room_in_the_budget():
     s = make_scheduler(budget=16, max_model_len=16, chunked=False)
     s.add_request(make_req("a", range(10)))
@@ -82,6 +86,7 @@ def test_scheduler_chunked_prefill_off_waits_for_room_in_the_budget():
     assert dict(out.num_scheduled_tokens) == {"a": 1, "b": 10}
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_respects_max_num_seqs():
     s = make_scheduler(max_num_seqs=2)
     for i in range(4):
@@ -93,6 +98,7 @@ def test_scheduler_respects_max_num_seqs():
         assert out.num_scheduled_reqs <= 2
 
 
+@pytest.mark.seed("002:3.1")
 def test_scheduler_prefix_hits_only_at_admission():
     s = make_scheduler(block_size=4, log_stats=True)
     s.add_request(make_req("a", range(12), max_tokens=4))
@@ -113,6 +119,7 @@ def test_scheduler_prefix_hits_only_at_admission():
 # -- preemption ---------------------------------------------------------------------------
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_preempts_the_last_running_request_and_it_resumes_with_a_hit():
     # 2-token blocks, 6 blocks. Two 5-token prompts take 3 blocks each; the first decode
     # fills each third block, the second needs a 4th block, finds none, and preempts the
@@ -145,6 +152,7 @@ def test_scheduler_preempts_the_last_running_request_and_it_resumes_with_a_hit()
     assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 6
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_preemption_does_not_change_any_output():
     prompts = {f"r{i}": [(7 * i + j) % 50 for j in range(5 + 3 * i)] for i in range(6)}
 

@@ -44,6 +44,7 @@ def step(h, outputs, model_tokens, spec=None):
 
 # ---- appendix O.3: force_index ------------------------------------------------------------
 
+@pytest.mark.seed("001:O")
 @pytest.mark.parametrize(
     "budget, think_count, spec_len, expected",
     [(10, 8, 3, [2]), (10, 10, 3, [0]), (10, 12, 3, [0]), (10, 7, 3, [3]), (10, 9, 0, [0]), (5, 4, 4, [1])],
@@ -52,6 +53,7 @@ def test_thinking_budget_force_index_table_o3(budget, think_count, spec_len, exp
     assert compute_force_index(budget, think_count, spec_len) == expected
 
 
+@pytest.mark.seed("001:O", "001:13")
 def test_thinking_budget_force_index_in_state_budget10_think8_spec3():
     # The diagram of O.3: drafts 0 and 1 are thinking tokens 9 and 10, draft 2 is forced.
     h = holder(spec=3)
@@ -67,6 +69,7 @@ def test_thinking_budget_force_index_in_state_budget10_think8_spec3():
     assert out == []
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_bonus_position_forced_in_bonus_call():
     h = holder(spec=3)
     add(h, 0, budget=10, prompt=[START])
@@ -79,6 +82,7 @@ def test_thinking_budget_bonus_position_forced_in_bonus_call():
 
 # ---- appendix O.2: transitions --------------------------------------------------------------
 
+@pytest.mark.seed("001:O", "001:13")
 def test_thinking_budget_transitions_o2_single_token_end():
     h = holder()
     out = add(h, 0, budget=2, prompt=[9])
@@ -100,6 +104,7 @@ def test_thinking_budget_transitions_o2_single_token_end():
     h.check_invariants()
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_multi_token_end_forced_one_per_step():
     h = holder(end=(END1, END2, 4))
     out = add(h, 0, budget=1, prompt=[START])
@@ -107,6 +112,7 @@ def test_thinking_budget_multi_token_end_forced_one_per_step():
     assert tokens == [7, END1, END2, 4, 7, 7]
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_rolled_back_forced_token_is_forced_again():
     h = holder(end=(END1, END2))
     out = add(h, 0, budget=0, prompt=[START])
@@ -121,6 +127,7 @@ def test_thinking_budget_rolled_back_forced_token_is_forced_again():
     assert s["end_count"] == 1
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_model_closing_section_itself_restores_budget():
     h = holder()
     out = add(h, 0, budget=5, prompt=[START])
@@ -130,6 +137,7 @@ def test_thinking_budget_model_closing_section_itself_restores_budget():
     assert (s["in_think"], s["in_end"], s["think_count"], s["end_thinking"]) == (False, False, 0, 2)
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_zero_forces_right_after_start():
     h = holder(end=(END1, END2))
     out = add(h, 0, budget=0, prompt=[5])
@@ -138,6 +146,7 @@ def test_thinking_budget_zero_forces_right_after_start():
 
 # ---- _init_state_entry --------------------------------------------------------------------
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_prompt_inside_think_section_counts():
     h = holder(start=(START, 6))
     s = h._init_state_entry([5, START, 6, 7, 7, 7], thinking_token_budget=5)
@@ -150,6 +159,7 @@ def test_thinking_budget_prompt_inside_think_section_counts():
     assert (s["in_think"], s["in_end"], s["check_count_down"], s["start_thinking"]) == (False, False, 3, -1)
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_start_sequence_straddling_prompt_and_output():
     h = holder(start=(START, 6), end=(END1,))
     out = add(h, 0, budget=1, prompt=[5, START])
@@ -158,6 +168,7 @@ def test_thinking_budget_start_sequence_straddling_prompt_and_output():
     assert step(h, [out], [7]) == [END1]
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_find_last_sequence_index_and_ends_with():
     f = ThinkingBudgetStateHolder._find_last_sequence_index
     assert f([1, 2, 1, 2, 3], [1, 2]) == 2 and f([1, 2], []) == -1 and f([1], [1, 2]) == -1
@@ -166,6 +177,7 @@ def test_thinking_budget_find_last_sequence_index_and_ends_with():
 
 # ---- sync_batch, layout, apply (appendix T2) ------------------------------------------------
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_sync_batch_remove_swap_move():
     h = holder()
     add(h, 0, 3)
@@ -181,12 +193,14 @@ def test_thinking_budget_sync_batch_remove_swap_move():
     assert not h.has_tracked_requests()
 
 
+@pytest.mark.seed("001:T2")
 def test_thinking_budget_t2_layout_offsets():
     assert token_row_offsets(3, [], False, False) == {0: 0, 1: 1, 2: 2}
     assert token_row_offsets(3, [[7, 7], [7, 7, 7], [7]], True, False) == {0: 0, 1: 2, 2: 5}
     assert token_row_offsets(3, [[7, 7], [7, 7, 7], [7]], True, True) == {0: 0, 1: 1, 2: 2}
 
 
+@pytest.mark.seed("001:T2")
 def test_thinking_budget_t2_forcing_writes_1e9_and_clears_mask_each_call():
     h = holder(end=(END1, END2))
     outs = [add(h, 0, 0, prompt=[START]), [], add(h, 2, 0, prompt=[START], batch_size=3)]
@@ -201,6 +215,7 @@ def test_thinking_budget_t2_forcing_writes_1e9_and_clears_mask_each_call():
     assert logits[0, END1].item() == 0
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_spec_mode_draft_tokens_stripped_and_multi_token_end():
     h = holder(end=(END1, END2), spec=2)
     add(h, 0, budget=2, prompt=[START])
@@ -213,6 +228,7 @@ def test_thinking_budget_spec_mode_draft_tokens_stripped_and_multi_token_end():
     assert h.apply_to_logits(torch.zeros(2, V), False, [[9, 9]])[0, END2].item() == FORCED_LOGIT
 
 
+@pytest.mark.seed("001:13")
 def test_thinking_budget_disabled_without_end_tokens_or_config():
     assert maybe_create_thinking_budget_state_holder(None, 4, 0, CPU, False) is None
     h = maybe_create_thinking_budget_state_holder(ReasoningConfig((START,), ()), 4, 0, CPU, False)

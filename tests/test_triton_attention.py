@@ -49,6 +49,7 @@ def check_against_reference(
         assert (out[sum(query_lens) :] == 0).all()
 
 
+@pytest.mark.seed("000:cgsupport")
 def test_declares_cudagraph_support_always_and_the_reference_never():
     from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 
@@ -56,6 +57,7 @@ def test_declares_cudagraph_support_always_and_the_reference_never():
     assert reference.CUDAGRAPH_SUPPORT is AttentionCGSupport.NEVER
 
 
+@pytest.mark.seed("003:memory")
 @pytest.mark.parametrize(
     "query_lens, seq_lens, num_heads, num_kv_heads, block_size",
     [
