@@ -136,6 +136,18 @@ def test_seed001_r2_listing_order_loses_the_new_request_but_keeps_its_count():
     assert as_list(ours.min_p_cpu) == [0.1, 0.2, 0.0, 0.05] and ours.min_p_count == 3
 
 
+def test_seed001_listing_order_drops_a_dict_entry_listed_as_removed_and_added():
+    # The same hand-built shape through process_dict_updates' two orders.
+    upd = BatchUpdate(2, [1], [(1, SamplingParams(logit_bias={9: 2.0}), None, [])], [])
+    listing = {1: {7: 1.0}}
+    listing_dict_update(listing, upd, bias_state)
+    assert listing == {}
+    proc = LogitBiasLogitsProcessor(CONFIG, CPU, False)
+    proc.update_state(BatchUpdate(2, [], [(1, SamplingParams(logit_bias={7: 1.0}), None, [])], []))
+    proc.update_state(upd)
+    assert proc.biases == {1: {9: 2.0}}
+
+
 def random_stream(seed, steps=40):
     """Yield (batch, BatchUpdate) for a random stream of removals, additions, condensing and swaps."""
     rng = random.Random(seed)
