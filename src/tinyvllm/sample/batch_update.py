@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """BatchUpdate: what changed in the persistent batch since the last step.
 
 Concept: the persistent batch keeps every running request in a fixed row. Each step a
@@ -21,6 +22,7 @@ Invariants:
 NOTE 1: ``get_and_reset`` hands its own lists to the BatchUpdate and starts new ones, so
 a BatchUpdate is a snapshot that later edits of the builder cannot change.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ class BatchUpdateBuilder:
         # True once anything changed this step, even if no list records it (pooling models).
         self.batch_changed = False
 
+    # --8<-- [start:builder_removed]
     def removed_append(self, index: int) -> None:
         """Register that the request in row ``index`` left the batch."""
         if self._is_removed_sorted:
@@ -121,7 +124,9 @@ class BatchUpdateBuilder:
             return None
         self._ensure_removed_sorted()
         return self._removed.pop()
+    # --8<-- [end:builder_removed]
 
+    # --8<-- [start:builder_reset]
     def reset(self) -> bool:
         """Forget this step's changes; return whether anything changed."""
         self._is_removed_sorted = False
@@ -144,4 +149,5 @@ class BatchUpdateBuilder:
         )
         self._removed, self.added, self.moved = [], [], []  # NOTE 1
         return update
+    # --8<-- [end:builder_reset]
 # --8<-- [end:builder]

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """SamplingMetadata: everything the sampler may know about one step's batch, frozen.
 
 Concept: the sampler needs, per row, a temperature, optional top-p / top-k limits and
@@ -29,6 +30,7 @@ runner relies on that object identity to restore it after a partial prefill.
 Left out: logprobs, penalties (presence / frequency / repetition and the token counts
 they need), allowed-token masks, bad words, speculative decoding's draft tokens.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """The sampler: from the model's logits ``[R, V]`` to one token id per request ``[R]``.
 
 Concept: the order of operations is the whole design.
@@ -26,6 +27,7 @@ sort over V is needed at all is decided when the metadata is built (``top_k``/``
 are None when no row uses them).
 Left out: logprobs, penalties, speculative decoding's rejection sampler.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """The thinking-token budget: end a request's think section after B tokens.
 
 Concept: reasoning models think between a start sequence (``<think>``) and an end
@@ -31,6 +32,7 @@ NOTE 2: ``sync_batch`` pops both rows of a SWAP before writing (the listing writ
 ``state1`` to i2 and leaves it at i1 when i2 was empty).
 Left out: ``bonus_token_forced`` bookkeeping of the two-call spec path (kept as a field).
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -94,6 +96,7 @@ def token_row_offsets(n_layout: int, spec_lists: Sequence[Sequence[int]], in_spe
 # --8<-- [end:pure]
 
 
+# --8<-- [start:factory]
 def maybe_create_thinking_budget_state_holder(
     reasoning_config: "ReasoningConfig | None",
     max_num_seqs: int,
@@ -105,6 +108,7 @@ def maybe_create_thinking_budget_state_holder(
     if reasoning_config is None:
         return None
     return ThinkingBudgetStateHolder(reasoning_config, max_num_seqs, num_spec_tokens, device, is_pin_memory)
+# --8<-- [end:factory]
 
 
 class ThinkingBudgetStateHolder:
@@ -157,6 +161,7 @@ class ThinkingBudgetStateHolder:
                 self._state[i1] = state2
     # --8<-- [end:sync]
 
+    # --8<-- [start:update_state]
     def update_state(
         self,
         output_token_ids: Sequence[list[int]],
@@ -185,7 +190,9 @@ class ThinkingBudgetStateHolder:
             state["in_spec_mode"] = self.in_spec_mode
             state["output_tok_ids"] = outputs[: len(outputs) - len(drafts)] if drafts else outputs
             self._update_think_state(state)
+    # --8<-- [end:update_state]
 
+    # --8<-- [start:init_state]
     def _init_state_entry(self, prompt_tok_ids: list[int] | None, thinking_token_budget: int) -> dict[str, Any]:
         """A new request's state; a prompt that ends inside a think section counts against the budget."""
         in_think, think_count, start_thinking = False, 0, -1
@@ -215,6 +222,7 @@ class ThinkingBudgetStateHolder:
             "bonus_token_forced": False,
             "continue_thinking": in_think,
         }
+    # --8<-- [end:init_state]
 
     # --8<-- [start:machine]
     def _update_think_state(self, state: dict[str, Any]) -> None:

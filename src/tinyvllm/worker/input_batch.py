@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """The persistent input batch: one row per running request, kept compact step to step.
 
 Concept: requests keep their row across steps, so per-row state (sampling tensors, logits
@@ -32,6 +33,7 @@ runner keeps it across the request leaving and re-entering the batch (preemption
 skipped step), so its random stream never restarts.
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """AdapterLogitsProcessor: run per-request (V0-style) callables as one batch processor.
 
 Concept: a per-request processor is a plain callable that edits one row of logits
@@ -16,6 +17,7 @@ return a new tensor; in the second case the adapter writes it back.
 NOTE 2: row-by-row costs one call per request using it; acceptable because such
 processors are rare and cannot be batched (each may do anything).
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """The three built-in logits processors: MinTokens, LogitBias, MinP.
 
 Concept: each keeps per-row state in step with the persistent batch and edits the whole
@@ -19,6 +20,7 @@ count by comparing the row's old and new value. The document's listing adjusts t
 case by case inside the move branch and skips rows whose values compare equal; appendix
 R2 walks an update where the count ends up wrong. One write path, no case analysis.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ class MinPLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return True
 
+    # --8<-- [start:minp_update]
     def _set_row(self, index: int, value: float) -> bool:
         """Write one row and keep ``min_p_count`` exact (NOTE 1). Returns True if it changed."""
         before = float(self.min_p_cpu[index])
@@ -90,6 +93,7 @@ class MinPLogitsProcessor(LogitsProcessor):
             if self.use_double_tensor:
                 self.min_p_device[:size].copy_(self.min_p_cpu_tensor[:size], non_blocking=True)
             self.min_p = self.min_p_device[:size].unsqueeze(1)  # [R, 1]
+    # --8<-- [end:minp_update]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.min_p_count:
@@ -191,6 +195,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             logits.index_put_(self.logits_slice, self.neg_inf_tensor)
         return logits
 
+    # --8<-- [start:min_tokens_spec]
     def apply_with_spec_decode(self, logits: torch.Tensor, num_draft_tokens: list[int]) -> torch.Tensor:
         """Mask stop tokens in the first draft rows that still fall short of ``min_tokens``.
 
@@ -217,6 +222,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             index = (torch.from_numpy(np.concatenate(rows)).to(self.device), torch.from_numpy(np.concatenate(toks)).to(self.device))
             logits.index_put_(index, self.neg_inf_tensor)
         return logits
+    # --8<-- [end:min_tokens_spec]
 # --8<-- [end:min_tokens]
 
 

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """The LogitsProcessor interface: one object per processor, batch-wide, stateful.
 
 Concept: a logits processor edits the logits of the whole persistent batch at once
@@ -15,6 +16,7 @@ Contract for implementations:
   every step (MinTokens re-checks output lengths through its live references);
 - ``apply`` may edit ``logits`` in place but must return the result.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 

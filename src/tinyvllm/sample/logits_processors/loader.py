@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """Loading custom logits processors and building the processor set of an engine.
 
 Concept: custom processors come from three places, loaded in this order: installed
@@ -22,6 +23,7 @@ fixed for the life of the process. Tests that fake entry points call
 ``cached_load_custom_logitsprocs.cache_clear()``.
 Left out: vLLM's ``guard_cuda_initialization`` (we never fork a CUDA process) and the TPU branch.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
@@ -130,6 +132,7 @@ def build_logitsprocs(
 # --8<-- [end:build]
 
 
+# --8<-- [start:validate]
 cached_load_custom_logitsprocs = lru_cache(_load_custom_logitsprocs)  # NOTE 2
 
 
@@ -141,3 +144,4 @@ def validate_logits_processors_parameters(
     key = tuple(logits_processors) if logits_processors is not None else None
     for cls in cached_load_custom_logitsprocs(key):
         cls.validate_params(sampling_params)
+# --8<-- [end:validate]

@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """The LogitsProcessors container and ``process_dict_updates``, the shared state helper.
 
 Concept: (1) ``LogitsProcessors`` holds the built processors split by
@@ -16,6 +17,7 @@ list a row in both (appendix R2's scenario): the old request leaves, then the ne
 arrives.
 NOTE 2: a move pops both entries before writing any, so a SWAP never loses a state.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
