@@ -106,6 +106,7 @@ def as_list(values, n=4):
     return [round(float(v), 4) for v in values[:n]]
 
 
+@pytest.mark.seed("001:R2")
 def test_seed001_r2_ours_phase_by_phase():
     # Our order removed -> added -> moved, one phase per update; the single update of R2
     # must end where the three phases end.
@@ -123,6 +124,7 @@ def test_seed001_r2_ours_phase_by_phase():
     assert as_list(whole.min_p_cpu) == as_list(proc.min_p_cpu) and whole.min_p_count == 3
 
 
+@pytest.mark.seed("001:R2")
 def test_seed001_r2_listing_order_loses_the_new_request_but_keeps_its_count():
     # R2's update lists row 1 as removed AND added. Run in the listing's order, the new
     # request's 0.2 is wiped by the removal; the count (2) still matches the non-zero rows.
@@ -136,6 +138,7 @@ def test_seed001_r2_listing_order_loses_the_new_request_but_keeps_its_count():
     assert as_list(ours.min_p_cpu) == [0.1, 0.2, 0.0, 0.05] and ours.min_p_count == 3
 
 
+@pytest.mark.seed("001:10", "001:N")
 def test_seed001_listing_order_drops_a_dict_entry_listed_as_removed_and_added():
     # The same hand-built shape through process_dict_updates' two orders.
     upd = BatchUpdate(2, [1], [(1, SamplingParams(logit_bias={9: 2.0}), None, [])], [])
@@ -171,6 +174,7 @@ def random_stream(seed, steps=40):
         yield batch, batch.refresh()
 
 
+@pytest.mark.seed("001:8", "001:U2")
 @pytest.mark.parametrize("seed", range(4))
 def test_seed001_builder_updates_never_share_a_row_between_removed_and_added(seed):
     # pop_removed takes a filled hole out of `removed`, and condense only moves rows into holes.
@@ -187,6 +191,7 @@ def test_seed001_builder_updates_never_share_a_row_between_removed_and_added(see
     assert seen_removed_and_added > 0  # the stream did exercise steps with both
 
 
+@pytest.mark.seed("001:10", "001:R2")
 @pytest.mark.parametrize("seed", range(4))
 def test_seed001_listing_order_matches_ours_on_every_builder_update(seed):
     # On updates the persistent batch produces, the document's order and ours agree:
@@ -207,6 +212,7 @@ def test_seed001_listing_order_matches_ours_on_every_builder_update(seed):
 
 # ---- U2.3: frozen, but not hashable --------------------------------------------------------
 
+@pytest.mark.seed("001:U2", "001:7")
 def test_seed001_u2_batch_update_is_frozen_but_not_hashable():
     upd = BatchUpdate(1, [0], [], [])
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -217,6 +223,7 @@ def test_seed001_u2_batch_update_is_frozen_but_not_hashable():
 
 # ---- S2: the index tensors' types ------------------------------------------------------------
 
+@pytest.mark.seed("001:S2")
 def test_seed001_s2_index_tensors_are_int64_and_bias_float32():
     proc = LogitBiasLogitsProcessor(CONFIG, CPU, False)
     proc.update_state(BatchUpdate(3, [], [
@@ -229,6 +236,7 @@ def test_seed001_s2_index_tensors_are_int64_and_bias_float32():
 
 # ---- O.1 / O.3: the thinking-budget state --------------------------------------------------
 
+@pytest.mark.seed("001:O")
 def test_seed001_o1_initial_state_fields():
     plain = ThinkingBudgetStateHolder(ReasoningConfig((START,), (END,)), MAX, 0, CPU, False)
     assert plain._init_state_entry(None, 3) == {
@@ -244,6 +252,7 @@ def test_seed001_o1_initial_state_fields():
     assert (s["think_count"], s["start_thinking"], s["check_count_down"]) == (3, -4, 2)
 
 
+@pytest.mark.seed("001:O")
 def test_seed001_o3_remaining_above_spec_len_forces_nothing_yet():
     h = ThinkingBudgetStateHolder(ReasoningConfig((START,), (END,)), MAX, 3, CPU, False)
     h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=10), [START], [])], []))
@@ -281,6 +290,7 @@ class _Adapter(AdapterLogitsProcessor):
         return self.req_lp
 
 
+@pytest.mark.seed("001:P")
 @pytest.mark.parametrize("req_lp, n_params", [(_Three(), 3), (_Two(), 2)])
 def test_seed001_p3_example_signatures_do_not_fit_the_arity_rule(req_lp, n_params):
     # **kwargs counts as a parameter: P.3's classes are bound as (prompt, output) and
