@@ -1,6 +1,6 @@
 """Benchmark: the unified Triton paged-attention kernel against torch SDPA on contiguous K/V.
 
-What it measures (issue 5): decode (batches 1-256 at contexts 512-8192, one query token per
+What it measures: decode (batches 1-256 at contexts 512-8192, one query token per
 request) and prefill (one request of 128-4096 tokens), for the Triton kernel reading a paged
 cache through a shuffled block table, and for ``torch.nn.functional.scaled_dot_product_attention``
 on the same math with contiguous K/V (the best a user gets without paging). For decode it

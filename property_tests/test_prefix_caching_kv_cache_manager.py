@@ -353,6 +353,7 @@ class PrefixCachingKVCacheManagerMachine(RuleBasedStateMachine):
         else:
             self._finish(mreq)
 
+    # --8<-- [start:preempt_rule]
     @precondition(lambda self: any(m.running for m in self.reqs.values()))
     @rule(data=st.data())
     def preempt_request(self, data: st.DataObject) -> None:
@@ -366,6 +367,7 @@ class PrefixCachingKVCacheManagerMachine(RuleBasedStateMachine):
             assert rid in self.mgr.req_to_block_hashes, f"{rid} lost its block hashes on preemption"
         mreq.request.num_computed_tokens = 0
         mreq.request.num_preemptions += 1
+    # --8<-- [end:preempt_rule]
 
     @precondition(lambda self: bool(self.reqs))
     @rule(data=st.data())
@@ -410,6 +412,7 @@ class PrefixCachingKVCacheManagerMachine(RuleBasedStateMachine):
 
     # -- invariants ------------------------------------------------------------------------
 
+    # --8<-- [start:invariant]
     @invariant()
     def prefix_caching_state_matches_model(self) -> None:
         mgr = self.mgr
@@ -426,6 +429,7 @@ class PrefixCachingKVCacheManagerMachine(RuleBasedStateMachine):
         for rid, mreq in self.reqs.items():
             got = mgr.get_block_ids(rid)
             assert got == mreq.blocks, f"{rid}: block table {got} != model {mreq.blocks}"
+        # --8<-- [end:invariant]
         # The cache map groups exactly the model's cached blocks, in caching order.
         lib_groups = sorted(tuple(by_id) for by_id in pool.cached_block_hash_to_block.values())
         model_groups = sorted(tuple(ids) for ids in self.m_cache.values())

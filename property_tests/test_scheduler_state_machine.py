@@ -13,7 +13,7 @@ step against facts that need no copy of the scheduler:
   ``max_model_len``; EOS and stop tokens only from ``min_tokens`` outputs on).
 
 Follows: seed 002 opening (token budget, mixed prefill and decode, no token for a partial
-prefill) and §3.1 (hits only at admission); the scheduler issue's property list.
+prefill) and §3.1 (hits only at admission).
 Mirrors: vLLM's ``tests/v1/core/test_scheduler.py`` in intent, not in code.
 
 Checked each step: scheduled total == sum of the per-request counts <= the budget; every
@@ -90,7 +90,7 @@ class Expected:
 
 
 def generate_alone(prompt: list[int], params: SamplingParams, eos: int | None, max_model_len: int) -> Expected:
-    """Run the fake model on ``prompt`` alone and stop as the scheduler issue says
+    """Run the fake model on ``prompt`` alone and stop by the scheduler's stop rules
     (below ``min_tokens`` outputs only ``max_model_len`` stops it)."""
     seq = list(prompt)
     out: list[int] = []

@@ -121,7 +121,7 @@ def test_failed_step_aborts_its_requests_and_the_engine_serves_on(tiny_model_dir
 
 @pytest.mark.seed("002:2.3")
 def test_blocks_of_a_failed_first_forward_never_serve_a_hit(tiny_model_dirs, fresh):
-    """The issue's "worse" case: blocks are cached when allocated, before the forward writes
+    """The dangerous case: blocks are cached when allocated, before the forward writes
     them. After a failed forward, a prompt with the same prefix must not hit them."""
     llm = make_llm(tiny_model_dirs["qwen3"])
     inject(llm, "forward", Fault(at=1))

@@ -98,6 +98,31 @@ def test_split_kv_with_prefill_rows_and_padding():
     check_against_reference([4, 1], [40, 70], 4, 2, 64, 16, num_segments=4, pad_tokens=3)
 
 
+def test_a_prefill_chunk_padded_to_a_full_graph_key_matches_reference():
+    """A FULL CUDA graph's key may have as many requests as tokens, (4, 4) say. A batch padded
+    to it then looks like pure decode to the launcher (N == R): decode tiles and, with a long
+    context, the split-KV path. The result must not depend on that: here the one real request
+    has 3 query tokens after 600 cached ones, plus 3 padded requests and 1 padding row."""
+    from tinyvllm.worker.attention_metadata import build_attention_metadata
+
+    torch.manual_seed(0)
+    num_kv_heads, group, head_size, block_size = 2, 2, 16, 16
+    key_cache = torch.randn(48, block_size, num_kv_heads, head_size, device=DEVICE)  # [B, S, Hkv, D]
+    value_cache = torch.randn_like(key_cache)
+    md = build_attention_metadata(
+        [600], [3], [list(range(39))], block_size, num_padded_tokens=4, num_padded_reqs=4,
+        max_num_blocks=48, device=DEVICE,
+    )  # fmt: skip
+    assert choose_num_segments(4, 4, num_kv_heads, 48 * block_size) == SPLIT_KV_SEGMENTS
+    q = torch.randn(4, num_kv_heads * group, head_size, device=DEVICE)  # [N_pad, H, D]
+    scale = head_size**-0.5
+    args = (q, key_cache, value_cache, md.query_start_loc, md.seq_lens, md.block_table, scale)
+    expected = reference.paged_attention(*args)
+    out = triton_attention.paged_attention(*args, out=torch.full_like(q, float("nan")))
+    torch.testing.assert_close(out[:3], expected[:3], **TOLERANCES[torch.float32])
+    assert (out[3:] == 0).all(), "the padding row must come back zero"
+
+
 @st.composite
 def tiny_batches(draw):
     num_reqs = draw(st.integers(1, 3))

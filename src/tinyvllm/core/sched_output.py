@@ -47,6 +47,7 @@ class CachedRequestData:
     resumed_token_ids: tuple[int, ...] | None = None
 
 
+# --8<-- [start:scheduler_output]
 @dataclass(frozen=True)
 class SchedulerOutput:
     """One step: the requests to run and the tokens per request, within the budget."""
@@ -67,3 +68,4 @@ class SchedulerOutput:
     @property
     def num_scheduled_reqs(self) -> int:
         return len(self.num_scheduled_tokens)
+# --8<-- [end:scheduler_output]

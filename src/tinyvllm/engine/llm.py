@@ -471,6 +471,7 @@ class LLM:
         # --8<-- [end:validation]
         return self._run(added, use_tqdm)
 
+    # --8<-- [start:run_loop]
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
@@ -485,3 +486,4 @@ class LLM:
                 self.engine.abort_request([r for r in req_ids if r not in finished])
                 raise
         return [finished[r] for r in req_ids]
+    # --8<-- [end:run_loop]

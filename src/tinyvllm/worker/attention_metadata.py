@@ -21,14 +21,16 @@ request's blocks; positions continue from ``num_computed_tokens``; ``query_start
 cumulative sum of ``num_scheduled_tokens``; ``logits_indices[r]`` is request r's last row.
 
 NOTE 1 (padding convention): a CUDA graph replays a fixed token count, so the runner pads
-the N real tokens to ``num_padded_tokens``. Padding rows belong to no request: their position
-is 0 (a valid rotary index), their slot is ``PAD_SLOT_ID`` (``write_kv_cache`` skips them),
-``query_start_loc[-1]`` stays N, and both attention backends write zeros to their output
-rows. A FULL graph also fixes the request count, so the runner may pad the R requests to
-``num_padded_reqs``: a padded request has no query rows (its ``query_start_loc`` entry
-repeats N), ``seq_len`` 0, a block-table row of ``PAD_BLOCK_ID`` and a logits row that is
-never read. Block-table rows are padded with ``PAD_BLOCK_ID`` past a request's own blocks;
-the kernels never read those entries (they stop at ``cdiv(seq_len, block_size)``).
+the N real tokens to ``num_padded_tokens`` (the dispatcher's ``desc.num_tokens``: a capture
+size under a graph, N itself in an eager step). Padding rows belong to no request: their
+position is 0 (a valid rotary index), their slot is ``PAD_SLOT_ID`` (``write_kv_cache`` skips
+them), ``query_start_loc[-1]`` stays N, and both attention backends write zeros to their
+output rows. A FULL graph also fixes the request count, so in a FULL step (and only there)
+the runner pads the R requests to ``num_padded_reqs``: a padded request has no query rows
+(its ``query_start_loc`` entry repeats N), ``seq_len`` 0, a block-table row of
+``PAD_BLOCK_ID`` and a logits row that is never read. Block-table rows are padded with
+``PAD_BLOCK_ID`` past a request's own blocks; the kernels never read those entries (they
+stop at ``cdiv(seq_len, block_size)``).
 
 Left out: speculative decoding, multimodal positions (M-RoPE).
 """

@@ -15,7 +15,7 @@ Errors: a malformed FQCN, a name that is not a class, or a class that is not a
 an FQCN's module) raises ``RuntimeError`` chained to the original exception.
 
 NOTE 1: ``EngineConfig`` has no speculative decoding yet. A config carrying a non-None
-``speculative_config`` attribute (a later issue adds it; tests use a fake) selects the
+``speculative_config`` attribute (tinyvllm has none; tests use a fake) selects the
 spec-decode mode.
 NOTE 2: ``validate_logits_processors_parameters`` caches the loaded classes per tuple of
 names (``functools.lru_cache``): importing is slow and the set of installed plugins is
