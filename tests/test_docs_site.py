@@ -1,0 +1,501 @@
+"""The built docs site works in a real browser, with no network.
+
+The module builds the site strictly into a temporary directory, serves it on 127.0.0.1 and
+loads every page of it (every ``*.html`` the build wrote, except ``404.html``) in headless
+Chromium, driven by Playwright. Requests that leave 127.0.0.1 are recorded and aborted.
+The tests then check, page by page:
+
+- every mermaid diagram was drawn as an SVG by the copy of mermaid the site serves;
+- no console error, no uncaught error, no external request, no failed local request;
+- every same-site link answers 200 and every ``#fragment`` names an element on its target;
+- no code block is wider than its box at a 1400x900 viewport;
+- the search box finds a Chinese word of a quoted seed sentence.
+
+Chromium: Debian's ``/usr/bin/chromium`` (``apt-get install chromium``), or the binary named
+by ``$TINYVLLM_CHROMIUM``; Playwright's own browser downloads are never used. Without a
+browser the browser tests skip, unless ``TINYVLLM_REQUIRE_BROWSER=1`` (CI sets it): then
+they fail. The first tests need no browser: they check the mermaid hook's download, integrity
+check, cache and failure message.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import html.parser
+import importlib.util
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOK_FILE = ROOT / "docs_hooks" / "mermaid_assets.py"
+VIEWPORT = {"width": 1400, "height": 900}
+# The ```mermaid fences the pages had when this test was written: prefix_hashing,
+# block_pool, kv_cache_manager (2), free_queue, thinking_budget, scheduler. Pages may add
+# more; finding fewer means the test no longer detects diagrams.
+MIN_DIAGRAMS = 7
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+INSTALL_HINT = (
+    "install Debian's Chromium (apt-get update && apt-get install -y chromium) "
+    "and the browser extra (pip install -e '.[browser]'), or point TINYVLLM_CHROMIUM at a "
+    "Chromium binary; set TINYVLLM_REQUIRE_BROWSER=1 to fail instead of skipping"
+)
+
+# Material draws each diagram into a *closed* shadow root, which page scripts cannot read.
+# This script runs before any page script and keeps a reference to every shadow root. It
+# also counts uncaught errors, so the wait for diagrams ends early when one fails to draw.
+RECORD_SHADOW_ROOTS = """
+(() => {
+  window.__tinyvllmErrors = 0;
+  const count = () => { window.__tinyvllmErrors += 1; };
+  window.addEventListener("error", count);
+  window.addEventListener("unhandledrejection", count);
+  const attach = Element.prototype.attachShadow;
+  window.__tinyvllmShadowRoots = [];
+  Element.prototype.attachShadow = function (init) {
+    const root = attach.call(this, init);
+    window.__tinyvllmShadowRoots.push([this, root]);
+    return root;
+  };
+})();
+"""
+COUNT_DRAWN_DIAGRAMS = """
+() => (window.__tinyvllmShadowRoots || []).filter(([host, root]) => {
+  if (!host.isConnected || !host.classList.contains("mermaid")) return false;
+  const svg = root.querySelector("svg");
+  return svg !== null && svg.getAttribute("aria-roledescription") !== "error";
+}).length
+"""
+OVERFLOWING_CODE = """
+() => [...document.querySelectorAll("pre, pre > code")]
+  .filter(e => e.scrollWidth > e.clientWidth + 1)
+  .map(e => `<${e.tagName.toLowerCase()}> ${e.scrollWidth}px of content in a ${e.clientWidth}px box,`
+            + ` first line: ${JSON.stringify((e.textContent.split("\\n")[0] || "").slice(0, 80))}`)
+"""
+LINKS = "() => [...document.querySelectorAll('a[href]')].map(a => a.href)"
+ANCHORS = """
+() => [...document.querySelectorAll('[id], [name]')]
+  .flatMap(e => [e.id, e.getAttribute('name')]).filter(Boolean)
+"""
+
+
+def _require_browser() -> bool:
+    return os.environ.get("TINYVLLM_REQUIRE_BROWSER") == "1"
+
+
+def _no_browser(reason: str):
+    if _require_browser():
+        pytest.fail(f"TINYVLLM_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+    pytest.skip(f"{reason}; {INSTALL_HINT}")
+
+
+def _find_chromium() -> str | None:
+    named = os.environ.get("TINYVLLM_CHROMIUM")
+    if named:
+        return named if os.access(named, os.X_OK) else None
+    for candidate in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _load_hook():
+    pytest.importorskip("mkdocs")
+    spec = importlib.util.spec_from_file_location("mermaid_assets_under_test", HOOK_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _closed_port_url(path: str = "mermaid.tgz") -> str:
+    """A URL on 127.0.0.1 where nothing listens: connecting to it is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/{path}"
+
+
+def _fake_tarball(tmp_path: Path, script: bytes) -> tuple[Path, str]:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("package/dist/mermaid.min.js")
+        info.size = len(script)
+        tar.addfile(info, io.BytesIO(script))
+    path = tmp_path / "mermaid.tgz"
+    path.write_bytes(buf.getvalue())
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(buf.getvalue()).digest()).decode()
+    return path, integrity
+
+
+# --- The mermaid hook, without a browser -------------------------------------------------
+
+
+def test_mermaid_hook_pins_a_release_and_its_sha512(monkeypatch):
+    hook = _load_hook()
+    major, _minor, _patch = (int(part) for part in hook.MERMAID_VERSION.split("."))
+    assert major >= 11, hook.MERMAID_VERSION
+    algo, _, digest = hook.MERMAID_INTEGRITY.partition("-")
+    assert algo == "sha512" and len(base64.b64decode(digest)) == 64, hook.MERMAID_INTEGRITY
+    monkeypatch.delenv("TINYVLLM_NPM_REGISTRY", raising=False)
+    assert hook.tarball_url() == (
+        f"https://registry.npmjs.org/mermaid/-/mermaid-{hook.MERMAID_VERSION}.tgz"
+    )
+
+
+def test_mermaid_hook_extracts_a_verified_tarball_and_then_uses_its_cache(tmp_path):
+    hook = _load_hook()
+    tarball, integrity = _fake_tarball(tmp_path, b"window.mermaid = {};\n")
+    cache = tmp_path / "cache"
+    path = hook.mermaid_js(cache=cache, url=tarball.as_uri(), version="0.0.1", integrity=integrity)
+    assert path == cache / "mermaid-0.0.1" / "mermaid.min.js"
+    assert path.read_bytes() == b"window.mermaid = {};\n"
+    # A second build reads the cache: the download address is never tried.
+    again = hook.mermaid_js(cache=cache, url=_closed_port_url(), version="0.0.1", integrity=integrity)
+    assert again == path
+
+
+def test_mermaid_hook_rejects_a_tarball_that_fails_the_integrity_check(tmp_path):
+    hook = _load_hook()
+    from mkdocs.exceptions import PluginError
+
+    tarball, _ = _fake_tarball(tmp_path, b"window.mermaid = {};\n")
+    cache = tmp_path / "cache"
+    with pytest.raises(PluginError, match="integrity mismatch"):
+        hook.mermaid_js(cache=cache, url=tarball.as_uri(), version="0.0.1")  # pinned sha512
+    assert not (cache / "mermaid-0.0.1" / "mermaid.min.js").exists()
+
+
+def test_docs_build_without_network_or_cache_stops_with_one_line_saying_what_to_do(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    hook = _load_hook()
+    cache = tmp_path / "empty-cache"
+    env = dict(
+        os.environ,
+        NO_MKDOCS_2_WARNING="1",
+        TINYVLLM_DOCS_CACHE=str(cache),
+        TINYVLLM_NPM_REGISTRY=_closed_port_url("registry").rsplit("/", 1)[0],
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0, "the build succeeded with no mermaid download and no cache"
+    lines = [line for line in proc.stderr.splitlines() if "mermaid_assets:" in line]
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    for part in (f"mermaid {hook.MERMAID_VERSION}", "no cached copy", str(cache), "TINYVLLM_DOCS_CACHE"):
+        assert part in line, f"{part!r} missing from: {line}"
+
+
+# --- The site in a browser ----------------------------------------------------------------
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+class _Anchors(html.parser.HTMLParser):
+    """Collects the id and name attributes of a page, and counts its mermaid blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchors: set[str] = set()
+        self.mermaid = 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for key in ("id", "name"):
+            if attrs.get(key):
+                self.anchors.add(attrs[key])
+        if tag in ("pre", "div") and "mermaid" in (attrs.get("class") or "").split():
+            self.mermaid += 1
+
+
+def _parse(text: str) -> _Anchors:
+    parser = _Anchors()
+    parser.feed(text)
+    return parser
+
+
+@dataclass
+class Page:
+    url: str
+    expected_diagrams: int
+    drawn_diagrams: int = 0
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    external_requests: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    anchors: set[str] = field(default_factory=set)
+    overflowing_code: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Site:
+    base: str
+    pages: dict[str, Page]
+    context: object  # the Playwright browser context the pages were loaded in
+
+
+def _page_urls(site_dir: Path, base: str) -> list[str]:
+    urls = []
+    for path in sorted(site_dir.rglob("*.html")):
+        rel = path.relative_to(site_dir).as_posix()
+        if rel == "404.html":
+            continue
+        urls.append(base + (rel[: -len("index.html")] if rel.endswith("index.html") else rel))
+    return urls
+
+
+def _visit(context, site_dir: Path, base: str, url: str) -> Page:
+    rel = url[len(base):]
+    html_file = site_dir / (rel + "index.html" if rel == "" or rel.endswith("/") else rel)
+    page = Page(url=url, expected_diagrams=_parse(html_file.read_text(encoding="utf-8")).mermaid)
+    tab = context.new_page()
+    in_flight: set = set()
+    closing = False  # requests cut short by closing the tab are not failures
+
+    def started(request):
+        if request.url.startswith(base):
+            in_flight.add(request)
+
+    def answered(response):
+        if response.url.startswith(base) and response.status >= 400:
+            page.failed_requests.append(f"{response.url} -> HTTP {response.status}")
+
+    def finished(request):
+        in_flight.discard(request)
+
+    def failed(request):  # requests to other hosts are aborted and reported separately
+        in_flight.discard(request)
+        if request.url.startswith(base) and not closing:
+            page.failed_requests.append(f"{request.url} -> {request.failure}")
+
+    def console(message):
+        if message.type == "error":
+            where = message.location.get("url") or ""
+            page.console_errors.append(f"{message.text} ({where})" if where else message.text)
+
+    tab.on("console", console)
+    tab.on("pageerror", lambda e: page.page_errors.append(str(e)))
+    tab.on("request", started)
+    tab.on("response", answered)
+    tab.on("requestfinished", finished)
+    tab.on("requestfailed", failed)
+    try:
+        tab.goto(url, wait_until="load")
+        if page.expected_diagrams:
+            try:
+                tab.wait_for_function(
+                    f"() => window.__tinyvllmErrors > 0"
+                    f" || ({COUNT_DRAWN_DIAGRAMS})() >= {page.expected_diagrams}",
+                    timeout=30_000,
+                )
+            except Exception:  # reported through drawn_diagrams
+                pass
+        # Let the requests made after "load" (the search index) finish, for up to 10 s.
+        deadline = time.monotonic() + 10
+        while in_flight and time.monotonic() < deadline:
+            tab.wait_for_timeout(25)
+        page.drawn_diagrams = tab.evaluate(COUNT_DRAWN_DIAGRAMS)
+        page.links = tab.evaluate(LINKS)
+        page.anchors = set(tab.evaluate(ANCHORS))
+        page.overflowing_code = tab.evaluate(OVERFLOWING_CODE)
+    finally:
+        closing = True
+        tab.close()
+    page.failed_requests = sorted(set(page.failed_requests))
+    return page
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    chromium = _find_chromium()
+    if chromium is None:
+        named = os.environ.get("TINYVLLM_CHROMIUM")
+        _no_browser(
+            f"TINYVLLM_CHROMIUM={named} is not an executable file" if named
+            else "no Chromium binary was found (looked for /usr/bin/chromium and chromium on PATH)"
+        )
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _no_browser("the Python package 'playwright' is not installed")
+    pytest.importorskip("mkdocs")
+
+    site_dir = tmp_path_factory.mktemp("site")
+    build = subprocess.run(
+        # No -q: with -q, mkdocs drops warnings before --strict counts them.
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site_dir)],
+        cwd=ROOT, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert build.returncode == 0, f"mkdocs build --strict failed:\n{build.stdout}\n{build.stderr}"
+
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site_dir))
+    )
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    external: list[str] = []
+
+    def abort_external(route):
+        external.append(route.request.url)
+        route.abort()
+
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+            context = browser.new_context(viewport=VIEWPORT)
+            context.set_default_timeout(30_000)
+            context.add_init_script(RECORD_SHADOW_ROOTS)
+            # Anything not served by the test server is recorded and never fetched.
+            context.route(lambda url: not url.startswith(base), abort_external)
+            pages = {}
+            for url in _page_urls(site_dir, base):
+                seen = len(external)
+                pages[url] = _visit(context, site_dir, base, url)
+                pages[url].external_requests = external[seen:]
+            yield Site(base=base, pages=pages, context=context)
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _report(problems: list[str], what: str) -> str:
+    return f"{len(problems)} {what}:\n" + "\n".join(problems)
+
+
+def test_docs_site_has_pages(site):
+    assert any(url == site.base for url in site.pages), f"no home page among {list(site.pages)}"
+    assert len(site.pages) >= 10, list(site.pages)
+
+
+def test_docs_every_mermaid_diagram_is_drawn_as_svg(site):
+    problems = [
+        f"{p.url}: {p.drawn_diagrams} of {p.expected_diagrams} diagrams drawn as SVG"
+        for p in site.pages.values()
+        if p.drawn_diagrams != p.expected_diagrams
+    ]
+    assert not problems, _report(problems, "pages with undrawn mermaid diagrams")
+    total = sum(p.expected_diagrams for p in site.pages.values())
+    assert total >= MIN_DIAGRAMS, f"only {total} mermaid diagrams found in the built site"
+
+
+def test_docs_pages_log_no_errors(site):
+    problems = [
+        f"{p.url}: {kind}: {text}"
+        for p in site.pages.values()
+        for kind, texts in (("console error", p.console_errors), ("uncaught error", p.page_errors))
+        for text in texts
+    ]
+    assert not problems, _report(problems, "errors")
+
+
+def test_docs_pages_request_nothing_outside_the_site(site):
+    problems = [
+        f"{p.url}: requested {request}" for p in site.pages.values() for request in p.external_requests
+    ]
+    assert not problems, _report(problems, "requests to other hosts")
+
+
+def test_docs_pages_have_no_failed_local_requests(site):
+    problems = [f"{p.url}: {failure}" for p in site.pages.values() for failure in p.failed_requests]
+    assert not problems, _report(problems, "failed requests")
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_docs_internal_links_and_anchors_resolve(site):
+    statuses: dict[str, int] = {}
+    anchors = {url: p.anchors for url, p in site.pages.items()}
+    problems = []
+    checked = 0
+    for page in site.pages.values():
+        for link in sorted(set(page.links)):
+            if not link.startswith(site.base):
+                continue
+            target, _, fragment = link.partition("#")
+            if target not in statuses:
+                statuses[target] = _status(target)
+            if statuses[target] != 200:
+                problems.append(f"{page.url}: link {link} -> HTTP {statuses[target]}")
+                continue
+            checked += 1
+            if not fragment:
+                continue
+            if target not in anchors:  # not a crawled page: read its HTML as served
+                with urllib.request.urlopen(target, timeout=30) as response:
+                    anchors[target] = _parse(response.read().decode("utf-8", "replace")).anchors
+            name = urllib.parse.unquote(fragment)
+            if name not in anchors[target]:
+                problems.append(f"{page.url}: link {link}: no element with id or name {name!r} on {target}")
+    assert not problems, _report(problems, "broken links")
+    assert checked >= len(site.pages), f"only {checked} internal links checked"
+
+
+def test_docs_code_blocks_fit_at_1400x900(site):
+    problems = [f"{p.url}: {block}" for p in site.pages.values() for block in p.overflowing_code]
+    assert not problems, _report(problems, "code blocks that overflow horizontally")
+
+
+def test_docs_search_finds_chinese_words(site):
+    # Two words of the seed sentence quoted on the thinking budget page.
+    tab = site.context.new_page()
+    try:
+        tab.goto(site.base, wait_until="load")
+        box = tab.locator("input.md-search__input")
+        box.click()
+        for term in ("思考", "预算"):
+            box.fill(term)
+            # Material searches on keyup; fill() types without key events, so send one.
+            box.press("End")
+            hit = tab.locator(".md-search-result__item a[href*='thinking_budget/']")
+            try:
+                hit.first.wait_for(state="attached", timeout=15_000)
+            except Exception:
+                shown = tab.locator(".md-search-result").inner_text()
+                pytest.fail(f"searching {term!r} on {site.base} found no link to thinking_budget/;"
+                            f" the results read: {shown!r}", pytrace=False)
+            box.fill("")
+            box.press("End")
+            hit.first.wait_for(state="detached", timeout=15_000)
+    finally:
+        tab.close()
+
