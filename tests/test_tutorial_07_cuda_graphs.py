@@ -1,32 +1,20 @@
-"""Tutorial 07 (CUDA graphs) runs, shows both runtime modes and the padding, and matches the docs.
+"""Tutorial 07 (CUDA graphs) shows both runtime modes and the padding.
 
-``docs/cuda_graphs.md`` embeds ``docs/generated/07_cuda_graphs.txt``; this test keeps that
-file equal to what ``tutorials/07_cuda_graphs.py`` prints today. The printout depends only on
-the schedule (token ids are given, EOS is ignored), not on the random weights. Regenerate
-after a deliberate change with
-
-    PYTHONPATH=src python tutorials/07_cuda_graphs.py > docs/generated/07_cuda_graphs.txt
+``docs/cuda_graphs.md`` and ``docs/tutorials/07_cuda_graphs.md`` embed
+``docs/generated/07_cuda_graphs.txt``; ``tests/test_tutorial_pages.py`` keeps that file
+equal to what the script prints (regenerate it with
+``python tutorials/regenerate_golden.py 07``). The printout depends only on the schedule
+(token ids are given, EOS is ignored), not on the random weights. The script runs once
+per session: the output is shared with that test.
 """
 
-from pathlib import Path
-
 import pytest
-from tutorial_runner import run_tutorial
-
-REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO / "docs" / "generated" / "07_cuda_graphs.txt"
+from tutorial_runner import tutorial_output as run_once
 
 
 @pytest.fixture(scope="module")
 def tutorial_output() -> str:
-    return run_tutorial("07_cuda_graphs.py")
-
-
-def test_cudagraph_tutorial_output_matches_docs(tutorial_output):
-    assert tutorial_output == GOLDEN.read_text(encoding="utf-8"), (
-        "tutorials/07_cuda_graphs.py prints something other than docs/generated/07_cuda_graphs.txt; "
-        "if the change is intended, regenerate the file (see this module's docstring)"
-    )
+    return run_once("07_cuda_graphs.py")
 
 
 def test_cudagraph_tutorial_shows_piecewise_full_and_padding(tutorial_output):

@@ -1,6 +1,11 @@
-"""The sampling tutorials run and print the documents' results."""
+"""The sampling tutorials print the documents' results.
 
-from tutorial_runner import run_tutorial as run
+``tests/test_tutorial_pages.py`` compares each whole output with its golden file in
+``docs/generated/``; these tests pin the facts the pages rely on. Each script runs once
+per session: the output is shared with that test.
+"""
+
+from tutorial_runner import tutorial_output as run
 
 
 def test_tutorial_03_logits_processors():
@@ -8,7 +13,11 @@ def test_tutorial_03_logits_processors():
     assert "after:  biases = {1: {100: 0.5}, 0: {200: -0.3}}" in out  # N.3 swap
     assert "after:  biases = {2: {300: 0.8}, 1: {100: 0.5}}" in out  # N.4 one-way move
     assert "rows = [0, 0, 2]  tokens = [100, 200, 50]  bias = [0.5, -0.3, 1.0]" in out  # S2
-    assert "count = 3  non-zero rows = 3" in out  # R2, no drift
+    # R2: the appendix's hand-made update, then the same step from a real batch
+    r2 = out.split("== Appendix R2")[1].split("== Appendix U2")[0]
+    assert "update: removed = [1]  added at rows [1, 3]  moved = [(2, 3, 'UNIDIRECTIONAL')]" in r2
+    assert "update: removed = []  added at rows [1, 3]  moved = [(2, 3, 'SWAP')]" in r2
+    assert r2.count("after:  min_p = [0.1, 0.2, 0.0, 0.05]  count = 3  non-zero rows = 3") == 2
     assert "pop_removed x3 = [3, 5, 7]" in out  # U2
 
 

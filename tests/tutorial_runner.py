@@ -1,5 +1,11 @@
-"""Run a script of ``tutorials/`` the way a reader would, and return what it printed."""
+"""Run a script of ``tutorials/`` the way a reader would, and return what it printed.
 
+``tutorial_output(name)`` runs each script at most once per test session: the golden-file
+test (``tests/test_tutorial_pages.py``) and the tests that check a tutorial's key lines
+share the same run, so a slow tutorial is not run twice.
+"""
+
+import functools
 import os
 import subprocess
 import sys
@@ -18,3 +24,9 @@ def run_tutorial(name: str, timeout: int = 300) -> str:
     )  # fmt: skip
     assert proc.returncode == 0, f"tutorials/{name} exited with {proc.returncode}:\n{proc.stderr}"
     return proc.stdout
+
+
+@functools.cache
+def tutorial_output(name: str) -> str:
+    """``run_tutorial(name)``, run once per session and remembered."""
+    return run_tutorial(name)

@@ -20,8 +20,8 @@ a letter is its code point (``A`` -> 65, ``k`` -> 107), the number n of req2 is
 embed it and a test checks it:
 
     run:         PYTHONPATH=src python tutorials/01_prefix_caching.py
-    regenerate:  PYTHONPATH=src python tutorials/01_prefix_caching.py > docs/generated/01_prefix_caching.txt
-    checked by:  tests/test_tutorial_01_prefix_caching.py
+    regenerate:  python tutorials/regenerate_golden.py 01
+    checked by:  tests/test_tutorial_pages.py, tests/test_tutorial_01_prefix_caching.py
 
 The step numbers are the document's figure labels (step 0, 3, 4, 5, 6), not engine
 steps: the figures skip the decode steps between 0 and 3.

@@ -38,8 +38,8 @@ The output is deterministic (no hash values, no addresses), so the docs embed it
 test checks it:
 
     run:         PYTHONPATH=src python tutorials/02_scheduler.py
-    regenerate:  PYTHONPATH=src python tutorials/02_scheduler.py > docs/generated/02_scheduler.txt
-    checked by:  tests/test_tutorial_02_scheduler.py
+    regenerate:  python tutorials/regenerate_golden.py 02
+    checked by:  tests/test_tutorial_pages.py, tests/test_tutorial_02_scheduler.py
 """
 
 from __future__ import annotations

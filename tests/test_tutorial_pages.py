@@ -1,0 +1,128 @@
+"""Every tutorial is in the docs and its golden output is what it prints today.
+
+For each numbered script ``tutorials/NN_name.py``:
+
+- ``docs/generated/NN_name.txt`` exists and equals the script's stdout exactly;
+- ``docs/tutorials/NN_name.md`` exists and includes the script (in a python block) and the
+  golden file (in a text block) with snippets, so the page cannot drift from either;
+- the page is listed in ``mkdocs.yml``'s nav under "Tutorials";
+- at least one chapter page links to it: a page of the nav outside Home, Glossary and
+  Tutorials that is a file in ``docs/`` (a page the build generates is not a chapter).
+
+Each script runs once per session (``tutorial_runner.tutorial_output``): the tests that
+check a tutorial's key lines (``tests/test_tutorial_*.py``) reuse the same run.
+
+After a deliberate change to what a tutorial prints, regenerate its golden file with
+``python tutorials/regenerate_golden.py NN`` (or with no number, for all of them).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from tutorial_runner import tutorial_output
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "tutorials").glob("[0-9][0-9]_*.py"))
+STEMS = [script.stem for script in SCRIPTS]
+REGENERATOR = "tutorials/regenerate_golden.py"
+NOT_CHAPTERS = ("Home", "Glossary", "Tutorials")
+
+
+def _regenerate(stem: str) -> str:
+    return f"`python {REGENERATOR} {stem[:2]}`"
+
+
+class _NavLoader(yaml.SafeLoader):
+    """Reads mkdocs.yml, whose ``!!python/name:`` tags a safe loader refuses; they become None."""
+
+
+_NavLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+
+
+def _nav() -> list:
+    return yaml.load((REPO / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_NavLoader)["nav"]
+
+
+def _pages(entry) -> list[str]:
+    """Every page file under a nav entry (a str, a one-key dict, or a list of them)."""
+    if isinstance(entry, str):
+        return [entry]
+    if isinstance(entry, list):
+        return [page for item in entry for page in _pages(item)]
+    if isinstance(entry, dict):
+        return [page for value in entry.values() for page in _pages(value)]
+    raise AssertionError(f"unexpected nav entry {entry!r}")
+
+
+def _section(title: str):
+    return next((value for item in _nav() for key, value in item.items() if key == title), None)
+
+
+def test_tutorials_folder_holds_numbered_tutorials_and_the_regenerator():
+    assert STEMS, "no tutorials/NN_name.py found"
+    others = sorted(
+        p.name for p in (REPO / "tutorials").glob("*.py") if p.stem not in STEMS and p.name != Path(REGENERATOR).name
+    )
+    assert not others, f"tutorials/ holds scripts that are not numbered tutorials: {others}"
+    assert len({stem[:2] for stem in STEMS}) == len(STEMS), f"two tutorials share a number: {STEMS}"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_tutorial_output_matches_golden_file(stem: str):
+    golden = REPO / "docs" / "generated" / f"{stem}.txt"
+    assert golden.exists(), f"{golden.relative_to(REPO)} is missing; write it with {_regenerate(stem)}"
+    expected = golden.read_text(encoding="utf-8")
+    output = tutorial_output(f"{stem}.py")
+    if output != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True), output.splitlines(keepends=True),
+                f"docs/generated/{stem}.txt", f"python tutorials/{stem}.py",
+            )
+        )  # fmt: skip
+        pytest.fail(
+            f"tutorials/{stem}.py prints something other than docs/generated/{stem}.txt. If the change "
+            f"is intended, regenerate the file with {_regenerate(stem)} and read the page "
+            f"docs/tutorials/{stem}.md again.\n{diff}"
+        )
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_tutorial_page_includes_script_and_golden_output(stem: str):
+    page = REPO / "docs" / "tutorials" / f"{stem}.md"
+    assert page.exists(), f"{page.relative_to(REPO)} is missing"
+    text = page.read_text(encoding="utf-8")
+    script = f'```python\n--8<-- "tutorials/{stem}.py"\n```'
+    golden = f'```text\n--8<-- "docs/generated/{stem}.txt"\n```'
+    assert script in text, f"{page.name} does not include the script in a python block:\n{script}"
+    assert golden in text, f"{page.name} does not include the golden output in a text block:\n{golden}"
+    assert REGENERATOR in text, f"{page.name} does not say how to regenerate its golden output"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_tutorial_page_is_in_the_nav_under_tutorials(stem: str):
+    section = _section("Tutorials")
+    assert section is not None, "mkdocs.yml's nav has no 'Tutorials' section"
+    assert "Tutorials" in _nav()[-1], "the 'Tutorials' section should come after the chapters, last in the nav"
+    assert f"tutorials/{stem}.md" in _pages(section), f"tutorials/{stem}.md is not under 'Tutorials' in the nav"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_tutorial_page_is_linked_from_a_chapter(stem: str):
+    chapters = [
+        page
+        for item in _nav()
+        for key, value in item.items()
+        if key not in NOT_CHAPTERS
+        for page in _pages(value)
+        if (REPO / "docs" / page).is_file()  # not a page the build generates
+    ]
+    assert chapters, "the nav lists no chapter pages"
+    link = re.compile(rf"\]\(tutorials/{re.escape(stem)}\.md(#[\w-]*)?\)")
+    linking = [page for page in chapters if link.search((REPO / "docs" / page).read_text(encoding="utf-8"))]
+    assert linking, f"no chapter page links to tutorials/{stem}.md (checked {len(chapters)} pages)"
