@@ -27,6 +27,7 @@ def _section(output: str, title_start: str) -> str:
     raise AssertionError(f"no section {title_start!r} in the tutorial output")
 
 
+@pytest.mark.seed("002:3.2")
 def test_prefix_caching_tutorial_replays_seed_002(tutorial_output: str) -> None:
     step0 = _section(tutorial_output, "step 0:")
     assert "req0: 0[ABCD]  1[EFGH]  2[IJKL]  3[MNO_]" in step0

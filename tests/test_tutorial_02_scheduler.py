@@ -34,6 +34,7 @@ def _table(output: str) -> list[dict[str, str]]:
     return rows
 
 
+@pytest.mark.seed("002:opening")
 def test_scheduler_tutorial_shows_chunking_hit_and_preemption(tutorial_output: str) -> None:
     rows = _table(tutorial_output)
     by_step = {int(r["step"]): r for r in rows}

@@ -5,9 +5,11 @@
 The script runs once per session: the output is shared with that test.
 """
 
+import pytest
 from tutorial_runner import tutorial_output
 
 
+@pytest.mark.seed("003:memory")
 def test_tutorial_05_paged_attention():
     out = tutorial_output("05_paged_attention.py")
     assert "kv_cache shape (2, 8, 16, 2, 64)" in out

@@ -5,9 +5,11 @@
 per session: the output is shared with that test.
 """
 
+import pytest
 from tutorial_runner import tutorial_output as run
 
 
+@pytest.mark.seed("001:N", "001:R2", "001:S2", "001:U2")
 def test_tutorial_03_logits_processors():
     out = run("03_logits_processors.py")
     assert "after:  biases = {1: {100: 0.5}, 0: {200: -0.3}}" in out  # N.3 swap
@@ -21,6 +23,7 @@ def test_tutorial_03_logits_processors():
     assert "pop_removed x3 = [3, 5, 7]" in out  # U2
 
 
+@pytest.mark.seed("001:O", "001:T2")
 def test_tutorial_04_thinking_budget():
     out = run("04_thinking_budget.py")
     assert "budget=10 think_count=8 spec_len=3 -> force_index=[2]" in out
