@@ -170,7 +170,7 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
 class TestRef:
     name: str  # the function name, or a state machine's TestCase name
     path: str  # repo-relative, e.g. "tests/test_scheduler.py"
-    line: int  # the line of its ``def`` (or assignment)
+    line: int  # its first line: the first decorator, else the ``def`` (or the assignment)
     seeds: tuple[str, ...]  # section keys from its own and its module's ``seed`` markers
     gpu: bool = False  # marked ``gpu``: runs only where CUDA is
 
@@ -203,6 +203,11 @@ def _seed_marks(decorators: list[ast.expr]) -> list[str]:
     return keys
 
 
+def _first_line(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> int:
+    """Where a reader should land: the first decorator (the marks), else the ``def``."""
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
+
+
 def scan_test_file(path: Path, repo: Path = REPO) -> list[TestRef]:
     """Every test a file defines, with the seed sections it is marked with."""
     rel = path.relative_to(repo).as_posix()
@@ -221,14 +226,14 @@ def scan_test_file(path: Path, repo: Path = REPO) -> list[TestRef]:
 
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-            add(node.name, node.lineno, _seed_marks(node.decorator_list), node.decorator_list)
+            add(node.name, _first_line(node), _seed_marks(node.decorator_list), node.decorator_list)
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
             class_keys = _seed_marks(node.decorator_list)
             methods = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
             for m in methods:
-                add(m.name, m.lineno, class_keys + _seed_marks(m.decorator_list), node.decorator_list + m.decorator_list)
+                add(m.name, _first_line(m), class_keys + _seed_marks(m.decorator_list), node.decorator_list + m.decorator_list)
             if not methods:
-                add(node.name, node.lineno, class_keys, node.decorator_list)
+                add(node.name, _first_line(node), class_keys, node.decorator_list)
         elif isinstance(node, ast.Assign):  # TestMachine = SomeStateMachine.TestCase
             for target in node.targets:
                 if isinstance(target, ast.Name) and target.id.startswith("Test"):
