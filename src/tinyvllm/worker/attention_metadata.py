@@ -23,7 +23,7 @@ cumulative sum of ``num_scheduled_tokens``; ``logits_indices[r]`` is request r's
 NOTE 1 (padding convention): a CUDA graph replays a fixed token count, so the runner pads
 the N real tokens to ``num_padded_tokens``. Padding rows belong to no request: their position
 is 0 (a valid rotary index), their slot is ``PAD_SLOT_ID`` (``write_kv_cache`` skips them),
-``query_start_loc[-1]`` stays N, and both attention backends write zeros to their output
+``query_start_loc[-1]`` stays N, and every attention backend writes zeros to its output
 rows. A FULL graph also fixes the request count, so the runner may pad the R requests to
 ``num_padded_reqs``: a padded request has no query rows (its ``query_start_loc`` entry
 repeats N), ``seq_len`` 0, a block-table row of ``PAD_BLOCK_ID`` and a logits row that is
