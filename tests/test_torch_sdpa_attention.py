@@ -195,3 +195,38 @@ def test_attention_cpu_bench_dry_run_writes_json(tmp_path):
         assert case["max_abs_diff"] < 1e-4, case  # the two backends agree on the benchmark's own inputs
         assert case["ratio_reference_over_torch"] > 0
     assert f"wrote {out}" in result.stdout
+
+
+def test_gather_rows_reuses_one_buffer_per_name():
+    rows = torch.randn(40, 2, 8)  # [B * S, Hkv, D]
+    first = torch_sdpa.gather_rows(rows, torch.tensor([3, 1, 4, 1, 5]), "key")
+    assert torch.equal(first, rows[torch.tensor([3, 1, 4, 1, 5])])
+    second = torch_sdpa.gather_rows(rows, torch.tensor([9, 2, 6]), "key")  # smaller: same storage
+    assert torch.equal(second, rows[torch.tensor([9, 2, 6])])
+    assert second.data_ptr() == first.data_ptr()
+    other = torch_sdpa.gather_rows(rows, torch.tensor([0]), "value")  # another name: another buffer
+    assert other.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+    grown = torch_sdpa.gather_rows(rows, torch.arange(40).flip(0).repeat(3), "key")  # larger: grown
+    assert torch.equal(grown, rows.flip(0).repeat(3, 1, 1))
+
+
+@pytest.mark.seed("000:cgsupport")
+def test_torch_backend_under_full_graphs_runs_piecewise_with_eager_tokens(tiny_model_dirs):
+    """NEVER: a FULL-containing mode is downgraded to PIECEWISE (attention runs eagerly
+    between the emulated graphs), and the tokens equal eager execution's."""
+    from tinyvllm import LLM, SamplingParams
+    from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
+
+    prompts = [{"prompt_token_ids": [(13 * i + 5) % 400 + 3 for i in range(n)]} for n in (3, 20, 9)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    tokens = {}
+    for mode in ("NONE", "FULL_AND_PIECEWISE"):
+        llm = LLM(
+            str(tiny_model_dirs["qwen3"]), device="cpu", attention_backend="torch", max_model_len=64, block_size=4,
+            max_num_batched_tokens=16, compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+        )  # fmt: skip
+        tokens[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    runner = llm.engine.model_runner
+    assert runner.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    assert runner.cudagraph_stats.get(CUDAGraphMode.PIECEWISE, 0) > 0 and CUDAGraphMode.FULL not in runner.cudagraph_stats
+    assert tokens["FULL_AND_PIECEWISE"] == tokens["NONE"]
