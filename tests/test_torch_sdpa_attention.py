@@ -230,3 +230,15 @@ def test_torch_backend_under_full_graphs_runs_piecewise_with_eager_tokens(tiny_m
     assert runner.cudagraph_mode == CUDAGraphMode.PIECEWISE
     assert runner.cudagraph_stats.get(CUDAGraphMode.PIECEWISE, 0) > 0 and CUDAGraphMode.FULL not in runner.cudagraph_stats
     assert tokens["FULL_AND_PIECEWISE"] == tokens["NONE"]
+
+
+def test_gather_rows_in_and_out_of_inference_mode():
+    """The engine runs under ``torch.inference_mode``; a buffer made there cannot be written
+    outside it, so each mode has its own."""
+    rows = torch.randn(12, 1, 4)
+    slots = torch.tensor([5, 0, 7])
+    with torch.inference_mode():
+        inside = torch_sdpa.gather_rows(rows, slots, "key")
+    outside = torch_sdpa.gather_rows(rows, slots, "key")
+    assert torch.equal(inside, rows[slots]) and torch.equal(outside, rows[slots])
+    assert outside.untyped_storage().data_ptr() != inside.untyped_storage().data_ptr()

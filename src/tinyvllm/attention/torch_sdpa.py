@@ -2,14 +2,15 @@
 
 Concept: the same math and signature as ``reference.paged_attention``, computed with few
 large torch ops instead of about fifteen small ones per request. The batch is split by
-query length. Requests with one query token (decodes) go together: one gather pulls all
-their keys and values out of the paged cache, through the block table, into a padded
-``[R, L, Hkv, D]`` tensor (``L`` the longest of their lengths), and one call to
-``torch.nn.functional.scaled_dot_product_attention`` (SDPA) attends over it, with a
+query length. Requests with one query token (decodes) go together: one gather for the
+keys and one for the values pull them out of the paged cache, through the block table,
+into padded ``[R, L, Hkv, D]`` tensors (``L`` the longest of their lengths), and one call
+to ``torch.nn.functional.scaled_dot_product_attention`` (SDPA) attends over them, with a
 key-padding mask hiding each request's positions past its own length. Each request with
 more than one query token (a prefill or a chunk of one) gets its own gather and SDPA call,
 with a causal mask aligned to the end of its keys (NOTE 1). Requests with no query tokens
-are skipped. A pure decode batch thus costs about ten torch ops per layer whatever R is.
+are skipped. A pure decode batch thus costs about twenty small torch ops and one SDPA call
+per layer, whatever R is.
 
 Follows: seed 003 "KV cache物理内存分配" (the per-layer cache ``(2, num_blocks, block_size,
 num_kv_heads, head_size)``; attention finds each request's blocks in the attention
@@ -42,9 +43,10 @@ NOTE 4 (a reused gather buffer): a decode gather is large (32 requests of 288 to
 4 KV heads of 64 floats: 9.4 MB each for K and V), and a fresh tensor that large gets
 fresh pages from the operating system, which the copy then faults in one by one. On a
 two-core VM that was 4,500 page faults per call and made the call 2.6 times slower. So
-the gather writes into a buffer that each thread keeps and reuses, grown to a power of
-two elements when too small. It holds as many bytes as the largest decode gather so far,
-about one layer's share of the running requests' KV cache.
+the gather writes into a buffer that each thread keeps and reuses (one per device, dtype
+and inference mode), grown to a power of two elements when too small. It holds as many
+bytes as the largest decode gather so far, about one layer's share of the running
+requests' KV cache.
 
 Not CUDA-graph safe (``NEVER``): the split by query length and the width ``L`` come from
 ``query_start_loc`` and ``seq_lens`` read on the host (``.tolist()``), which a graph cannot
@@ -52,7 +54,8 @@ capture; its KV writer (``write_kv_cache_torch``) indexes with a boolean mask.
 
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 caches, cross-attention;
 batching prefills together (each runs alone); bounding the decode gather, which holds all
-decodes' keys and values at once (NOTE 4); freeing the gather buffers.
+decodes' keys and values at once (NOTE 4); freeing the gather buffers; gradients through
+the decode gather (it writes into a buffer with ``out=``, which autograd refuses).
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ CUDAGRAPH_SUPPORT = AttentionCGSupport.NEVER
 # NOTE 3: SDPA takes ``enable_gqa`` from torch 2.5 on.
 SDPA_HAS_ENABLE_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
-# NOTE 4: each thread's reusable gather buffers, keyed by (name, device, dtype).
+# NOTE 4: each thread's reusable gather buffers, keyed by (name, device, dtype, whether
+# inference mode is on: a tensor made under it cannot be written outside it).
 _scratch = threading.local()
 
 
@@ -113,7 +117,7 @@ def gather_rows(
 ) -> torch.Tensor:  # [n, Hkv, D]
     """``rows[slots]``, written into this thread's reusable buffer ``name`` (NOTE 4). The
     result is valid until the next call with the same name on the same thread."""
-    key = (name, rows.device, rows.dtype)
+    key = (name, rows.device, rows.dtype, torch.is_inference_mode_enabled())
     buffers = _scratch.__dict__.setdefault("buffers", {})
     need = slots.numel() * math.prod(rows.shape[1:])
     buffer = buffers.get(key)
