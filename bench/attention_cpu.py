@@ -61,7 +61,8 @@ def make_batch(query_lens, seq_lens, cfg, gen):
     key_cache, value_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
     query = torch.randn(sum(query_lens), cfg["num_heads"], cfg["head_size"], generator=gen)
     qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
-    return query, key_cache, value_cache, qsl, torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(table, dtype=torch.int32)
+    lens, table = torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(table, dtype=torch.int32)
+    return query, key_cache, value_cache, qsl, lens, table
 
 
 def cases(cfg, gen):

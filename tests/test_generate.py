@@ -74,7 +74,7 @@ def test_generate_greedy_matches_transformers(tiny_model_dirs, hf_greedy, family
     scheduler.check_invariants()
 
 
-TORCH_BACKEND_CASES = [("qwen3", config) for config in CONFIGS] + [("qwen2", "chunked_prefill"), ("llama", "chunked_prefill")]
+TORCH_BACKEND_CASES = [("qwen3", c) for c in CONFIGS] + [("qwen2", "chunked_prefill"), ("llama", "chunked_prefill")]
 
 
 @pytest.mark.seed("003:memory")

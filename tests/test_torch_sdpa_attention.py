@@ -145,7 +145,7 @@ def test_torch_sdpa_without_enable_gqa_expands_kv_heads(monkeypatch):
 def test_expand_kv_heads_matches_repeat_interleave():
     kv = torch.randn(3, 2, 5, 4)  # [R, Hkv, L, D]
     for group in (1, 2, 4):
-        torch.testing.assert_close(torch_sdpa.expand_kv_heads(kv, group), kv.repeat_interleave(group, dim=1), rtol=0, atol=0)
+        assert torch.equal(torch_sdpa.expand_kv_heads(kv, group), kv.repeat_interleave(group, dim=1))
     assert torch_sdpa.expand_kv_heads(kv, 1) is kv
 
 
@@ -221,14 +221,16 @@ def test_torch_backend_under_full_graphs_runs_piecewise_with_eager_tokens(tiny_m
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     tokens = {}
     for mode in ("NONE", "FULL_AND_PIECEWISE"):
+        graphs = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}
         llm = LLM(
             str(tiny_model_dirs["qwen3"]), device="cpu", attention_backend="torch", max_model_len=64, block_size=4,
-            max_num_batched_tokens=16, compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+            max_num_batched_tokens=16, compilation_config=graphs,
         )  # fmt: skip
         tokens[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     runner = llm.engine.model_runner
     assert runner.cudagraph_mode == CUDAGraphMode.PIECEWISE
-    assert runner.cudagraph_stats.get(CUDAGraphMode.PIECEWISE, 0) > 0 and CUDAGraphMode.FULL not in runner.cudagraph_stats
+    stats = runner.cudagraph_stats
+    assert stats.get(CUDAGraphMode.PIECEWISE, 0) > 0 and CUDAGraphMode.FULL not in stats
     assert tokens["FULL_AND_PIECEWISE"] == tokens["NONE"]
 
 
