@@ -136,7 +136,11 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/attention/metadata.py",
         "src/tinyvllm/attention/kv_cache_write.py",
     ),
-    "paged_attention.md": ("src/tinyvllm/attention/reference.py", "src/tinyvllm/attention/triton_attention.py"),
+    "paged_attention.md": (
+        "src/tinyvllm/attention/reference.py",
+        "src/tinyvllm/attention/torch_sdpa.py",
+        "src/tinyvllm/attention/triton_attention.py",
+    ),
     "model_runner.md": (
         "src/tinyvllm/worker/model_runner.py",
         "src/tinyvllm/worker/kv_cache.py",

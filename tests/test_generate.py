@@ -1,7 +1,7 @@
 """The central test of the engine: greedy generation is token-for-token what transformers'
 ``generate`` produces from the same folder (float32, CPU), whatever the engine does on
 the way: prefix caching on or off, chunked prefill forced by a small token budget,
-preemption forced by a small pool, and either attention backend. Plus reproducible
+preemption forced by a small pool, and every attention backend. Plus reproducible
 sampling and bad input."""
 
 import pytest
@@ -72,6 +72,26 @@ def test_generate_greedy_matches_transformers(tiny_model_dirs, hf_greedy, family
         assert all(o.num_cached_tokens == 0 for o in outputs)
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == scheduler.kv_cache_manager.num_gpu_blocks
     scheduler.check_invariants()
+
+
+TORCH_BACKEND_CASES = [("qwen3", c) for c in CONFIGS] + [("qwen2", "chunked_prefill"), ("llama", "chunked_prefill")]
+
+
+@pytest.mark.seed("003:memory")
+@pytest.mark.parametrize("family, config", TORCH_BACKEND_CASES)
+def test_generate_torch_backend_matches_transformers(tiny_model_dirs, hf_greedy, family, config):
+    """The batched torch backend (the CPU default): every engine configuration on Qwen3, and
+    chunked prefill, where decodes and prefill chunks share steps, on every family."""
+    llm, tokens, outputs = _generate(tiny_model_dirs[family], attention_backend="torch", **CONFIGS[config])
+    assert llm.model.attention_backend == "torch"
+    assert tokens == hf_greedy[family]
+    if config == "preemption":
+        assert llm.engine.scheduler.num_preemptions > 0, "the small pool did not force a preemption"
+
+
+def test_generate_auto_backend_is_torch_on_the_cpu(tiny_model_dirs):
+    llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=16, block_size=4)
+    assert llm.model.attention_backend == "torch"
 
 
 def test_generate_triton_backend_matches_transformers(tiny_model_dirs, hf_greedy):

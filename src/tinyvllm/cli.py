@@ -53,7 +53,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "reference"])
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch", "reference"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--device", default="auto")
     p.add_argument("--max-model-len", type=int, default=None)

@@ -3,7 +3,7 @@
 Concept: attention's input contract. For the N (padded) token rows of a step and its R
 (possibly padded) requests it holds each token's position and cache slot, where each
 request's queries start, each request's sequence length and block table row, and the
-row of each request's last token. The model and both attention backends read only this;
+row of each request's last token. The model and every attention backend read only this;
 the worker builds it (``worker/attention_metadata.py`` for the index arithmetic,
 ``worker/input_buffers.py`` for the persistent tensors), so attention depends on nothing
 in the worker.

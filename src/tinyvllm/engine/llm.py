@@ -47,6 +47,11 @@ NOTE 7 (custom logits processors): ``logits_processors`` takes ``LogitsProcessor
 classes and ``"module.path:QualName"`` strings, as vLLM's ``LLM`` does; they run after the
 built-ins and after any installed plugin (``sample/logits_processors/loader.py``), and each
 one's ``validate_params`` is asked about every request in ``generate``.
+NOTE 8 (attention backends): "triton" (``attention/triton_attention.py``, CUDA-graph safe),
+"torch" (``attention/torch_sdpa.py``: decodes batched into one torch SDPA call per layer)
+and "reference" (``attention/reference.py``: a loop over requests, the specification).
+"auto" picks Triton on CUDA and torch on the CPU, where torch is the faster of the two
+that run without Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ from tinyvllm.worker.kv_cache import (
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 from tinyvllm.worker.model_runner import ModelRunner
 
-ATTENTION_BACKENDS = ("auto", "triton", "reference")
+ATTENTION_BACKENDS = ("auto", "triton", "torch", "reference")  # NOTE 8
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # NOTE 6
 THINK_START, THINK_END = "<think>", "</think>"  # NOTE 4
 PromptType = str | dict
@@ -148,13 +153,13 @@ def _check_triton(requested: str, device: torch.device, block_size: int, head_di
         raise ValueError(
             f"{chosen} runs Triton kernels, which need a CUDA device or, on the CPU, the interpreter "
             f"(TRITON_INTERPRET=1; it is {os.environ.get('TRITON_INTERPRET')!r}); device is {device}: "
-            "use attention_backend='reference'"
+            "use attention_backend='torch'"
         )
     for name, value in (("block_size", block_size), ("the model's head_dim", head_dim)):
         if value < 16 or value & (value - 1):
             raise ValueError(
                 f"{chosen} needs {name} to be a power of two >= 16 (the kernel's tl.dot tiles), got {value}: "
-                "use attention_backend='reference'"
+                "use attention_backend='torch'"
                 + (" or a block_size of 16, 32, ..." if name == "block_size" else "")
             )
 
@@ -228,7 +233,7 @@ class LLM:
         self.dtype = resolve_dtype(dtype, spec, self.device.type)
         requested_backend = attention_backend
         if attention_backend == "auto":
-            attention_backend = "triton" if self.device.type == "cuda" else "reference"
+            attention_backend = "triton" if self.device.type == "cuda" else "torch"  # NOTE 8
         if attention_backend == "triton":
             _check_triton(requested_backend, self.device, block_size, spec.head_dim)  # NOTE 5
         self.cudagraph_memory_bytes = 0  # what the graphs take from the KV budget (GPU only)

@@ -61,7 +61,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention import reference, torch_sdpa, triton_attention
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from tinyvllm.attention.metadata import AttentionMetadata
@@ -85,10 +85,12 @@ class AttentionBackend:
     cudagraph_support: AttentionCGSupport
 
 
-# The reference writes with a boolean mask and reads lengths on the host; the Triton pair
-# does neither, so a whole forward over it can be captured (seed 000, AttentionCGSupport).
+# The reference and the batched torch backend write with a boolean mask and read lengths
+# on the host; the Triton pair does neither, so a whole forward over it can be captured
+# (seed 000, AttentionCGSupport).
 ATTENTION_BACKENDS = {
     "reference": AttentionBackend(write_kv_cache_torch, reference.paged_attention, reference.CUDAGRAPH_SUPPORT),
+    "torch": AttentionBackend(write_kv_cache_torch, torch_sdpa.paged_attention, torch_sdpa.CUDAGRAPH_SUPPORT),
     "triton": AttentionBackend(
         write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT
     ),

@@ -24,7 +24,7 @@ NOTE 1 (padding convention): a CUDA graph replays a fixed token count, so the ru
 the N real tokens to ``num_padded_tokens`` (the dispatcher's ``desc.num_tokens``: a capture
 size under a graph, N itself in an eager step). Padding rows belong to no request: their
 position is 0 (a valid rotary index), their slot is ``PAD_SLOT_ID`` (``write_kv_cache`` skips
-them), ``query_start_loc[-1]`` stays N, and both attention backends write zeros to their
+them), ``query_start_loc[-1]`` stays N, and every attention backend writes zeros to its
 output rows. A FULL graph also fixes the request count, so in a FULL step (and only there)
 the runner pads the R requests to ``num_padded_reqs``: a padded request has no query rows
 (its ``query_start_loc`` entry repeats N), ``seq_len`` 0, a block-table row of

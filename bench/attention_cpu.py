@@ -1,0 +1,142 @@
+"""Benchmark (CPU): the batched torch attention backend against the torch reference.
+
+What it measures: one ``paged_attention`` call (one layer) of ``attention/torch_sdpa.py``
+and of ``attention/reference.py`` on the same inputs, for decode batches of R = 1, 8, 32
+and 128 requests with contexts of about 256 tokens (drawn from 224-288, so the batch is
+ragged), and for a mixed batch (16 decodes, two 64-token prompts, one 64-token chunk at
+context 256). Shapes: the attention layer of the CPU throughput model (8 query heads, 4
+KV heads, head size 64, float32), block size 16, blocks shuffled across a pool.
+
+How: ``torch.set_num_threads(T)`` for T = 1 and 2 (recorded); per case, the two backends
+alternate (order swapped every repeat), each sample times enough calls to last about 5 ms,
+and the figure is the median sample. The figure reported is the ratio
+``reference / torch`` of the medians (above 1: the torch backend is faster), measured in
+the same run, because absolute times on a shared two-core machine mean little. The JSON
+also holds the medians and the largest difference between the two outputs.
+
+Run: ``python bench/attention_cpu.py`` (about a minute) writes
+``bench/results/attention_cpu.json``; ``--dry-run`` runs every case on tiny shapes with
+timings that mean nothing (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tinyvllm.attention import reference, torch_sdpa
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = dict(
+    num_heads=8, num_kv_heads=4, head_size=64, block_size=16, context=(224, 288),
+    decode_batches=[1, 8, 32, 128], mixed=dict(decodes=16, prompts=2, prompt_len=64, chunk=64, chunk_context=256),
+    threads=[1, 2], repeats=15, sample_s=0.005,
+)  # fmt: skip
+DRY = dict(
+    num_heads=4, num_kv_heads=2, head_size=16, block_size=4, context=(6, 12),
+    decode_batches=[1, 3], mixed=dict(decodes=2, prompts=1, prompt_len=5, chunk=3, chunk_context=9),
+    threads=[1, 2], repeats=2, sample_s=0.0,
+)  # fmt: skip
+
+
+def make_batch(query_lens, seq_lens, cfg, gen):
+    """Paged inputs: each request's blocks drawn from a shuffled pool, random K/V and queries."""
+    bs = cfg["block_size"]
+    needed = [-(-s // bs) for s in seq_lens]
+    num_blocks = sum(needed) + 8
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    width = max(needed)
+    table, start = [], 0
+    for n in needed:
+        table.append(pool[start : start + n] + [0] * (width - n))
+        start += n
+    shape = (num_blocks, bs, cfg["num_kv_heads"], cfg["head_size"])
+    key_cache, value_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    query = torch.randn(sum(query_lens), cfg["num_heads"], cfg["head_size"], generator=gen)
+    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    lens, table = torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(table, dtype=torch.int32)
+    return query, key_cache, value_cache, qsl, lens, table
+
+
+def cases(cfg, gen):
+    """(name, R, tensors) for each decode batch and the mixed batch."""
+    low, high = cfg["context"]
+    for r in cfg["decode_batches"]:
+        lens = torch.randint(low, high + 1, (r,), generator=gen).tolist()
+        yield f"decode R={r}", r, make_batch([1] * r, lens, cfg, gen)
+    m = cfg["mixed"]
+    lens = torch.randint(low, high + 1, (m["decodes"],), generator=gen).tolist()
+    query_lens = [1] * m["decodes"] + [m["prompt_len"]] * m["prompts"] + [m["chunk"]]
+    seq_lens = lens + [m["prompt_len"]] * m["prompts"] + [m["chunk_context"]]
+    yield "mixed", len(query_lens), make_batch(query_lens, seq_lens, cfg, gen)
+
+
+def time_pair(fns, repeats, sample_s):
+    """Median seconds per call of each function, the functions alternating sample by sample."""
+    calls = {name: max(1, round(sample_s / max(_once(fn), 1e-6))) for name, fn in fns.items()}
+    samples = {name: [] for name in fns}
+    names = list(fns)
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            for _ in range(calls[name]):
+                fns[name]()
+            samples[name].append((time.perf_counter() - t0) / calls[name])
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _once(fn):
+    fn()  # warm-up
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes, timings meaningless")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_cpu.json"))
+    args = parser.parse_args(argv)
+    cfg = DRY if args.dry_run else FULL
+    results = []
+    for threads in cfg["threads"]:
+        torch.set_num_threads(threads)
+        gen = torch.Generator().manual_seed(0)
+        for name, num_reqs, tensors in cases(cfg, gen):
+            scale = cfg["head_size"] ** -0.5
+            fns = {
+                "reference": lambda t=tensors: reference.paged_attention(*t, scale),
+                "torch": lambda t=tensors: torch_sdpa.paged_attention(*t, scale),
+            }
+            diff = (fns["reference"]() - fns["torch"]()).abs().max().item()
+            medians = time_pair(fns, cfg["repeats"], cfg["sample_s"])
+            ratio = medians["reference"] / medians["torch"]
+            results.append(dict(
+                case=name, threads=threads, num_reqs=num_reqs, num_tokens=tensors[0].shape[0],
+                reference_median_s=medians["reference"], torch_median_s=medians["torch"],
+                ratio_reference_over_torch=ratio, max_abs_diff=diff,
+            ))  # fmt: skip
+            print(f"threads={threads} {name:14s} reference/torch = {ratio:6.2f}x  "
+                  f"(reference {medians['reference'] * 1e6:9.1f} us, torch {medians['torch'] * 1e6:9.1f} us, "
+                  f"max |diff| {diff:.1e})")  # fmt: skip
+    record = dict(
+        benchmark="attention_cpu", dry_run=args.dry_run, torch=torch.__version__,
+        python=sys.version.split()[0], machine=platform.machine(), processor=platform.processor(),
+        config=cfg, results=results,
+    )  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

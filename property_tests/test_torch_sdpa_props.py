@@ -1,0 +1,95 @@
+"""Properties of the batched torch (SDPA) attention backend over drawn paged batches.
+
+A drawn batch: a GQA ratio, a block size, 1-6 requests each with a drawn query length
+(0, 1 for a decode, or more for a prefill or a chunk of one) and context before it, a
+block pool shuffled by a drawn permutation, block-table entries past a request's own
+blocks drawn from the whole pool, and padding rows. Unused cache slots are filled with a
+drawn "garbage" value (NaN, or huge finite values), so reading one shows in the result.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyvllm.attention import reference, torch_sdpa
+from tinyvllm.core.kv_cache_manager import cdiv
+
+TOLERANCES = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=1e-6, rtol=torch.finfo(torch.float16).eps),  # one rounding step
+    torch.bfloat16: dict(atol=1e-6, rtol=torch.finfo(torch.bfloat16).eps),
+}
+
+
+@st.composite
+def paged_batches(draw):
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    num_kv_heads = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    num_reqs = draw(st.integers(1, 6))
+    query_lens = [draw(st.sampled_from([0, 1, 1, 1, 2, 3, 7, 20])) for _ in range(num_reqs)]
+    seq_lens = [q + draw(st.integers(0, 40)) for q in query_lens]  # q = 0, seq_len 0: a padded request
+    needed = [cdiv(s, block_size) for s in seq_lens]
+    num_blocks = sum(needed) + draw(st.integers(1, 3))  # some blocks nobody owns
+    pool = draw(st.permutations(range(num_blocks)))
+    width = max(1, *needed) + draw(st.integers(0, 2))
+    block_ids, table, start = [], [], 0
+    for n in needed:
+        block_ids.append(list(pool[start : start + n]))
+        start += n
+        tail = draw(st.lists(st.integers(0, num_blocks - 1), min_size=width - n, max_size=width - n))
+        table.append(block_ids[-1] + tail)  # entries past the request's blocks: any block
+    return dict(
+        query_lens=query_lens, seq_lens=seq_lens, block_ids=block_ids, table=table,
+        num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
+        num_heads=num_kv_heads * group, head_size=draw(st.sampled_from([16, 64])),
+        dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])),
+        pad_tokens=draw(st.sampled_from([0, 0, 3])), seed=draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+
+
+def build(case, garbage: float):
+    """The tensors of a drawn case, with ``garbage`` in every slot no request owns."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    shape = (case["num_blocks"], case["block_size"], case["num_kv_heads"], case["head_size"])
+    caches = []
+    for _ in range(2):
+        cache = torch.full(shape, garbage)
+        for ids, seq_len in zip(case["block_ids"], case["seq_lens"]):
+            flat = cache[torch.tensor(ids, dtype=torch.long)].flatten(0, 1)  # a copy of the request's blocks
+            flat[:seq_len] = torch.randn(seq_len, *shape[2:], generator=gen)
+            cache[torch.tensor(ids, dtype=torch.long)] = flat.view(len(ids), *shape[1:])
+        caches.append(cache.to(case["dtype"]))
+    num_rows = sum(case["query_lens"]) + case["pad_tokens"]
+    query = torch.randn(num_rows, case["num_heads"], case["head_size"], generator=gen).to(case["dtype"])
+    qsl = torch.tensor([0, *torch.tensor(case["query_lens"]).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor(case["seq_lens"], dtype=torch.int32)
+    table = torch.tensor(case["table"], dtype=torch.int32)
+    return query, caches[0], caches[1], qsl, seq_lens, table
+
+
+def run(paged_attention, tensors, head_size):
+    query = tensors[0]
+    out = torch.full_like(query, float("nan"))
+    return paged_attention(*tensors, head_size**-0.5, out=out)
+
+
+@pytest.mark.seed("003:memory")
+@given(paged_batches())
+def test_torch_sdpa_matches_reference_on_drawn_batches(case):
+    tensors = build(case, float("nan"))
+    out = run(torch_sdpa.paged_attention, tensors, case["head_size"])
+    expected = run(reference.paged_attention, tensors, case["head_size"])
+    assert out.dtype == case["dtype"] and not out.isnan().any()
+    torch.testing.assert_close(out, expected, **TOLERANCES[case["dtype"]])
+    assert (out[sum(case["query_lens"]) :] == 0).all()
+
+
+@pytest.mark.seed("003:memory")
+@given(paged_batches(), st.sampled_from([float("nan"), 1e4, -1e4]))
+def test_torch_sdpa_never_reads_a_slot_it_does_not_own(case, garbage):
+    """What unused slots hold cannot change a single bit of the result (NOTE 2 of the module)."""
+    clean = run(torch_sdpa.paged_attention, build(case, 0.0), case["head_size"])
+    dirty = run(torch_sdpa.paged_attention, build(case, garbage), case["head_size"])
+    assert torch.equal(clean, dirty)
