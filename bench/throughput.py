@@ -45,6 +45,9 @@ QWEN3_0_6B = dict(  # the published Qwen3-0.6B config.json, shapes only
 )  # fmt: skip
 
 
+GPU_MEMORY_UTILIZATION = 0.6  # the rest of the device is left to transformers' KV cache and logits
+
+
 def make_workload(num_seqs: int, max_input_len: int, max_output_len: int, min_len: int = 100, max_id: int = 10000):
     """nano-vllm's bench.py workload, draw for draw (``max_id`` only shrinks for the dry run)."""
     random.seed(0)
@@ -156,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_model_folder(Path(tmp) / "model", args.dry_run)
         kwargs = dict(max_model_len=64, block_size=4) if args.dry_run else dict(max_model_len=4096, block_size=16)
+        if device == "cuda":  # transformers, alive at the same time, needs ~10 GB for its batch of 32
+            kwargs["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
         llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend, **kwargs)
         hf = load_transformers(folder, device, dtype)
         llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-ups
@@ -170,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.manual_seed(r)
             runs["hf"].append(run_transformers(hf, sub_prompts, sub_tokens, temperature, args.hf_batch_size, device))
         engine = engine_config(llm, args.attention_backend)
+        if device == "cuda":
+            engine["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
         del llm, hf
     full = summarise(runs["full"], prompts, max_tokens)
     subset = summarise(runs["subset"], sub_prompts, sub_tokens)
