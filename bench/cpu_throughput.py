@@ -29,7 +29,7 @@ from medians measured in the same run; timings alone, on a shared machine, mean 
 Usage::
 
     python bench/cpu_throughput.py            # about 10 minutes on two cores
-    python bench/cpu_throughput.py --quick    # 8 shorter requests, 1 repeat
+    python bench/cpu_throughput.py --quick    # 8 shorter requests, smaller pairs, 1 repeat
     python bench/cpu_throughput.py --dry-run  # tiny model, seconds; the test suite runs it
 
 Writes ``bench/results/cpu_throughput.json`` (``--out`` to change; a dry or quick run
@@ -69,7 +69,7 @@ SIZES = {
                  batch1_prompt=64, batch1_tokens=128, prefix_seqs=32, prefix_shared=256, prefix_unique=256,
                  prefix_output=8, repeats=3),
     "quick": dict(num_seqs=8, prompt_len=(16, 128), output_len=(8, 32), warmup_seqs=2, warmup_tokens=4,
-                  batch1_prompt=64, batch1_tokens=32, prefix_seqs=16, prefix_shared=128, prefix_unique=128,
+                  batch1_prompt=64, batch1_tokens=32, prefix_seqs=8, prefix_shared=128, prefix_unique=128,
                   prefix_output=4, repeats=1),
     "dry": dict(num_seqs=4, prompt_len=(4, 24), output_len=(2, 8), warmup_seqs=2, warmup_tokens=2,
                 batch1_prompt=8, batch1_tokens=4, prefix_seqs=4, prefix_shared=32, prefix_unique=32,
