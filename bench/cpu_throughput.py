@@ -131,7 +131,10 @@ def hf_batch(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 def hf_generate(model, prompts, max_new_tokens: int, temperature: float, static: bool) -> tuple[float, torch.Tensor]:
     """Seconds for one ``generate`` call over all prompts, and the generated ids [rows, new] (checked)."""
     ids, mask = hf_batch(prompts)
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    if temperature > 0:
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        sampling = dict(do_sample=False)
     extra = dict(cache_implementation="static") if static else {}
     with torch.inference_mode():
         seconds, out = timed(model.generate, ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=0,
@@ -232,7 +235,8 @@ def bench_prefix_pair(llm_off, llm_on, size: dict, vocab: int, repeats: int, see
 
     for name in engines:  # warm-up on its own prompts
         once(name, make_prefix_workload(min(n, 4), shared, unique, vocab, seed=seed))
-    runs = {name: {"seconds": [], "looked_up_tokens": [], "hit_tokens": [], "cached_tokens_in_outputs": []} for name in engines}
+    keys = ("seconds", "looked_up_tokens", "hit_tokens", "cached_tokens_in_outputs")
+    runs = {name: {key: [] for key in keys} for name in engines}
     for r in range(repeats):
         prompts = make_prefix_workload(n, shared, unique, vocab, seed=seed + 1 + r)  # no hits across repeats
         for name in engines:
@@ -275,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_cpu_model(Path(tmp) / "model", dry_run=args.dry_run)
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-        common = dict(device="cpu", block_size=BLOCK_SIZE, max_model_len=min(MAX_MODEL_LEN, 512 if args.dry_run else MAX_MODEL_LEN),
-                      num_gpu_blocks_override=NUM_KV_BLOCKS, attention_backend=args.attention_backend, seed=0)  # fmt: skip
+        max_model_len = 512 if args.dry_run else MAX_MODEL_LEN  # the tiny model's positions stop at 512
+        common = dict(device="cpu", block_size=BLOCK_SIZE, max_model_len=max_model_len, num_gpu_blocks_override=NUM_KV_BLOCKS,
+                      attention_backend=args.attention_backend, seed=0)  # fmt: skip
         llm_off = LLM(str(folder), enable_prefix_caching=False, **common)
         llm_on = LLM(str(folder), enable_prefix_caching=True, **common)
         hf_model = load_hf(folder)
@@ -288,21 +293,24 @@ def main(argv: list[str] | None = None) -> int:
             b1 = bench_batch1(llm_off, hf_model, size, vocab, repeats)
             pc = bench_prefix_pair(llm_off, llm_on, size, vocab, repeats, seed=100 + 100 * i)
             per_threads[str(n)] = {"torch_threads": actual, "throughput": tp, "batch1": b1, "prefix_caching": pc}
-            best_hf = max(tp["hf_dynamic"]["tok_per_s"], tp["hf_static"]["tok_per_s"])
+            ours, dynamic, static = (tp[name]["tok_per_s"] for name in SYSTEMS)
             ratios[str(n)] = {
-                "tinyvllm_over_hf_dynamic": tp["tinyvllm"]["tok_per_s"] / tp["hf_dynamic"]["tok_per_s"],
-                "tinyvllm_over_hf_static": tp["tinyvllm"]["tok_per_s"] / tp["hf_static"]["tok_per_s"],
-                "tinyvllm_over_hf_best": tp["tinyvllm"]["tok_per_s"] / best_hf,
-                "batch1_decode_tinyvllm_over_hf_static": b1["hf_static"]["decode_s_per_token"] / b1["tinyvllm"]["decode_s_per_token"],
-                "prefix_caching_on_over_off_input": pc["caching_on"]["input_tok_per_s"] / pc["caching_off"]["input_tok_per_s"],
+                "tinyvllm_over_hf_dynamic": ours / dynamic,
+                "tinyvllm_over_hf_static": ours / static,
+                "tinyvllm_over_hf_best": ours / max(dynamic, static),
+                "batch1_decode_tinyvllm_over_hf_static":
+                    b1["hf_static"]["decode_s_per_token"] / b1["tinyvllm"]["decode_s_per_token"],
+                "prefix_caching_on_over_off_input":
+                    pc["caching_on"]["input_tok_per_s"] / pc["caching_off"]["input_tok_per_s"],
             }  # fmt: skip
         engines = {"throughput_and_batch1": engine_config(llm_off, args.attention_backend),
                    "prefix_caching_on": engine_config(llm_on, args.attention_backend)}  # fmt: skip
 
     prompts, max_tokens = make_workload(size["num_seqs"], size["prompt_len"], size["output_len"], vocab, seed=0)
     width, rows, new = max(map(len, prompts)), len(prompts), max(max_tokens)
+    prompt_tokens, output_tokens = sum(map(len, prompts)), sum(max_tokens)
     token_counts = {
-        "prompt": sum(map(len, prompts)), "output": sum(max_tokens), "useful_total": sum(map(len, prompts)) + sum(max_tokens),
+        "prompt": prompt_tokens, "output": output_tokens, "useful_total": prompt_tokens + output_tokens,
         "hf_padded_prompt": rows * width, "hf_generated": rows * new, "hf_padded_total": rows * (width + new),
     }  # fmt: skip
     result = {
@@ -316,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"family": "qwen3", "config": "tiny test model (tinyvllm.models.tiny)" if args.dry_run else CPU_MODEL,
                   "dtype": "float32", "params": params},  # fmt: skip
         "engine": engines,
-        "transformers": {"attn_implementation": "sdpa", "batch": "all requests in one left-padded batch",
-                         "systems": {"hf_dynamic": "default (dynamic) cache", "hf_static": "cache_implementation='static'"}},  # fmt: skip
+        "transformers": {
+            "attn_implementation": "sdpa", "batch": "all requests in one left-padded batch",
+            "systems": {"hf_dynamic": "default (dynamic) cache", "hf_static": "cache_implementation='static'"},
+        },  # fmt: skip
         "workload": {
             **{k: size[k] for k in ("num_seqs", "prompt_len", "output_len")},
             "temperature": TEMPERATURE, "ignore_eos": True, "seed": 0, "token_ids": f"uniform in [0, {vocab})",
@@ -329,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": per_threads,
         "ratios": ratios,
     }
-    out = args.out or ROOT / "bench" / "results" / ("cpu_throughput.json" if mode == "full" else f"cpu_throughput-{mode}.json")
+    name = "cpu_throughput.json" if mode == "full" else f"cpu_throughput-{mode}.json"
+    out = args.out or ROOT / "bench" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)

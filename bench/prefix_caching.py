@@ -16,11 +16,12 @@ found / tokens looked up). The 37% case on the GPU uses the PR's own lengths: a
 
 Each run adds every request to an ``LLMEngine`` (``add_request``) and steps it until all
 finish. Input throughput = prompt tokens / seconds of the whole run; a request's TTFT =
-the time of the step that returned its first output token - its arrival (the engine's
-``RequestMetrics``). By default all requests arrive at once, so TTFT includes the wait
-behind other prefills; ``--request-rate R`` makes them arrive as a Poisson process of R
-requests/s instead, as the PR's serving benchmark did. The token budget is 2048 per step,
-so the prefills spread over several steps.
+the time of the step that returned its first output token (``RequestMetrics``) - its
+arrival. By default all requests arrive at once, before the first step, so TTFT includes
+the wait behind other prefills; ``--request-rate R`` makes them arrive as a Poisson process
+of R requests/s instead, as the PR's serving benchmark did, and TTFT counts from each
+scheduled arrival (the run then lasts at least until the last arrival, so read TTFT, not
+throughput). The token budget is 2048 per step, so the prefills spread over several steps.
 
 Two engines, caching off and on, each with a warm-up; the repeats alternate off, on, off,
 on, ... and the medians count. Every run draws new prompts (the same for off and on in a
@@ -105,7 +106,10 @@ def run_engine(llm, prompts, max_tokens: int, request_rate: float, seed: int, id
     engine = llm.engine
     params = SamplingParams(temperature=TEMPERATURE, ignore_eos=True, max_tokens=max_tokens)
     rng = random.Random(seed)
-    offsets = list(itertools.accumulate(rng.expovariate(request_rate) for _ in prompts)) if request_rate > 0 else [0.0] * len(prompts)
+    if request_rate > 0:
+        offsets = list(itertools.accumulate(rng.expovariate(request_rate) for _ in prompts))
+    else:
+        offsets = [0.0] * len(prompts)
     req_ids = [f"r{next(ids)}" for _ in prompts]
     arrival: dict[str, float] = {}
     outputs = []
@@ -207,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = build_folder(Path(tmp) / "model", mode)
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
         longest = max(c["shared"] + c["unique"] + c["output"] for c in cases.values())
-        common = dict(device=device, block_size=BLOCK_SIZE, max_model_len=-(-longest // 256) * 256,
-                      max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, attention_backend=args.attention_backend, seed=0)  # fmt: skip
+        common = dict(device=device, block_size=BLOCK_SIZE, max_model_len=-(-longest // 256) * 256, seed=0,
+                      max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, attention_backend=args.attention_backend)  # fmt: skip
         # A fixed pool that holds every request of the largest case at once (about 1,100 blocks,
         # 280 MiB for the CPU model; 13,000 blocks, 24 GiB per engine for the GPU shape), so both
         # engines fit on one device and nothing is ever preempted.
@@ -260,17 +264,20 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(result: dict) -> None:
     backend = result["engine"]["caching_on"]["attention_backend"]
     print(f"\nprefix_caching ({result['mode']}, {result['repeats']} repeat(s), attention backend {backend!r})")
-    print(f"{'threads':>7} {'case':<7} {'hit rate':>8} {'input tok/s off -> on':>24} {'ratio':>6} {'mean TTFT ms off -> on':>24} {'ratio':>6}")
+    print(f"{'threads':>7} {'case':<7} {'hit rate':>8} {'input tok/s off -> on':>24} {'ratio':>6} "
+          f"{'mean TTFT ms off -> on':>24} {'ratio':>6}")  # fmt: skip
     for t, per in result["threads"].items():
         for name, c in per["cases"].items():
-            off, on = c["caching_off"], c["caching_on"]
-            print(f"{t:>7} {name:<7} {on['hit_rate']:>8.1%} "
-                  f"{off['input_tok_per_s']:>11.0f} -> {on['input_tok_per_s']:<9.0f} {c['ratios']['input_throughput_on_over_off']:>6.2f} "
-                  f"{off['median_mean_ttft_s'] * 1e3:>11.1f} -> {on['median_mean_ttft_s'] * 1e3:<9.1f} {c['ratios']['mean_ttft_off_over_on']:>6.2f}")  # fmt: skip
+            off, on, ratios = c["caching_off"], c["caching_on"], c["ratios"]
+            throughput = f"{off['input_tok_per_s']:>11.0f} -> {on['input_tok_per_s']:<9.0f}"
+            ttft = f"{off['median_mean_ttft_s'] * 1e3:>11.1f} -> {on['median_mean_ttft_s'] * 1e3:<9.1f}"
+            print(f"{t:>7} {name:<7} {on['hit_rate']:>8.1%} {throughput} {ratios['input_throughput_on_over_off']:>6.2f} "
+                  f"{ttft} {ratios['mean_ttft_off_over_on']:>6.2f}")  # fmt: skip
     s49, s37 = result["seed_004_reference"]["hit_49"], result["seed_004_reference"]["hit_37"]
-    print(f"seed 004 (vLLM PR #9668, L40S): 49% hits, input {s49['input_tok_per_s_off']:.0f} -> {s49['input_tok_per_s_on']:.0f} tok/s "
-          f"({s49['input_tok_per_s_on'] / s49['input_tok_per_s_off']:.2f}x); 37% hits, mean TTFT "
-          f"{s37['mean_ttft_ms_off']:.0f} -> {s37['mean_ttft_ms_on']:.0f} ms ({s37['mean_ttft_ms_off'] / s37['mean_ttft_ms_on']:.2f}x)")  # fmt: skip
+    off49, on49, off37, on37 = (s49["input_tok_per_s_off"], s49["input_tok_per_s_on"],
+                                s37["mean_ttft_ms_off"], s37["mean_ttft_ms_on"])  # fmt: skip
+    print(f"seed 004 (vLLM PR #9668, L40S): 49% hits, input {off49:.0f} -> {on49:.0f} tok/s ({on49 / off49:.2f}x); "
+          f"37% hits, mean TTFT {off37:.0f} -> {on37:.0f} ms ({off37 / on37:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, engine_config, machine_info, median, prefix_counters, set_threads, timed, versions  # noqa: E402
+from harness import sync  # noqa: E402, F401  (cudagraphs.py imports it from here)
 
 QWEN3_0_6B = dict(  # the published Qwen3-0.6B config.json, shapes only
     vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
