@@ -10,7 +10,13 @@ In the same run, the baseline: batched transformers ``generate`` (left padding, 
 at the same temperature) on the first ``--hf-requests`` requests, and tinyvllm on the same
 subset, so the two can be compared as a ratio on identical work. Transformers generates
 ``max(max_tokens)`` of its batch for every row; only each request's own ``max_tokens``
-count as useful tokens.
+count as useful tokens (the padded counts are in the JSON's ``token_counts``).
+
+tinyvllm runs with prefix caching off: the random prompts share no prefix, and with
+caching on every repeat after the first (and the subset after the full workload) would
+find its prompts in the cache. Both sides get a warm-up; then ``--repeats`` rounds (default
+3) run interleaved (tinyvllm full, tinyvllm subset, transformers subset, again ...) and
+the medians count.
 
 Run on a GPU: ``python3 bench/throughput.py`` (writes ``bench/results/throughput-*.json``).
 ``--dry-run`` runs every code path on the CPU with a tiny model and a tiny workload; the
@@ -20,24 +26,27 @@ test suite runs it, and its timings mean nothing.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
-import platform
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, engine_config, machine_info, median, prefix_counters, set_threads, timed, versions  # noqa: E402
+from harness import sync  # noqa: E402, F401  (cudagraphs.py imports it from here)
 
 QWEN3_0_6B = dict(  # the published Qwen3-0.6B config.json, shapes only
     vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
     num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
     rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
 )  # fmt: skip
+
+
+GPU_MEMORY_UTILIZATION = 0.6  # the rest of the device is left to transformers' KV cache and logits
 
 
 def make_workload(num_seqs: int, max_input_len: int, max_output_len: int, min_len: int = 100, max_id: int = 10000):
@@ -67,44 +76,58 @@ def build_model_folder(folder: Path, dry_run: bool) -> Path:
     return folder
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def run_tinyvllm(llm, prompts, max_tokens, temperature) -> dict:
+    """One timed ``generate``; the output tokens and the prefix-cache hits are counted, not assumed."""
     from tinyvllm import SamplingParams
 
     params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=m) for m in max_tokens]
-    sync()
-    start = time.perf_counter()
-    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    sync()
-    seconds = time.perf_counter() - start
-    tokens = sum(max_tokens)
-    return {"requests": len(prompts), "output_tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds}
+    before = prefix_counters(llm)
+    seconds, outs = timed(llm.generate, [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    after = prefix_counters(llm)
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
+    if produced != sum(max_tokens):
+        raise RuntimeError(f"tinyvllm produced {produced} output tokens, expected {sum(max_tokens)}")
+    return {"seconds": seconds, "output_tokens": produced, "hit_tokens": after[1] - before[1]}
 
 
-def run_transformers(folder, prompts, max_tokens, temperature, batch_size, device, dtype) -> dict:
+def load_transformers(folder, device, dtype):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device).eval()
-    model.generation_config.eos_token_id = None
-    sync()
-    start = time.perf_counter()
-    for i in range(0, len(prompts), batch_size):
-        batch, wants = prompts[i : i + batch_size], max_tokens[i : i + batch_size]
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-        with torch.no_grad():
-            model.generate(ids, attention_mask=mask, max_new_tokens=max(wants), do_sample=True,
-                           temperature=temperature, top_k=0, top_p=1.0, pad_token_id=0)  # fmt: skip
-    sync()
-    seconds = time.perf_counter() - start
+    model.generation_config.eos_token_id = None  # ignore_eos: every row runs to max_new_tokens
+    return model
+
+
+def run_transformers(model, prompts, max_tokens, temperature, batch_size, device) -> dict:
+    """One timed pass over ``prompts`` in left-padded batches of ``batch_size``."""
+
+    def go() -> int:
+        generated = 0
+        for i in range(0, len(prompts), batch_size):
+            batch, wants = prompts[i : i + batch_size], max_tokens[i : i + batch_size]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)  # left padding
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=max(wants), do_sample=True,
+                                     temperature=temperature, top_k=0, top_p=1.0, pad_token_id=0)  # fmt: skip
+            generated += out[:, width:].numel()
+        return generated
+
+    seconds, generated = timed(go)
+    return {"seconds": seconds, "generated_tokens": generated}
+
+
+def summarise(runs: list[dict], prompts, max_tokens) -> dict:
+    """Medians over the repeats; throughput counts each request's own ``max_tokens``."""
+    seconds = [r["seconds"] for r in runs]
     tokens = sum(max_tokens)
-    del model
-    return {"requests": len(prompts), "output_tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds}
+    out = {"requests": len(prompts), "prompt_tokens": sum(map(len, prompts)), "output_tokens": tokens,
+           "seconds": median(seconds), "seconds_per_repeat": seconds, "tok_per_s": tokens / median(seconds)}  # fmt: skip
+    for key in ("hit_tokens", "generated_tokens"):
+        if key in runs[0]:
+            out[key] = [r[key] for r in runs]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny model and workload, any device")
     parser.add_argument("--hf-requests", type=int, default=32, help="requests for the transformers baseline")
     parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved; medians count (default 3)")
+    parser.add_argument("--attention-backend", default="auto", help="tinyvllm's attention_backend (default auto)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/...)")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
@@ -119,38 +144,68 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import tinyvllm
-    import transformers
     from tinyvllm import LLM
 
     device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
     if args.dry_run:
+        set_threads(1)  # two threads on a busy machine make tiny ops many times slower (recorded below)
         prompts, max_tokens = make_workload(4, 24, 12, min_len=4, max_id=500)
         hf_n = 2
     else:
         prompts, max_tokens = make_workload(256, 1024, 1024)
         hf_n = args.hf_requests
+    sub_prompts, sub_tokens = prompts[:hf_n], max_tokens[:hf_n]
     temperature = 0.6
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_model_folder(Path(tmp) / "model", args.dry_run)
         kwargs = dict(max_model_len=64, block_size=4) if args.dry_run else dict(max_model_len=4096, block_size=16)
-        kwargs["device"] = device
-        llm = LLM(str(folder), **kwargs)
-        llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        full = run_tinyvllm(llm, prompts, max_tokens, temperature)
-        subset = run_tinyvllm(llm, prompts[:hf_n], max_tokens[:hf_n], temperature)
-        del llm
-        hf = run_transformers(folder, prompts[:hf_n], max_tokens[:hf_n], temperature, args.hf_batch_size,
-                              device, torch.float32 if args.dry_run else torch.bfloat16)  # fmt: skip
+        if device == "cuda":  # transformers, alive at the same time, needs ~10 GB for its batch of 32
+            kwargs["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
+        llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend, **kwargs)
+        hf = load_transformers(folder, device, dtype)
+        llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-ups
+        warm = sub_prompts[:2]
+        run_transformers(hf, warm, [4] * len(warm), temperature, args.hf_batch_size, device)
+        runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": []}
+        for r in range(args.repeats):
+            torch.manual_seed(r)
+            runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
+            torch.manual_seed(r)
+            runs["subset"].append(run_tinyvllm(llm, sub_prompts, sub_tokens, temperature))
+            torch.manual_seed(r)
+            runs["hf"].append(run_transformers(hf, sub_prompts, sub_tokens, temperature, args.hf_batch_size, device))
+        engine = engine_config(llm, args.attention_backend)
+        if device == "cuda":
+            engine["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
+        del llm, hf
+    full = summarise(runs["full"], prompts, max_tokens)
+    subset = summarise(runs["subset"], sub_prompts, sub_tokens)
+    hf_result = summarise(runs["hf"], sub_prompts, sub_tokens)
+    batches = [range(i, min(i + args.hf_batch_size, hf_n)) for i in range(0, hf_n, args.hf_batch_size)]
+    token_counts = {
+        "full_prompt": full["prompt_tokens"], "full_output": full["output_tokens"],
+        "subset_prompt": subset["prompt_tokens"], "subset_output": subset["output_tokens"],
+        "hf_padded_prompt": sum(len(b) * max(len(sub_prompts[i]) for i in b) for b in batches),
+        "hf_generated": sum(len(b) * max(sub_tokens[i] for i in b) for b in batches),
+    }  # fmt: skip
     result = {
         "benchmark": "throughput (nano-vllm bench.py workload)",
         "dry_run": args.dry_run,
-        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "tinyvllm": tinyvllm.__version__, "python": platform.python_version()},  # fmt: skip
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "machine": machine_info(device),
+        "torch_threads": torch.get_num_threads(),
+        "versions": versions(),
+        "engine": engine,
+        "transformers": {"batch_size": args.hf_batch_size, "dtype": str(dtype).removeprefix("torch."),
+                         "cache": "default (dynamic)", "padding": "left"},  # fmt: skip
+        "repeats": args.repeats,
+        "token_counts": token_counts,
         "tinyvllm_full_workload": full,
         "tinyvllm_on_hf_subset": subset,
-        "transformers_on_hf_subset": hf,
-        "speedup_vs_transformers_same_subset": subset["tok_per_s"] / hf["tok_per_s"],
+        "transformers_on_hf_subset": hf_result,
+        "speedup_vs_transformers_same_subset": subset["tok_per_s"] / hf_result["tok_per_s"],
     }
     out = args.out or ROOT / "bench" / "results" / f"throughput-{'dry' if args.dry_run else 'gpu'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

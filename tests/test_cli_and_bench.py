@@ -1,4 +1,4 @@
-"""The command line and the throughput benchmark's CPU path (``--dry-run``)."""
+"""The command line, and the benchmark scripts' CPU paths (``--dry-run``: every code path, timings unchecked)."""
 
 import json
 import subprocess
@@ -24,16 +24,88 @@ def test_cli_reports_bad_input_as_an_error(tmp_path):
     assert out.returncode == 2 and "does not exist" in out.stderr
 
 
-def test_throughput_bench_dry_run(tmp_path):
-    out_file = tmp_path / "throughput.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "throughput.py"), "--dry-run", "--out", str(out_file)]
+def run_bench(script: str, out_file: Path, *args: str) -> dict:
+    cmd = [sys.executable, str(ROOT / "bench" / script), "--dry-run", "--out", str(out_file), *args]
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr
-    result = json.loads(out_file.read_text())
-    assert result["dry_run"] is True
-    assert result["tinyvllm_full_workload"]["requests"] == 4
-    assert result["tinyvllm_on_hf_subset"]["output_tokens"] == result["transformers_on_hf_subset"]["output_tokens"]
+    return json.loads(out_file.read_text())
+
+
+def check_engine_record(engine: dict, caching: bool) -> None:
+    assert engine["attention_backend_requested"] == "auto"
+    assert engine["attention_backend"] not in ("", "auto")  # what "auto" resolved to
+    assert engine["enable_prefix_caching"] is caching and engine["device"] == "cpu"
+
+
+def test_throughput_bench_dry_run(tmp_path):
+    result = run_bench("throughput.py", tmp_path / "throughput.json", "--repeats", "2")
+    assert result["dry_run"] is True and result["repeats"] == 2
+    full, subset, hf = (result[k] for k in ("tinyvllm_full_workload", "tinyvllm_on_hf_subset", "transformers_on_hf_subset"))
+    assert full["requests"] == 4 and subset["requests"] == hf["requests"] == 2
+    assert subset["output_tokens"] == hf["output_tokens"]
+    assert all(len(r["seconds_per_repeat"]) == 2 for r in (full, subset, hf))
+    # Caching off: no run finds an earlier run's prompts in the cache.
+    assert full["hit_tokens"] == subset["hit_tokens"] == [0, 0]
+    check_engine_record(result["engine"], caching=False)
+    counts = result["token_counts"]
+    assert counts["full_output"] == full["output_tokens"] and counts["subset_prompt"] == subset["prompt_tokens"]
+    assert counts["hf_padded_prompt"] >= counts["subset_prompt"] and hf["generated_tokens"] == [counts["hf_generated"]] * 2
+    assert counts["hf_generated"] >= counts["subset_output"]
     assert result["speedup_vs_transformers_same_subset"] > 0
+
+
+def test_cpu_throughput_bench_dry_run(tmp_path):
+    result = run_bench("cpu_throughput.py", tmp_path / "cpu.json")
+    assert result["mode"] == "dry" and set(result["threads"]) == set(result["ratios"]) == {"1"}
+    assert {"machine", "versions", "model", "engine", "workload", "token_counts", "repeats"} <= set(result)
+    check_engine_record(result["engine"]["throughput_and_batch1"], caching=False)
+    check_engine_record(result["engine"]["prefix_caching_on"], caching=True)
+    work, counts = result["workload"], result["token_counts"]
+    rows = work["num_seqs"]
+    assert len(work["prompt_lens"]) == len(work["output_lens"]) == rows
+    assert counts["prompt"] == sum(work["prompt_lens"]) and counts["output"] == sum(work["output_lens"])
+    assert counts["useful_total"] == counts["prompt"] + counts["output"]
+    assert counts["hf_padded_prompt"] == rows * max(work["prompt_lens"])
+    assert counts["hf_generated"] == rows * max(work["output_lens"])
+    per = result["threads"]["1"]
+    assert per["torch_threads"] == 1
+    tp = per["throughput"]
+    assert tp["tinyvllm"]["output_tokens_computed"] == counts["output"]
+    assert tp["hf_dynamic"]["output_tokens_computed"] == tp["hf_static"]["output_tokens_computed"] == counts["hf_generated"]
+    assert all(len(tp[s]["seconds"]) == result["repeats"] for s in ("tinyvllm", "hf_dynamic", "hf_static"))
+    b1 = per["batch1"]
+    assert len(b1["tinyvllm"]["tokens_generated"]) == len(b1["hf_static"]["tokens_generated"]) == b1["new_tokens"]
+    pc = per["prefix_caching"]
+    assert pc["prompt_tokens"] == pc["num_seqs"] * (pc["shared_tokens"] + pc["unique_tokens"])
+    assert pc["caching_off"]["hit_tokens"] == [0] * result["repeats"]
+    hits = pc["caching_on"]["hit_tokens"]
+    assert all(0 < h <= (pc["num_seqs"] - 1) * pc["shared_tokens"] for h in hits)  # at most the shared prefixes
+    assert pc["caching_on"]["cached_tokens_in_outputs"] == hits
+    assert set(result["ratios"]["1"]) == {
+        "tinyvllm_over_hf_dynamic", "tinyvllm_over_hf_static", "tinyvllm_over_hf_best",
+        "batch1_decode_tinyvllm_over_hf_static", "prefix_caching_on_over_off_input",
+    }  # fmt: skip
+
+
+def test_prefix_caching_bench_dry_run(tmp_path):
+    result = run_bench("prefix_caching.py", tmp_path / "prefix.json")
+    assert result["mode"] == "dry" and set(result["threads"]) == {"1"}
+    check_engine_record(result["engine"]["caching_off"], caching=False)
+    check_engine_record(result["engine"]["caching_on"], caching=True)
+    cases = result["threads"]["1"]["cases"]
+    assert set(cases) == set(result["seed_004_reference"]) == {"hit_49", "hit_37"}
+    for case in cases.values():
+        off, on = case["caching_off"], case["caching_on"]
+        assert case["prompt_tokens"] == case["num_seqs"] * (case["shared"] + case["unique"])
+        assert off["hit_tokens"] == [0] * result["repeats"] and off["hit_rate"] == 0
+        assert on["looked_up_tokens"] == [case["prompt_tokens"]] * result["repeats"]
+        assert on["cached_tokens_in_outputs"] == on["hit_tokens"]
+        # Every request after the first finds the shared prefix's full blocks, and nothing more.
+        assert 0.5 * case["expected_hit_rate_upper_bound"] < on["hit_rate"] <= case["expected_hit_rate_upper_bound"]
+        for run in (off, on):
+            assert run["output_tokens"] == [case["num_seqs"] * case["output"]] * result["repeats"]
+            assert len(run["ttft_s_last_repeat"]) == case["num_seqs"] and min(run["ttft_s_last_repeat"]) > 0
+        assert set(case["ratios"]) == {"input_throughput_on_over_off", "mean_ttft_off_over_on"}
 
 
 def test_cli_cudagraph_mode_flag_runs_emulated_graphs(tiny_model_dirs):
