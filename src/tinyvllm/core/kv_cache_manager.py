@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from tinyvllm.core.block_pool import BlockPool
 from tinyvllm.core.free_queue import KVCacheBlock
-from tinyvllm.core.prefix_hash import BlockHash, get_hash_fn, hash_request_tokens
+from tinyvllm.core.prefix_hash import BlockHash, append_block_hashes, get_hash_fn
 from tinyvllm.request import Request
 
 
@@ -131,11 +131,10 @@ class KVCacheManager:
         number of tokens they hold. Changes no block."""
         if not self.enable_caching:
             return [], 0
-        block_hashes = self.req_to_block_hashes.get(request.request_id)
-        if block_hashes is None or len(block_hashes) < request.num_tokens // self.block_size:
-            # First admission, or a preempted request that has grown since it was hashed.
-            block_hashes = hash_request_tokens(self.hash_fn, self.block_size, request)
-            self.req_to_block_hashes[request.request_id] = block_hashes
+        # First admission: hash every full block. A preempted request keeps its hashes
+        # (NOTE 3); only the blocks it has filled since are hashed, chained to the last.
+        block_hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
+        append_block_hashes(self.hash_fn, self.block_size, request, block_hashes, request.num_tokens // self.block_size)
         computed: list[KVCacheBlock] = []
         for block_hash in block_hashes[: max_cache_hit_blocks(request.num_tokens, self.block_size)]:
             block = self.block_pool.get_cached_block(block_hash)
