@@ -300,6 +300,33 @@ def test_prefix_caching_allocate_rejects_more_tokens_than_the_request_has():
     assert m.block_pool.get_num_free_blocks() == 10
 
 
+@pytest.mark.seed("003:allocate")
+def test_prefix_caching_decode_inside_the_last_block_keeps_every_check():
+    """The short path for a decode step with room in its last block (header NOTE 5) still
+    refuses what the five steps refuse, and caches the block that a decode step fills."""
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=6)
+    a = make("a", range(5))
+    m.allocate_slots(a, 5)  # 2 blocks: 8 slots for a request that may reach 6 tokens
+    a.num_computed_tokens = 5
+    with pytest.raises(ValueError, match="it has only 5 tokens"):
+        m.allocate_slots(a, 1)  # its 6th token is not appended yet
+    a.append_output_token_ids(9)
+    assert m.allocate_slots(a, 1) == [] and m.num_cached_block["a"] == 1
+    a.num_computed_tokens = 6
+    a.append_output_token_ids(9)
+    with pytest.raises(ValueError, match="7 tokens exceed max_model_len 6"):
+        m.allocate_slots(a, 1)  # room in the block, but past max_model_len
+    m.check_invariants()
+    m2 = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
+    b = make("b", range(7))
+    m2.allocate_slots(b, 7)
+    b.num_computed_tokens = 7
+    b.append_output_token_ids(9)
+    assert m2.allocate_slots(b, 1) == []  # token 8 fills block 1: it is cached
+    assert m2.num_cached_block["b"] == 2 and m2.block_pool.get_cached_block(m2.req_to_block_hashes["b"][1])
+    m2.check_invariants()
+
+
 @pytest.mark.seed("003:allocate", "002:3.1")
 def test_prefix_caching_allocate_rejects_hits_for_a_running_request():
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
