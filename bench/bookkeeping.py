@@ -110,7 +110,8 @@ def run_case(folder: Path, num_reqs: int, max_tokens: int, stub: bool, seed: int
     gc.collect()
     while engine.has_unfinished_requests():
         running = len(engine.scheduler.running)
-        blocks = sum(len(engine.scheduler.kv_cache_manager.req_to_blocks[r.request_id]) for r in engine.scheduler.running)
+        held = engine.scheduler.kv_cache_manager.req_to_blocks
+        blocks = sum(len(held[r.request_id]) for r in engine.scheduler.running)
         t0 = time.perf_counter()
         engine.step()
         total = time.perf_counter() - t0
@@ -126,7 +127,8 @@ def run_case(folder: Path, num_reqs: int, max_tokens: int, stub: bool, seed: int
                 "parts_s": {
                     "schedule": parts.get("schedule", 0.0),
                     "update_states": parts.get("update_states", 0.0),
-                    "execute_model_other": parts.get("execute_model", 0.0) - parts.get("update_states", 0.0) - model_time,
+                    "execute_model_other": parts.get("execute_model", 0.0) - parts.get("update_states", 0.0)
+                    - model_time,
                     "update_from_output": parts.get("update_from_output", 0.0),
                     "engine_other": total - parts.get("execute_model", 0.0) - parts.get("schedule", 0.0)
                     - parts.get("update_from_output", 0.0),
@@ -171,7 +173,8 @@ def main() -> None:
         args.num_reqs, args.max_tokens, args.stub_tokens = 4, 40, 40
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_tiny_model(Path(tmp) / "tiny", max_position_embeddings=64 + max(args.max_tokens, args.stub_tokens))
+        longest = max(args.max_tokens, args.stub_tokens)
+        folder = build_tiny_model(Path(tmp) / "tiny", max_position_embeddings=64 + longest)
         lengths = {"tiny": args.max_tokens, "stub": args.stub_tokens}
         cases = {
             name: run_case(folder, args.num_reqs, lengths[name], stub=name == "stub") for name in args.cases.split(",")

@@ -774,7 +774,9 @@ def test_prefix_caching_stable_bytes_equal_iff_values_equal(a, b) -> None:
 )
 @example(tokens=[1, 2, 3, 4], big=None, block_size=2, hash_fn=SHA256, lora="x", salt="x", splits=[1])
 @example(tokens=[1, 2, 3, 4], big=(3, 2**40), block_size=2, hash_fn=SHA256, lora=None, salt="x", splits=[1])
-def test_prefix_caching_fast_chain_equals_hash_block_tokens(tokens, big, block_size, hash_fn, lora, salt, splits) -> None:
+def test_prefix_caching_fast_chain_equals_hash_block_tokens(
+    tokens, big, block_size, hash_fn, lora, salt, splits
+) -> None:
     """``hash_request_tokens`` and ``append_block_hashes`` (in any number of steps) give the
     hashes ``hash_block_tokens`` gives block by block."""
     if big is not None:  # one id past 32 bits: those blocks take the general encoding

@@ -46,7 +46,8 @@ def test_step_inputs_of_a_decode_step_equal_the_builders():
     assert step.query_start_loc == qsl + [3] and step.positions == compute_positions(computed, scheduled) + [0, 0]
     assert step.seq_lens == compute_seq_lens(computed, scheduled) + [0]
     assert step.slot_mapping == compute_slot_mapping(computed, scheduled, blocks, 4) + [PAD_SLOT_ID] * 2
-    assert step.logits_indices == compute_logits_indices(qsl + [3]) and (step.max_query_len, step.max_seq_len) == (1, 10)
+    assert step.logits_indices == compute_logits_indices(qsl + [3])
+    assert (step.max_query_len, step.max_seq_len) == (1, 10)
 
 
 def test_pad_block_table():

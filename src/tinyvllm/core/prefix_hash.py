@@ -39,12 +39,12 @@ NOTE 4 (the bytes sha256 reads): ``sha256_hash`` hashes ``stable_bytes`` of the 
 ``(parent hash value, token ids, extra keys)``, a tagged, length-prefixed encoding: every
 field starts with a one-byte type tag and every variable-length field with its length,
 so the bytes decode back to exactly one value, and two different keys never share their
-bytes. Token ids go in as packed 32-bit ints, so a block of 16 tokens is at most 113
-bytes, two sha256 compression rounds (``repr``, used before, gave about 200 bytes, four
-rounds, after a decimal conversion of the 256-bit parent). ``append_block_hashes``, the
-loop behind ``hash_request_tokens`` and the block pool, builds those bytes inline for
-sha256 and passes the key tuple itself to any other hash function: the values are
-``hash_block_tokens``'s either way.
+bytes. Token ids go in as packed 32-bit ints, so the key of a block of 16 tokens without
+extra keys is at most 113 bytes, two sha256 compression rounds (``repr``, used before,
+gave about 200 bytes, four rounds, after a decimal conversion of the 256-bit parent).
+``append_block_hashes``, the loop behind ``hash_request_tokens`` and the block pool,
+builds those bytes inline for sha256 and passes the key tuple itself to any other hash
+function: the values are ``hash_block_tokens``'s either way.
 
 Left out: multimodal extra keys (image hashes) and hybrid-model block sizes.
 """
@@ -201,7 +201,8 @@ def hash_request_tokens(hash_fn: HashFn, block_size: int, request: "Request") ->
 
 
 _TRIPLE_INT = b"t" + _length(3) + b"i"  # stable_bytes of a key tuple, up to its parent's length
-_PACKERS: dict[int, Callable[..., bytes]] = {}  # block_size -> packs b"a", the count and the ids
+_LENGTHS = [_length(n) for n in range(64)]  # the length fields of ints up to 63 bytes, ready-made
+_PACKERS: dict[int, tuple[bytes, Callable[..., bytes]]] = {}  # block_size -> (b"a" + count, pack ids)
 _new_block_hash = tuple.__new__  # BlockHash(...) without NamedTuple's Python-level __new__
 
 
@@ -229,10 +230,12 @@ def append_block_hashes(
             block_hashes.append(_new_block_hash(BlockHash, (parent, block, block_keys)))
         return
     # sha256_hash((parent, block, block_keys)), inlined: the stable_bytes of the key, piece by piece.
-    pack = _PACKERS.get(block_size)
-    if pack is None:
-        pack = _PACKERS[block_size] = struct.Struct(f"<cI{block_size}i").pack
-    keys_bytes = stable_bytes(keys)
+    packer = _PACKERS.get(block_size)
+    if packer is None:
+        packer = _PACKERS[block_size] = (b"a" + _length(block_size), struct.Struct(f"<{block_size}i").pack)
+    tokens_head, pack = packer
+    keys_bytes = b"n" if keys is None else stable_bytes(keys)
+    sha256, from_bytes, append = hashlib.sha256, int.from_bytes, block_hashes.append  # locals: faster
     for i in range(first, num_blocks):
         block = tuple(token_ids[i * block_size : (i + 1) * block_size])
         block_keys, block_keys_bytes = keys, keys_bytes
@@ -240,12 +243,12 @@ def append_block_hashes(
             block_keys = generate_block_hash_extra_keys(request, 0, block_size)
             block_keys_bytes = stable_bytes(block_keys)
         try:
-            tokens_bytes = pack(b"a", block_size, *block)
+            head, packed = tokens_head, pack(*block)
         except struct.error:  # an id past 32 bits: the general encoding
-            tokens_bytes = stable_bytes(block)
-        size = (parent.bit_length() + 8) >> 3  # room for the sign bit, as stable_bytes(parent)
-        data = (_TRIPLE_INT, size.to_bytes(4, "little"), parent.to_bytes(size, "little", signed=True),
-                tokens_bytes, block_keys_bytes)  # fmt: skip
-        parent = int.from_bytes(hashlib.sha256(b"".join(data)).digest(), "big")
-        block_hashes.append(_new_block_hash(BlockHash, (parent, block, block_keys)))
+            head, packed = b"", stable_bytes(block)
+        size = (parent.bit_length() + 8) >> 3  # room for the sign bit, as in stable_bytes(parent)
+        data = (_TRIPLE_INT, _LENGTHS[size] if size < 64 else _length(size),
+                parent.to_bytes(size, "little", signed=True), head, packed, block_keys_bytes)  # fmt: skip
+        parent = from_bytes(sha256(b"".join(data)).digest(), "big")
+        append(_new_block_hash(BlockHash, (parent, block, block_keys)))
 # --8<-- [end:hash_request_tokens]

@@ -45,8 +45,8 @@ class BlockTable:
         shape = (max_num_reqs, max_num_blocks_per_req)
         pin = self.device.type == "cuda"
         self.cpu = torch.full(shape, PAD_BLOCK_ID, dtype=torch.int32, pin_memory=pin)  # [R_max, B_max]
-        # The row edits go through a numpy view of the same memory: writing a few ids costs
-        # a microsecond there, against tens for a torch indexing op (a new tensor each time).
+        # The row edits go through a numpy view of the same memory: writing a few ids there
+        # costs well under a microsecond, against several for torch indexing and a new tensor.
         self.np = self.cpu.numpy()
         # On the CPU the host table is the device table: nothing to copy.
         self.table = self.cpu if self.device.type == "cpu" else self.cpu.to(self.device)  # [R_max, B_max]

@@ -44,7 +44,8 @@ class PersistentBuffer:
         self.cpu = torch.zeros(size, dtype=dtype, pin_memory=not on_cpu)  # [size]
         self.np = self.cpu.numpy()  # writes through to self.cpu
         self.device = self.cpu if on_cpu else torch.zeros(size, dtype=dtype, device=device)  # [size]
-        self._last: tuple[int, torch.Tensor, torch.Tensor] = (0, self.cpu[:0], self.device[:0])  # n, cpu[:n], device[:n]
+        # The views of the last size written: (n, cpu[:n], device[:n]).
+        self._last: tuple[int, torch.Tensor, torch.Tensor] = (0, self.cpu[:0], self.device[:0])
 
     def write(self, values: list[int]) -> torch.Tensor:
         """Put ``values`` at the front and return the device view of exactly that prefix."""
