@@ -39,13 +39,20 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import assume, event, given, note
+from hypothesis import assume, event, example, given, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tinyvllm.core.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from tinyvllm.core.kv_cache_manager import KVCacheManager
-from tinyvllm.core.prefix_hash import get_hash_fn, hash_request_tokens
+from tinyvllm.core.prefix_hash import (
+    append_block_hashes,
+    generate_block_hash_extra_keys,
+    get_hash_fn,
+    hash_block_tokens,
+    hash_request_tokens,
+    stable_bytes,
+)
 from tinyvllm.request import Request
 from tinyvllm.sampling_params import SamplingParams
 
@@ -708,3 +715,85 @@ def test_prefix_caching_hash_lora_and_salt_of_same_name_differ(tokens: list[int]
         assert by_lora[i].hash_value != by_salt[i].hash_value, (
             f"block {i}: lora {name!r} and salt {name!r} give the same hash {by_lora[i].hash_value}"
         )
+
+
+# ---------------------------------------------------------------------------------------
+# stable_bytes and the fast chain
+# ---------------------------------------------------------------------------------------
+
+
+def _decode(data: bytes, pos: int = 0) -> tuple[object, int]:
+    """Read back one value written by ``stable_bytes``; returns it and where it ended."""
+    tag, pos = data[pos : pos + 1], pos + 1
+    if tag == b"n":
+        return None, pos
+    n, pos = int.from_bytes(data[pos : pos + 4], "little"), pos + 4
+    if tag == b"i":
+        return int.from_bytes(data[pos : pos + n], "little", signed=True), pos + n
+    if tag == b"s":
+        return data[pos : pos + n].decode("utf-8", "surrogatepass"), pos + n
+    if tag == b"a":
+        ints = [int.from_bytes(data[p : p + 4], "little", signed=True) for p in range(pos, pos + 4 * n, 4)]
+        return tuple(ints), pos + 4 * n
+    assert tag == b"t", f"unknown tag {tag!r} at byte {pos - 1}"
+    items = []
+    for _ in range(n):
+        item, pos = _decode(data, pos)
+        items.append(item)
+    return tuple(items), pos
+
+
+HASHABLE = st.recursive(
+    st.none() | st.integers() | st.text(st.characters(codec=None)),
+    lambda inner: st.lists(inner, max_size=4).map(tuple),
+    max_leaves=12,
+)
+
+
+@pytest.mark.seed("002:1.2")
+@given(value=HASHABLE)
+def test_prefix_caching_stable_bytes_decode_back_to_the_value(value) -> None:
+    """The bytes can be read back, so two different values never share their bytes."""
+    data = stable_bytes(value)
+    decoded, end = _decode(data)
+    assert end == len(data), f"{len(data) - end} bytes left over after {decoded!r}"
+    assert decoded == value and type(decoded) is type(value), f"{value!r} came back as {decoded!r}"
+
+
+@pytest.mark.seed("002:1.2")
+@given(a=HASHABLE, b=HASHABLE)
+def test_prefix_caching_stable_bytes_equal_iff_values_equal(a, b) -> None:
+    assert (stable_bytes(a) == stable_bytes(b)) == (a == b), f"{a!r} vs {b!r}"
+
+
+@pytest.mark.seed("002:1.2", "003:hash")
+@given(
+    tokens=st.lists(ALPHABET, min_size=1, max_size=30),
+    big=st.none() | st.tuples(st.integers(0, 29), st.sampled_from([2**31 - 1, 2**31, 2**40, 2**63])),
+    block_size=st.integers(1, 6),
+    hash_fn=HASH_FNS,
+    lora=st.sampled_from([None, "x"]),
+    salt=st.sampled_from([None, "x", "tenant"]),
+    splits=st.lists(st.integers(0, 30), max_size=4),
+)
+@example(tokens=[1, 2, 3, 4], big=None, block_size=2, hash_fn=SHA256, lora="x", salt="x", splits=[1])
+@example(tokens=[1, 2, 3, 4], big=(3, 2**40), block_size=2, hash_fn=SHA256, lora=None, salt="x", splits=[1])
+def test_prefix_caching_fast_chain_equals_hash_block_tokens(
+    tokens, big, block_size, hash_fn, lora, salt, splits
+) -> None:
+    """``hash_request_tokens`` and ``append_block_hashes`` (in any number of steps) give the
+    hashes ``hash_block_tokens`` gives block by block."""
+    if big is not None:  # one id past 32 bits: those blocks take the general encoding
+        tokens[big[0] % len(tokens)] = big[1]
+    request = _request("h", tokens, lora, salt)
+    want, parent = [], None
+    for i in range(len(tokens) // block_size):
+        start, end = i * block_size, (i + 1) * block_size
+        extra = generate_block_hash_extra_keys(request, start, end)
+        want.append(hash_block_tokens(hash_fn, parent, tokens[start:end], extra))
+        parent = want[-1].hash_value
+    assert hash_request_tokens(hash_fn, block_size, request) == want
+    stepped: list = []
+    for n in sorted(min(s, len(want)) for s in splits) + [len(want)]:
+        append_block_hashes(hash_fn, block_size, request, stepped, n)
+        assert stepped == want[:n], f"after extending to {n} blocks"

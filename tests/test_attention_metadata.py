@@ -38,6 +38,18 @@ def test_builders_on_a_mixed_batch():
     assert slot_for_position([3, 7], 4, 4) == 28
 
 
+def test_step_inputs_of_a_decode_step_equal_the_builders():
+    """A step of one token per request takes a shorter path; its lists are the builders'."""
+    computed, scheduled, blocks = [6, 0, 9], [1, 1, 1], [[1, 2], [4], [0, 5, 3]]
+    step = build_step_inputs(computed, scheduled, blocks, 4, num_padded_tokens=5, num_padded_reqs=4)
+    qsl = compute_query_start_loc(scheduled)
+    assert step.query_start_loc == qsl + [3] and step.positions == compute_positions(computed, scheduled) + [0, 0]
+    assert step.seq_lens == compute_seq_lens(computed, scheduled) + [0]
+    assert step.slot_mapping == compute_slot_mapping(computed, scheduled, blocks, 4) + [PAD_SLOT_ID] * 2
+    assert step.logits_indices == compute_logits_indices(qsl + [3])
+    assert (step.max_query_len, step.max_seq_len) == (1, 10)
+
+
 def test_pad_block_table():
     assert pad_block_table([[3], [1, 2, 9]], 4) == [[3, PAD_BLOCK_ID, PAD_BLOCK_ID, PAD_BLOCK_ID], [1, 2, 9, PAD_BLOCK_ID]]
     with pytest.raises(ValueError, match="max_num_blocks = 2"):

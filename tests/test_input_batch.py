@@ -180,3 +180,29 @@ def test_stream_rows_always_match_per_request_reference(seed):
             expected = reference(params, output, logits[row])
             assert torch.allclose(processed[row], expected, equal_nan=False), f"step {step} row {row} {req_id} {params}"
             output.append(rng.randrange(4, V))  # the step's token
+
+
+def test_sampling_metadata_is_rebuilt_only_when_the_batch_changed():
+    """A decode step that adds, removes and moves nothing reuses last step's metadata."""
+    batch = make_batch()
+    batch.add_request("a", SamplingParams(temperature=0.7, seed=1), None, [])
+    batch.add_request("b", SamplingParams(temperature=0, top_k=3), None, [])
+    batch.refresh()
+    first = batch.make_sampling_metadata()
+    batch.refresh()  # a step with no change
+    assert batch.make_sampling_metadata() is first
+    batch.swap_states(0, 1)
+    batch.refresh()
+    swapped = batch.make_sampling_metadata()
+    assert swapped is not first and swapped.temperature.tolist() == torch.tensor([0.0, 0.7]).tolist()
+    assert list(swapped.generators) == [1] and first.temperature.tolist() == torch.tensor([0.7, 0.0]).tolist()
+    batch.remove_request("b")
+    batch.condense()
+    batch.refresh()
+    one = batch.make_sampling_metadata()
+    assert one.num_reqs == 1 and one.top_k is None and one.all_random
+    batch.add_request("c", SamplingParams(temperature=0), None, [])
+    batch.refresh()
+    assert batch.make_sampling_metadata().temperature.tolist() == torch.tensor([0.7, 0.0]).tolist()
+    batch.reset()
+    assert batch.make_sampling_metadata().num_reqs == 0

@@ -15,6 +15,7 @@ from tinyvllm.core.prefix_hash import (
     get_hash_fn,
     hash_block_tokens,
     hash_request_tokens,
+    stable_bytes,
 )
 from tinyvllm.request import Request
 from tinyvllm.sampling_params import SamplingParams
@@ -110,6 +111,58 @@ def test_prefix_caching_builtin_hash_fn_works_too():
     m.allocate_slots(a, 9)
     found, n = m.get_computed_blocks(make("b", range(9)))
     assert n == 8
+
+
+@pytest.mark.seed("002:1.2")
+def test_prefix_caching_stable_bytes_tells_lookalike_inputs_apart():
+    """Inputs that a careless concatenation would merge get different bytes."""
+    lookalikes = [
+        ("ab", "c"), ("a", "bc"), ("abc",),  # where one string ends
+        (("lora", "x"),), (("salt", "x"),), (("lora", "x"), ("salt", "x")),  # the extra keys' tags
+        (1, 2), ((1, 2),), ((1,), 2), (1, (2,)),  # nesting
+        None, (), ((),), (None,), "", 0, "0", ("0",), (0,),  # empty and zero-like values
+        -1, 255, 2**32 - 1, 2**64 - 1, -(2**63), 2**256 - 1,  # two's complement, widths
+        (2**31,), (2**31 - 1,), (-(2**31),), (2**32,), (0, 2**31), (2**31, 0),  # past the packed ints
+        (1, 2, 3), (1, 2, 3, 0), (0, 1, 2, 3), ("\ud800",), ("\ud801",),  # lone surrogates
+    ]
+    encoded = [stable_bytes(v) for v in lookalikes]
+    assert len(set(encoded)) == len(lookalikes)
+    assert stable_bytes((1, 2)) == stable_bytes((1, 2))  # a function of the value
+
+
+@pytest.mark.seed("003:hash")
+def test_prefix_caching_block_of_16_tokens_hashes_in_two_sha256_rounds():
+    """sha256 compresses 64 bytes per round and pads 9: a message of <= 119 bytes takes two."""
+    data = stable_bytes((2**256 - 1, tuple(range(16)), None))  # the widest sha256 parent
+    assert len(data) == 113
+
+
+@pytest.mark.seed("002:1.2")
+def test_prefix_caching_hashes_ids_past_32_bits_through_the_general_encoding():
+    fn = get_hash_fn("sha256")
+    tokens = [1, 2, 3, 4, 5, 2**40, 7, 8, 2**31, 10, 11, 12]
+    hashes = hash_request_tokens(fn, 4, make("big", tokens))
+    parent = None
+    for i, h in enumerate(hashes):
+        assert h == hash_block_tokens(fn, parent, tokens[4 * i : 4 * i + 4])
+        parent = h.hash_value
+    wrapped = hash_request_tokens(fn, 4, make("wrapped", [1, 2, 3, 4, 5, 0, 7, 8, 0, 10, 11, 12]))
+    assert hashes[0] == wrapped[0] and hashes[1].hash_value != wrapped[1].hash_value
+
+
+@pytest.mark.seed("002:1.2")
+def test_prefix_caching_preempted_request_hashes_only_its_new_blocks():
+    """Its kept hashes stay the same objects; the blocks filled since are appended, chained."""
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
+    r = make("r", range(9))
+    m.get_computed_blocks(r)
+    kept = list(m.req_to_block_hashes["r"])
+    assert len(kept) == 2
+    r.append_output_token_ids([20, 21, 22, 23])  # it decoded, was preempted, and comes back
+    m.get_computed_blocks(r)
+    grown = m.req_to_block_hashes["r"]
+    assert len(grown) == 3 and all(a is b for a, b in zip(grown, kept))
+    assert grown == hash_request_tokens(m.hash_fn, 4, make("fresh", list(range(9)) + [20, 21, 22, 23]))
 
 
 # -- the free queue and the block --------------------------------------------------------
@@ -245,6 +298,33 @@ def test_prefix_caching_allocate_rejects_more_tokens_than_the_request_has():
     with pytest.raises(ValueError, match="it has only 5 tokens"):
         m.allocate_slots(make("a", range(5)), 6)
     assert m.block_pool.get_num_free_blocks() == 10
+
+
+@pytest.mark.seed("003:allocate")
+def test_prefix_caching_decode_inside_the_last_block_keeps_every_check():
+    """The short path for a decode step with room in its last block (header NOTE 5) still
+    refuses what the five steps refuse, and caches the block that a decode step fills."""
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=6)
+    a = make("a", range(5))
+    m.allocate_slots(a, 5)  # 2 blocks: 8 slots for a request that may reach 6 tokens
+    a.num_computed_tokens = 5
+    with pytest.raises(ValueError, match="it has only 5 tokens"):
+        m.allocate_slots(a, 1)  # its 6th token is not appended yet
+    a.append_output_token_ids(9)
+    assert m.allocate_slots(a, 1) == [] and m.num_cached_block["a"] == 1
+    a.num_computed_tokens = 6
+    a.append_output_token_ids(9)
+    with pytest.raises(ValueError, match="7 tokens exceed max_model_len 6"):
+        m.allocate_slots(a, 1)  # room in the block, but past max_model_len
+    m.check_invariants()
+    m2 = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64)
+    b = make("b", range(7))
+    m2.allocate_slots(b, 7)
+    b.num_computed_tokens = 7
+    b.append_output_token_ids(9)
+    assert m2.allocate_slots(b, 1) == []  # token 8 fills block 1: it is cached
+    assert m2.num_cached_block["b"] == 2 and m2.block_pool.get_cached_block(m2.req_to_block_hashes["b"][1])
+    m2.check_invariants()
 
 
 @pytest.mark.seed("003:allocate", "002:3.1")

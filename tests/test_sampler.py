@@ -263,3 +263,106 @@ def test_sampler_runs_from_metadata_alone():
         assert tokens[:2] == [1, 0]
         seen.add(tokens[2])
     assert seen == {2, 3}
+
+
+# -- random sampling on the CPU: -log(U) instead of exponential_ ----------------------
+
+CHI2_P = [0.5, 0.25, 0.15, 0.07, 0.03, 0.0]
+# Chi-square bound for the 5 tokens with p > 0 (4 degrees of freedom): a correct sampler
+# exceeds 30 with probability about 5e-6, and the seeds below are fixed, so this never flakes.
+CHI2_BOUND = 30.0
+
+
+def chi_square(tokens: torch.Tensor, probs: list[float]) -> float:
+    counts = torch.bincount(tokens, minlength=len(probs)).tolist()
+    n = sum(counts)
+    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs) if p > 0)
+
+
+def test_cpu_random_sample_frequencies_match_the_probabilities():
+    torch.manual_seed(0)
+    probs = torch.tensor([CHI2_P]).repeat(20000, 1)
+    tokens = random_sample(probs, {})
+    assert (tokens == len(CHI2_P) - 1).sum().item() == 0  # probability 0 is never drawn
+    assert chi_square(tokens, CHI2_P) < CHI2_BOUND
+    # The bound has teeth: the same uniforms raced without the log (q ~ U(0, 1), not Exp(1)) fail it.
+    torch.manual_seed(0)
+    wrong = probs.div(torch.rand_like(probs)).argmax(dim=-1)
+    assert chi_square(wrong, CHI2_P) > 10 * CHI2_BOUND
+
+
+def test_cpu_seeded_row_frequencies_match_the_probabilities():
+    generator = torch.Generator().manual_seed(1)
+    probs = torch.tensor([CHI2_P, [1.0, 0, 0, 0, 0, 0]])  # row 1 unseeded, to share the call
+    tokens = torch.stack([random_sample(probs, {0: generator})[0] for _ in range(4000)])
+    assert chi_square(tokens, CHI2_P) < CHI2_BOUND
+
+
+def test_cpu_random_sample_is_the_race_on_minus_log_uniforms():
+    """The CPU stream of a seeded row, spelled out: U from its generator, token = argmax(p / -log U)."""
+    probs = torch.randn(3, 20, generator=torch.Generator().manual_seed(2)).softmax(dim=-1)
+    got = [random_sample(probs, {1: torch.Generator().manual_seed(seed)})[1].item() for seed in range(20)]
+    want = []
+    for seed in range(20):
+        u = torch.rand(20, generator=torch.Generator().manual_seed(seed))
+        want.append(probs[1].div(u.log().neg()).argmax().item())
+    assert got == want
+    assert len(set(got)) > 1
+
+
+def first_zero_uniform(seed: int) -> int:
+    """Where the CPU stream of ``seed`` first gives U == 0 (probability 2**-24 per draw)."""
+    generator, offset = torch.Generator().manual_seed(seed), 0
+    while offset < 1 << 28:
+        zeros = (torch.rand(1 << 20, generator=generator) == 0).nonzero()
+        if len(zeros):
+            return offset + zeros[0].item()
+        offset += 1 << 20
+    raise AssertionError(f"no U == 0 in the first 2**28 draws of seed {seed}")
+
+
+def test_cpu_random_sample_a_zero_uniform_never_picks_a_masked_token():
+    """U == 0 would make q = -log(U) infinite and the score p / q of a surviving token 0,
+    the score of a masked one: the sampler draws U from [tiny, 1) instead."""
+    position = first_zero_uniform(12)  # 411302 with torch 2.x's Mersenne Twister
+    row = torch.zeros(1, 8)
+    row[0, 5] = 1.0  # one survivor (top-k 1, say), whose U is the zero
+    generator = torch.Generator().manual_seed(12)
+    torch.rand(position - 5, generator=generator)  # skip to 5 draws before the zero
+    assert random_sample(row, {0: generator}).item() == 5
+
+
+def test_cpu_seeded_row_stream_ignores_the_rest_of_the_batch():
+    def stream(num_rows: int, row: int, global_seed: int) -> list[int]:
+        torch.manual_seed(global_seed)  # the unseeded rows' draws must not matter
+        generator = torch.Generator().manual_seed(9)
+        probs = torch.full((num_rows, 50), 1 / 50)
+        return [random_sample(probs, {row: generator})[row].item() for _ in range(8)]
+
+    alone = stream(1, 0, 0)
+    assert alone == stream(5, 3, 1) == stream(3, 0, 2)
+    assert len(set(alone)) > 1
+
+
+def test_greedy_rows_are_untouched_by_random_sampling():
+    batch = make_batch()
+    batch.add_request("g1", SamplingParams(temperature=0), None, [])
+    batch.add_request("r", SamplingParams(temperature=1.0), None, [])
+    batch.add_request("g2", SamplingParams(temperature=0), None, [])
+    batch.refresh()
+    logits = torch.zeros(3, V)
+    logits[0, 4] = 1e-3  # a near-flat row: any randomness would show
+    logits[2, 9] = 1e-3
+    random_tokens = set()
+    for _ in range(30):
+        tokens = Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.tolist()
+        assert (tokens[0], tokens[2]) == (4, 9)
+        random_tokens.add(tokens[1])
+    assert len(random_tokens) > 1
+    # An all-greedy batch draws no random numbers at all.
+    greedy = make_batch()
+    greedy.add_request("g", SamplingParams(temperature=0), None, [])
+    greedy.refresh()
+    before = torch.get_rng_state()
+    assert Sampler()(logits[:1], greedy.make_sampling_metadata()).sampled_token_ids.tolist() == [4]
+    assert torch.equal(before, torch.get_rng_state())

@@ -6,11 +6,16 @@ request after a step (new tokens, finish reason).
 
 Mirrors: ``vllm/v1/outputs.py`` (``ModelRunnerOutput``) and ``vllm/v1/engine/__init__.py``
 (``EngineCoreOutput``).
+
+NOTE 1: ``EngineCoreOutput`` is built for every request in every step, so it is a
+``NamedTuple``: immutable like the frozen dataclasses here, and several times cheaper to
+build.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -31,9 +36,8 @@ class ModelRunnerOutput:
             )
 
 
-@dataclass(frozen=True)
-class EngineCoreOutput:
-    """One request's result of one step.
+class EngineCoreOutput(NamedTuple):
+    """One request's result of one step (NOTE 1).
 
     Attributes:
         request_id: the request.

@@ -122,8 +122,10 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         """Append one sampled token or several, keeping both token lists in step."""
-        if isinstance(token_ids, int):
-            token_ids = [token_ids]
+        if isinstance(token_ids, int):  # the common case: one token per step
+            self.output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+            return
         self.output_token_ids.extend(token_ids)
         self._all_token_ids.extend(token_ids)
 

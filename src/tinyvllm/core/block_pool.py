@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tinyvllm.core.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
-from tinyvllm.core.prefix_hash import BlockHash, HashFn, generate_block_hash_extra_keys, hash_block_tokens
+from tinyvllm.core.prefix_hash import BlockHash, HashFn, append_block_hashes
 
 if TYPE_CHECKING:
     from tinyvllm.request import Request
@@ -84,19 +84,9 @@ class BlockPool:
         """
         if not self.enable_caching or num_full_blocks <= num_cached_blocks:
             return
-        token_ids = request.all_token_ids
+        append_block_hashes(hash_fn, block_size, request, block_hashes, num_full_blocks)
         for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            if i < len(block_hashes):
-                block_hash = block_hashes[i]
-            else:
-                assert i == len(block_hashes), f"block {i} hashed before block {len(block_hashes)}"
-                start, end = i * block_size, (i + 1) * block_size
-                assert end <= len(token_ids), f"block {i} is not full: request has {len(token_ids)} tokens"
-                parent = block_hashes[i - 1].hash_value if i > 0 else None
-                extra = generate_block_hash_extra_keys(request, start, end)
-                block_hash = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra)
-                block_hashes.append(block_hash)
+            block, block_hash = blocks[i], block_hashes[i]
             block.block_hash = block_hash
             self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
     # --8<-- [end:cache_full_blocks]

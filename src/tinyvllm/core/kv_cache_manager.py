@@ -35,6 +35,11 @@ cached during a step stay "uncommitted" until the scheduler calls ``commit_step`
 forward finished); ``rollback_step`` drops the uncommitted ones from the prefix cache
 after the failed step's requests were aborted. No later request can hit them.
 
+NOTE 5 (the common decode step): a running request that decodes one token usually has
+room for it in its last block, and fills no block. ``allocate_slots`` checks that first
+and returns ``[]`` at once; the five steps below would reach the same result (no new
+block, nothing to cache) through some twenty more lines.
+
 Left out: sliding windows, hybrid KV specs, speculative lookahead slots, KV offloading.
 """
 # --8<-- [end:header]
@@ -45,7 +50,7 @@ from dataclasses import dataclass
 
 from tinyvllm.core.block_pool import BlockPool
 from tinyvllm.core.free_queue import KVCacheBlock
-from tinyvllm.core.prefix_hash import BlockHash, get_hash_fn, hash_request_tokens
+from tinyvllm.core.prefix_hash import BlockHash, append_block_hashes, get_hash_fn
 from tinyvllm.request import Request
 
 
@@ -56,8 +61,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def num_blocks_needed(num_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``num_tokens`` tokens."""
-    return cdiv(num_tokens, block_size)
+    """Blocks needed to hold ``num_tokens`` tokens: ``cdiv(num_tokens, block_size)``."""
+    return -(-num_tokens // block_size)
 
 
 def max_cache_hit_blocks(num_tokens: int, block_size: int) -> int:
@@ -131,11 +136,10 @@ class KVCacheManager:
         number of tokens they hold. Changes no block."""
         if not self.enable_caching:
             return [], 0
-        block_hashes = self.req_to_block_hashes.get(request.request_id)
-        if block_hashes is None or len(block_hashes) < request.num_tokens // self.block_size:
-            # First admission, or a preempted request that has grown since it was hashed.
-            block_hashes = hash_request_tokens(self.hash_fn, self.block_size, request)
-            self.req_to_block_hashes[request.request_id] = block_hashes
+        # First admission: hash every full block. A preempted request keeps its hashes
+        # (NOTE 3); only the blocks it has filled since are hashed, chained to the last.
+        block_hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
+        append_block_hashes(self.hash_fn, self.block_size, request, block_hashes, request.num_tokens // self.block_size)
         computed: list[KVCacheBlock] = []
         for block_hash in block_hashes[: max_cache_hit_blocks(request.num_tokens, self.block_size)]:
             block = self.block_pool.get_cached_block(block_hash)
@@ -164,22 +168,30 @@ class KVCacheManager:
         Returns the newly allocated blocks (possibly none), or None, changing nothing,
         when the pool cannot supply them.
         """
-        new_computed_blocks = list(new_computed_blocks or [])
+        hits = new_computed_blocks or ()
         req_id = request.request_id
         if not isinstance(num_tokens, int) or num_tokens <= 0:
             raise ValueError(f"request {req_id!r}: num_tokens must be a positive int, got {num_tokens!r}")
-        req_blocks = self.req_to_blocks.get(req_id, [])
-        if new_computed_blocks and (req_blocks or request.num_computed_tokens):
+        req_blocks = self.req_to_blocks.get(req_id)  # None before the first allocation
+        if req_blocks and not hits:  # NOTE 5: most decode steps need no block and fill none
+            total_tokens = request.num_computed_tokens + num_tokens
+            if (
+                total_tokens <= len(req_blocks) * self.block_size
+                and total_tokens <= min(request.num_tokens, self.max_model_len)  # else step 1 raises
+                and (not self.enable_caching or total_tokens // self.block_size <= self.num_cached_block.get(req_id, 0))
+            ):
+                return []
+        if hits and (req_blocks or request.num_computed_tokens):
             raise ValueError(
                 f"request {req_id!r}: prefix hits can only be added at admission, but it already "
-                f"holds {len(req_blocks)} blocks and {request.num_computed_tokens} computed tokens"
+                f"holds {len(req_blocks or ())} blocks and {request.num_computed_tokens} computed tokens"
             )
-        if new_computed_blocks and not self.enable_caching:
+        if hits and not self.enable_caching:
             raise ValueError(f"request {req_id!r}: new_computed_blocks given with prefix caching disabled")
 
         # --8<-- [start:allocate_step1]
         # Step 1: how many new blocks the computed, hit and scheduled tokens need.
-        num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_computed_tokens = request.num_computed_tokens + len(hits) * self.block_size
         total_tokens = num_computed_tokens + num_tokens
         if total_tokens > self.max_model_len:
             raise ValueError(
@@ -191,21 +203,23 @@ class KVCacheManager:
                 f"but it has only {request.num_tokens} tokens"
             )
         num_required_blocks = num_blocks_needed(total_tokens, self.block_size)
-        num_new_blocks = num_required_blocks - len(req_blocks) - len(new_computed_blocks)
+        num_new_blocks = num_required_blocks - len(req_blocks or ()) - len(hits)
         # --8<-- [end:allocate_step1]
 
         # --8<-- [start:allocate_step2]
         # Step 2: can the free queue supply them once evictable hits are taken out? (NOTE 2)
-        num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        num_evictable_hits = sum(1 for block in hits if block.ref_cnt == 0) if hits else 0
         if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_hits:
             return None
         # --8<-- [end:allocate_step2]
 
         # --8<-- [start:allocate_step3]
         # Step 3: touch the hits so they cannot be evicted.
-        self.block_pool.touch(new_computed_blocks)
-        req_blocks = self.req_to_blocks.setdefault(req_id, req_blocks)
-        req_blocks.extend(new_computed_blocks)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[req_id] = []
+        if hits:
+            self.block_pool.touch(hits)
+            req_blocks.extend(hits)
         # --8<-- [end:allocate_step3]
 
         # --8<-- [start:allocate_step4]
@@ -224,14 +238,16 @@ class KVCacheManager:
         # --8<-- [start:allocate_step5]
         # Step 5: cache every block that is now full, for later requests of this very batch.
         if self.enable_caching:
-            num_cached = self.num_cached_block.get(req_id, len(new_computed_blocks))
+            num_cached = self.num_cached_block.get(req_id, len(hits))
             num_full = total_tokens // self.block_size
-            block_hashes = self.req_to_block_hashes.setdefault(req_id, [])
-            self.block_pool.cache_full_blocks(
-                request, req_blocks, block_hashes, num_cached, num_full, self.block_size, self.hash_fn
-            )
-            self.uncommitted_blocks.extend(req_blocks[num_cached:num_full])  # NOTE 4
-            self.num_cached_block[req_id] = max(num_cached, num_full)
+            if num_full > num_cached:  # most decode steps fill no block: nothing to do
+                block_hashes = self.req_to_block_hashes.setdefault(req_id, [])
+                self.block_pool.cache_full_blocks(
+                    request, req_blocks, block_hashes, num_cached, num_full, self.block_size, self.hash_fn
+                )
+                self.uncommitted_blocks.extend(req_blocks[num_cached:num_full])  # NOTE 4
+                num_cached = num_full
+            self.num_cached_block[req_id] = num_cached
         # --8<-- [end:allocate_step5]
         return new_blocks
     # --8<-- [end:allocate_slots]

@@ -35,6 +35,17 @@ NOTE 3 (extra keys are tagged): the LoRA adapter and the cache salt both change 
 block's identity. They enter the key as ``("lora", name)`` and ``("salt", salt)`` so a
 LoRA called "x" can never be confused with a salt "x".
 
+NOTE 4 (the bytes sha256 reads): ``sha256_hash`` hashes ``stable_bytes`` of the key
+``(parent hash value, token ids, extra keys)``, a tagged, length-prefixed encoding: every
+field starts with a one-byte type tag and every variable-length field with its length,
+so the bytes decode back to exactly one value, and two different keys never share their
+bytes. Token ids go in as packed 32-bit ints, so the key of a block of 16 tokens without
+extra keys is at most 113 bytes, two sha256 compression rounds (``repr``, used before,
+gave about 200 bytes, four rounds, after a decimal conversion of the 256-bit parent).
+``append_block_hashes``, the loop behind ``hash_request_tokens`` and the block pool,
+builds those bytes inline for sha256 and passes the key tuple itself to any other hash
+function: the values are ``hash_block_tokens``'s either way.
+
 Left out: multimodal extra keys (image hashes) and hybrid-model block sizes.
 """
 # --8<-- [end:header]
@@ -43,13 +54,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from tinyvllm.request import Request
 
-HashFn = Callable[[Any], int]
+HashFn = Callable[[Any], int]  # from a key tuple (parent value, token ids, extra keys) to an int
 
 
 # --8<-- [start:block_hash]
@@ -67,19 +79,50 @@ class BlockHash(NamedTuple):
 # --8<-- [end:block_hash]
 
 
-def _stable_bytes(obj: Any) -> bytes:
-    """A canonical byte string for nested tuples of ints, strings and None.
+# --8<-- [start:stable_bytes]
+def _length(n: int) -> bytes:
+    """A length field: 4 bytes, little-endian (OverflowError past 2**32 - 1, never a wrap)."""
+    return n.to_bytes(4, "little")
 
-    ``repr`` of these types is fixed by the language and does not depend on
-    ``PYTHONHASHSEED`` or on the process, which is all sha256 needs here.
+
+def _pack_int32s(values: tuple) -> bytes | None:
+    """``values`` as little-endian 32-bit ints, or None if one is not an int in range."""
+    try:
+        return struct.pack(f"<{len(values)}i", *values)
+    except struct.error:
+        return None
+
+
+def stable_bytes(obj: Any) -> bytes:
+    """The canonical bytes of ``obj``: None, an int, a str, or a tuple of these (NOTE 4).
+
+    Tags: ``n`` None; ``i`` int (length, then two's complement, little-endian); ``s`` str
+    (length, then UTF-8); ``a`` a tuple of ints that all fit in 32 bits (count, then the
+    packed ints); ``t`` any other tuple (count, then each item's bytes). The encoding is
+    a function of the value, and each field says where it ends, so the bytes can be
+    decoded back: different values never share their bytes.
     """
-    return repr(obj).encode("utf-8")
+    if obj is None:
+        return b"n"
+    if isinstance(obj, int):
+        size = (obj.bit_length() + 8) >> 3  # room for the sign bit
+        return b"i" + _length(size) + obj.to_bytes(size, "little", signed=True)
+    if isinstance(obj, str):
+        data = obj.encode("utf-8", "surrogatepass")  # every str, lone surrogates included
+        return b"s" + _length(len(data)) + data
+    if isinstance(obj, tuple):
+        packed = _pack_int32s(obj)
+        if packed is not None:
+            return b"a" + _length(len(obj)) + packed
+        return b"t" + _length(len(obj)) + b"".join(stable_bytes(x) for x in obj)
+    raise TypeError(f"stable_bytes takes None, int, str or tuples of them, got {type(obj).__name__}")
+# --8<-- [end:stable_bytes]
 
 
 # --8<-- [start:hash_fns]
 def sha256_hash(obj: Any) -> int:
-    """Collision-resistant hash of a nested tuple, as a 256-bit int."""
-    return int.from_bytes(hashlib.sha256(_stable_bytes(obj)).digest(), "big")
+    """Collision-resistant hash of a nested tuple (its ``stable_bytes``), as a 256-bit int."""
+    return int.from_bytes(hashlib.sha256(stable_bytes(obj)).digest(), "big")
 
 
 def builtin_hash(obj: Any) -> int:
@@ -138,14 +181,12 @@ def generate_block_hash_extra_keys(request: "Request", start_token_idx: int, end
 
     The LoRA name goes on every block (a different adapter computes different KV for
     the same tokens); the cache salt goes on the first block only: since every later
-    hash chains through the first, salting it isolates the whole sequence.
+    hash chains through the first, salting it isolates the whole sequence. So the keys
+    of every block but the first are the same (``append_block_hashes`` relies on it).
     """
-    keys: list[tuple[str, str]] = []
-    if request.lora_name is not None:
-        keys.append(("lora", request.lora_name))
-    if start_token_idx == 0 and request.cache_salt is not None:
-        keys.append(("salt", request.cache_salt))
-    return tuple(keys) if keys else None
+    lora = (("lora", request.lora_name),) if request.lora_name is not None else ()
+    salt = (("salt", request.cache_salt),) if start_token_idx == 0 and request.cache_salt is not None else ()
+    return lora + salt or None
 # --8<-- [end:extra_keys]
 
 
@@ -154,14 +195,60 @@ def hash_request_tokens(hash_fn: HashFn, block_size: int, request: "Request") ->
     """The chain of block hashes of a request's full blocks (a partial tail is skipped)."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    token_ids = request.all_token_ids
     hashes: list[BlockHash] = []
-    parent: int | None = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        end = start + block_size
-        extra = generate_block_hash_extra_keys(request, start, end)
-        block_hash = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra)
-        hashes.append(block_hash)
-        parent = block_hash.hash_value
+    append_block_hashes(hash_fn, block_size, request, hashes, request.num_tokens // block_size)
     return hashes
+
+
+_TRIPLE_INT = b"t" + _length(3) + b"i"  # stable_bytes of a key tuple, up to its parent's length
+_LENGTHS = [_length(n) for n in range(64)]  # the length fields of ints up to 63 bytes, ready-made
+_PACKERS: dict[int, tuple[bytes, Callable[..., bytes]]] = {}  # block_size -> (b"a" + count, pack ids)
+_new_block_hash = tuple.__new__  # BlockHash(...) without NamedTuple's Python-level __new__
+
+
+def append_block_hashes(
+    hash_fn: HashFn, block_size: int, request: "Request", block_hashes: list[BlockHash], num_blocks: int
+) -> None:
+    """Extend ``block_hashes``, the hashes of the request's first full blocks, to its first
+    ``num_blocks`` blocks, each chained to the one before.
+
+    Each value is ``hash_block_tokens``'s, computed without its call layers: the extra keys
+    once per call, and for sha256 the key's ``stable_bytes`` built inline (NOTE 4).
+    """
+    first = len(block_hashes)
+    if num_blocks <= first:
+        return
+    token_ids = request.all_token_ids
+    assert num_blocks * block_size <= len(token_ids), f"block {num_blocks - 1} is not full"
+    parent = block_hashes[-1].hash_value if first else none_hash(hash_fn)
+    keys = generate_block_hash_extra_keys(request, block_size, 2 * block_size)  # every block but the first
+    if hash_fn is not sha256_hash:
+        for i in range(first, num_blocks):
+            block = tuple(token_ids[i * block_size : (i + 1) * block_size])
+            block_keys = keys if i else generate_block_hash_extra_keys(request, 0, block_size)
+            parent = hash_fn((parent, block, block_keys))
+            block_hashes.append(_new_block_hash(BlockHash, (parent, block, block_keys)))
+        return
+    # sha256_hash((parent, block, block_keys)), inlined: the stable_bytes of the key, piece by piece.
+    packer = _PACKERS.get(block_size)
+    if packer is None:
+        packer = _PACKERS[block_size] = (b"a" + _length(block_size), struct.Struct(f"<{block_size}i").pack)
+    tokens_head, pack = packer
+    keys_bytes = b"n" if keys is None else stable_bytes(keys)
+    sha256, from_bytes, append = hashlib.sha256, int.from_bytes, block_hashes.append  # locals: faster
+    for i in range(first, num_blocks):
+        block = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        block_keys, block_keys_bytes = keys, keys_bytes
+        if i == 0:  # the first block may carry the cache salt
+            block_keys = generate_block_hash_extra_keys(request, 0, block_size)
+            block_keys_bytes = stable_bytes(block_keys)
+        try:
+            head, packed = tokens_head, pack(*block)
+        except struct.error:  # an id past 32 bits: the general encoding
+            head, packed = b"", stable_bytes(block)
+        size = (parent.bit_length() + 8) >> 3  # room for the sign bit, as in stable_bytes(parent)
+        data = (_TRIPLE_INT, _LENGTHS[size] if size < 64 else _length(size),
+                parent.to_bytes(size, "little", signed=True), head, packed, block_keys_bytes)  # fmt: skip
+        parent = from_bytes(sha256(b"".join(data)).digest(), "big")
+        append(_new_block_hash(BlockHash, (parent, block, block_keys)))
 # --8<-- [end:hash_request_tokens]

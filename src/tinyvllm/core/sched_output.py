@@ -12,13 +12,18 @@ Invariants: ``total_num_scheduled_tokens == sum(num_scheduled_tokens.values())``
 scheduled request appears in exactly one of ``scheduled_new_reqs`` and
 ``scheduled_cached_reqs``; ``num_computed_tokens`` is the count *before* this step, i.e.
 the position of the step's first token.
+
+NOTE 1 (a NamedTuple for the per-step record): a ``CachedRequestData`` is built for every
+running request in every step. A ``NamedTuple`` is as immutable as a frozen dataclass
+and several times cheaper to build (a frozen dataclass sets each field through
+``object.__setattr__``), which matters at a few microseconds per request per step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from tinyvllm.sampling_params import SamplingParams
 
@@ -34,9 +39,8 @@ class NewRequestData:
     num_computed_tokens: int  # prefix-cache hit tokens, where this step starts
 
 
-@dataclass(frozen=True)
-class CachedRequestData:
-    """A request the runner has seen: still running, or resumed after preemption."""
+class CachedRequestData(NamedTuple):
+    """A request the runner has seen: still running, or resumed after preemption (NOTE 1)."""
 
     req_id: str
     resumed_from_preemption: bool

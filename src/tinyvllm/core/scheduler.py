@@ -325,15 +325,16 @@ class Scheduler:
                 new_token_ids.append(token)
                 if check_stop(request, self.max_model_len):
                     break
-            if request.is_finished:
+            finished = request.is_finished
+            if finished:
                 self.running.remove(request)
                 self._free_request(request)
-            if new_token_ids or request.is_finished:
+            if new_token_ids or finished:
                 outputs.append(
                     EngineCoreOutput(
                         request_id=rid,
                         new_token_ids=new_token_ids,
-                        finish_reason=RequestStatus.get_finished_reason(request.status),
+                        finish_reason=RequestStatus.get_finished_reason(request.status) if finished else None,
                         stop_reason=request.stop_reason,
                         num_cached_tokens=max(request.num_cached_tokens, 0),
                     )

@@ -21,8 +21,9 @@ Invariants:
 - ``generators`` is a read-only view; its keys are rows ``< num_reqs``.
 
 NOTE 1 (why it exists): the sampler knows nothing of the worker. The persistent
-``InputBatch`` builds this record once per step, after ``refresh()`` has handed the
-step's ``BatchUpdate`` to the processors, so ``sample/`` never imports ``worker/``.
+``InputBatch`` builds this record after ``refresh()`` has handed the step's
+``BatchUpdate`` to the processors (and hands the same record out again while the batch
+does not change), so ``sample/`` never imports ``worker/``.
 NOTE 2 (frozen at the top level only): the fields cannot be reassigned, but the logits
 processors, the thinking-budget holder and the generators are live, stateful objects
 shared with the batch: sampling advances a seeded request's generator, and the model

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -64,10 +65,7 @@ def _check_batch(num_computed_tokens: Sequence[int], num_scheduled_tokens: Seque
 # --8<-- [start:builders]
 def compute_query_start_loc(num_scheduled_tokens: Sequence[int]) -> list[int]:
     """``[0, n0, n0+n1, ...]``: where each request's queries start (R+1 entries)."""
-    starts = [0]
-    for n in num_scheduled_tokens:
-        starts.append(starts[-1] + n)
-    return starts
+    return list(accumulate(num_scheduled_tokens, initial=0))
 
 
 def compute_seq_lens(num_computed_tokens: Sequence[int], num_scheduled_tokens: Sequence[int]) -> list[int]:
@@ -94,13 +92,14 @@ def compute_slot_mapping(
 ) -> list[int]:
     """Each scheduled token's slot, through its own request's block ids."""
     slots = []
-    for r, (c, n) in enumerate(zip(num_computed_tokens, num_scheduled_tokens)):
-        if len(block_ids[r]) < cdiv(c + n, block_size):
+    for r, (ids, c, n) in enumerate(zip(block_ids, num_computed_tokens, num_scheduled_tokens)):
+        if len(ids) * block_size < c + n:
             raise ValueError(
-                f"request {r} has {len(block_ids[r])} blocks but {c + n} tokens need "
+                f"request {r} has {len(ids)} blocks but {c + n} tokens need "
                 f"{cdiv(c + n, block_size)} of size {block_size}"
             )
-        slots.extend(slot_for_position(block_ids[r], p, block_size) for p in range(c, c + n))
+        for p in range(c, c + n):  # slot_for_position, inlined: this runs for every token of every step
+            slots.append(ids[p // block_size] * block_size + p % block_size)
     return slots
 
 
@@ -157,11 +156,17 @@ def build_step_inputs(
         raise ValueError(f"num_padded_tokens = {n_pad} is less than the {num_tokens} scheduled tokens")
     if r_pad < num_reqs:
         raise ValueError(f"num_padded_reqs = {r_pad} is less than the {num_reqs} scheduled requests")
-    query_start_loc = compute_query_start_loc(num_scheduled_tokens) + [num_tokens] * (r_pad - num_reqs)
-    seq_lens = compute_seq_lens(num_computed_tokens, num_scheduled_tokens)
+    if num_tokens == num_reqs:  # a decode step (every request has >= 1 token, so each has exactly 1)
+        query_start_loc, positions = list(range(num_reqs + 1)), list(num_computed_tokens)
+        seq_lens = [c + 1 for c in num_computed_tokens]
+    else:
+        query_start_loc = compute_query_start_loc(num_scheduled_tokens)
+        positions = compute_positions(num_computed_tokens, num_scheduled_tokens)
+        seq_lens = compute_seq_lens(num_computed_tokens, num_scheduled_tokens)
+    query_start_loc += [num_tokens] * (r_pad - num_reqs)
     slots = compute_slot_mapping(num_computed_tokens, num_scheduled_tokens, block_ids, block_size)
     return StepInputs(
-        positions=compute_positions(num_computed_tokens, num_scheduled_tokens) + [0] * (n_pad - num_tokens),
+        positions=positions + [0] * (n_pad - num_tokens),
         slot_mapping=slots + [PAD_SLOT_ID] * (n_pad - num_tokens),
         query_start_loc=query_start_loc,
         seq_lens=seq_lens + [0] * (r_pad - num_reqs),

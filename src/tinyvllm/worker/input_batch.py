@@ -31,6 +31,12 @@ enters it, moved by ``condense``, swapped by ``swap_states`` and cleared on remo
 NOTE 4: a seeded request's ``torch.Generator`` belongs to the request, not to the row: the
 runner keeps it across the request leaving and re-entering the batch (preemption, a
 skipped step), so its random stream never restarts.
+NOTE 5 (the sampling metadata is reused): in a run of decode steps the batch usually
+does not change from one step to the next, and building ``SamplingMetadata`` costs about
+ten small tensor operations. ``make_sampling_metadata`` keeps the record it built and
+hands it out again until a ``refresh()`` sees a change (an addition, removal, move or
+swap), the only ways its values can change. The record is frozen and its tensors are
+copies, so handing out the same object twice is safe.
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
 # --8<-- [end:header]
@@ -80,6 +86,7 @@ class InputBatch:
         self.block_table = (  # NOTE 3
             BlockTable(max_num_reqs, max_num_blocks_per_req, self.device) if max_num_blocks_per_req else None
         )
+        self._sampling_metadata: SamplingMetadata | None = None  # NOTE 5: valid until the batch changes
 
     @property
     def num_reqs(self) -> int:
@@ -203,6 +210,7 @@ class InputBatch:
             self.batch_update_builder.removed_append(row)
         self.req_ids, self.params, self.output_token_ids = [], [], []
         self.req_id_to_index.clear()
+        self._sampling_metadata = None
         self.refresh()
 
     # --8<-- [start:refresh]
@@ -215,6 +223,8 @@ class InputBatch:
         if any(req_id is None for req_id in self.req_ids):
             raise RuntimeError(f"rows {[i for i, r in enumerate(self.req_ids) if r is None]} are holes: call condense() first")
         batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
+        if batch_update is not None:
+            self._sampling_metadata = None  # NOTE 5
         for proc in self.logitsprocs.all:
             proc.update_state(batch_update)
         if self.thinking_budget is not None:
@@ -230,7 +240,8 @@ class InputBatch:
         Call it after ``refresh()``: the processors and the thinking budget it hands over
         must already know this step's batch. Tensors are copies (on ``self.device``), so
         later edits of the batch cannot change a metadata already built; the generators
-        are the batch's own objects, so sampling advances them.
+        are the batch's own objects, so sampling advances them. A step whose ``refresh()``
+        found no change gets the previous step's record back (NOTE 5).
         """
         holes = [i for i, r in enumerate(self.req_ids) if r is None]
         if holes:
@@ -238,11 +249,13 @@ class InputBatch:
         builder = self.batch_update_builder
         if builder.has_removed() or builder.added or builder.moved or builder.batch_changed:
             raise RuntimeError("the batch changed since the last refresh(): call refresh() first")
+        if self._sampling_metadata is not None:
+            return self._sampling_metadata
         n = self.num_reqs
         temperature = self.temperature[:n].to(self.device, copy=True)  # [R]
         top_p, top_k = self.top_p[:n], self.top_k[:n]  # [R], [R]
         is_greedy = temperature == 0  # [R]
-        return SamplingMetadata(
+        self._sampling_metadata = SamplingMetadata(
             temperature=temperature,
             all_greedy=bool(is_greedy.all()),
             all_random=not bool(is_greedy.any()),
@@ -253,6 +266,7 @@ class InputBatch:
             logitsprocs=self.logitsprocs,
             thinking_budget=self.thinking_budget,
         )
+        return self._sampling_metadata
     # --8<-- [end:sampling_metadata]
 
     def check_invariants(self) -> None:

@@ -44,6 +44,8 @@ class PersistentBuffer:
         self.cpu = torch.zeros(size, dtype=dtype, pin_memory=not on_cpu)  # [size]
         self.np = self.cpu.numpy()  # writes through to self.cpu
         self.device = self.cpu if on_cpu else torch.zeros(size, dtype=dtype, device=device)  # [size]
+        # The views of the last size written: (n, cpu[:n], device[:n]).
+        self._last: tuple[int, torch.Tensor, torch.Tensor] = (0, self.cpu[:0], self.device[:0])
 
     def write(self, values: list[int]) -> torch.Tensor:
         """Put ``values`` at the front and return the device view of exactly that prefix."""
@@ -51,9 +53,12 @@ class PersistentBuffer:
         if n > self.np.shape[0]:
             raise ValueError(f"{n} values do not fit a persistent buffer of {self.np.shape[0]}")
         self.np[:n] = values
-        if self.device is not self.cpu:
-            self.device[:n].copy_(self.cpu[:n], non_blocking=True)
-        return self.device[:n]
+        if self._last[0] != n:  # slicing costs microseconds; steps in a row often have one size
+            self._last = (n, self.cpu[:n], self.device[:n])
+        _, cpu, device = self._last
+        if device is not cpu:
+            device.copy_(cpu, non_blocking=True)
+        return device
 
 
 class InputBuffers:

@@ -217,11 +217,15 @@ class ModelRunner:
     def _update_states(self, out: SchedulerOutput) -> None:
         batch = self.input_batch
         table = batch.block_table
+        # A steady decode step schedules exactly the requests already in the batch: no
+        # row leaves or joins, and both scans below can be skipped.
+        same_rows = batch.req_id_to_index.keys() == out.num_scheduled_tokens.keys()
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
-        for req_id in list(batch.req_id_to_index):  # removals first (NOTE 1)
-            if req_id not in out.num_scheduled_tokens:
-                batch.remove_request(req_id)
+        if not same_rows:
+            for req_id in list(batch.req_id_to_index):  # removals first (NOTE 1)
+                if req_id not in out.num_scheduled_tokens:
+                    batch.remove_request(req_id)
         for new in out.scheduled_new_reqs:
             self.requests[new.req_id] = RunnerRequestState(
                 req_id=new.req_id,
@@ -239,18 +243,19 @@ class ModelRunner:
                 state.block_ids = list(cached.new_block_ids)
                 if row is not None:
                     table.add_row(row, state.block_ids)
-            else:
+            elif cached.new_block_ids:  # most decode steps bring none
                 state.block_ids.extend(cached.new_block_ids)
                 if row is not None:
                     table.append_row(row, cached.new_block_ids)  # incremental, never rebuilt
             state.num_computed_tokens = cached.num_computed_tokens
-        for req_id in out.num_scheduled_tokens:
-            if req_id not in batch.req_id_to_index:
-                state = self.requests[req_id]
-                batch.add_request(
-                    req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
-                    self.eos_token_id, block_ids=state.block_ids, generator=state.generator,
-                )  # fmt: skip
+        if not same_rows:
+            for req_id in out.num_scheduled_tokens:
+                if req_id not in batch.req_id_to_index:
+                    state = self.requests[req_id]
+                    batch.add_request(
+                        req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
+                        self.eos_token_id, block_ids=state.block_ids, generator=state.generator,
+                    )  # fmt: skip
         batch.condense()
         batch.refresh()
     # --8<-- [end:update_states]
@@ -379,5 +384,5 @@ class ModelRunner:
             if done:
                 state.output_token_ids.append(token)
             tokens.append([token] if done else [])
-        return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, tokens)
+        return ModelRunnerOutput(req_ids, dict(self.input_batch.req_id_to_index), tokens)  # rows 0 .. R-1
     # --8<-- [end:execute_model]

@@ -1,0 +1,57 @@
+"""bench/sampler_cpu.py, bench/hashing.py and bench/bookkeeping.py: their --quick runs go
+through every code path and write the JSON the README describes (timings mean nothing)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TOKENIZERS_PARALLELISM="false")
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--quick", *args],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+
+
+def test_sampler_cpu_quick_writes_ratios_for_both_thread_counts(tmp_path):
+    out = tmp_path / "sampler_cpu.json"
+    result = _run("sampler_cpu.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and set(record["results_by_threads"]) == {"1", "2"}
+    for by_threads in record["results_by_threads"].values():
+        assert set(by_threads["ratios"]) == {
+            "random_sample_old_over_new", "random_sample_seeded_old_over_new",
+            "sampler_old_over_new", "sampler_seeded_old_over_new",
+        }  # fmt: skip
+        assert all(v > 0 for v in by_threads["median_ms"].values())
+
+
+def test_hashing_quick_checks_the_new_hashes_and_writes_ratios(tmp_path):
+    out = tmp_path / "hashing.json"
+    result = _run("hashing.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["block_size"] == 16
+    assert set(record["ratios"]) == {
+        f"{fn}_{path}_old_over_new" for fn in ("sha256", "builtin") for path in ("request", "per_block")
+    }
+
+
+def test_bookkeeping_quick_reports_per_request_figures(tmp_path):
+    out = tmp_path / "bookkeeping.json"
+    result = _run("bookkeeping.py", "--cases", "stub", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["threads"] == 1
+    case = record["cases"]["stub"]
+    assert case["stub_forward"] is True and case["decode_steps_timed"] > 0
+    assert case["bookkeeping_us_per_req_step"] > 0
+    assert set(case["parts_us_per_req_step"]) == {
+        "schedule", "update_states", "execute_model_other", "update_from_output", "engine_other",
+    }  # fmt: skip
