@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import platform
 import random
 import statistics
 import sys
@@ -44,7 +43,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import machine_info, versions  # noqa: E402
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.models.tiny import build_tiny_model  # noqa: E402
 
@@ -195,10 +196,8 @@ def main() -> None:
         "block_size": BLOCK_SIZE,
         "goal": "bookkeeping_us_per_req_step <= 10, flat from the first to the last tenth",
         "cases": cases,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
+        "machine": machine_info(),
+        "versions": versions(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

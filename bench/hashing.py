@@ -30,7 +30,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -41,7 +40,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import machine_info, versions  # noqa: E402
 from tinyvllm.core.prefix_hash import (  # noqa: E402
     BlockHash,
     append_block_hashes,
@@ -234,9 +235,8 @@ def main() -> None:
         "us_per_block_median": us_per_block,
         "ratios": ratios,
         "goal": "sha256 ratios >= 2 (new at most half the old cost per block)",
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
+        "machine": machine_info(),
+        "versions": versions(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -32,7 +31,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import machine_info, versions  # noqa: E402
 from tinyvllm.sample import sampler as sampler_module  # noqa: E402
 from tinyvllm.sample.logits_processors import LogitsProcessors  # noqa: E402
 from tinyvllm.sample.metadata import SamplingMetadata  # noqa: E402
@@ -133,10 +134,8 @@ def main() -> None:
         "num_reqs": args.num_reqs,
         "vocab": args.vocab,
         "repeats": args.repeats,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
+        "machine": machine_info(),
+        "versions": versions(),
         "results_by_threads": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

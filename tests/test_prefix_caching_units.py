@@ -302,8 +302,8 @@ def test_prefix_caching_allocate_rejects_more_tokens_than_the_request_has():
 
 @pytest.mark.seed("003:allocate")
 def test_prefix_caching_decode_inside_the_last_block_keeps_every_check():
-    """The short path for a decode step with room in its last block (header NOTE 5) still
-    refuses what the five steps refuse, and caches the block that a decode step fills."""
+    """A decode step with room in its last block still gets every check of the five steps,
+    and the block that a decode step fills is cached."""
     m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=6)
     a = make("a", range(5))
     m.allocate_slots(a, 5)  # 2 blocks: 8 slots for a request that may reach 6 tokens

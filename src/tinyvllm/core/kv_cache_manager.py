@@ -35,11 +35,6 @@ cached during a step stay "uncommitted" until the scheduler calls ``commit_step`
 forward finished); ``rollback_step`` drops the uncommitted ones from the prefix cache
 after the failed step's requests were aborted. No later request can hit them.
 
-NOTE 5 (the common decode step): a running request that decodes one token usually has
-room for it in its last block, and fills no block. ``allocate_slots`` checks that first
-and returns ``[]`` at once; the five steps below would reach the same result (no new
-block, nothing to cache) through some twenty more lines.
-
 Left out: sliding windows, hybrid KV specs, speculative lookahead slots, KV offloading.
 """
 # --8<-- [end:header]
@@ -61,8 +56,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def num_blocks_needed(num_tokens: int, block_size: int) -> int:
-    """Blocks needed to hold ``num_tokens`` tokens: ``cdiv(num_tokens, block_size)``."""
-    return -(-num_tokens // block_size)
+    """Blocks needed to hold ``num_tokens`` tokens."""
+    return cdiv(num_tokens, block_size)
 
 
 def max_cache_hit_blocks(num_tokens: int, block_size: int) -> int:
@@ -173,14 +168,6 @@ class KVCacheManager:
         if not isinstance(num_tokens, int) or num_tokens <= 0:
             raise ValueError(f"request {req_id!r}: num_tokens must be a positive int, got {num_tokens!r}")
         req_blocks = self.req_to_blocks.get(req_id)  # None before the first allocation
-        if req_blocks and not hits:  # NOTE 5: most decode steps need no block and fill none
-            total_tokens = request.num_computed_tokens + num_tokens
-            if (
-                total_tokens <= len(req_blocks) * self.block_size
-                and total_tokens <= min(request.num_tokens, self.max_model_len)  # else step 1 raises
-                and (not self.enable_caching or total_tokens // self.block_size <= self.num_cached_block.get(req_id, 0))
-            ):
-                return []
         if hits and (req_blocks or request.num_computed_tokens):
             raise ValueError(
                 f"request {req_id!r}: prefix hits can only be added at admission, but it already "

@@ -217,15 +217,11 @@ class ModelRunner:
     def _update_states(self, out: SchedulerOutput) -> None:
         batch = self.input_batch
         table = batch.block_table
-        # A steady decode step schedules exactly the requests already in the batch: no
-        # row leaves or joins, and both scans below can be skipped.
-        same_rows = batch.req_id_to_index.keys() == out.num_scheduled_tokens.keys()
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
-        if not same_rows:
-            for req_id in list(batch.req_id_to_index):  # removals first (NOTE 1)
-                if req_id not in out.num_scheduled_tokens:
-                    batch.remove_request(req_id)
+        for req_id in list(batch.req_id_to_index):  # removals first (NOTE 1)
+            if req_id not in out.num_scheduled_tokens:
+                batch.remove_request(req_id)
         for new in out.scheduled_new_reqs:
             self.requests[new.req_id] = RunnerRequestState(
                 req_id=new.req_id,
@@ -248,14 +244,13 @@ class ModelRunner:
                 if row is not None:
                     table.append_row(row, cached.new_block_ids)  # incremental, never rebuilt
             state.num_computed_tokens = cached.num_computed_tokens
-        if not same_rows:
-            for req_id in out.num_scheduled_tokens:
-                if req_id not in batch.req_id_to_index:
-                    state = self.requests[req_id]
-                    batch.add_request(
-                        req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
-                        self.eos_token_id, block_ids=state.block_ids, generator=state.generator,
-                    )  # fmt: skip
+        for req_id in out.num_scheduled_tokens:
+            if req_id not in batch.req_id_to_index:
+                state = self.requests[req_id]
+                batch.add_request(
+                    req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
+                    self.eos_token_id, block_ids=state.block_ids, generator=state.generator,
+                )  # fmt: skip
         batch.condense()
         batch.refresh()
     # --8<-- [end:update_states]
