@@ -93,3 +93,19 @@ def test_torch_sdpa_never_reads_a_slot_it_does_not_own(case, garbage):
     clean = run(torch_sdpa.paged_attention, build(case, 0.0), case["head_size"])
     dirty = run(torch_sdpa.paged_attention, build(case, garbage), case["head_size"])
     assert torch.equal(clean, dirty)
+
+
+@given(st.lists(st.integers(1, 2000), min_size=0, max_size=40), st.data())
+def test_torch_sdpa_length_groups_cover_each_request_once_and_bound_padding(lens, data):
+    """Every named request is in exactly one group; a group's longest is at most
+    ``GROUP_PADDING`` times each of its lengths; the next group's longest is below that
+    bound (a group is never split early); groups run longest first."""
+    reqs = data.draw(st.lists(st.sampled_from(range(len(lens))), unique=True)) if lens else []
+    groups = torch_sdpa.group_by_length(lens, reqs)
+    assert sorted(r for g in groups for r in g) == sorted(reqs)
+    for i, group in enumerate(groups):
+        longest = lens[group[0]]
+        assert [lens[r] for r in group] == sorted((lens[r] for r in group), reverse=True)
+        assert all(longest <= torch_sdpa.GROUP_PADDING * lens[r] for r in group)
+        if i + 1 < len(groups):
+            assert longest > torch_sdpa.GROUP_PADDING * lens[groups[i + 1][0]]

@@ -210,3 +210,44 @@ def test_llama3_rope_scaling_is_applied(folders):
     assert scaled[0] == plain[0]
     torch.testing.assert_close(scaled[-1], plain[-1] / spec.rope_scaling.factor)
     assert plain[1] / spec.rope_scaling.factor < scaled[1] < plain[1]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9])
+def test_compute_logits_small_batches_use_the_column_copy_and_agree(folders, rows):
+    """NOTE 6 of models/llama.py: up to three rows on the CPU go through a column-major copy
+    of the LM head; the logits equal the Linear path's to float rounding."""
+    model = load_model(folders["qwen3"])
+    hidden = torch.randn(rows, model.spec.hidden_size, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        logits = model.compute_logits(hidden)
+        expected = model.lm_head(hidden).float()
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert hasattr(model, "_columns") == (rows <= 3)
+
+
+def test_compute_logits_column_copy_follows_a_changed_weight(folders):
+    model = load_model(folders["llama"])
+    hidden = torch.randn(1, model.spec.hidden_size, generator=torch.Generator().manual_seed(0))
+    before = model.compute_logits(hidden)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # an in-place change: the copy is remade
+    torch.testing.assert_close(model.compute_logits(hidden), 2 * before, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_backend_plans_once_per_forward(folders, monkeypatch):
+    """NOTE 8: the torch backend's host-side plan is made once per step for all layers,
+    and the logits equal the reference backend's."""
+    from tinyvllm.attention import torch_sdpa
+
+    calls = []
+    real = torch_sdpa.plan_step
+    monkeypatch.setattr(torch_sdpa, "plan_step", lambda *a: calls.append(1) or real(*a))
+    logits = {}
+    for backend in ("torch", "reference"):
+        model = load_model(folders["qwen3"], attention_backend=backend)
+        assert model.spec.num_hidden_layers > 1
+        caches = new_caches(model, 16, 4)
+        tokens = [prompt(9, 1), prompt(5, 2)]
+        logits[backend], _ = run_step(model, caches, tokens, [0, 0], [9, 5], [[3, 0, 7], [5, 1]], 4)
+        assert len(calls) == 1  # the reference backend has no plan
+    torch.testing.assert_close(logits["torch"], logits["reference"], atol=ATOL, rtol=1e-4)

@@ -114,9 +114,9 @@ def test_torch_sdpa_rejects_head_counts_that_do_not_divide():
 
 
 @pytest.mark.seed("003:memory")
-def test_torch_sdpa_one_sdpa_call_for_a_decode_batch_one_per_prefill(monkeypatch):
-    """A pure decode batch is one SDPA call whatever R is; a mixed batch adds one per
-    request with more than one query token."""
+def test_torch_sdpa_one_sdpa_call_per_length_group_one_per_prefill(monkeypatch):
+    """Decodes of equal length are one SDPA call whatever R is; lengths spread wider than
+    5/4 split into groups, longest first (NOTE 5); each prefill adds one call."""
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
 
@@ -125,13 +125,36 @@ def test_torch_sdpa_one_sdpa_call_for_a_decode_batch_one_per_prefill(monkeypatch
         return real(q, *args, **kwargs)
 
     monkeypatch.setattr(torch_sdpa.F, "scaled_dot_product_attention", counting)
-    q, kc, vc, qsl, sl, bt, _ = make_case([1] * 32, [(7 * r) % 50 + 1 for r in range(32)], 8, 2, 64, 4)
+    q, kc, vc, qsl, sl, bt, _ = make_case([1] * 32, [30] * 32, 8, 2, 64, 4)
     torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.125)
     assert calls == [(32, 8, 1, 64)]
     calls.clear()
+    # Lengths 40 .. 71: 71 .. 57 (57 * 1.25 >= 71), then 56 .. 45, then 44 .. 40.
+    q, kc, vc, qsl, sl, bt, _ = make_case([1] * 32, list(range(40, 72)), 8, 2, 64, 4)
+    out = torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.125)
+    assert calls == [(15, 8, 1, 64), (12, 8, 1, 64), (5, 8, 1, 64)]
+    torch.testing.assert_close(out, reference.paged_attention(q, kc, vc, qsl, sl, bt, 0.125), atol=1e-5, rtol=1e-5)
+    calls.clear()
     q, kc, vc, qsl, sl, bt, _ = make_case([1, 5, 1, 3, 1], [10, 5, 4, 30, 2], 8, 2, 64, 4)
     torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.125)
-    assert calls == [(3, 8, 1, 64), (1, 8, 5, 64), (1, 8, 3, 64)]
+    assert calls == [(1, 8, 1, 64)] * 3 + [(1, 8, 5, 64), (1, 8, 3, 64)]  # decodes 10, 4, 2 apart
+
+
+def test_torch_sdpa_group_by_length_examples():
+    assert torch_sdpa.group_by_length([10, 8, 5, 4, 12], [0, 1, 2, 3, 4]) == [[4, 0], [1], [2, 3]]
+    assert torch_sdpa.group_by_length([7, 7, 7], [2, 0]) == [[2, 0]]  # only the requests named
+    assert torch_sdpa.group_by_length([3], []) == []
+
+
+def test_torch_sdpa_plan_is_step_wide_and_matches_planning_per_call():
+    """A plan made once gives every layer the result of planning inside the call."""
+    q, kc, vc, qsl, sl, bt, _ = make_case([1, 4, 1, 1, 0, 2], [9, 4, 33, 2, 3, 12], 8, 4, 16, 4, pad_tokens=3)
+    plan = torch_sdpa.plan_step(qsl, sl, bt, 4)
+    assert plan.num_rows == 9 and [p.seq_len for p in plan.prefills] == [4, 12]
+    assert [g.width for g in plan.decode_groups] == [33, 9, 2]
+    for _ in range(2):  # reused, as by the layers of one step
+        with_plan = torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, plan=plan)
+        assert torch.equal(with_plan, torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.25))
 
 
 @pytest.mark.seed("003:memory")

@@ -45,6 +45,25 @@ attention) runs between them. Each piece allocates the buffer the next attention
 into, so under piecewise graphs every tensor crossing a split has a fixed address. The
 runner may replace each entry of ``pieces`` with a wrapper (``worker/cuda_graph.py``); the
 model itself knows nothing of graphs.
+NOTE 6 (the LM head for one to three rows on the CPU): the LM head is the largest matrix
+(``[V, hidden]``, 32 MiB for a 16k vocabulary at hidden 512 in float32). For one to three
+rows, MKL's matrix-vector path over that layout ran 2 to 2.4 times slower on our CPU than a
+product with a column-major copy, ``hidden @ weight.t().contiguous()``; at four rows and
+more the two were equal (one thread, vocabulary 16384, hidden 512).
+So on the CPU ``compute_logits`` keeps that copy, made at the first such step and remade if
+the weight changes, and uses it for up to ``SMALL_LM_HEAD_ROWS`` rows: batch-1 decoding and
+the last few requests of a batch. The sums run in another order, so logits differ from the
+``Linear`` path by float rounding. The copy costs the LM head's size again in host memory,
+so it is skipped when the weight is over ``SMALL_LM_HEAD_MAX_BYTES``.
+NOTE 7 (the MLP in place): ``silu`` and the product with ``up`` overwrite the gate half of
+the gate/up output instead of allocating two ``[N, I]`` tensors; the operations and their
+rounding are transformers' own.
+NOTE 8 (a backend's plan per step): some of a backend's work depends only on the step,
+not on the layer: the batched torch backend reads the lengths on the host and builds its
+gather indices and masks. A backend with a ``plan_step`` gets it called once per forward,
+and each layer's ``attention_op`` passes the result on, as vLLM's attention metadata
+builders run once per step for all layers. The plan is built eagerly, outside any piece,
+and only backends that are never captured (``NEVER``) have one.
 
 Left out: tensor parallelism, quantisation, sliding windows, rope types other than default
 and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
@@ -76,6 +95,12 @@ from tinyvllm.models.loader import (
 
 
 
+# NOTE 6: on the CPU, up to this many rows use a column-major copy of the LM head,
+# when the weight is at most this many bytes.
+SMALL_LM_HEAD_ROWS = 3
+SMALL_LM_HEAD_MAX_BYTES = 256 * 2**20
+
+
 @dataclass(frozen=True)
 class AttentionBackend:
     """The KV writer and the attention kernel one backend pairs, and its CUDA-graph support."""
@@ -83,6 +108,9 @@ class AttentionBackend:
     write_kv_cache: Callable[..., None]
     paged_attention: Callable[..., torch.Tensor]
     cudagraph_support: AttentionCGSupport
+    # Host-side work done once per step and passed to every layer as ``plan=`` (NOTE 8);
+    # None for backends that need none.
+    plan_step: Callable[[AttentionMetadata], object] | None = None
 
 
 # The reference and the batched torch backend write with a boolean mask and read lengths
@@ -90,7 +118,9 @@ class AttentionBackend:
 # (seed 000, AttentionCGSupport).
 ATTENTION_BACKENDS = {
     "reference": AttentionBackend(write_kv_cache_torch, reference.paged_attention, reference.CUDAGRAPH_SUPPORT),
-    "torch": AttentionBackend(write_kv_cache_torch, torch_sdpa.paged_attention, torch_sdpa.CUDAGRAPH_SUPPORT),
+    "torch": AttentionBackend(
+        write_kv_cache_torch, torch_sdpa.paged_attention, torch_sdpa.CUDAGRAPH_SUPPORT, torch_sdpa.plan_from_metadata
+    ),
     "triton": AttentionBackend(
         write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT
     ),
@@ -209,12 +239,14 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,  # [2, B, S, Hkv, D]
         meta: AttentionMetadata,
         out: torch.Tensor,  # [N, H, D], written in place
+        plan: object | None = None,  # the backend's plan for this step (NOTE 8)
     ) -> torch.Tensor:
         """The split point (NOTE 5): write this step's K/V into the cache, attend over it."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [B, S, Hkv, D] each
         self.backend.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)  # padding slots skipped
+        extra = {} if plan is None else {"plan": plan}
         return self.backend.paged_attention(
-            q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale, out=out
+            q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale, out=out, **extra
         )  # [N, H, D]; padding rows zero
     # --8<-- [end:attention_forward]
 
@@ -230,8 +262,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [N, I] each
-        return self.down_proj(nn.functional.silu(gate) * up)
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [N, I] views
+        return self.down_proj(nn.functional.silu(gate, inplace=True).mul_(up))  # NOTE 7
 
 
 class DecoderLayer(nn.Module):
@@ -320,9 +352,11 @@ class DecoderForCausalLM(nn.Module):
             )
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} tensors for {len(self.layers)} layers")
+        plan_step = self.layers[0].self_attn.backend.plan_step
+        plan = plan_step(attn_metadata) if plan_step is not None else None  # NOTE 8: once per step
         x, cos, sin, q, k, v, out = self.pieces[0](input_ids, positions)
         for i, layer in enumerate(self.layers):
-            layer.self_attn.attention_op(q, k, v, kv_caches[i], attn_metadata, out)  # eager between pieces
+            layer.self_attn.attention_op(q, k, v, kv_caches[i], attn_metadata, out, plan)  # eager between pieces
             if i + 1 < len(self.layers):
                 x, q, k, v, out = self.pieces[i + 1](x, out, cos, sin)
         return self.pieces[-1](x, out)
@@ -333,9 +367,24 @@ class DecoderForCausalLM(nn.Module):
         """What its attention backend allows under CUDA graphs (seed 000)."""
         return ATTENTION_BACKENDS[self.attention_backend].cudagraph_support
 
+    # --8<-- [start:compute_logits]
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, V] float32 logits (the matmul runs in the model's dtype)."""
+        weight = self.lm_head.weight  # [V, hidden]
+        small = hidden.shape[0] <= SMALL_LM_HEAD_ROWS and weight.device.type == "cpu"
+        if small and weight.numel() * weight.element_size() <= SMALL_LM_HEAD_MAX_BYTES:  # NOTE 6
+            return (hidden @ self._lm_head_columns()).float()  # [R, hidden] @ [hidden, V]
         return self.lm_head(hidden).float()
+
+    def _lm_head_columns(self) -> torch.Tensor:  # [hidden, V], contiguous
+        """The LM head's weight, transposed and copied (NOTE 6); remade if the weight changed."""
+        weight = self.lm_head.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype)
+        if getattr(self, "_columns_key", None) != key:
+            self._columns = weight.detach().t().contiguous()
+            self._columns_key = key
+        return self._columns
+    # --8<-- [end:compute_logits]
 
 
 # --8<-- [start:load_model]
