@@ -76,7 +76,7 @@ from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.validation import (
     INT64_MAX,
     INT64_MIN,
@@ -464,6 +464,8 @@ class LLM:
             label = "sampling_params" if single else f"sampling_params[{i}]"
             check_request_against_model(label, p, self.spec.vocab_size, has_reasoning)  # ids in vocab, thinking
             validate_logits_processors_parameters(self.logits_processors, p)  # custom processors' own checks
+            if p.output_kind != RequestOutputKind.FINAL_ONLY:  # generate returns finished outputs only, as vLLM's
+                p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
             requests.append((f"{next(self._ids)}", text, ids, self._with_eos_stops(p), salt))
         added = []
         try:
@@ -485,8 +487,9 @@ class LLM:
             try:
                 while self.engine.has_unfinished_requests():
                     for out in self.engine.step():
-                        finished[out.request_id] = out
-                        bar.update(1)
+                        if out.finished:  # every request here is FINAL_ONLY; the check costs nothing
+                            finished[out.request_id] = out
+                            bar.update(1)
             except BaseException:  # the failed step is undone by the engine; drop the rest of this call
                 self.engine.abort_request([r for r in req_ids if r not in finished])
                 raise
