@@ -420,6 +420,27 @@ class LLM:
         return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, *extra))
     # --8<-- [end:eos_stops]
 
+    # --8<-- [start:prepare_request]
+    def prepare_request(
+        self, index: int, prompt: PromptType, params: SamplingParams, label: str = "sampling_params"
+    ) -> tuple[str | None, list[int], SamplingParams, str | None]:
+        """Check one prompt and its params against the model; ``(text, ids, params, cache_salt)``.
+
+        Raises TypeError or ValueError naming prompt ``index`` or ``label``; changes nothing.
+        ``generate`` calls it for every prompt before queuing any; ``AsyncLLM`` for each request.
+        """
+        text, ids, salt = self._prompt_inputs(index, prompt)
+        max_len = self.config.scheduler_config.max_model_len
+        if not ids:
+            raise ValueError(f"prompt {index} is empty")
+        if len(ids) > max_len:
+            raise ValueError(f"prompt {index} has {len(ids)} tokens, more than max_model_len {max_len}")
+        has_reasoning = self.config.reasoning_config is not None
+        check_request_against_model(label, params, self.spec.vocab_size, has_reasoning)  # ids in vocab, thinking
+        validate_logits_processors_parameters(self.logits_processors, params)  # custom processors' own checks
+        return text, ids, self._with_eos_stops(params), salt
+    # --8<-- [end:prepare_request]
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
@@ -450,23 +471,14 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams, a list of them or None, got {sampling_params!r}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        max_len = self.config.scheduler_config.max_model_len
-        has_reasoning = self.config.reasoning_config is not None
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):  # every check before anything runs
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be SamplingParams, got {p!r}")
-            text, ids, salt = self._prompt_inputs(i, prompt)
-            if not ids:
-                raise ValueError(f"prompt {i} is empty")
-            if len(ids) > max_len:
-                raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_model_len {max_len}")
-            label = "sampling_params" if single else f"sampling_params[{i}]"
-            check_request_against_model(label, p, self.spec.vocab_size, has_reasoning)  # ids in vocab, thinking
-            validate_logits_processors_parameters(self.logits_processors, p)  # custom processors' own checks
             if p.output_kind != RequestOutputKind.FINAL_ONLY:  # generate returns finished outputs only, as vLLM's
                 p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
-            requests.append((f"{next(self._ids)}", text, ids, self._with_eos_stops(p), salt))
+            label = "sampling_params" if single else f"sampling_params[{i}]"
+            requests.append((f"{next(self._ids)}", *self.prepare_request(i, prompt, p, label)))
         added = []
         try:
             for req_id, text, ids, p, salt in requests:

@@ -198,6 +198,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def unfinished_request_ids(self) -> set[str]:
+        """The requests added and not yet returned finished or aborted."""
+        return set(self._tracked)
+
     # --8<-- [start:make_output]
     def _make_output(
         self, request_id: str, tracked: _Tracked, finish_reason: str | None, stop_reason: int | str | None, now: float
