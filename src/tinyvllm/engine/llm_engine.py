@@ -184,7 +184,6 @@ class LLMEngine:
         tracked.text_end = index + len(stop) if params.include_stop_str_in_output else index
         return stop
     # --8<-- [end:update_text]
-    # --8<-- [end:step]
 
     # --8<-- [start:abort_failed_step]
     def _abort_failed_step(self, scheduler_output: SchedulerOutput) -> None:
