@@ -163,6 +163,13 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/config.py",
     ),
     "failure_and_bad_input.md": ("src/tinyvllm/validation.py", "src/tinyvllm/engine/llm_engine.py"),
+    "serving.md": (
+        "src/tinyvllm/engine/async_llm.py",
+        "src/tinyvllm/engine/detokenizer.py",
+        "src/tinyvllm/entrypoints/openai_server.py",
+        "src/tinyvllm/entrypoints/protocol.py",
+        "src/tinyvllm/entrypoints/metrics.py",
+    ),
 }
 
 

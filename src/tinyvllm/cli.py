@@ -1,5 +1,9 @@
 """The ``tinyvllm`` command (also ``python -m tinyvllm``).
 
+``tinyvllm serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]``
+serves the model over HTTP with an OpenAI-compatible API (``entrypoints/openai_server.py``;
+needs the ``serve`` extra); it takes the same engine flags as ``generate``
+(``add_engine_args``).
 ``tinyvllm generate --model DIR --prompt TEXT [...]`` prints the completion, then one line
 of figures: prompt and generated tokens, seconds, generated tokens per second, and
 prompt tokens served from the prefix cache. ``--cudagraph-mode`` and ``--enforce-eager``
@@ -43,15 +47,9 @@ EXIT_USER_ERROR = 2  # as argparse's
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
-def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate a completion for one prompt")
-    p.add_argument("--model", required=True, help="a local Hugging Face model folder")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+# --8<-- [start:engine_args]
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The flags that build the engine, shared by ``generate`` and ``serve`` (not ``--model``)."""
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch", "reference"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
@@ -63,40 +61,98 @@ def _add_generate(sub) -> None:
         help="CUDA graphs (default: FULL_AND_PIECEWISE on CUDA, NONE on the CPU, where other modes are emulated)",
     )  # fmt: skip
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (cudagraph mode NONE)")
+# --8<-- [end:engine_args]
 
 
-def _check_args(args):
-    """What can be checked without torch: the numbers, the sampling values, the folder.
-    Returns the ``SamplingParams``; raises ValueError naming the flag or the file."""
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate a completion for one prompt")
+    p.add_argument("--model", required=True, help="a local Hugging Face model folder")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    add_engine_args(p)
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over HTTP with an OpenAI-compatible API")
+    p.add_argument("--model", required=True, help="a local Hugging Face model folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: the --model value)")
+    p.add_argument(
+        "--max-waiting-requests", type=int, default=256,
+        help="past this many waiting requests, new ones get HTTP 503",
+    )  # fmt: skip
+    add_engine_args(p)
+
+
+def _check_engine_args(args):
+    """The engine flags and the model folder, without torch; ValueError naming the flag or the file."""
     from tinyvllm.models.loader import check_model_folder
-    from tinyvllm.sampling_params import SamplingParams
 
-    counts = {"--max-model-len": args.max_model_len, "--num-gpu-blocks-override": args.num_gpu_blocks_override}
-    for flag, value in counts.items():
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
-    )
     spec = check_model_folder(args.model)
     if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
         raise ValueError(
             f"--max-model-len {args.max_model_len} exceeds the model's max_position_embeddings "
             f"{spec.max_position_embeddings} (config.json of {args.model})"
         )
+
+
+def _check_counts(args) -> None:
+    counts = {"--max-model-len": args.max_model_len, "--num-gpu-blocks-override": args.num_gpu_blocks_override}
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+
+
+def _check_args(args):
+    """What can be checked without torch: the numbers, the sampling values, the folder.
+    Returns the ``SamplingParams``; raises ValueError naming the flag or the file."""
+    from tinyvllm.sampling_params import SamplingParams
+
+    _check_counts(args)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+    )
+    _check_engine_args(args)
     return params
 
 
-def _generate(args) -> int:
-    params = _check_args(args)
+def llm_from_args(args):
+    """The ``LLM`` the engine flags describe."""
     from tinyvllm import LLM
 
-    llm = LLM(
+    return LLM(
         args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, attention_backend=args.attention_backend,
         num_gpu_blocks_override=args.num_gpu_blocks_override, enforce_eager=args.enforce_eager,
         compilation_config={"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else None,
-    )
+    )  # fmt: skip
+
+
+def _serve(args) -> int:
+    _check_counts(args)
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_waiting_requests < 1:
+        raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
+    _check_engine_args(args)
+    try:
+        from tinyvllm.entrypoints.openai_server import run_server
+    except ImportError as error:
+        print(f"tinyvllm: error: serve needs the serve extra (pip install 'tinyvllm[serve]'): {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    llm = llm_from_args(args)
+    run_server(llm, args.served_model_name or args.model, args.host, args.port, args.max_waiting_requests)
+    return 0
+
+
+def _generate(args) -> int:
+    params = _check_args(args)
+    llm = llm_from_args(args)
     start = time.perf_counter()
     [out] = llm.generate(args.prompt, params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -119,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tinyvllm", description="tinyvllm: a teaching implementation of vLLM V1")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_serve(sub)
     tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
     tiny.add_argument("folder")
     tiny.add_argument("--family", default="qwen3", choices=["qwen3", "qwen2", "llama"])
@@ -127,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve":
+            return _serve(args)
         from tinyvllm.models.tiny import build_tiny_model
 
         print(build_tiny_model(args.folder, args.family))

@@ -83,12 +83,17 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None  # the stop token id, or the stop string, that ended it
 
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What ``LLM.generate`` returns per prompt (names as in vLLM)."""
+    """What ``LLM.generate`` returns per prompt (names as in vLLM).
+
+    ``LLMEngine.step()`` also returns unfinished ones (``finished=False``) for requests
+    whose ``SamplingParams.output_kind`` is DELTA (``outputs[0]`` holds only the new text
+    and token ids) or CUMULATIVE (everything so far).
+    """
 
     request_id: str
     prompt: str | None

@@ -8,11 +8,13 @@ Seed: 001 ch. 7.3 (``AddedRequest`` carries these params to every logits process
 ch. 10 (``min_p``, ``logit_bias``, ``min_tokens``), ch. 13 (``thinking_token_budget``).
 
 Fields: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (0 = off), ``min_p`` (0 = off),
-``logit_bias``, ``min_tokens``, ``max_tokens``, ``stop_token_ids``, ``ignore_eos``,
-``seed``, ``thinking_token_budget`` (None = no limit), ``extra_args`` (free-form, for
-custom logits processors).
+``logit_bias``, ``min_tokens``, ``max_tokens``, ``stop_token_ids``, ``stop`` (stop
+strings), ``include_stop_str_in_output``, ``ignore_eos``, ``seed``,
+``thinking_token_budget`` (None = no limit), ``output_kind`` (NOTE 3), ``extra_args``
+(free-form, for custom logits processors).
 
 Invariants: an instance is frozen; ``stop_token_ids`` is a tuple of non-negative ints;
+``stop`` is a tuple of non-empty strings (a single str becomes a 1-tuple);
 ``logit_bias`` and ``extra_args`` are private copies (mutating the caller's dict later
 changes nothing); numpy and torch integer scalars are stored as Python ints.
 
@@ -31,10 +33,21 @@ masked ``-inf`` into NaN. We refuse rather than clamp, so nothing changes silent
 NOTE 2 (logit_bias): each bias is a finite number in [-100, 100], OpenAI's limits. A bias
 of 1e39 is inf in float32, and so is ``100 / temperature`` for a tiny temperature; with
 an inf logit the softmax is NaN and the draw always returns token 0.
+NOTE 3 (output_kind): what ``LLMEngine.step()`` reports for this request, as vLLM's
+``RequestOutputKind``. FINAL_ONLY (the default here): one output, when the request
+finishes. DELTA: an output every step that adds text or tokens, holding only what is
+new. CUMULATIVE: an output every step that adds tokens, holding everything so far. vLLM's
+``SamplingParams`` defaults to CUMULATIVE and its ``LLM.generate`` switches to FINAL_ONLY;
+here FINAL_ONLY is the default so that ``step()`` keeps returning finished requests only.
+NOTE 4 (stop strings): the engine looks for them in the detokenised text after each step
+(``engine/detokenizer.py``), from ``min_tokens`` outputs on. The text is cut before the
+stop string, or after it with ``include_stop_str_in_output``; the request finishes with
+``finish_reason="stop"`` and ``stop_reason`` the string.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +67,14 @@ FLOAT32_MAX = 3.4028234663852886e38
 MAX_LOGIT_BIAS = 100.0  # NOTE 2
 
 
+class RequestOutputKind(enum.IntEnum):
+    """What ``LLMEngine.step()`` reports for a request (NOTE 3; names as vLLM's)."""
+
+    CUMULATIVE = 0  # everything so far, every step that adds tokens
+    DELTA = 1  # only what is new, every step that adds tokens
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling knobs and generation limits.
@@ -67,9 +88,12 @@ class SamplingParams:
         min_tokens: stop tokens are masked until this many tokens have been generated.
         max_tokens: the most output tokens to generate (>= 1).
         stop_token_ids: generation stops after any of these tokens is produced.
+        stop: generation stops when the text contains any of these strings (NOTE 4).
+        include_stop_str_in_output: keep the stop string at the end of the text.
         ignore_eos: keep generating past the end-of-sequence token.
         seed: seeds this request's own random generator (same seed, same tokens).
         thinking_token_budget: the most tokens a think section may last (>= 0), None = no limit.
+        output_kind: what ``LLMEngine.step()`` reports for the request (NOTE 3).
         extra_args: free-form arguments for custom logits processors.
     """
 
@@ -81,9 +105,12 @@ class SamplingParams:
     min_tokens: int = 0
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     seed: int | None = None
     thinking_token_budget: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -109,9 +136,12 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={max_tokens}], got {self.min_tokens!r}")
         stop = self.stop_token_ids
         checked["stop_token_ids"] = () if stop is None else tuple(check_token_ids("stop_token_ids", stop))
+        checked["stop"] = _checked_stop(self.stop)
+        checked["include_stop_str_in_output"] = check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         checked["ignore_eos"] = check_bool("ignore_eos", self.ignore_eos)
         checked["seed"] = check_optional_int("seed", self.seed, INT64_MIN, INT64_MAX)  # a torch.Generator's range
         checked["thinking_token_budget"] = check_optional_int("thinking_token_budget", self.thinking_token_budget, 0)
+        checked["output_kind"] = _checked_output_kind(self.output_kind)
         checked["extra_args"] = _checked_extra_args(self.extra_args)
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -136,6 +166,29 @@ def _checked_logit_bias(logit_bias: object) -> dict[int, float] | None:
             raise ValueError(f"logit_bias[{token}] must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bias!r}")
         checked[token] = value
     return checked or None
+
+
+def _checked_stop(stop: object) -> tuple[str, ...]:
+    """Stop strings as a tuple: None, a str or a sequence of non-empty strs (NOTE 4)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if isinstance(stop, (bytes, bytearray, Mapping)) or not isinstance(stop, (list, tuple)):
+        raise TypeError(f"stop must be a str, a list of str or None, got {stop!r} ({type(stop).__name__})")
+    for item in stop:
+        if not isinstance(item, str):
+            raise TypeError(f"stop must hold strs, got {item!r} ({type(item).__name__})")
+        if not item:
+            raise ValueError(f"stop strings must be non-empty, got {stop!r}")
+    return tuple(stop)
+
+
+def _checked_output_kind(kind: object) -> RequestOutputKind:
+    """A ``RequestOutputKind`` (NOTE 3); a plain int is refused, like a bool for an int."""
+    if not isinstance(kind, RequestOutputKind):
+        raise TypeError(f"output_kind must be a RequestOutputKind, got {kind!r} ({type(kind).__name__})")
+    return kind
 
 
 def _checked_extra_args(extra_args: object) -> dict[str, Any] | None:

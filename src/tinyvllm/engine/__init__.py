@@ -1,1 +1,1 @@
-"""The engine: ``LLMEngine`` (one step = schedule, execute, update) and ``LLM`` on top."""
+"""The engine: ``LLMEngine`` (one step = schedule, execute, update), ``LLM`` on top, ``AsyncLLM`` for concurrent callers, and the incremental detokenizer."""

@@ -76,7 +76,7 @@ from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.validation import (
     INT64_MAX,
     INT64_MIN,
@@ -420,6 +420,27 @@ class LLM:
         return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, *extra))
     # --8<-- [end:eos_stops]
 
+    # --8<-- [start:prepare_request]
+    def prepare_request(
+        self, index: int, prompt: PromptType, params: SamplingParams, label: str = "sampling_params"
+    ) -> tuple[str | None, list[int], SamplingParams, str | None]:
+        """Check one prompt and its params against the model; ``(text, ids, params, cache_salt)``.
+
+        Raises TypeError or ValueError naming prompt ``index`` or ``label``; changes nothing.
+        ``generate`` calls it for every prompt before queuing any; ``AsyncLLM`` for each request.
+        """
+        text, ids, salt = self._prompt_inputs(index, prompt)
+        max_len = self.config.scheduler_config.max_model_len
+        if not ids:
+            raise ValueError(f"prompt {index} is empty")
+        if len(ids) > max_len:
+            raise ValueError(f"prompt {index} has {len(ids)} tokens, more than max_model_len {max_len}")
+        has_reasoning = self.config.reasoning_config is not None
+        check_request_against_model(label, params, self.spec.vocab_size, has_reasoning)  # ids in vocab, thinking
+        validate_logits_processors_parameters(self.logits_processors, params)  # custom processors' own checks
+        return text, ids, self._with_eos_stops(params), salt
+    # --8<-- [end:prepare_request]
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
@@ -450,21 +471,14 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams, a list of them or None, got {sampling_params!r}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        max_len = self.config.scheduler_config.max_model_len
-        has_reasoning = self.config.reasoning_config is not None
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):  # every check before anything runs
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be SamplingParams, got {p!r}")
-            text, ids, salt = self._prompt_inputs(i, prompt)
-            if not ids:
-                raise ValueError(f"prompt {i} is empty")
-            if len(ids) > max_len:
-                raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_model_len {max_len}")
+            if p.output_kind != RequestOutputKind.FINAL_ONLY:  # generate returns finished outputs only, as vLLM's
+                p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
             label = "sampling_params" if single else f"sampling_params[{i}]"
-            check_request_against_model(label, p, self.spec.vocab_size, has_reasoning)  # ids in vocab, thinking
-            validate_logits_processors_parameters(self.logits_processors, p)  # custom processors' own checks
-            requests.append((f"{next(self._ids)}", text, ids, self._with_eos_stops(p), salt))
+            requests.append((f"{next(self._ids)}", *self.prepare_request(i, prompt, p, label)))
         added = []
         try:
             for req_id, text, ids, p, salt in requests:
@@ -485,8 +499,9 @@ class LLM:
             try:
                 while self.engine.has_unfinished_requests():
                     for out in self.engine.step():
-                        finished[out.request_id] = out
-                        bar.update(1)
+                        if out.finished:  # every request here is FINAL_ONLY; the check costs nothing
+                            finished[out.request_id] = out
+                            bar.update(1)
             except BaseException:  # the failed step is undone by the engine; drop the rest of this call
                 self.engine.abort_request([r for r in req_ids if r not in finished])
                 raise

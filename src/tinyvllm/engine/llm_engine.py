@@ -1,9 +1,11 @@
-"""LLMEngine: requests in, one step at a time, finished outputs out.
+"""LLMEngine: requests in, one step at a time, outputs out.
 
 Concept: the loop that ties the pieces together. ``add_request`` hands a tokenized
 prompt to the scheduler; ``step()`` schedules, runs the model, feeds the sampled tokens
-back to the scheduler and turns finished requests into ``RequestOutput``s. It holds no
-logic of its own beyond that bookkeeping (detokenising, timing).
+back to the scheduler and turns them into ``RequestOutput``s: by default one per request,
+when it finishes; every step for a request whose ``SamplingParams.output_kind`` is DELTA
+or CUMULATIVE (NOTE 2). Beyond that bookkeeping it does the detokenising, the stop
+strings (NOTE 3) and the timing.
 
 Follows: the docs page "The model runner" (one engine step: schedule, execute, update);
 ``step()`` reads top to bottom in a dozen lines.
@@ -19,6 +21,16 @@ aborted and their blocks freed, the blocks the step cached leave the prefix cach
 KV was never written), the runner empties its persistent batch, and the exception goes
 on to the caller. Requests the step did not schedule carry on. vLLM's engine instead
 reports itself dead; an offline engine can do better, because nothing else shares it.
+NOTE 2 (streaming): a request that streams (DELTA or CUMULATIVE) or has stop strings is
+detokenised every step by an ``IncrementalDetokenizer``, so its text never ends in half a
+character. Other requests are decoded once, when they finish, which costs nothing per step.
+NOTE 3 (stop strings): after a step, the new text (plus the last ``len(stop) - 1``
+characters before it, for a stop string split across tokens) is searched for the
+request's stop strings, once it has ``min_tokens`` outputs. On a hit the text is cut,
+the scheduler finishes the request (``finish_requests`` frees its blocks at once), and
+the output says ``finish_reason="stop"`` and ``stop_reason=<the string>``. While a request
+without ``include_stop_str_in_output`` streams, its last ``len(longest stop) - 1``
+characters are held back: they might be the start of a stop string that must not be sent.
 """
 
 from __future__ import annotations
@@ -30,9 +42,10 @@ from dataclasses import dataclass, field
 from tinyvllm.config import ReasoningConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
-from tinyvllm.outputs import CompletionOutput, EngineCoreOutput, RequestMetrics, RequestOutput
+from tinyvllm.engine.detokenizer import IncrementalDetokenizer
+from tinyvllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tinyvllm.request import Request, RequestStatus
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.validation import check_request_against_model, check_token_ids
 from tinyvllm.worker.model_runner import ModelRunner
 
@@ -44,9 +57,15 @@ class _Tracked:
     prompt: str | None
     prompt_token_ids: list[int]
     arrival_time: float
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer | None = None  # None: decoded once, at the end (NOTE 2)
     token_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
     num_cached_tokens: int = 0
+    text_end: int | None = None  # where a stop string cut the text (NOTE 3)
+    stop_checked_chars: int = 0  # text already searched for stop strings
+    sent_chars: int = 0  # DELTA: text and tokens already reported
+    sent_tokens: int = 0
 
 
 class LLMEngine:
@@ -94,8 +113,14 @@ class LLMEngine:
         label = f"request {request_id!r}"
         check_token_ids(f"{label}: prompt_token_ids", request.prompt_token_ids, self.vocab_size)
         check_request_against_model(f"{label}: sampling_params", sampling_params, self.vocab_size, self.reasoning_config is not None)
+        incremental = sampling_params.stop or sampling_params.output_kind != RequestOutputKind.FINAL_ONLY
+        if sampling_params.stop and self.tokenizer is None:
+            raise ValueError(f"{label}: stop={sampling_params.stop!r} needs text, but the engine has no tokenizer")
         self.scheduler.add_request(request)
-        self._tracked[request_id] = _Tracked(prompt, list(request.prompt_token_ids), time.perf_counter())
+        detokenizer = IncrementalDetokenizer(self.tokenizer) if incremental and self.tokenizer else None
+        self._tracked[request_id] = _Tracked(
+            prompt, list(request.prompt_token_ids), time.perf_counter(), sampling_params, detokenizer
+        )
     # --8<-- [end:add_request]
 
     def abort_request(self, request_ids: str | list[str]) -> None:
@@ -107,7 +132,7 @@ class LLMEngine:
 
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns the requests that finished in it."""
+        """One engine step; returns the finished requests, and the streaming ones that got tokens (NOTE 2)."""
         scheduler_output = self.scheduler.schedule()
         try:
             model_output = self.model_runner.execute_model(scheduler_output)
@@ -116,17 +141,49 @@ class LLMEngine:
             self._abort_failed_step(scheduler_output)
             raise
         now = time.perf_counter()
-        finished = []
+        outputs = []
         for out in core_outputs:
             tracked = self._tracked[out.request_id]
             if out.new_token_ids and tracked.first_token_time is None:
                 tracked.first_token_time = now
                 tracked.num_cached_tokens = out.num_cached_tokens
             tracked.token_ids.extend(out.new_token_ids)
-            if out.finished:
-                finished.append(self._make_output(out, self._tracked.pop(out.request_id), now))
-        return finished
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            if tracked.detokenizer is not None:
+                stop = self._update_text(tracked, out.new_token_ids, out.finished)
+                if stop is not None:  # NOTE 3
+                    if not out.finished:
+                        self.scheduler.finish_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
+                    finish_reason, stop_reason = "stop", stop
+            if finish_reason is not None:
+                del self._tracked[out.request_id]
+            output = self._make_output(out.request_id, tracked, finish_reason, stop_reason, now)
+            if output is not None:
+                outputs.append(output)
+        return outputs
     # --8<-- [end:step]
+
+    # --8<-- [start:update_text]
+    def _update_text(self, tracked: _Tracked, new_token_ids: list[int], finished: bool) -> str | None:
+        """Detokenise the new tokens; return the stop string found in the new text, if any (NOTE 3)."""
+        detokenizer = tracked.detokenizer
+        detokenizer.update(new_token_ids)
+        if finished:
+            detokenizer.finish()
+        params = tracked.params
+        if not params.stop or len(tracked.token_ids) < params.min_tokens:
+            tracked.stop_checked_chars = len(detokenizer.text)
+            return None
+        text = detokenizer.text
+        start = max(0, tracked.stop_checked_chars - max(map(len, params.stop)) + 1)
+        tracked.stop_checked_chars = len(text)
+        hits = [(index, stop) for stop in params.stop if (index := text.find(stop, start)) >= 0]
+        if not hits:
+            return None
+        index, stop = min(hits)  # the earliest stop string in the text wins
+        tracked.text_end = index + len(stop) if params.include_stop_str_in_output else index
+        return stop
+    # --8<-- [end:update_text]
 
     # --8<-- [start:abort_failed_step]
     def _abort_failed_step(self, scheduler_output: SchedulerOutput) -> None:
@@ -140,15 +197,49 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def _make_output(self, out: EngineCoreOutput, tracked: _Tracked, now: float) -> RequestOutput:
-        text = self.tokenizer.decode(tracked.token_ids, skip_special_tokens=True) if self.tokenizer else ""
-        completion = CompletionOutput(0, text, tracked.token_ids, out.finish_reason, out.stop_reason)
+    def unfinished_request_ids(self) -> set[str]:
+        """The requests added and not yet returned finished or aborted."""
+        return set(self._tracked)
+
+    # --8<-- [start:make_output]
+    def _make_output(
+        self, request_id: str, tracked: _Tracked, finish_reason: str | None, stop_reason: int | str | None, now: float
+    ) -> RequestOutput | None:
+        """The request's output for this step per its ``output_kind``; None when it reports nothing now."""
+        kind = tracked.params.output_kind
+        finished = finish_reason is not None
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        text = self._visible_text(tracked, finished)
+        token_ids = tracked.token_ids
+        if kind == RequestOutputKind.DELTA:
+            text, token_ids = text[tracked.sent_chars :], token_ids[tracked.sent_tokens :]
+            if not (text or token_ids or finished):
+                return None
+            tracked.sent_chars += len(text)
+            tracked.sent_tokens += len(token_ids)
+        elif kind == RequestOutputKind.CUMULATIVE:
+            token_ids = list(token_ids)  # a snapshot: the tracked list grows
+        completion = CompletionOutput(0, text, token_ids, finish_reason, stop_reason)
         return RequestOutput(
-            request_id=out.request_id,
+            request_id=request_id,
             prompt=tracked.prompt,
             prompt_token_ids=tracked.prompt_token_ids,
             outputs=[completion],
-            finished=True,
+            finished=finished,
             num_cached_tokens=tracked.num_cached_tokens,
-            metrics=RequestMetrics(tracked.arrival_time, tracked.first_token_time, now),
+            metrics=RequestMetrics(tracked.arrival_time, tracked.first_token_time, now if finished else None),
         )
+    # --8<-- [end:make_output]
+
+    def _visible_text(self, tracked: _Tracked, finished: bool) -> str:
+        """The text a client may see now: cut at a stop string, less what is held back (NOTE 3)."""
+        if tracked.detokenizer is None:  # decoded once, at the end (NOTE 2)
+            return self.tokenizer.decode(tracked.token_ids, skip_special_tokens=True) if self.tokenizer else ""
+        text = tracked.detokenizer.text
+        if tracked.text_end is not None:
+            return text[: tracked.text_end]
+        params = tracked.params
+        if finished or not params.stop or params.include_stop_str_in_output:
+            return text
+        return text[: max(tracked.sent_chars, len(text) - max(map(len, params.stop)) + 1)]

@@ -1,0 +1,1 @@
+"""Entry points over the network: the OpenAI-compatible server (``tinyvllm serve``), its request models and its metrics."""

@@ -1,0 +1,170 @@
+"""``AsyncLLM``: concurrent ``generate`` calls give the offline engine's outputs, a consumer
+that stops early aborts its request and frees its blocks, and the waiting bound holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.engine.async_llm import AsyncLLM, TooManyWaitingRequestsError
+from tinyvllm.sampling_params import RequestOutputKind
+
+ENGINE = dict(device="cpu", max_model_len=96, block_size=4)
+PROMPTS = [f"def f{i}(x):\n    return x" + " + 1" * i for i in range(6)]
+
+
+def greedy(max_tokens=8, **kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_model_dirs):
+    return str(tiny_model_dirs["qwen3"])
+
+
+@pytest.fixture(scope="module")
+def expected(folder):
+    llm = LLM(folder, **ENGINE)
+    return [o.outputs[0].text for o in llm.generate(PROMPTS, greedy(), use_tqdm=False)]
+
+
+def used_blocks(llm: LLM) -> int:
+    return sum(b.ref_cnt > 0 for b in llm.engine.scheduler.kv_cache_manager.block_pool.blocks)
+
+
+async def collect(engine: AsyncLLM, prompt, params, request_id) -> list:
+    return [out async for out in engine.generate(prompt, params, request_id)]
+
+
+def test_concurrent_generates_match_the_offline_engine(folder, expected):
+    async def main():
+        engine = AsyncLLM(LLM(folder, **ENGINE))
+        kinds = [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY, RequestOutputKind.CUMULATIVE] * 2
+        runs = [collect(engine, p, greedy(output_kind=k), f"r{i}") for i, (p, k) in enumerate(zip(PROMPTS, kinds))]
+        results = await asyncio.gather(*runs)
+        await engine.shutdown()
+        return kinds, results
+
+    kinds, results = asyncio.run(main())
+    for kind, outs, text in zip(kinds, results, expected):
+        assert outs[-1].finished and all(not o.finished for o in outs[:-1])
+        if kind == RequestOutputKind.DELTA:
+            assert "".join(o.outputs[0].text for o in outs) == text
+        else:
+            assert outs[-1].outputs[0].text == text
+        if kind == RequestOutputKind.FINAL_ONLY:
+            assert len(outs) == 1
+
+
+def test_consumer_that_stops_early_aborts_and_frees_blocks(folder):
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        engine = AsyncLLM(llm)
+        stream = engine.generate(PROMPTS[0], greedy(max_tokens=40, output_kind=RequestOutputKind.DELTA), "early")
+        first = await stream.__anext__()
+        held_while_running = used_blocks(llm)
+        await stream.aclose()  # what a closed HTTP stream does
+        for _ in range(100):  # the abort runs in the engine thread, between two steps
+            if engine.stats.num_running_reqs == 0 and used_blocks(llm) == 0:
+                break
+            await asyncio.sleep(0.01)
+        await engine.shutdown()
+        return first, held_while_running, engine.stats, used_blocks(llm)
+
+    first, held_while_running, stats, held_after = asyncio.run(main())
+    assert not first.finished and held_while_running > 0
+    assert (stats.num_running_reqs, stats.num_waiting_reqs, held_after) == (0, 0, 0)
+    assert stats.kv_cache_usage == 0.0
+
+
+def test_cancelled_task_aborts_its_request(folder):
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        engine = AsyncLLM(llm)
+        task = asyncio.create_task(collect(engine, PROMPTS[1], greedy(max_tokens=60), "cancel-me"))
+        while engine.stats.num_running_reqs == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if used_blocks(llm) == 0:
+                break
+            await asyncio.sleep(0.01)
+        await engine.shutdown()
+        return used_blocks(llm), llm.engine.has_unfinished_requests()
+
+    assert asyncio.run(main()) == (0, False)
+
+
+def test_explicit_abort_ends_the_stream(folder):
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        engine = AsyncLLM(llm)
+        stream = engine.generate(PROMPTS[2], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "a1")
+        await stream.__anext__()
+        await engine.abort("a1")
+        blocks = used_blocks(llm)
+        await stream.aclose()
+        await engine.shutdown()
+        return blocks
+
+    assert asyncio.run(main()) == 0
+
+
+def test_waiting_bound_refuses_with_a_dedicated_error(folder):
+    async def main():
+        llm = LLM(folder, max_num_seqs=1, **ENGINE)  # one running; the rest wait
+        engine = AsyncLLM(llm, max_waiting_requests=2)
+        params = greedy(max_tokens=30, output_kind=RequestOutputKind.DELTA)
+        streams = [engine.generate(PROMPTS[i], params, f"w{i}") for i in range(3)]
+        await streams[0].__anext__()  # the first request runs (a generator adds its request when first iterated)
+        pending = [asyncio.create_task(s.__anext__()) for s in streams[1:]]
+        while engine.stats.num_waiting_reqs < 2:
+            await asyncio.sleep(0.005)
+        with pytest.raises(TooManyWaitingRequestsError, match="2 requests are waiting"):
+            await collect(engine, PROMPTS[3], params, "w3")
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
+        for _ in range(200):
+            if used_blocks(llm) == 0 and not llm.engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+        await engine.shutdown()
+        return used_blocks(llm), llm.engine.has_unfinished_requests()
+
+    assert asyncio.run(main()) == (0, False)
+
+
+def test_bad_request_raises_from_generate_and_queues_nothing(folder):
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        engine = AsyncLLM(llm)
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            await collect(engine, PROMPTS[0], greedy(logit_bias={10_000: 1.0}), "bad")
+        with pytest.raises(ValueError, match="more than max_model_len"):
+            await collect(engine, "x " * 200, greedy(), "long")
+        ok = await collect(engine, PROMPTS[0], greedy(), "good")  # the engine serves on
+        await engine.shutdown()
+        return ok, llm.engine.has_unfinished_requests()
+
+    ok, unfinished = asyncio.run(main())
+    assert ok[-1].finished and not unfinished
+
+
+def test_duplicate_request_id_is_refused(folder):
+    async def main():
+        engine = AsyncLLM(LLM(folder, **ENGINE))
+        stream = engine.generate(PROMPTS[0], greedy(max_tokens=30, output_kind=RequestOutputKind.DELTA), "dup")
+        await stream.__anext__()
+        with pytest.raises(ValueError, match="already in use"):
+            await collect(engine, PROMPTS[1], greedy(), "dup")
+        await stream.aclose()
+        await engine.shutdown()
+
+    asyncio.run(main())

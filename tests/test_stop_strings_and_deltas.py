@@ -1,0 +1,170 @@
+"""Stop strings, ``include_stop_str_in_output`` and the DELTA / CUMULATIVE outputs of
+``LLMEngine.step()`` on a tiny random model (greedy, so every run writes the same text)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.sampling_params import RequestOutputKind
+
+ENGINE = dict(device="cpu", max_model_len=96, block_size=4)
+PROMPT = "def main():\n    return"
+MAX_TOKENS = 16
+
+
+def greedy(**kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dirs):
+    return LLM(str(tiny_model_dirs["qwen3"]), **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def reference(llm):
+    """The prompt's greedy output with no stop string: its text and token ids."""
+    [out] = llm.generate(PROMPT, greedy(), use_tqdm=False)
+    return out.outputs[0]
+
+
+def split_stop(llm, completion) -> tuple[str, int]:
+    """A 2-character stop string that straddles two tokens, and the token that completes it.
+
+    Picks the first token boundary with clean text on both sides whose 2 characters do not
+    occur earlier in the text, so the first occurrence is the one across the boundary."""
+    tok = llm.get_tokenizer()
+    ids, text = completion.token_ids, completion.text
+    for k in range(1, len(ids)):
+        head = tok.decode(ids[:k], skip_special_tokens=True)
+        b = len(head)
+        if not (text.startswith(head) and 0 < b < len(text)):
+            continue
+        stop = text[b - 1 : b + 1]
+        if "\ufffd" in stop or text.find(stop) != b - 1 or len(tok.decode(ids[k : k + 1])) < 1:
+            continue
+        tail = tok.decode(ids[: k + 1], skip_special_tokens=True)
+        if len(tail) > b:  # token k adds the second character
+            return stop, k + 1
+    raise AssertionError(f"the greedy text {text!r} has no clean boundary between two tokens")
+
+
+def test_stop_string_split_across_tokens_cuts_the_text(llm, reference):
+    stop, num_tokens = split_stop(llm, reference)
+    [out] = llm.generate(PROMPT, greedy(stop=[stop]), use_tqdm=False)
+    completion = out.outputs[0]
+    index = reference.text.find(stop)
+    assert completion.text == reference.text[:index]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", stop)
+    assert completion.token_ids == reference.token_ids[:num_tokens]  # stopped at the token that completed it
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(llm, reference):
+    stop, _ = split_stop(llm, reference)
+    [out] = llm.generate(PROMPT, greedy(stop=stop, include_stop_str_in_output=True), use_tqdm=False)
+    index = reference.text.find(stop)
+    assert out.outputs[0].text == reference.text[: index + len(stop)]
+    assert out.outputs[0].stop_reason == stop
+
+
+def test_a_stop_string_that_never_appears_changes_nothing(llm, reference):
+    absent = "\x00never\x00"
+    [out] = llm.generate(PROMPT, greedy(stop=[absent]), use_tqdm=False)
+    assert out.outputs[0].text == reference.text
+    assert (out.outputs[0].finish_reason, out.outputs[0].stop_reason) == ("length", None)
+
+
+def test_stop_strings_wait_for_min_tokens(llm, reference):
+    stop, num_tokens = split_stop(llm, reference)
+    [out] = llm.generate(PROMPT, greedy(stop=[stop], min_tokens=num_tokens + 1), use_tqdm=False)
+    first_end = reference.text.find(stop) + len(stop)
+    assert out.outputs[0].text.startswith(reference.text[:first_end])  # the first occurrence was not searched
+    assert len(out.outputs[0].token_ids) > num_tokens
+    if reference.text.count(stop) == 1:
+        assert out.outputs[0].text == reference.text and out.outputs[0].finish_reason == "length"
+
+
+def test_stopped_request_frees_its_blocks(llm, reference):
+    stop, _ = split_stop(llm, reference)
+    llm.generate(PROMPT, greedy(stop=[stop]), use_tqdm=False)
+    scheduler = llm.engine.scheduler
+    assert not scheduler.has_unfinished_requests()
+    held = [b for b in scheduler.kv_cache_manager.block_pool.blocks if b.ref_cnt > 0]
+    assert held == []
+
+
+def _run_engine(llm, params: SamplingParams, request_id: str):
+    llm.engine.add_request(request_id, llm.get_tokenizer()(PROMPT).input_ids, params, prompt=PROMPT)
+    outputs = []
+    while llm.engine.has_unfinished_requests():
+        outputs += [o for o in llm.engine.step() if o.request_id == request_id]
+    return outputs
+
+
+def test_delta_outputs_join_to_the_final_output(llm, reference):
+    outputs = _run_engine(llm, greedy(output_kind=RequestOutputKind.DELTA), "delta-1")
+    assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+    assert len(outputs) == MAX_TOKENS  # one output per decoded token: one token per step
+    assert "".join(o.outputs[0].text for o in outputs) == reference.text
+    assert [t for o in outputs for t in o.outputs[0].token_ids] == reference.token_ids
+    assert outputs[-1].outputs[0].finish_reason == "length"
+
+
+def test_cumulative_outputs_grow_to_the_final_output(llm, reference):
+    outputs = _run_engine(llm, greedy(output_kind=RequestOutputKind.CUMULATIVE), "cumulative-1")
+    texts = [o.outputs[0].text for o in outputs]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert [len(o.outputs[0].token_ids) for o in outputs] == list(range(1, MAX_TOKENS + 1))
+    assert texts[-1] == reference.text and outputs[-1].finished
+
+
+def test_delta_with_stop_string_never_sends_the_stop_string(llm, reference):
+    stop, _ = split_stop(llm, reference)
+    outputs = _run_engine(llm, greedy(stop=[stop], output_kind=RequestOutputKind.DELTA), "delta-stop")
+    sent = ""
+    for o in outputs:
+        sent += o.outputs[0].text
+        assert stop not in sent and reference.text.startswith(sent)
+    assert sent == reference.text[: reference.text.find(stop)]
+    assert (outputs[-1].outputs[0].finish_reason, outputs[-1].outputs[0].stop_reason) == ("stop", stop)
+
+
+def test_default_step_reports_only_finished_requests(llm):
+    outputs = _run_engine(llm, greedy(), "final-1")
+    assert len(outputs) == 1 and outputs[0].finished
+
+
+def test_generate_returns_final_outputs_even_for_delta_params(llm, reference):
+    [out] = llm.generate(PROMPT, greedy(output_kind=RequestOutputKind.DELTA), use_tqdm=False)
+    assert out.finished and out.outputs[0].text == reference.text
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        (dict(stop=5), TypeError, "stop must be a str"),
+        (dict(stop=["ok", 3]), TypeError, "stop must hold strs, got 3"),
+        (dict(stop=[""]), ValueError, "non-empty, got ['']"),
+        (dict(include_stop_str_in_output=1), TypeError, "include_stop_str_in_output must be a bool, got 1"),
+        (dict(output_kind=1), TypeError, "output_kind must be a RequestOutputKind, got 1"),
+    ],
+)
+def test_new_fields_are_validated(kwargs, error, words):
+    with pytest.raises(error) as info:
+        SamplingParams(**kwargs)
+    assert words in str(info.value)
+
+
+def test_a_single_stop_string_becomes_a_tuple():
+    assert SamplingParams(stop="x").stop == ("x",)
+    assert SamplingParams(stop=None).stop == ()
+
+
+def test_stop_strings_need_a_tokenizer(llm):
+    from tinyvllm.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(llm.engine.scheduler, llm.engine.model_runner, tokenizer=None)
+    with pytest.raises(ValueError, match="needs text"):
+        engine.add_request("no-tok", [5, 6, 7], greedy(stop=["a"]))
+    assert not llm.engine.scheduler.has_unfinished_requests()  # nothing was queued
