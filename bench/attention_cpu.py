@@ -14,6 +14,12 @@ and the figure is the median sample. The figure reported is the ratio
 the same run, because absolute times on a shared two-core machine mean little. The JSON
 also holds the medians and the largest difference between the two outputs.
 
+A second table, ``grouping``, times what the backend does for ragged decode batches: 32
+decodes with contexts drawn from 40-384, attended over 8 layers (8 calls) three ways: all
+in one group, each call planning for itself (``GROUP_PADDING`` set to infinity); in
+length groups, each call planning for itself; in length groups with one ``plan_step``
+for the 8 calls, as the model runs it. The ratios are against the first.
+
 Run: ``python bench/attention_cpu.py`` (about a minute) writes
 ``bench/results/attention_cpu.json``; ``--dry-run`` runs every case on tiny shapes with
 timings that mean nothing (the test suite runs it).
@@ -37,12 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(
     num_heads=8, num_kv_heads=4, head_size=64, block_size=16, context=(224, 288),
     decode_batches=[1, 8, 32, 128], mixed=dict(decodes=16, prompts=2, prompt_len=64, chunk=64, chunk_context=256),
-    threads=[1, 2], repeats=15, sample_s=0.005,
+    threads=[1, 2], repeats=15, sample_s=0.005, grouping=dict(decodes=32, context=(40, 384), layers=8),
 )  # fmt: skip
 DRY = dict(
     num_heads=4, num_kv_heads=2, head_size=16, block_size=4, context=(6, 12),
     decode_batches=[1, 3], mixed=dict(decodes=2, prompts=1, prompt_len=5, chunk=3, chunk_context=9),
-    threads=[1, 2], repeats=2, sample_s=0.0,
+    threads=[1, 2], repeats=2, sample_s=0.0, grouping=dict(decodes=6, context=(2, 20), layers=2),
 )  # fmt: skip
 
 
@@ -99,6 +105,30 @@ def _once(fn):
     return time.perf_counter() - t0
 
 
+def grouping_fns(cfg, gen) -> dict:
+    """The three ways of attending a ragged decode batch over several layers (module header)."""
+    g = cfg["grouping"]
+    lens = torch.randint(g["context"][0], g["context"][1] + 1, (g["decodes"],), generator=gen).tolist()
+    tensors = make_batch([1] * g["decodes"], lens, cfg, gen)
+    scale, layers = cfg["head_size"] ** -0.5, g["layers"]
+
+    def one_group():
+        saved, torch_sdpa.GROUP_PADDING = torch_sdpa.GROUP_PADDING, float("inf")
+        try:
+            return [torch_sdpa.paged_attention(*tensors, scale) for _ in range(layers)][-1]
+        finally:
+            torch_sdpa.GROUP_PADDING = saved
+
+    def groups():
+        return [torch_sdpa.paged_attention(*tensors, scale) for _ in range(layers)][-1]
+
+    def groups_one_plan():
+        plan = torch_sdpa.plan_step(tensors[3], tensors[4], tensors[5], cfg["block_size"])
+        return [torch_sdpa.paged_attention(*tensors, scale, plan=plan) for _ in range(layers)][-1]
+
+    return {"one_group": one_group, "groups": groups, "groups_one_plan": groups_one_plan}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes, timings meaningless")
@@ -126,10 +156,19 @@ def main(argv=None) -> int:
             print(f"threads={threads} {name:14s} reference/torch = {ratio:6.2f}x  "
                   f"(reference {medians['reference'] * 1e6:9.1f} us, torch {medians['torch'] * 1e6:9.1f} us, "
                   f"max |diff| {diff:.1e})")  # fmt: skip
+    grouping = []
+    for threads in cfg["threads"]:
+        torch.set_num_threads(threads)
+        fns = grouping_fns(cfg, torch.Generator().manual_seed(1))
+        diff = max((fns[name]() - fns["one_group"]()).abs().max().item() for name in fns)
+        medians = time_pair(fns, cfg["repeats"], cfg["sample_s"])
+        ratios = {name: medians["one_group"] / medians[name] for name in fns}
+        grouping.append(dict(threads=threads, medians_s=medians, ratio_one_group_over=ratios, max_abs_diff=diff))
+        print(f"threads={threads} grouping: " + ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items()))
     record = dict(
         benchmark="attention_cpu", dry_run=args.dry_run, torch=torch.__version__,
         python=sys.version.split()[0], machine=platform.machine(), processor=platform.processor(),
-        config=cfg, results=results,
+        config=cfg, results=results, grouping=grouping,
     )  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -217,6 +217,9 @@ def test_attention_cpu_bench_dry_run_writes_json(tmp_path):
     for case in cases:
         assert case["max_abs_diff"] < 1e-4, case  # the two backends agree on the benchmark's own inputs
         assert case["ratio_reference_over_torch"] > 0
+    assert [g["threads"] for g in record["grouping"]] == [1, 2]
+    for g in record["grouping"]:  # the three ways give the same result
+        assert g["max_abs_diff"] < 1e-5 and set(g["ratio_one_group_over"]) == {"one_group", "groups", "groups_one_plan"}
     assert f"wrote {out}" in result.stdout
 
 
