@@ -1,6 +1,6 @@
 """The ``tinyvllm`` command (also ``python -m tinyvllm``).
 
-``tinyvllm generate --model DIR --prompt TEXT [...]`` prints the completion, then one line
+``tinyvllm generate --prompt TEXT [--model DIR] [...]`` prints the completion, then one line
 of figures: prompt and generated tokens, seconds, generated tokens per second, and
 prompt tokens served from the prefix cache. ``--cudagraph-mode`` and ``--enforce-eager``
 choose how the model runs under CUDA graphs, as vLLM's ``--compilation-config`` and
@@ -45,7 +45,10 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate a completion for one prompt")
-    p.add_argument("--model", required=True, help="a local Hugging Face model folder")
+    p.add_argument(
+        "--model", default=None,
+        help="a local Hugging Face model folder (default: the shipped stdlib_tiny model, trained on Python's standard library)",
+    )  # fmt: skip
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -78,6 +81,10 @@ def _check_args(args):
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
     )
+    if args.model is None:
+        from tinyvllm.models import STDLIB_TINY
+
+        args.model = STDLIB_TINY
     spec = check_model_folder(args.model)
     if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
         raise ValueError(
@@ -122,11 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
     tiny.add_argument("folder")
     tiny.add_argument("--family", default="qwen3", choices=["qwen3", "qwen2", "llama"])
+    from tinyvllm.models.train_tiny import DESCRIPTION, add_arguments  # no torch at import
+
+    add_arguments(sub.add_parser("train-tiny", help="train a small model on the standard library's sources", description=DESCRIPTION))
     args = parser.parse_args(argv)  # argparse errors: usage, message, exit status 2
     debug = os.environ.get("TINYVLLM_TRACEBACK", "") not in ("", "0")
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "train-tiny":
+            from tinyvllm.models.train_tiny import run
+
+            return run(args)
         from tinyvllm.models.tiny import build_tiny_model
 
         print(build_tiny_model(args.folder, args.family))

@@ -349,7 +349,7 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     curve: dict = {"step": [], "train_loss": [], "lr": [], "eval": []}
     budget = None if cfg.minutes is None else cfg.minutes * 60
-    train_start = time.perf_counter()
+    train_start, cpu_start = time.perf_counter(), time.process_time()
     bar = tqdm(total=cfg.max_steps, desc="train-tiny", disable=not progress, file=sys.stderr)
     step = 0
     held_loss = None
@@ -380,6 +380,7 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
         bar.set_postfix(loss=f"{loss.item():.3f}", held_out="-" if held_loss is None else f"{held_loss:.3f}")
     bar.close()
     train_seconds = time.perf_counter() - train_start
+    cpu_seconds = time.process_time() - cpu_start
     if not curve["eval"] or curve["eval"][-1]["step"] != step:
         curve["eval"].append({"step": step, "held_out_loss": round(mean_loss(model, eval_rows), 4)})
 
@@ -430,6 +431,7 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
         "time": {
             "steps": step,
             "train_seconds": round(train_seconds, 1),
+            "train_cpu_seconds": round(cpu_seconds, 1),
             "total_seconds": round(time.perf_counter() - start, 1),
             "threads": cfg.threads,
             "machine": platform.machine(),
