@@ -277,6 +277,8 @@ def loss_curve_svg(curve: dict, baseline: float | None = None, width: int = 640,
         out.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{width - right}" y2="{y(v):.1f}" stroke="#ddd"/>')
         out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v}</text>')
     tick = 10 ** max(0, len(str(x_max)) - 1)
+    while tick > 1 and x_max // tick < 4:  # at least four ticks past 0
+        tick //= 2
     for s in range(0, x_max + 1, tick):
         out.append(f'<text x="{x(s):.1f}" y="{height - bottom + 16}" text-anchor="middle">{s}</text>')
     out.append(f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle">step</text>')
