@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 from serve_fixtures import free_port
-from test_cli import ENV, assert_argparse_error, assert_one_line_error, run_cli
+from test_cli import ENV, assert_one_line_error, run_cli
 
 from tinyvllm import cli
 
@@ -40,10 +40,6 @@ def _engine_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def test_serve_needs_model():
-    assert_argparse_error(run_cli("serve"), "--model")
-
-
 def test_serve_refuses_a_missing_folder(tmp_path):
     assert_one_line_error(run_cli("serve", "--model", str(tmp_path / "nope")), "nope")
 
@@ -54,11 +50,14 @@ def test_serve_refuses_bad_numbers(tiny_model_dirs, flags, words):
     assert_one_line_error(run_cli("serve", "--model", str(tiny_model_dirs["qwen3"]), *flags), words)
 
 
-def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs):
-    model = str(tiny_model_dirs["qwen3"])
+@pytest.mark.parametrize("shipped", [False, True])
+def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs, shipped):
+    """``--served-model-name`` defaults to ``--model``; with no ``--model`` the shipped model
+    is served, as ``stdlib_tiny``."""
+    model = "stdlib_tiny" if shipped else str(tiny_model_dirs["qwen3"])
     port = free_port()
-    cmd = [sys.executable, "-m", "tinyvllm", "serve", "--model", model, "--port", str(port), "--device", "cpu",
-           "--max-model-len", "64", "--num-gpu-blocks-override", "64"]  # fmt: skip
+    cmd = [sys.executable, "-m", "tinyvllm", "serve", *([] if shipped else ["--model", model]), "--port", str(port),
+           "--device", "cpu", "--max-model-len", "64", "--num-gpu-blocks-override", "64"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -1,6 +1,14 @@
-"""Replay seed 001's thinking-budget examples (appendix O) and print every state change.
+"""Replay seed 001's thinking-budget examples (appendix O) and print every state change,
+then force ``</think>`` on a real model.
 
 Run: PYTHONPATH=src python tutorials/04_thinking_budget.py
+
+The last part runs ``LLM()`` on the shipped model (``stdlib_tiny``, trained on the
+standard library's sources). Its tokenizer has ``<think>`` and ``</think>`` as single
+tokens, so the engine builds its reasoning config by itself; the model never saw either
+token in training and does not close a think section on its own. With
+``thinking_token_budget=6`` the engine forces ``</think>`` after six think tokens. Greedy
+decoding: the output is the same on every run.
 """
 
 import torch
@@ -48,3 +56,23 @@ spec_holder.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_bud
 spec_holder.update_state([[WORD] * 8 + [WORD] * 3], [[WORD] * 3])
 logits = spec_holder.apply_to_logits(torch.zeros(3, V), predict_bonus_token=False, spec_token_ids=[[WORD] * 3])
 print(f"  force_index = {spec_holder._state[0]['force_index']}; forced rows = {(logits == 1e9).nonzero().tolist()}")
+
+print("\n== The shipped model: a prompt that opens <think>, with and without a budget ==")
+from tinyvllm import LLM  # noqa: E402
+
+llm = LLM(device="cpu", num_gpu_blocks_override=64)
+tok = llm.get_tokenizer()
+reasoning = llm.config.reasoning_config
+print(f"  reasoning config from the tokenizer: start {reasoning.reasoning_start_token_ids}, end {reasoning.reasoning_end_token_ids}")
+prompt = "def area(radius):\n    <think>"
+runs = llm.generate(
+    [prompt, prompt],
+    [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+     SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, thinking_token_budget=6)],
+    use_tqdm=False,
+)  # fmt: skip
+for label, out in zip(("no budget", "budget 6"), runs):
+    ids = out.outputs[0].token_ids
+    end = reasoning.reasoning_end_token_ids[0]
+    where = ids.index(end) if end in ids else None
+    print(f"  {label}: </think> at position {where}; text {tok.decode(ids)!r}")

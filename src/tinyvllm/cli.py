@@ -1,10 +1,10 @@
 """The ``tinyvllm`` command (also ``python -m tinyvllm``).
 
-``tinyvllm serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]``
+``tinyvllm serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]``
 serves the model over HTTP with an OpenAI-compatible API (``entrypoints/openai_server.py``;
 needs the ``serve`` extra); it takes the same engine flags as ``generate``
 (``add_engine_args``).
-``tinyvllm generate --model DIR --prompt TEXT [...]`` prints the completion, then one line
+``tinyvllm generate --prompt TEXT [--model DIR] [...]`` prints the completion, then one line
 of figures: prompt and generated tokens, seconds, generated tokens per second, and
 prompt tokens served from the prefix cache. ``--cudagraph-mode`` and ``--enforce-eager``
 choose how the model runs under CUDA graphs, as vLLM's ``--compilation-config`` and
@@ -66,7 +66,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate a completion for one prompt")
-    p.add_argument("--model", required=True, help="a local Hugging Face model folder")
+    p.add_argument(
+        "--model", default=None,
+        help="a local Hugging Face model folder (default: the shipped stdlib_tiny model, trained on Python's standard library)",
+    )  # fmt: skip
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -78,10 +81,16 @@ def _add_generate(sub) -> None:
 
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over HTTP with an OpenAI-compatible API")
-    p.add_argument("--model", required=True, help="a local Hugging Face model folder")
+    p.add_argument(
+        "--model", default=None,
+        help="a local Hugging Face model folder (default: the shipped stdlib_tiny model, trained on Python's standard library)",
+    )  # fmt: skip
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: the --model value)")
+    p.add_argument(
+        "--served-model-name", default=None,
+        help="the name clients ask for (default: the --model value; stdlib_tiny for the shipped model)",
+    )  # fmt: skip
     p.add_argument(
         "--max-waiting-requests", type=int, default=256,
         help="past this many waiting requests, new ones get HTTP 503",
@@ -93,6 +102,10 @@ def _check_engine_args(args):
     """The engine flags and the model folder, without torch; ValueError naming the flag or the file."""
     from tinyvllm.models.loader import check_model_folder
 
+    if args.model is None:  # the small model shipped with the package
+        from tinyvllm.models import STDLIB_TINY
+
+        args.model = STDLIB_TINY
     spec = check_model_folder(args.model)
     if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
         raise ValueError(
@@ -139,6 +152,7 @@ def _serve(args) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_waiting_requests < 1:
         raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
+    shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
     try:
         from tinyvllm.entrypoints.openai_server import run_server
@@ -146,7 +160,8 @@ def _serve(args) -> int:
         print(f"tinyvllm: error: serve needs the serve extra (pip install 'tinyvllm[serve]'): {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     llm = llm_from_args(args)
-    run_server(llm, args.served_model_name or args.model, args.host, args.port, args.max_waiting_requests)
+    name = args.served_model_name or ("stdlib_tiny" if shipped else args.model)
+    run_server(llm, name, args.host, args.port, args.max_waiting_requests)
     return 0
 
 
@@ -179,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
     tiny.add_argument("folder")
     tiny.add_argument("--family", default="qwen3", choices=["qwen3", "qwen2", "llama"])
+    from tinyvllm.models.train_tiny import DESCRIPTION, add_arguments  # no torch at import
+
+    add_arguments(sub.add_parser("train-tiny", help="train a small model on the standard library's sources", description=DESCRIPTION))
     args = parser.parse_args(argv)  # argparse errors: usage, message, exit status 2
     debug = os.environ.get("TINYVLLM_TRACEBACK", "") not in ("", "0")
     try:
@@ -186,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "train-tiny":
+            from tinyvllm.models.train_tiny import run
+
+            return run(args)
         from tinyvllm.models.tiny import build_tiny_model
 
         print(build_tiny_model(args.folder, args.family))

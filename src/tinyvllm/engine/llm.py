@@ -69,6 +69,7 @@ from tinyvllm.config import CacheConfig, CompilationConfig, EngineConfig, Reason
 from tinyvllm.core.kv_cache_manager import cdiv
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.models import STDLIB_TINY
 from tinyvllm.models.llama import load_model
 from tinyvllm.models.loader import load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype
 from tinyvllm.outputs import RequestOutput
@@ -183,11 +184,12 @@ def _checked_logits_processors(value: object) -> tuple[LogitsProcessorSpec, ...]
 
 
 class LLM:
-    """Generate text from a local Hugging Face folder (Qwen3, Qwen2, Llama families)."""
+    """Generate text from a local Hugging Face folder (Qwen3, Qwen2, Llama families);
+    with no ``model``, the small model shipped with the package (``STDLIB_TINY``)."""
 
     def __init__(
         self,
-        model: str,
+        model: str = STDLIB_TINY,
         dtype: str = "auto",
         device: str = "auto",
         max_model_len: int | None = None,
