@@ -64,12 +64,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 # --8<-- [end:engine_args]
 
 
-def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate a completion for one prompt")
+def _add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", default=None,
         help="a local Hugging Face model folder (default: the shipped stdlib_tiny model, trained on Python's standard library)",
     )  # fmt: skip
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate a completion for one prompt")
+    _add_model_arg(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -81,10 +85,7 @@ def _add_generate(sub) -> None:
 
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over HTTP with an OpenAI-compatible API")
-    p.add_argument(
-        "--model", default=None,
-        help="a local Hugging Face model folder (default: the shipped stdlib_tiny model, trained on Python's standard library)",
-    )  # fmt: skip
+    _add_model_arg(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
