@@ -500,10 +500,9 @@ class LLM:
         with tqdm(total=len(req_ids), desc="Generating", disable=not use_tqdm, dynamic_ncols=True) as bar:
             try:
                 while self.engine.has_unfinished_requests():
-                    for out in self.engine.step():
-                        if out.finished:  # every request here is FINAL_ONLY; the check costs nothing
-                            finished[out.request_id] = out
-                            bar.update(1)
+                    for out in self.engine.step():  # FINAL_ONLY: finished requests only
+                        finished[out.request_id] = out
+                        bar.update(1)
             except BaseException:  # the failed step is undone by the engine; drop the rest of this call
                 self.engine.abort_request([r for r in req_ids if r not in finished])
                 raise

@@ -157,6 +157,8 @@ class LLMEngine:
                     finish_reason, stop_reason = "stop", stop
             if finish_reason is not None:
                 del self._tracked[out.request_id]
+            elif tracked.params.output_kind == RequestOutputKind.FINAL_ONLY:
+                continue  # nothing to report until it finishes (NOTE 2)
             output = self._make_output(out.request_id, tracked, finish_reason, stop_reason, now)
             if output is not None:
                 outputs.append(output)
@@ -205,11 +207,10 @@ class LLMEngine:
     def _make_output(
         self, request_id: str, tracked: _Tracked, finish_reason: str | None, stop_reason: int | str | None, now: float
     ) -> RequestOutput | None:
-        """The request's output for this step per its ``output_kind``; None when it reports nothing now."""
+        """The request's output for this step per its ``output_kind`` (a FINAL_ONLY request's
+        only when it finishes: ``step`` skips the others); None when a DELTA has nothing new."""
         kind = tracked.params.output_kind
         finished = finish_reason is not None
-        if kind == RequestOutputKind.FINAL_ONLY and not finished:
-            return None
         text = self._visible_text(tracked, finished)
         token_ids = tracked.token_ids
         if kind == RequestOutputKind.DELTA:

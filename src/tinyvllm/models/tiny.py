@@ -25,14 +25,19 @@ SPECIAL_TOKENS = [EOS_TOKEN, "<think>", "</think>"]
 _CORPUS_FILES = ("textwrap.py", "string.py", "shlex.py", "difflib.py", "heapq.py")
 
 
+def stdlib_dir() -> Path:
+    """The running Python's standard library sources."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
 def stdlib_corpus() -> list[str]:
     """Source text of a few standard-library modules, present on every Python."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    return [(stdlib / name).read_text(encoding="utf-8") for name in _CORPUS_FILES]
+    return [(stdlib_dir() / name).read_text(encoding="utf-8") for name in _CORPUS_FILES]
 
 
-def train_tokenizer(folder: str | Path, vocab_size: int = 512) -> None:
-    """Train a byte-level BPE tokenizer on the corpus and save it in transformers' format."""
+def bpe_tokenizer(texts: list[str], vocab_size: int, bos_token: str | None = None):
+    """A byte-level BPE tokenizer (transformers' fast tokenizer) trained on ``texts``, with
+    ``SPECIAL_TOKENS`` as ids 0-2 and ``<|endoftext|>`` as EOS and padding."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -45,9 +50,13 @@ def train_tokenizer(folder: str | Path, vocab_size: int = 512) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(stdlib_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
-    fast.save_pretrained(str(folder))
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=bos_token, pad_token=EOS_TOKEN)
+
+
+def train_tokenizer(folder: str | Path, vocab_size: int = 512) -> None:
+    """Train a byte-level BPE tokenizer on the corpus and save it in transformers' format."""
+    bpe_tokenizer(stdlib_corpus(), vocab_size).save_pretrained(str(folder))
 
 
 def tiny_config(family: str, vocab_size: int, **overrides):

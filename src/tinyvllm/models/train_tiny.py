@@ -46,12 +46,10 @@ import json
 import math
 import platform
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
-EOS_TOKEN = "<|endoftext|>"
-SPECIAL_TOKENS = (EOS_TOKEN, "<think>", "</think>")  # ids 0, 1, 2
+from tinyvllm.models.tiny import EOS_TOKEN, bpe_tokenizer, stdlib_dir
 # --8<-- [start:held_out]
 HELD_OUT_MODULES = (
     "bisect", "calendar", "colorsys", "fnmatch", "fractions", "getopt",
@@ -97,10 +95,6 @@ class TrainConfig:
 # -- data -----------------------------------------------------------------------------------
 
 
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 def module_name(rel: Path) -> str:
     """``json/decoder.py`` -> ``json.decoder``; ``json/__init__.py`` -> ``json``."""
     parts = list(rel.with_suffix("").parts)
@@ -144,24 +138,9 @@ def split_sources(sources: dict[str, str], modules: tuple[str, ...] | None = Non
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer (transformers' fast tokenizer) trained on ``texts``,
-    with ``<|endoftext|>`` (EOS, BOS and padding), ``<think>`` and ``</think>`` as ids 0-2."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=EOS_TOKEN
-    )
+    """``bpe_tokenizer`` on ``texts`` with ``<|endoftext|>`` as BOS too: ``<|endoftext|>``,
+    ``<think>`` and ``</think>`` are ids 0-2."""
+    return bpe_tokenizer(texts, vocab_size, bos_token=EOS_TOKEN)
 
 
 def encode_stream(tokenizer, texts: list[str]):
