@@ -2,9 +2,7 @@
 runs it exactly, and its record is complete.
 
 Contract: on held-out standard-library modules (never trained on), the model's loss is at
-most ``MAX_RATIO`` times the unigram entropy of the same tokens (the bound sits a little
-above what the shipped weights measure, so a worse model fails it: a longer training run
-earns a lower bound); tinyvllm's greedy output equals
+most ``MAX_RATIO`` = 0.6 times the unigram entropy of the same tokens; tinyvllm's greedy output equals
 transformers' ``generate`` with prefix caching on and off; ``tinyvllm generate`` with no
 ``--model`` uses it and prints readable text; ``training.json`` and ``loss_curve.json``
 describe the run; the folder stays under 20 MB.
@@ -41,7 +39,7 @@ PROMPTS = [
 ]
 MAX_TOKENS = 24
 HELD_OUT_WINDOWS = 24
-MAX_RATIO = 0.77  # the shipped weights measure 0.735 on this text
+MAX_RATIO = 0.6  # the goal; the shipped weights measure 0.57 on all held-out tokens
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +123,7 @@ def test_stdlib_tiny_records_its_training():
     steps = record["time"]["steps"]
     assert curve["step"] == list(range(1, steps + 1)) and len(curve["train_loss"]) == steps
     assert curve["eval"][-1]["step"] == steps
-    assert 0 < record["time"]["train_seconds"] <= 65 * 60
+    assert 0 < record["time"]["train_seconds"] <= 46 * 60  # about 45 minutes on two cores
     r = record["results"]
     assert r["held_out_ratio"] <= MAX_RATIO and r["held_out_loss"] < curve["eval"][0]["held_out_loss"]
     assert (FOLDER / "loss_curve.svg").read_text().startswith("<svg")

@@ -127,3 +127,43 @@ def test_train_tiny_schedule_warms_up_then_decays():
     decay = [learning_rate(cfg, 10, p / 10) for p in range(11)]
     assert decay == sorted(decay, reverse=True)
     assert decay[0] == 1.0 and math.isclose(decay[-1], 0.1)
+
+
+def test_train_tiny_trains_on_short_windows_then_on_the_context_length():
+    cfg = TrainConfig(seq_len=128, context_len=512, batch_size=8, long_fraction=0.15)
+    assert train_tiny.window_shape(cfg, 0.0) == train_tiny.window_shape(cfg, 0.849) == (8, 128)
+    assert train_tiny.window_shape(cfg, 0.85) == train_tiny.window_shape(cfg, 0.99) == (2, 512)  # same tokens
+    assert train_tiny.window_shape(TrainConfig(seq_len=64, context_len=512, batch_size=2), 0.9) == (1, 512)
+    assert train_tiny.window_shape(TrainConfig(long_fraction=0.0), 0.99) == (8, 128)
+
+
+def test_train_tiny_records_the_tokens_of_both_phases(trained):
+    record = json.loads((trained / "training.json").read_text())
+    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in record["config"].items()})
+    assert (cfg.seq_len, cfg.context_len) == (64, 512)
+    # the fixture's run is bounded by steps: progress is step / max_steps (NOTE 3)
+    expected = sum(rows * window for rows, window in (train_tiny.window_shape(cfg, s / STEPS) for s in range(STEPS)))
+    assert record["data"]["tokens_seen"] == expected
+    assert [train_tiny.window_shape(cfg, d) for d in (0.0, 0.9)] == [(8, 64), (1, 512)]
+    assert record["model"]["max_position_embeddings"] == 512
+
+
+def test_train_tiny_precision_is_resolved_and_recorded(trained):
+    assert train_tiny.resolve_precision("float32") == "float32"
+    assert train_tiny.resolve_precision("bfloat16") == "bfloat16"
+    assert train_tiny.resolve_precision("auto") in ("bfloat16", "float32")
+    with pytest.raises(ValueError, match="'fp8'"):
+        train_tiny.resolve_precision("fp8")
+    record = json.loads((trained / "training.json").read_text())
+    assert record["time"]["precision"] == train_tiny.resolve_precision("auto")
+
+
+def test_train_tiny_loss_curve_averages_long_runs_into_at_most_max_points():
+    xs, ys, k = train_tiny.bucket_means([1, 2, 3, 4, 5], [5.0, 3.0, 4.0, 2.0, 1.0], max_points=2)
+    assert (xs, ys, k) == ([2.0, 4.5], [4.0, 1.5], 3)
+    assert train_tiny.bucket_means([1, 2], [2.0, 1.0], max_points=10) == ([1.0, 2.0], [2.0, 1.0], 1)
+    curve = {"step": list(range(1, 2001)), "train_loss": [5.0 - i / 1000 for i in range(2000)], "lr": [], "eval": []}
+    svg = ET.fromstring(train_tiny.loss_curve_svg(curve, 6.0, max_points=500))
+    [line] = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(line.get("points").split()) == 500
+    assert any("mean of 4 steps" in (t.text or "") for t in svg.iter("{http://www.w3.org/2000/svg}text"))

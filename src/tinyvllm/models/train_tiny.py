@@ -36,6 +36,21 @@ held-out loss of the stored weights and the unigram entropy of the held-out toke
 NOTE 5 (seeds): one seed drives the weight initialisation and the choice of training
 windows. The tokenizer's training is deterministic on the same text. A run bounded by
 ``--max-steps`` alone repeats; one cut short by ``--minutes`` stops where the clock says.
+NOTE 6 (short windows first): at a fixed number of tokens, many small steps beat a few
+large ones here. Measured on two cores over the same 460k training tokens, held-out
+loss / unigram entropy was 0.97 for 150 steps of 6 x 512 tokens, 0.91 for 450 steps of
+2 x 512, and 0.87 for 450 steps of 8 x 128 (which also ran 1.8x more tokens per second:
+attention over 128 tokens is cheap). So most of the run trains on windows of ``seq_len``
+= 128 tokens; the last ``long_fraction`` of it trains on windows of ``context_len`` = 512
+with the same tokens per step, so the model also learns the positions it will be asked
+to use (``max_position_embeddings`` is ``context_len``, and held-out loss is measured on
+windows of that length).
+NOTE 7 (precision): the weights and AdamW's state stay float32; ``bfloat16`` runs the
+forward and backward under ``torch.autocast``, whose matrix products use the CPU's native
+bfloat16 instructions (AVX512-BF16 or AMX). On the machine that trained the shipped model
+that made a step 1.4-1.6x faster at the same held-out loss (0.974 against 0.985 of
+float32 after 150 steps). ``auto`` picks it when the CPU has those instructions and
+float32 otherwise, where bfloat16 would only be emulated.
 """
 
 from __future__ import annotations
@@ -75,20 +90,23 @@ class TrainConfig:
 
     size: str = "small"
     vocab_size: int = 6144
-    seq_len: int = 512
-    batch_size: int = 6
-    max_steps: int = 3000
+    seq_len: int = 128  # training window (NOTE 6)
+    context_len: int = 512  # max_position_embeddings, the held-out windows, the last phase's windows
+    long_fraction: float = 0.15  # the last part of the run trains on context_len windows (NOTE 6)
+    batch_size: int = 8  # rows of seq_len tokens per step
+    max_steps: int = 11000
     minutes: float | None = None  # NOTE 3
-    lr: float = 2e-3
+    lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 40
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
-    eval_every: int = 50
+    eval_every: int = 250
     eval_windows: int = 16
     seed: int = 0
     threads: int = 2
+    precision: str = "auto"  # "auto", "bfloat16" (autocast) or "float32" (NOTE 7)
     modules: tuple[str, ...] | None = None  # None: the whole standard library (NOTE 1)
 
 
@@ -218,6 +236,27 @@ def model_config(size: str, vocab_size: int, max_position_embeddings: int, eos_i
     )
 
 
+def resolve_precision(precision: str) -> str:
+    """``"bfloat16"`` or ``"float32"``: ``auto`` is bfloat16 only on a CPU with native support (NOTE 7)."""
+    import torch
+
+    if precision not in ("auto", "bfloat16", "float32"):
+        raise ValueError(f"precision must be auto, bfloat16 or float32, got {precision!r}")
+    if precision != "auto":
+        return precision
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bfloat16" if native else "float32"
+
+
+def window_shape(cfg: "TrainConfig", done: float) -> tuple[int, int]:
+    """(rows, window) of the training batch at progress ``done`` (NOTE 6): ``batch_size``
+    windows of ``seq_len`` tokens, then, for the last ``long_fraction`` of the run, windows
+    of ``context_len`` tokens holding as many tokens in all (at least one window)."""
+    if done < 1.0 - cfg.long_fraction or cfg.context_len <= cfg.seq_len:
+        return cfg.batch_size, cfg.seq_len
+    return max(1, cfg.batch_size * cfg.seq_len // cfg.context_len), cfg.context_len
+
+
 def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
     """Warm-up over ``warmup_steps``, then cosine from ``lr`` to ``lr * min_lr_ratio`` as
     ``progress`` goes from 0 to 1 (NOTE 3)."""
@@ -230,16 +269,29 @@ def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
 # -- the loss curve as an SVG ---------------------------------------------------------------------
 
 
-def loss_curve_svg(curve: dict, baseline: float | None = None, width: int = 640, height: int = 360) -> str:
-    """A hand-written SVG: training loss (a polyline), held-out loss (dots joined by a
-    dashed line) and the unigram baseline (a horizontal line), against the step."""
+def bucket_means(steps: list[int], values: list[float], max_points: int) -> tuple[list[float], list[float], int]:
+    """(x, y, k): the means of consecutive runs of ``k`` steps and of their values, with
+    ``k`` the smallest run length that leaves at most ``max_points`` points (k = 1 keeps
+    every point). A short last run is averaged on its own."""
+    k = max(1, math.ceil(len(steps) / max_points))
+    xs = [sum(steps[i : i + k]) / len(steps[i : i + k]) for i in range(0, len(steps), k)]
+    ys = [sum(values[i : i + k]) / len(values[i : i + k]) for i in range(0, len(values), k)]
+    return xs, ys, k
+
+
+def loss_curve_svg(
+    curve: dict, baseline: float | None = None, width: int = 640, height: int = 360, max_points: int = 500
+) -> str:
+    """A hand-written SVG: training loss (a polyline; past ``max_points`` steps, the mean of
+    each run of k steps), held-out loss (dots joined by a dashed line) and the unigram
+    baseline (a horizontal line), against the step."""
     left, right, top, bottom = 56, 16, 20, 44
-    steps, train = curve["step"], curve["train_loss"]
+    steps, train, k = bucket_means(curve["step"], curve["train_loss"], max_points)
     evals = curve["eval"]
     values = train + [e["held_out_loss"] for e in evals] + ([baseline] if baseline else [])
     y_max = math.ceil(max(values))
     y_min = math.floor(min(values))
-    x_max = max(steps[-1], 1)
+    x_max = max(curve["step"][-1], 1)
 
     def x(step: float) -> float:
         return left + (width - left - right) * step / x_max
@@ -277,11 +329,12 @@ def loss_curve_svg(curve: dict, baseline: float | None = None, width: int = 640,
             f'<line x1="{left}" y1="{y(baseline):.1f}" x2="{width - right}" y2="{y(baseline):.1f}" '
             f'stroke="#2ca02c" stroke-dasharray="6 4"/>'
         )
-    legend = [("#1f77b4", "training loss"), ("#d62728", "held-out loss"), ("#2ca02c", "unigram entropy (held out)")]
+    train_label = "training loss" if k == 1 else f"training loss (mean of {k} steps)"
+    legend = [("#1f77b4", train_label), ("#d62728", "held-out loss"), ("#2ca02c", "unigram entropy (held out)")]
     for i, (color, label) in enumerate(legend if baseline else legend[:2]):
         ly = top + 14 + 16 * i
-        out.append(f'<line x1="{width - 200}" y1="{ly - 4}" x2="{width - 180}" y2="{ly - 4}" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<text x="{width - 174}" y="{ly}">{label}</text>')
+        out.append(f'<line x1="{width - 250}" y1="{ly - 4}" x2="{width - 230}" y2="{ly - 4}" stroke="{color}" stroke-width="2"/>')
+        out.append(f'<text x="{width - 224}" y="{ly}">{label}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -299,9 +352,12 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
 
     if cfg.size not in SIZES:
         raise ValueError(f"unknown size {cfg.size!r}; choose one of {sorted(SIZES)}")
-    for name in ("vocab_size", "seq_len", "batch_size", "max_steps", "eval_every", "eval_windows", "threads"):
+    for name in ("vocab_size", "seq_len", "context_len", "batch_size", "max_steps", "eval_every", "eval_windows", "threads"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if not 0.0 <= cfg.long_fraction <= 1.0:
+        raise ValueError(f"long_fraction must be in [0, 1], got {cfg.long_fraction}")
+    precision = resolve_precision(cfg.precision)
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -313,12 +369,13 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     train_ids = encode_stream(tokenizer, list(train_src.values()))
     held_ids = encode_stream(tokenizer, list(held_src.values()))
-    held_rows = windows(held_ids, cfg.seq_len)
-    eval_rows = windows(held_ids, cfg.seq_len, cfg.eval_windows)
-    if len(train_ids) <= cfg.seq_len or len(held_rows) == 0:
-        raise ValueError(f"too little text for windows of {cfg.seq_len} tokens")
+    held_rows = windows(held_ids, cfg.context_len)
+    eval_rows = windows(held_ids, cfg.context_len, cfg.eval_windows)
+    longest = max(cfg.seq_len, cfg.context_len)
+    if len(train_ids) <= longest or len(held_rows) == 0:
+        raise ValueError(f"too little text for windows of {longest} tokens")
 
-    config = model_config(cfg.size, len(tokenizer), cfg.seq_len, eos_id)
+    config = model_config(cfg.size, len(tokenizer), max(cfg.seq_len, cfg.context_len), eos_id)
     model = Qwen3ForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -333,6 +390,7 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
     train_start, cpu_start = time.perf_counter(), time.process_time()
     bar = tqdm(total=cfg.max_steps, desc="train-tiny", disable=not progress, file=sys.stderr)
     step = 0
+    tokens_seen = 0
     held_loss = None
     while True:
         elapsed = time.perf_counter() - train_start
@@ -342,15 +400,18 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
         lr = learning_rate(cfg, step, done)
         for group in opt.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, len(train_ids) - cfg.seq_len, (cfg.batch_size,), generator=gen)
-        x = torch.stack([train_ids[s : s + cfg.seq_len] for s in starts.tolist()])
+        rows, window = window_shape(cfg, done)  # NOTE 6
+        starts = torch.randint(0, len(train_ids) - window, (rows,), generator=gen)
+        x = torch.stack([train_ids[s : s + window] for s in starts.tolist()])  # [rows, window]
         model.train()
-        loss = model(input_ids=x, labels=x).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):  # NOTE 7
+            loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
+        tokens_seen += x.numel()
         curve["step"].append(step)
         curve["train_loss"].append(round(loss.item(), 4))
         curve["lr"].append(float(f"{lr:.6g}"))
@@ -407,7 +468,7 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
             "train_characters": sum(len(t) for t in train_src.values()),
             "train_tokens": len(train_ids),
             "held_out_tokens": int(held_rows.numel()),
-            "tokens_seen": step * cfg.batch_size * cfg.seq_len,
+            "tokens_seen": tokens_seen,
         },
         "time": {
             "steps": step,
@@ -415,6 +476,7 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
             "train_cpu_seconds": round(cpu_seconds, 1),
             "total_seconds": round(time.perf_counter() - start, 1),
             "threads": cfg.threads,
+            "precision": precision,
             "machine": platform.machine(),
         },
         "results": {
@@ -458,8 +520,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (created if missing)")
     p.add_argument("--size", default=d.size, choices=sorted(SIZES), help=f"model shape (default {d.size})")
     p.add_argument("--vocab-size", type=int, default=d.vocab_size)
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="training window, also max_position_embeddings")
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"training window (default {d.seq_len}; NOTE 6)")
+    p.add_argument("--context-len", type=int, default=d.context_len,
+                   help=f"max_position_embeddings, held-out and last-phase window (default {d.context_len})")
+    p.add_argument("--long-fraction", type=float, default=d.long_fraction,
+                   help=f"last part of the run on context-len windows (default {d.long_fraction})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"windows of seq-len per step (default {d.batch_size})")
     p.add_argument("--max-steps", type=int, default=d.max_steps)
     p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes of training")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
@@ -468,6 +534,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-windows", type=int, default=d.eval_windows)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    p.add_argument("--precision", default=d.precision, choices=("auto", "bfloat16", "float32"),
+                   help="bfloat16 autocast or float32 (default auto: bfloat16 where the CPU has it natively; NOTE 7)")
     p.add_argument("--modules", default=None, help="comma-separated modules to train on (default: all; NOTE 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -475,9 +543,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     modules = None if args.modules is None else tuple(m.strip() for m in args.modules.split(",") if m.strip())
     return TrainConfig(
-        size=args.size, vocab_size=args.vocab_size, seq_len=args.seq_len, batch_size=args.batch_size,
-        max_steps=args.max_steps, minutes=args.minutes, lr=args.lr, warmup_steps=args.warmup_steps,
-        eval_every=args.eval_every, eval_windows=args.eval_windows, seed=args.seed, threads=args.threads,
+        size=args.size, vocab_size=args.vocab_size, seq_len=args.seq_len, context_len=args.context_len,
+        long_fraction=args.long_fraction, batch_size=args.batch_size, max_steps=args.max_steps,
+        minutes=args.minutes, lr=args.lr, warmup_steps=args.warmup_steps, eval_every=args.eval_every,
+        eval_windows=args.eval_windows, seed=args.seed, threads=args.threads, precision=args.precision,
         modules=modules,
     )  # fmt: skip
 
