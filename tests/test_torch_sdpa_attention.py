@@ -151,7 +151,7 @@ def test_torch_sdpa_plan_is_step_wide_and_matches_planning_per_call():
     q, kc, vc, qsl, sl, bt, _ = make_case([1, 4, 1, 1, 0, 2], [9, 4, 33, 2, 3, 12], 8, 4, 16, 4, pad_tokens=3)
     plan = torch_sdpa.plan_step(qsl, sl, bt, 4)
     assert plan.num_rows == 9 and [p.seq_len for p in plan.prefills] == [4, 12]
-    assert [g.width for g in plan.decode_groups] == [33, 9, 2]
+    assert [g.width for g in plan.decode_groups] == [36, 12, 4]  # 33, 9, 2 rounded up to blocks of 4
     for _ in range(2):  # reused, as by the layers of one step
         with_plan = torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, plan=plan)
         assert torch.equal(with_plan, torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.25))
@@ -180,14 +180,31 @@ def test_causal_mask_is_aligned_to_the_last_key():
 
 
 @pytest.mark.seed("003:memory")
-def test_decode_slots_stay_inside_each_requests_own_positions():
+def test_decode_blocks_stay_inside_each_requests_own_blocks():
     block_table = torch.tensor([[5, 2, 9], [7, 0, 0]], dtype=torch.int32)  # request 1 owns block 7 only
     seq_lens = torch.tensor([10, 3], dtype=torch.int32)
-    slots = torch_sdpa.decode_slots(block_table, seq_lens, 4, 10)
-    assert slots[0].tolist() == [20, 21, 22, 23, 8, 9, 10, 11, 36, 37]
-    assert slots[1].tolist() == [28, 29, 30, 30, 30, 30, 30, 30, 30, 30]  # past length 3: its last slot
-    mask = torch_sdpa.key_padding_mask(seq_lens, 10)
+    blocks = torch_sdpa.decode_blocks(block_table, seq_lens, 4, 3)
+    assert blocks.tolist() == [[5, 2, 9], [7, 7, 7]]  # past its own blocks: its last block
+    # Width 12 (3 blocks of 4): positions 10, 11 of request 0 and 3 .. 11 of request 1 are stale.
+    assert torch_sdpa.stale_positions(seq_lens, 12).tolist() == [10, 11] + list(range(12 + 3, 24))
+    assert torch_sdpa.stale_positions(torch.tensor([8, 8]), 8) is None
+    mask = torch_sdpa.key_padding_mask(seq_lens, 12)
     assert mask.sum(1).tolist() == [10, 3] and mask[1, :3].all()
+
+
+@pytest.mark.seed("003:memory")
+def test_torch_sdpa_decode_ignores_nan_in_the_stale_tail_of_its_own_last_block():
+    """The whole-block gather reads the unwritten tail of a request's last block (NOTE 2):
+    NaN there must not reach the result, in a group of equal and of unequal lengths."""
+    for lens in ([6, 6], [6, 3]):
+        q, kc, vc, qsl, sl, bt, _ = make_case([1, 1], lens, 4, 2, 8, 4)
+        expected = reference.paged_attention(q, kc, vc, qsl, sl, bt, 0.5)
+        for r, n in enumerate(lens):  # poison every slot of the last block past the length
+            last = int(bt[r, (n - 1) // 4])
+            kc[last, n % 4 or 4 :] = float("nan")
+            vc[last, n % 4 or 4 :] = float("nan")
+        out = torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.5)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.seed("003:memory")
