@@ -186,8 +186,9 @@ def test_decode_blocks_stay_inside_each_requests_own_blocks():
     blocks = torch_sdpa.decode_blocks(block_table, seq_lens, 4, 3)
     assert blocks.tolist() == [[5, 2, 9], [7, 7, 7]]  # past its own blocks: its last block
     # Width 12 (3 blocks of 4): positions 10, 11 of request 0 and 3 .. 11 of request 1 are stale.
-    assert torch_sdpa.stale_positions(seq_lens, 12).tolist() == [10, 11] + list(range(12 + 3, 24))
-    assert torch_sdpa.stale_positions(torch.tensor([8, 8]), 8) is None
+    stale = torch_sdpa.stale_positions(torch_sdpa.key_padding_mask(seq_lens, 12))
+    assert stale.tolist() == [10, 11] + list(range(12 + 3, 24))
+    assert torch_sdpa.stale_positions(torch_sdpa.key_padding_mask(torch.tensor([8, 8]), 8)) is None
     mask = torch_sdpa.key_padding_mask(seq_lens, 12)
     assert mask.sum(1).tolist() == [10, 3] and mask[1, :3].all()
 

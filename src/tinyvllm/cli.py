@@ -38,6 +38,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 # The five CUDAGraphMode names (worker/cudagraph_dispatcher.py), spelled out so that
 # `tinyvllm --help` does not import the engine.
@@ -161,7 +162,7 @@ def _serve(args) -> int:
         print(f"tinyvllm: error: serve needs the serve extra (pip install 'tinyvllm[serve]'): {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     llm = llm_from_args(args)
-    name = args.served_model_name or ("stdlib_tiny" if shipped else args.model)
+    name = args.served_model_name or (Path(args.model).name if shipped else args.model)  # "stdlib_tiny"
     run_server(llm, name, args.host, args.port, args.max_waiting_requests)
     return 0
 

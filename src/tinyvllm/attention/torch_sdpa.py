@@ -127,10 +127,11 @@ def decode_blocks(
     return block_table.gather(1, torch.minimum(index[None, :], last[:, None])).long()
 
 
-def stale_positions(seq_lens: torch.Tensor, width: int) -> torch.Tensor | None:  # [k] int64
-    """Flat indices ``r * width + p`` of the gathered positions ``p >= seq_lens[r]``, which
-    hold no key of request r (NOTE 2); None when there are none."""
-    stale = ~key_padding_mask(seq_lens, width)  # [R, L]
+def stale_positions(keep: torch.Tensor) -> torch.Tensor | None:  # [k] int64
+    """Flat indices ``r * L + p`` of the gathered positions that ``keep`` ([R, L] bool, the
+    ``key_padding_mask``) drops: they hold no key of request r (NOTE 2). None when there
+    are none."""
+    stale = ~keep  # [R, L]
     return stale.flatten().nonzero().squeeze(1) if bool(stale.any()) else None
 
 
@@ -256,8 +257,9 @@ def plan_step(
         group_lens = seq_lens.index_select(0, reqs)  # [G]
         blocks = decode_blocks(block_table.index_select(0, reqs), group_lens, block_size, num_blocks)  # [G, L/S]
         same = all(lens[r] == width for r in members)
-        mask = None if same else key_padding_mask(group_lens, width)[:, None, None, :]  # [G, 1, 1, L]
-        stale = None if same else stale_positions(group_lens, width)
+        keep = None if same else key_padding_mask(group_lens, width)  # [G, L]
+        mask = None if keep is None else keep[:, None, None, :]  # [G, 1, 1, L]
+        stale = None if keep is None else stale_positions(keep)
         rows = torch.tensor([starts[r] for r in members], device=device)  # [G]
         groups.append(DecodeGroup(rows, blocks.flatten(), stale, mask, width))
     prefills = tuple(

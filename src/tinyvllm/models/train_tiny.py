@@ -60,6 +60,7 @@ import dataclasses
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -274,9 +275,11 @@ def bucket_means(steps: list[int], values: list[float], max_points: int) -> tupl
     ``k`` the smallest run length that leaves at most ``max_points`` points (k = 1 keeps
     every point). A short last run is averaged on its own."""
     k = max(1, math.ceil(len(steps) / max_points))
-    xs = [sum(steps[i : i + k]) / len(steps[i : i + k]) for i in range(0, len(steps), k)]
-    ys = [sum(values[i : i + k]) / len(values[i : i + k]) for i in range(0, len(values), k)]
-    return xs, ys, k
+
+    def means(seq: list) -> list[float]:
+        return [statistics.fmean(seq[i : i + k]) for i in range(0, len(seq), k)]
+
+    return means(steps), means(values), k
 
 
 def loss_curve_svg(
@@ -375,7 +378,7 @@ def train(out_dir: str | Path, cfg: TrainConfig, progress: bool = True) -> dict:
     if len(train_ids) <= longest or len(held_rows) == 0:
         raise ValueError(f"too little text for windows of {longest} tokens")
 
-    config = model_config(cfg.size, len(tokenizer), max(cfg.seq_len, cfg.context_len), eos_id)
+    config = model_config(cfg.size, len(tokenizer), longest, eos_id)
     model = Qwen3ForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
