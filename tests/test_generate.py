@@ -154,3 +154,19 @@ def test_generate_start_up_errors(tiny_model_dirs, tmp_path):
         LLM(folder, device="cpu", attention_backend="flash")
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings 512"):
         LLM(folder, device="cpu", max_model_len=100_000)
+
+
+def test_generate_ids_skip_ids_already_in_the_engine(tiny_model_dirs):
+    """generate numbers its requests "0", "1", ...; a request queued through the engine
+    under one of those ids must not make generate fail with a duplicate id."""
+    llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=32, block_size=4)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm.engine.add_request("0", [5, 6, 7], greedy)
+    llm.engine.add_request("2", [8, 9], greedy)
+    outs = llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3, 4]}], greedy, use_tqdm=False)
+    assert [o.request_id for o in outs] == ["1", "3"]
+    assert [o.prompt_token_ids for o in outs] == [[1, 2], [3, 4]]
+    assert all(len(o.outputs[0].token_ids) == 3 for o in outs)
+    assert not llm.engine.has_unfinished_requests()  # the engine's own requests ran too
+    [again] = llm.generate({"prompt_token_ids": [1, 2]}, greedy, use_tqdm=False)
+    assert again.request_id == "4" and again.outputs[0].token_ids == outs[0].outputs[0].token_ids

@@ -3,8 +3,9 @@
 Run: ``PYTHONPATH=src python tutorials/07_cuda_graphs.py`` (CPU; about twenty seconds).
 
 The engine runs a tiny Qwen3 (random weights) with ``cudagraph_mode=FULL_AND_PIECEWISE``,
-capture sizes 1, 2, 4, 8 and 16, a budget of 16 tokens per step and at most 4 requests. On
-this CPU the graphs are *emulated* (``CUDAGraphWrapper(emulate=True)``): every replay is
+capture sizes 1, 2, 4, 8 and 16, a budget of 16 tokens per step and at most 4 requests. It
+runs on the CPU even on a machine with a GPU, so its printout is the same everywhere, and
+there the graphs are *emulated* (``CUDAGraphWrapper(emulate=True)``): every replay is
 checked against what a real graph would assume, but nothing gets faster. For each step the
 script prints the batch (request:scheduled tokens; ``*`` marks a prefill chunk), whether it
 is a uniform decode batch, the runtime mode and ``BatchDescriptor`` the dispatcher chose,
@@ -23,8 +24,10 @@ import os
 import tempfile
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if not __import__("torch").cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels run on the CPU
+# The engine below runs on the CPU even where a GPU exists (so the printout, and its golden
+# file, is the same on every machine), and Triton kernels reach CPU tensors only through the
+# interpreter: set it before the kernels are imported, GPU or not.
+os.environ["TRITON_INTERPRET"] = "1"
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.models.tiny import build_tiny_model  # noqa: E402

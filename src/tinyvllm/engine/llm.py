@@ -480,7 +480,7 @@ class LLM:
             if p.output_kind != RequestOutputKind.FINAL_ONLY:  # generate returns finished outputs only, as vLLM's
                 p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
             label = "sampling_params" if single else f"sampling_params[{i}]"
-            requests.append((f"{next(self._ids)}", *self.prepare_request(i, prompt, p, label)))
+            requests.append((self._next_request_id(), *self.prepare_request(i, prompt, p, label)))
         added = []
         try:
             for req_id, text, ids, p, salt in requests:
@@ -491,6 +491,14 @@ class LLM:
             raise
         # --8<-- [end:validation]
         return self._run(added, use_tqdm)
+
+    def _next_request_id(self) -> str:
+        """``generate``'s next id, counting "0", "1", ...: a number no unfinished request of the
+        engine holds (a caller may have queued one through ``engine.add_request``)."""
+        in_use = self.engine.unfinished_request_ids()
+        while (req_id := str(next(self._ids))) in in_use:
+            pass
+        return req_id
 
     # --8<-- [start:run_loop]
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
