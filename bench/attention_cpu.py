@@ -20,7 +20,13 @@ in one group, each call planning for itself (``GROUP_PADDING`` set to infinity);
 length groups, each call planning for itself; in length groups with one ``plan_step``
 for the 8 calls, as the model runs it. The ratios are against the first.
 
-Run: ``python bench/attention_cpu.py`` (about a minute) writes
+A third table, ``cascade``, times one layer of decodes that share a cached prefix (the
+same blocks at the start of every row): 32 requests sharing 256 of 520 tokens, and the
+cases that set ``CASCADE_MIN_SAVED_KEYS`` (8 sharing 256, 16 sharing 64, 2 sharing 256,
+each with 264 tokens of its own: 1,792, 960 and 256 keys saved). Each is attended with the prefix split off and attended once, and as one group
+over every request's whole context; the ratio is one group / cascade.
+
+Run: ``python bench/attention_cpu.py`` (about two minutes) writes
 ``bench/results/attention_cpu.json``; ``--dry-run`` runs every case on tiny shapes with
 timings that mean nothing (the test suite runs it).
 """
@@ -44,24 +50,29 @@ FULL = dict(
     num_heads=8, num_kv_heads=4, head_size=64, block_size=16, context=(224, 288),
     decode_batches=[1, 8, 32, 128], mixed=dict(decodes=16, prompts=2, prompt_len=64, chunk=64, chunk_context=256),
     threads=[1, 2], repeats=15, sample_s=0.005, grouping=dict(decodes=32, context=(40, 384), layers=8),
+    cascade=[(32, 256, 264), (8, 256, 264), (16, 64, 264), (2, 256, 264)],  # (decodes, shared, own tokens)
 )  # fmt: skip
 DRY = dict(
     num_heads=4, num_kv_heads=2, head_size=16, block_size=4, context=(6, 12),
     decode_batches=[1, 3], mixed=dict(decodes=2, prompts=1, prompt_len=5, chunk=3, chunk_context=9),
     threads=[1, 2], repeats=2, sample_s=0.0, grouping=dict(decodes=6, context=(2, 20), layers=2),
+    cascade=[(3, 8, 5)],
 )  # fmt: skip
 
 
-def make_batch(query_lens, seq_lens, cfg, gen):
-    """Paged inputs: each request's blocks drawn from a shuffled pool, random K/V and queries."""
+def make_batch(query_lens, seq_lens, cfg, gen, shared=0):
+    """Paged inputs: each request's blocks drawn from a shuffled pool, random K/V and queries.
+    ``shared`` (whole blocks of tokens): a prefix whose blocks every request holds, as
+    prefix caching leaves them."""
     bs = cfg["block_size"]
-    needed = [-(-s // bs) for s in seq_lens]
-    num_blocks = sum(needed) + 8
+    num_shared = shared // bs
+    needed = [-(-s // bs) - num_shared for s in seq_lens]
+    num_blocks = num_shared + sum(needed) + 8
     pool = torch.randperm(num_blocks, generator=gen).tolist()
-    width = max(needed)
-    table, start = [], 0
+    width = num_shared + max(needed)
+    table, start = [], num_shared
     for n in needed:
-        table.append(pool[start : start + n] + [0] * (width - n))
+        table.append(pool[:num_shared] + pool[start : start + n] + [0] * (width - num_shared - n))
         start += n
     shape = (num_blocks, bs, cfg["num_kv_heads"], cfg["head_size"])
     key_cache, value_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
@@ -129,6 +140,18 @@ def grouping_fns(cfg, gen) -> dict:
     return {"one_group": one_group, "groups": groups, "groups_one_plan": groups_one_plan}
 
 
+def cascade_fns(case, cfg, gen) -> dict:
+    """One layer of decodes that share a prefix: split off and attended once (NOTE 7 of
+    ``torch_sdpa``), and not (one group over every request's whole context)."""
+    num_reqs, shared, own = case
+    tensors = make_batch([1] * num_reqs, [shared + own] * num_reqs, cfg, gen, shared=shared)
+    scale, plans = cfg["head_size"] ** -0.5, {}
+    for name, bound in (("one_group", float("inf")), ("cascade", 0)):
+        plans[name] = torch_sdpa.plan_step(*tensors[3:], cfg["block_size"], cascade_min_saved_keys=bound)
+    assert plans["cascade"].decode_groups[0].prefix_blocks is not None
+    return {name: lambda p=plan: torch_sdpa.paged_attention(*tensors, scale, plan=p) for name, plan in plans.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes, timings meaningless")
@@ -165,10 +188,25 @@ def main(argv=None) -> int:
         ratios = {name: medians["one_group"] / medians[name] for name in fns}
         grouping.append(dict(threads=threads, medians_s=medians, ratio_one_group_over=ratios, max_abs_diff=diff))
         print(f"threads={threads} grouping: " + ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items()))
+    cascade = []
+    for threads in cfg["threads"]:
+        torch.set_num_threads(threads)
+        for case in cfg["cascade"]:
+            fns = cascade_fns(case, cfg, torch.Generator().manual_seed(2))
+            diff = (fns["cascade"]() - fns["one_group"]()).abs().max().item()
+            medians = time_pair(fns, cfg["repeats"], cfg["sample_s"])
+            ratio = medians["one_group"] / medians["cascade"]
+            num_reqs, shared, own = case
+            cascade.append(dict(
+                threads=threads, num_reqs=num_reqs, shared=shared, own=own, medians_s=medians,
+                ratio_one_group_over_cascade=ratio, max_abs_diff=diff,
+            ))  # fmt: skip
+            print(f"threads={threads} cascade: {num_reqs} decodes sharing {shared} of {shared + own} tokens: "
+                  f"one group / cascade = {ratio:.2f}x (cascade {medians['cascade'] * 1e3:.2f} ms)")  # fmt: skip
     record = dict(
         benchmark="attention_cpu", dry_run=args.dry_run, torch=torch.__version__,
         python=sys.version.split()[0], machine=platform.machine(), processor=platform.processor(),
-        config=cfg, results=results, grouping=grouping,
+        config=cfg, results=results, grouping=grouping, cascade=cascade,
     )  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 A drawn batch: a GQA ratio, a block size, 1-6 requests each with a drawn query length
 (0, 1 for a decode, or more for a prefill or a chunk of one) and context before it, a
-block pool shuffled by a drawn permutation, block-table entries past a request's own
+drawn number of leading blocks shared by every request longer than them (a cached
+prefix), a block pool shuffled by a drawn permutation, block-table entries past a request's own
 blocks drawn from the whole pool, and padding rows. Unused cache slots are filled with a
 drawn "garbage" value (NaN, or huge finite values), so reading one shows in the result.
 """
@@ -23,22 +24,33 @@ TOLERANCES = {
 
 
 @st.composite
-def paged_batches(draw):
+def paged_batches(draw, shared_prefix: bool = False):
+    """``shared_prefix``: mostly decodes, at least two requests and a shared prefix drawn."""
     block_size = draw(st.sampled_from([1, 2, 4, 16]))
     num_kv_heads = draw(st.sampled_from([1, 2]))
     group = draw(st.sampled_from([1, 2, 4, 8]))
-    num_reqs = draw(st.integers(1, 6))
-    query_lens = [draw(st.sampled_from([0, 1, 1, 1, 2, 3, 7, 20])) for _ in range(num_reqs)]
-    seq_lens = [q + draw(st.integers(0, 40)) for q in query_lens]  # q = 0, seq_len 0: a padded request
+    num_reqs = draw(st.integers(2 if shared_prefix else 1, 6))
+    lengths = [0, 1, 1, 1, 1, 1, 2, 7] if shared_prefix else [0, 1, 1, 1, 2, 3, 7, 20]
+    query_lens = [draw(st.sampled_from(lengths)) for _ in range(num_reqs)]
+    # A prefix of whole blocks that every request longer than it holds, as prefix caching
+    # leaves it: the same cache blocks at the start of each of their rows.
+    num_shared = draw(st.integers(1 if shared_prefix else 0, 3))
+    least = num_shared * block_size if shared_prefix else 0  # context before the query tokens
+    seq_lens = [q + draw(st.integers(least if q else 0, least + 40)) for q in query_lens]  # q = 0: padded
     needed = [cdiv(s, block_size) for s in seq_lens]
-    num_blocks = sum(needed) + draw(st.integers(1, 3))  # some blocks nobody owns
+    sharers = [r for r, s in enumerate(seq_lens) if s > num_shared * block_size]
+    if len(sharers) < 2:
+        num_shared, sharers = 0, []
+    own = [n - (num_shared if r in sharers else 0) for r, n in enumerate(needed)]
+    num_blocks = num_shared + sum(own) + draw(st.integers(1, 3))  # some blocks nobody owns
     pool = draw(st.permutations(range(num_blocks)))
     width = max(1, *needed) + draw(st.integers(0, 2))
-    block_ids, table, start = [], [], 0
-    for n in needed:
-        block_ids.append(list(pool[start : start + n]))
+    block_ids, table, start = [], [], num_shared
+    for r, n in enumerate(own):
+        block_ids.append(list(pool[:num_shared] if r in sharers else []) + list(pool[start : start + n]))
         start += n
-        tail = draw(st.lists(st.integers(0, num_blocks - 1), min_size=width - n, max_size=width - n))
+        pad = width - needed[r]
+        tail = draw(st.lists(st.integers(0, num_blocks - 1), min_size=pad, max_size=pad))
         table.append(block_ids[-1] + tail)  # entries past the request's blocks: any block
     return dict(
         query_lens=query_lens, seq_lens=seq_lens, block_ids=block_ids, table=table,
@@ -69,10 +81,10 @@ def build(case, garbage: float):
     return query, caches[0], caches[1], qsl, seq_lens, table
 
 
-def run(paged_attention, tensors, head_size):
+def run(paged_attention, tensors, head_size, **kwargs):
     query = tensors[0]
     out = torch.full_like(query, float("nan"))
-    return paged_attention(*tensors, head_size**-0.5, out=out)
+    return paged_attention(*tensors, head_size**-0.5, out=out, **kwargs)
 
 
 @pytest.mark.seed("003:memory")
@@ -109,3 +121,19 @@ def test_torch_sdpa_length_groups_cover_each_request_once_and_bound_padding(lens
         assert all(longest <= torch_sdpa.GROUP_PADDING * lens[r] for r in group)
         if i + 1 < len(groups):
             assert longest > torch_sdpa.GROUP_PADDING * lens[groups[i + 1][0]]
+
+
+@pytest.mark.seed("003:memory")
+@given(paged_batches(shared_prefix=True), st.sampled_from([float("nan"), 1e4, -1e4]))
+def test_torch_sdpa_cascade_matches_reference_and_reads_only_owned_slots(case, garbage):
+    """Every shared prefix split off and attended once (NOTE 7), whatever it saves: the
+    result still equals the reference, and what unused slots hold changes no bit of it."""
+    tensors = build(case, float("nan"))
+    plan = torch_sdpa.plan_step(*tensors[3:], case["block_size"], cascade_min_saved_keys=0)
+    out = run(torch_sdpa.paged_attention, tensors, case["head_size"], plan=plan)
+    expected = run(reference.paged_attention, tensors, case["head_size"])
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected, **TOLERANCES[case["dtype"]])
+    dirty = build(case, garbage)
+    again = run(torch_sdpa.paged_attention, dirty, case["head_size"], plan=plan)
+    assert torch.equal(out, again)

@@ -33,3 +33,32 @@ def make_case(
     sl = torch.tensor(seq_lens, dtype=torch.int32)
     tensors = [t.to(device) for t in (query.to(dtype), key_cache.to(dtype), value_cache.to(dtype), qsl, sl, table)]
     return (*tensors, block_ids)
+
+
+def make_shared_prefix_case(
+    seq_lens, num_shared_blocks, num_heads, num_kv_heads, head_size, block_size, seed=0,
+):  # fmt: skip
+    """Decodes (one query token each) whose first ``num_shared_blocks`` blocks are the same
+    cache blocks, as prefix caching leaves them; each request's other blocks are its own.
+    Slots no request has written hold NaN. Returns what ``make_case`` returns."""
+    gen = torch.Generator().manual_seed(seed)
+    own = [-(-s // block_size) - num_shared_blocks for s in seq_lens]
+    num_blocks = num_shared_blocks + sum(own) + 2
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    shared, start, block_ids = perm[:num_shared_blocks], num_shared_blocks, []
+    for n in own:
+        block_ids.append(shared + perm[start : start + n])
+        start += n
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache, value_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+    for cache in (key_cache, value_cache):
+        prefix = torch.randn(num_shared_blocks * block_size, num_kv_heads, head_size, generator=gen)
+        for ids, seq_len in zip(block_ids, seq_lens):
+            kv = torch.cat([prefix, torch.randn(len(ids) * block_size - len(prefix), num_kv_heads, head_size, generator=gen)])
+            kv[seq_len:] = float("nan")
+            cache[torch.tensor(ids)] = kv.view(len(ids), block_size, num_kv_heads, head_size)
+    query = torch.randn(len(seq_lens), num_heads, head_size, generator=gen)
+    width = max(len(ids) for ids in block_ids) + 1
+    table = torch.tensor([ids + [0] * (width - len(ids)) for ids in block_ids], dtype=torch.int32)
+    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    return query, key_cache, value_cache, qsl, torch.tensor(seq_lens, dtype=torch.int32), table, block_ids

@@ -170,3 +170,24 @@ def test_generate_ids_skip_ids_already_in_the_engine(tiny_model_dirs):
     assert not llm.engine.has_unfinished_requests()  # the engine's own requests ran too
     [again] = llm.generate({"prompt_token_ids": [1, 2]}, greedy, use_tqdm=False)
     assert again.request_id == "4" and again.outputs[0].token_ids == outs[0].outputs[0].token_ids
+
+
+@pytest.mark.seed("004:computed", "003:memory")
+def test_torch_backend_attends_a_shared_cached_prefix_once_with_the_reference_tokens(tiny_model_dirs, monkeypatch):
+    """Sixteen prompts share 144 tokens; with prefix caching they decode over the same cache
+    blocks, and the torch backend attends to those once per step for all of them (cascade
+    attention, ``attention/torch_sdpa.py`` NOTE 7). Greedy tokens equal the reference's."""
+    from tinyvllm.attention import torch_sdpa
+
+    calls = []
+    real = torch_sdpa.cascade_decode
+    monkeypatch.setattr(torch_sdpa, "cascade_decode", lambda *a: calls.append(a[-2].prefix_blocks.numel()) or real(*a))
+    shared = [(7 * i) % 500 + 3 for i in range(144)]
+    prompts = [{"prompt_token_ids": shared + [100 + r, 200 + r, 300 + r]} for r in range(16)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "reference"):
+        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=160, block_size=16, attention_backend=backend)
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    assert tokens["torch"] == tokens["reference"]
+    assert calls and set(calls) == {9}  # 9 shared blocks of 16: 15 * 144 keys saved, over CASCADE_MIN_SAVED_KEYS

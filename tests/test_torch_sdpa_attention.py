@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paged_cases import make_case
+from paged_cases import make_case, make_shared_prefix_case
 
 from tinyvllm.attention import reference, torch_sdpa
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
@@ -238,6 +238,9 @@ def test_attention_cpu_bench_dry_run_writes_json(tmp_path):
     assert [g["threads"] for g in record["grouping"]] == [1, 2]
     for g in record["grouping"]:  # the three ways give the same result
         assert g["max_abs_diff"] < 1e-5 and set(g["ratio_one_group_over"]) == {"one_group", "groups", "groups_one_plan"}
+    assert [(c["threads"], c["num_reqs"], c["shared"]) for c in record["cascade"]] == [(1, 3, 8), (2, 3, 8)]
+    for c in record["cascade"]:  # split off or not, the same attention
+        assert c["max_abs_diff"] < 1e-5 and c["ratio_one_group_over_cascade"] > 0
     assert f"wrote {out}" in result.stdout
 
 
@@ -288,3 +291,60 @@ def test_gather_rows_in_and_out_of_inference_mode():
     outside = torch_sdpa.gather_rows(rows, slots, "key")
     assert torch.equal(inside, rows[slots]) and torch.equal(outside, rows[slots])
     assert outside.untyped_storage().data_ptr() != inside.untyped_storage().data_ptr()
+
+
+def test_shared_prefix_blocks_counts_leading_equal_columns():
+    rows = torch.tensor([[4, 9, 1, 7], [4, 9, 2, 7], [4, 9, 1, 7]])
+    assert torch_sdpa.shared_prefix_blocks(rows) == 2  # column 3 is equal again, but after a difference
+    assert torch_sdpa.shared_prefix_blocks(rows[:, :1]) == 1
+    assert torch_sdpa.shared_prefix_blocks(rows[:, :0]) == 0
+    assert torch_sdpa.shared_prefix_blocks(torch.tensor([[3, 5], [6, 5]])) == 0
+
+
+def test_merge_attention_of_two_key_sets_is_attention_over_both():
+    """Split the keys in two, attend to each with its LSE, merge: the same as one softmax."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=gen) for n in (5, 12, 12))
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.3)
+    out_a, lse_a = torch_sdpa.attention_with_lse(q, k[:, :, :7], v[:, :, :7], 0.3)
+    out_b, lse_b = torch_sdpa.attention_with_lse(q, k[:, :, 7:], v[:, :, 7:], 0.3)
+    expected_lse = torch.logsumexp(q @ k[:, :, :7].transpose(-1, -2) * 0.3, -1)
+    torch.testing.assert_close(lse_a, expected_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch_sdpa.merge_attention(out_a, lse_a, out_b, lse_b), full, atol=1e-5, rtol=1e-5)
+    huge = torch_sdpa.merge_attention(out_a, lse_a + 500.0, out_b, lse_b)  # exp(500) overflows float32
+    torch.testing.assert_close(huge, out_a)
+
+
+@pytest.mark.seed("003:memory")
+def test_torch_sdpa_plan_splits_off_a_prefix_every_decode_of_a_group_shares():
+    """Blocks 0-1 are shared by all three decodes of one length group. A shared block must
+    also lie before every member's last position (NOTE 7)."""
+    q, kc, vc, qsl, sl, bt, ids = make_shared_prefix_case([11, 12, 13], 2, 4, 2, 8, 4)
+    plan = torch_sdpa.plan_step(qsl, sl, bt, 4, cascade_min_saved_keys=0)
+    [group] = plan.decode_groups
+    assert group.prefix_blocks.tolist() == ids[0][:2]
+    assert group.width == 8  # the longest request's 13 - 8 = 5 keys after the prefix, in whole blocks
+    assert group.mask[:, 0, 0].sum(1).tolist() == [5, 4, 3]  # keys after the prefix, longest first
+    # Default bound: (3 - 1) * 8 saved keys is far below CASCADE_MIN_SAVED_KEYS.
+    assert torch_sdpa.plan_step(qsl, sl, bt, 4).decode_groups[0].prefix_blocks is None
+    # A prefix reaching a member's last position is not split off: lengths 8 and 9 share
+    # blocks 0-1, but position 7 (length 8) is the token being decoded, in block 1.
+    q, kc, vc, qsl, sl, bt, ids = make_shared_prefix_case([8, 9], 2, 4, 2, 8, 4)
+    [group] = torch_sdpa.plan_step(qsl, sl, bt, 4, cascade_min_saved_keys=0).decode_groups
+    assert group.prefix_blocks.tolist() == ids[0][:1]
+    alone = torch_sdpa.plan_step(qsl[:2], sl[:1], bt[:1], 4, cascade_min_saved_keys=0)
+    assert alone.decode_groups[0].prefix_blocks is None  # one request: nothing to share
+
+
+@pytest.mark.seed("003:memory")
+@pytest.mark.parametrize("group_size", [1, 2, 4])
+@pytest.mark.parametrize("lens,shared", [([11, 12, 13], 2), ([9, 9, 9, 9], 2), ([33, 40, 36], 8)])
+def test_torch_sdpa_cascade_decode_matches_reference(group_size, lens, shared):
+    """Decodes that share a prefix, attended in two parts and merged, equal the reference;
+    NaN in every unwritten slot (the tails of the requests' own last blocks) stays out."""
+    q, kc, vc, qsl, sl, bt, _ = make_shared_prefix_case(lens, shared, 2 * group_size, 2, 16, 4, seed=group_size)
+    plan = torch_sdpa.plan_step(qsl, sl, bt, 4, cascade_min_saved_keys=0)
+    assert plan.decode_groups[0].prefix_blocks is not None
+    expected = reference.paged_attention(q, kc, vc, qsl, sl, bt, 0.25)
+    out = torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, plan=plan)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -75,6 +75,28 @@ per forward through ``AttentionBackend.plan_step`` and passes it to each layer. 
 layers of 32 decodes (one thread) that was 1.05 to 1.7 times faster than planning in every
 call: the shorter the requests, the larger the plan's share.
 
+NOTE 7 (a shared prefix, attended once: cascade attention): with prefix caching, requests
+that share a prompt prefix hold the same cache blocks for it, and a decode group would
+copy those blocks once per request. ``plan_step`` looks for the leading block-table
+columns that are equal across a group (``shared_prefix_blocks``), only among blocks that
+lie before every member's last position, so they are full and already written. When the
+keys it saves, ``(G - 1) * P`` for a prefix of P tokens, reach ``CASCADE_MIN_SAVED_KEYS``,
+the group attends in two parts: every query of the group together over the P prefix keys,
+gathered once, in one call whose queries are all G requests' tokens; then each request
+over its own keys after P, gathered as before. Each part gives its output and the log of
+its softmax denominator (LSE), and ``merge_attention`` combines the two exactly: the
+softmax over all keys is the two partial softmaxes weighted by their shares of the total
+``exp(LSE)``. The public SDPA returns no LSE, so both parts call torch's CPU flash kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``), which does, with the query heads
+that share a KV head folded into its query rows, since it takes no ``enable_gqa``; the
+split is planned on the CPU only. vLLM does the same on GPUs as cascade attention
+(``common_prefix_len``, FlashAttention and FlashInfer). On 32 decodes of 520 tokens that
+share 256 (one layer, ``bench/attention_cpu.py``), the two parts were 1.59 times faster
+than one group at one thread and 1.55 times at two. The second call and the merge cost a
+fixed amount, so the split pays only when it saves enough keys: 8 requests sharing 256
+(1,792 keys saved) were 1.63 and 1.07 times faster, 16 sharing 64 (960) 1.11 and 0.83,
+2 sharing 256 (256) 0.86 and 0.66. Hence the bound of 2,048 saved keys.
+
 Not CUDA-graph safe (``NEVER``): the split by query length and the width ``L`` come from
 ``query_start_loc`` and ``seq_lens`` read on the host (``.tolist()``), which a graph cannot
 capture; its KV writer (``write_kv_cache_torch``) indexes with a boolean mask.
@@ -107,6 +129,9 @@ SDPA_HAS_ENABLE_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >=
 
 # NOTE 5: a decode group's width is at most this many times each of its lengths.
 GROUP_PADDING = 1.25
+
+# NOTE 7: a decode group attends to a shared prefix once when that saves this many keys.
+CASCADE_MIN_SAVED_KEYS = 2048
 
 # NOTE 4: each thread's reusable gather buffers, keyed by (name, device, dtype, whether
 # inference mode is on: a tensor made under it cannot be written outside it).
@@ -195,6 +220,39 @@ def sdpa(
 # --8<-- [end:helpers]
 
 
+# --8<-- [start:cascade_helpers]
+def shared_prefix_blocks(rows: torch.Tensor) -> int:  # rows: [G, n] block ids
+    """How many leading columns of ``rows`` hold one block id in every row (NOTE 7)."""
+    same = (rows == rows[:1]).all(0)  # [n]
+    return int(same.int().cumprod(0).sum()) if same.numel() else 0
+
+
+def attention_with_lse(
+    q: torch.Tensor,  # [B, Hkv, M, D] float32: the M query rows of each KV head
+    k: torch.Tensor,  # [B, Hkv, L, D] float32
+    v: torch.Tensor,  # [B, Hkv, L, D] float32
+    scale: float,
+    bias: torch.Tensor | None = None,  # [B, 1, 1, L] float32, 0 or -inf, added to the scores
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hkv, M, D], [B, Hkv, M]
+    """Attention and the log of each row's softmax denominator, through torch's CPU flash
+    kernel (the public SDPA returns no LSE; NOTE 7)."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
+    return out, lse
+
+
+def merge_attention(
+    out_a: torch.Tensor, lse_a: torch.Tensor,  # [..., D], [...]: attention over key set A
+    out_b: torch.Tensor, lse_b: torch.Tensor,  # [..., D], [...]: over key set B, disjoint from A
+) -> torch.Tensor:  # [..., D]: attention over A and B together
+    """Combine two partial attentions by their softmax denominators (NOTE 7): each part's
+    weight is its share ``exp(lse_x) / (exp(lse_a) + exp(lse_b))``, computed from the
+    larger LSE so that nothing overflows."""
+    top = torch.maximum(lse_a, lse_b)
+    w_a, w_b = (lse_a - top).exp(), (lse_b - top).exp()
+    return (out_a * w_a[..., None] + out_b * w_b[..., None]) / (w_a + w_b)[..., None]
+# --8<-- [end:cascade_helpers]
+
+
 # --8<-- [start:plan]
 def group_by_length(lens: list[int], reqs: list[int]) -> list[list[int]]:
     """The requests ``reqs``, longest first, split into groups so that no length is below
@@ -217,6 +275,9 @@ class DecodeGroup:
     stale: torch.Tensor | None  # [k] int64: gathered positions past their request's length (NOTE 2)
     mask: torch.Tensor | None  # [G, 1, 1, L] bool, True = a real key; None if all have L keys
     width: int  # L, the group's longest length rounded up to whole blocks
+    # NOTE 7: the blocks of a prefix all G requests share, attended once; the fields above
+    # then cover each request's keys after it (its length minus P), and width L is theirs.
+    prefix_blocks: torch.Tensor | None = None  # [P / S] int64
 
 
 @dataclass(frozen=True)
@@ -243,6 +304,7 @@ def plan_step(
     seq_lens: torch.Tensor,  # [R] int32
     block_table: torch.Tensor,  # [R, max_blocks] int32
     block_size: int,
+    cascade_min_saved_keys: int = CASCADE_MIN_SAVED_KEYS,  # NOTE 7
 ) -> StepPlan:
     """Split the step's requests into decode groups and prefills (host reads: NEVER)."""
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -251,17 +313,26 @@ def plan_step(
     decodes = [r for r in range(num_reqs) if starts[r + 1] - starts[r] == 1]
     groups = []
     for members in group_by_length(lens, decodes):
-        num_blocks = cdiv(lens[members[0]], block_size)
-        width = num_blocks * block_size
         reqs = torch.tensor(members, device=device)  # [G]
-        group_lens = seq_lens.index_select(0, reqs)  # [G]
-        blocks = decode_blocks(block_table.index_select(0, reqs), group_lens, block_size, num_blocks)  # [G, L/S]
-        same = all(lens[r] == width for r in members)
+        table = block_table.index_select(0, reqs)  # [G, max_blocks]
+        # NOTE 7: blocks before every member's last position, equal in every row: full, shared.
+        num_shared = 0
+        if len(members) > 1 and device.type == "cpu":
+            num_shared = shared_prefix_blocks(table[:, : min((lens[r] - 1) // block_size for r in members)])
+            if (len(members) - 1) * num_shared * block_size < cascade_min_saved_keys:
+                num_shared = 0
+        prefix_len = num_shared * block_size
+        num_blocks = cdiv(lens[members[0]] - prefix_len, block_size)
+        width = num_blocks * block_size
+        group_lens = seq_lens.index_select(0, reqs) - prefix_len  # [G]: keys after the prefix
+        blocks = decode_blocks(table[:, num_shared:], group_lens, block_size, num_blocks)  # [G, L/S]
+        same = all(lens[r] - prefix_len == width for r in members)
         keep = None if same else key_padding_mask(group_lens, width)  # [G, L]
         mask = None if keep is None else keep[:, None, None, :]  # [G, 1, 1, L]
         stale = None if keep is None else stale_positions(keep)
         rows = torch.tensor([starts[r] for r in members], device=device)  # [G]
-        groups.append(DecodeGroup(rows, blocks.flatten(), stale, mask, width))
+        prefix = table[0, :num_shared].long() if num_shared else None  # [P / S]
+        groups.append(DecodeGroup(rows, blocks.flatten(), stale, mask, width, prefix))
     prefills = tuple(
         PrefillPart(starts[r], starts[r + 1], block_table[r, : cdiv(lens[r], block_size)], lens[r])
         for r in range(num_reqs)
@@ -294,8 +365,40 @@ def decode_attention(
         v.index_fill_(0, group.stale, 0.0)
     k = k.view(num_reqs, width, num_kv_heads, head_size).transpose(1, 2).float()  # [G, Hkv, L, D]
     v = v.view(num_reqs, width, num_kv_heads, head_size).transpose(1, 2).float()  # [G, Hkv, L, D]
+    if group.prefix_blocks is not None:
+        return cascade_decode(query, key_cache, value_cache, k, v, group, scale)
     q = query.float().unsqueeze(2)  # [G, H, 1, D]
     return sdpa(q, k, v, scale, attn_mask=group.mask).squeeze(2)  # [G, H, D]
+
+
+def cascade_decode(
+    query: torch.Tensor,  # [G, H, D]
+    key_cache: torch.Tensor,  # [B, S, Hkv, D]
+    value_cache: torch.Tensor,  # [B, S, Hkv, D]
+    k: torch.Tensor,  # [G, Hkv, L, D] float32: each request's keys after the prefix
+    v: torch.Tensor,  # [G, Hkv, L, D] float32
+    group: DecodeGroup,
+    scale: float,
+) -> torch.Tensor:  # [G, H, D] float32
+    """A group's decodes over a shared prefix, attended once, and their own keys (NOTE 7)."""
+    num_reqs, num_heads, head_size = query.shape
+    num_kv_heads = key_cache.shape[2]
+    per_kv = num_heads // num_kv_heads  # query heads per KV head: folded into the query rows
+    prefix_len = group.prefix_blocks.numel() * key_cache.shape[1]
+    # Part 1: all G * per_kv query rows of each KV head over the P prefix keys, one gather.
+    kp = key_cache.index_select(0, group.prefix_blocks).view(1, prefix_len, num_kv_heads, head_size)
+    vp = value_cache.index_select(0, group.prefix_blocks).view(1, prefix_len, num_kv_heads, head_size)
+    q = query.float().view(num_reqs, num_kv_heads, per_kv, head_size)  # [G, Hkv, per_kv, D]
+    q_all = q.transpose(0, 1).reshape(1, num_kv_heads, num_reqs * per_kv, head_size)  # [1, Hkv, G*per_kv, D]
+    out_p, lse_p = attention_with_lse(q_all, kp.transpose(1, 2).float(), vp.transpose(1, 2).float(), scale)
+    out_p = out_p.view(num_kv_heads, num_reqs, per_kv, head_size).transpose(0, 1)  # [G, Hkv, per_kv, D]
+    lse_p = lse_p.view(num_kv_heads, num_reqs, per_kv).transpose(0, 1)  # [G, Hkv, per_kv]
+    # Part 2: each request over its own keys after the prefix, as a group without one.
+    bias = None  # [G, 1, 1, L] float: the flash kernel takes an additive mask, not a boolean one
+    if group.mask is not None:
+        bias = torch.zeros(group.mask.shape, device=query.device).masked_fill_(~group.mask, float("-inf"))
+    out_s, lse_s = attention_with_lse(q, k, v, scale, bias)  # [G, Hkv, per_kv, D], [G, Hkv, per_kv]
+    return merge_attention(out_p, lse_p, out_s, lse_s).reshape(num_reqs, num_heads, head_size)
 # --8<-- [end:decode]
 # --8<-- [start:prefill]
 def prefill_attention(
