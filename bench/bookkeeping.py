@@ -17,11 +17,17 @@ bookkeeping into scheduling, the runner's ``_update_states``, the rest of
 median over steps of bookkeeping / running requests, over all decode steps and over the
 first and the last tenth of them (when requests hold the fewest and the most blocks).
 
-Two cases: ``tiny`` (the real forward) and ``stub`` (``--stub-tokens`` long outputs with
+Three cases: ``tiny`` (the real forward), ``stub`` (``--stub-tokens`` long outputs with
 the forward replaced by one that returns zeros: no attention cost, so long contexts stay
-quick; the bookkeeping runs exactly as with a real model).
+quick; the bookkeeping runs exactly as with a real model), and ``tiny_wide`` (the real
+forward with ``--wide-reqs`` requests, 128). From ``tiny`` and ``tiny_wide`` the script
+splits the bookkeeping of a step into a part that grows with the running requests and
+one that does not: with ``B(R)`` the median bookkeeping per step at R requests,
+``marginal = (B(wide) - B(R)) / (wide - R)`` per request and ``per_step = B(R) - R *
+marginal``. At R = 32 the per-step part, divided by R, is a large share of the figure
+per request.
 
-Run: ``python3 bench/bookkeeping.py`` (a few minutes) writes
+Run: ``python3 bench/bookkeeping.py`` (under a minute on a quiet machine) writes
 ``bench/results/bookkeeping.json``; ``--quick`` runs a few short requests (the test suite
 runs it; its timings mean nothing). ``torch.set_num_threads`` is ``--threads`` (1).
 """
@@ -150,6 +156,7 @@ def run_case(folder: Path, num_reqs: int, max_tokens: int, stub: bool, seed: int
         "max_tokens": max_tokens,
         "stub_forward": stub,
         "decode_steps_timed": len(full),
+        "bookkeeping_us_per_step": statistics.median(s["bookkeeping_s"] for s in full) * 1e6,
         "bookkeeping_us_per_req_step": us_per_req(full),
         "bookkeeping_us_per_req_step_first_tenth": us_per_req(full[:tenth]),
         "bookkeeping_us_per_req_step_last_tenth": us_per_req(full[-tenth:]),
@@ -166,20 +173,28 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512, help="output length of the tiny case")
     parser.add_argument("--stub-tokens", type=int, default=2048, help="output length of the stub case")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cases", default="tiny,stub", help="comma-separated subset of tiny,stub")
-    parser.add_argument("--quick", action="store_true", help="4 requests of 40 tokens: checks the script runs")
+    parser.add_argument("--wide-reqs", type=int, default=128, help="requests of the tiny_wide case")
+    parser.add_argument("--cases", default="tiny,stub,tiny_wide", help="comma-separated subset of tiny,stub,tiny_wide")
+    parser.add_argument("--quick", action="store_true", help="4 requests of 40 tokens (8 wide): checks the script runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bookkeeping.json")
     args = parser.parse_args()
     if args.quick:
-        args.num_reqs, args.max_tokens, args.stub_tokens = 4, 40, 40
+        args.num_reqs, args.max_tokens, args.stub_tokens, args.wide_reqs = 4, 40, 40, 8
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         longest = max(args.max_tokens, args.stub_tokens)
         folder = build_tiny_model(Path(tmp) / "tiny", max_position_embeddings=64 + longest)
-        lengths = {"tiny": args.max_tokens, "stub": args.stub_tokens}
+        lengths = {"tiny": args.max_tokens, "stub": args.stub_tokens, "tiny_wide": args.max_tokens}
+        num_reqs = {"tiny": args.num_reqs, "stub": args.num_reqs, "tiny_wide": args.wide_reqs}
         cases = {
-            name: run_case(folder, args.num_reqs, lengths[name], stub=name == "stub") for name in args.cases.split(",")
+            name: run_case(folder, num_reqs[name], lengths[name], stub=name == "stub") for name in args.cases.split(",")
         }
+    split = None
+    if "tiny" in cases and "tiny_wide" in cases:  # the module header: per request and per step
+        narrow, wide = cases["tiny"], cases["tiny_wide"]
+        marginal = (wide["bookkeeping_us_per_step"] - narrow["bookkeeping_us_per_step"]) / (wide["num_reqs"] - narrow["num_reqs"])
+        per_step = narrow["bookkeeping_us_per_step"] - narrow["num_reqs"] * marginal
+        split = {"marginal_us_per_request": marginal, "per_step_us": per_step, "reqs": [narrow["num_reqs"], wide["num_reqs"]]}
     for name, case in cases.items():
         print(
             f"{name}: bookkeeping {case['bookkeeping_us_per_req_step']:.1f} us per request per step "
@@ -189,6 +204,9 @@ def main() -> None:
             f"model + sampling {case['model_and_sampling_us_per_req_step']:.1f} us"
         )
         print("   " + ", ".join(f"{k} {v:.1f}" for k, v in case["parts_us_per_req_step"].items()))
+    if split is not None:
+        print(f"real tiny model, {split['reqs'][0]} and {split['reqs'][1]} requests: {split['marginal_us_per_request']:.1f} us "
+              f"per running request per step + {split['per_step_us']:.0f} us per step")
     record = {
         "benchmark": "bookkeeping",
         "quick": args.quick,
@@ -196,6 +214,7 @@ def main() -> None:
         "block_size": BLOCK_SIZE,
         "goal": "bookkeeping_us_per_req_step <= 10, flat from the first to the last tenth",
         "cases": cases,
+        "split_per_request_and_per_step": split,
         "machine": machine_info(),
         "versions": versions(),
     }

@@ -55,3 +55,36 @@ def test_bookkeeping_quick_reports_per_request_figures(tmp_path):
     assert set(case["parts_us_per_req_step"]) == {
         "schedule", "update_states", "execute_model_other", "update_from_output", "engine_other",
     }  # fmt: skip
+
+
+def test_bookkeeping_quick_splits_per_request_and_per_step_costs(tmp_path):
+    out = tmp_path / "bookkeeping.json"
+    result = _run("bookkeeping.py", "--cases", "tiny,tiny_wide", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    narrow, wide = record["cases"]["tiny"], record["cases"]["tiny_wide"]
+    assert (narrow["num_reqs"], wide["num_reqs"]) == (4, 8) and not wide["stub_forward"]
+    split = record["split_per_request_and_per_step"]
+    assert split["reqs"] == [4, 8]
+    # The two numbers reproduce both measured totals per step.
+    for case in (narrow, wide):
+        total = split["per_step_us"] + case["num_reqs"] * split["marginal_us_per_request"]
+        assert abs(total - case["bookkeeping_us_per_step"]) < 1e-6 * max(1.0, total)
+
+
+def test_cascade_dry_run_times_both_engines_on_the_same_prompts(tmp_path):
+    """bench/cascade.py --dry-run: both engines (split on and off) ran every round and the
+    ratio is theirs; timings mean nothing."""
+    out = tmp_path / "cascade.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TOKENIZERS_PARALLELISM="false")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cascade.py"), "--dry-run", "--repeats", "2", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["dry_run"] is True and record["repeats"] == 2
+    [w] = record["threads"]["1"]["workloads"].values()
+    assert {k: len(v) for k, v in w["seconds"].items()} == {"cascade": 2, "one_group": 2}
+    assert w["ratio_one_group_over_cascade"] == w["median_s"]["one_group"] / w["median_s"]["cascade"]
+    assert w["split_decode_groups"]["cascade"] > 0 and w["split_decode_groups"]["one_group"] == 0
