@@ -23,8 +23,9 @@ for the 8 calls, as the model runs it. The ratios are against the first.
 A third table, ``cascade``, times one layer of decodes that share a cached prefix (the
 same blocks at the start of every row): 32 requests sharing 256 of 520 tokens, and the
 cases that set ``CASCADE_MIN_SAVED_KEYS`` (8 sharing 256, 16 sharing 64, 2 sharing 256,
-each with 264 tokens of its own: 1,792, 960 and 256 keys saved). Each is attended with the prefix split off and attended once, and as one group
-over every request's whole context; the ratio is one group / cascade.
+each with 264 tokens of its own: 1,792, 960 and 256 keys saved). Each is attended with
+the prefix split off and attended once, and as one group over every request's whole
+context; the ratio is one group / cascade.
 
 Run: ``python bench/attention_cpu.py`` (about two minutes) writes
 ``bench/results/attention_cpu.json``; ``--dry-run`` runs every case on tiny shapes with

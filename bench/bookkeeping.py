@@ -192,9 +192,11 @@ def main() -> None:
     split = None
     if "tiny" in cases and "tiny_wide" in cases:  # the module header: per request and per step
         narrow, wide = cases["tiny"], cases["tiny_wide"]
-        marginal = (wide["bookkeeping_us_per_step"] - narrow["bookkeeping_us_per_step"]) / (wide["num_reqs"] - narrow["num_reqs"])
+        extra_us = wide["bookkeeping_us_per_step"] - narrow["bookkeeping_us_per_step"]
+        marginal = extra_us / (wide["num_reqs"] - narrow["num_reqs"])
         per_step = narrow["bookkeeping_us_per_step"] - narrow["num_reqs"] * marginal
-        split = {"marginal_us_per_request": marginal, "per_step_us": per_step, "reqs": [narrow["num_reqs"], wide["num_reqs"]]}
+        reqs = [narrow["num_reqs"], wide["num_reqs"]]
+        split = {"marginal_us_per_request": marginal, "per_step_us": per_step, "reqs": reqs}
     for name, case in cases.items():
         print(
             f"{name}: bookkeeping {case['bookkeeping_us_per_req_step']:.1f} us per request per step "
@@ -205,8 +207,9 @@ def main() -> None:
         )
         print("   " + ", ".join(f"{k} {v:.1f}" for k, v in case["parts_us_per_req_step"].items()))
     if split is not None:
-        print(f"real tiny model, {split['reqs'][0]} and {split['reqs'][1]} requests: {split['marginal_us_per_request']:.1f} us "
-              f"per running request per step + {split['per_step_us']:.0f} us per step")
+        print(f"real tiny model, {split['reqs'][0]} and {split['reqs'][1]} requests: "
+              f"{split['marginal_us_per_request']:.1f} us per running request per step "
+              f"+ {split['per_step_us']:.0f} us per step")
     record = {
         "benchmark": "bookkeeping",
         "quick": args.quick,

@@ -125,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                 for j, (name, case) in enumerate(workloads.items())
             }}  # fmt: skip
             for name, w in results[str(n)]["workloads"].items():
+                med = w["median_s"]
                 print(f"threads={n} {name}: one group / cascade = {w['ratio_one_group_over_cascade']:.2f}x "
-                      f"(cascade {w['median_s']['cascade']:.2f} s, one group {w['median_s']['one_group']:.2f} s)")  # fmt: skip
+                      f"(cascade {med['cascade']:.2f} s, one group {med['one_group']:.2f} s)")  # fmt: skip
     record = {
         "benchmark": "cascade",
         "dry_run": args.dry_run,

@@ -54,7 +54,8 @@ def make_shared_prefix_case(
     for cache in (key_cache, value_cache):
         prefix = torch.randn(num_shared_blocks * block_size, num_kv_heads, head_size, generator=gen)
         for ids, seq_len in zip(block_ids, seq_lens):
-            kv = torch.cat([prefix, torch.randn(len(ids) * block_size - len(prefix), num_kv_heads, head_size, generator=gen)])
+            own_kv = torch.randn(len(ids) * block_size - len(prefix), num_kv_heads, head_size, generator=gen)
+            kv = torch.cat([prefix, own_kv])
             kv[seq_len:] = float("nan")
             cache[torch.tensor(ids)] = kv.view(len(ids), block_size, num_kv_heads, head_size)
     query = torch.randn(len(seq_lens), num_heads, head_size, generator=gen)

@@ -187,7 +187,8 @@ def test_torch_backend_attends_a_shared_cached_prefix_once_with_the_reference_to
     greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     tokens = {}
     for backend in ("torch", "reference"):
-        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=160, block_size=16, attention_backend=backend)
+        folder = str(tiny_model_dirs["qwen3"])
+        llm = LLM(folder, device="cpu", max_model_len=160, block_size=16, attention_backend=backend)
         tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
     assert tokens["torch"] == tokens["reference"]
     assert calls and set(calls) == {9}  # 9 shared blocks of 16: 15 * 144 keys saved, over CASCADE_MIN_SAVED_KEYS
