@@ -106,7 +106,9 @@ capture; its KV writer (``write_kv_cache_torch``) indexes with a boolean mask.
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 caches, cross-attention;
 batching prefills together (each runs alone); bounding the decode gather, which holds all
 decodes' keys and values at once (NOTE 4); freeing the gather buffers; gradients through
-the decode gather (it writes into a buffer with ``out=``, which autograd refuses).
+the decode gather (it writes into a buffer with ``out=``, which autograd refuses); a
+shared prefix attended once for prefills and chunks (NOTE 7 splits decode groups only)
+and on other devices than the CPU (its flash kernel is the CPU's).
 """
 
 from __future__ import annotations
