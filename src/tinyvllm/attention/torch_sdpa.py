@@ -240,8 +240,7 @@ def attention_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, Hkv, M, D], [B, Hkv, M]
     """Attention and the log of each row's softmax denominator, through torch's CPU flash
     kernel (the public SDPA returns no LSE; NOTE 7)."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
-    return out, lse
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
 
 
 def merge_attention(
@@ -322,10 +321,14 @@ def plan_step(
         reqs = torch.tensor(members, device=device)  # [G]
         table = block_table.index_select(0, reqs)  # [G, max_blocks]
         # NOTE 7: blocks before every member's last position, equal in every row: full, shared.
+        # The bound is checked on the longest possible prefix first: most groups share nothing,
+        # and the host arithmetic spares them the tensor ops of the search.
+        limit = min((lens[r] - 1) // block_size for r in members)  # blocks before every last position
+        saved_per_block = (len(members) - 1) * block_size  # keys saved by each shared block
         num_shared = 0
-        if len(members) > 1 and device.type == "cpu":
-            num_shared = shared_prefix_blocks(table[:, : min((lens[r] - 1) // block_size for r in members)])
-            if (len(members) - 1) * num_shared * block_size < cascade_min_saved_keys:
+        if len(members) > 1 and device.type == "cpu" and saved_per_block * limit >= cascade_min_saved_keys:
+            num_shared = shared_prefix_blocks(table[:, :limit])
+            if saved_per_block * num_shared < cascade_min_saved_keys:
                 num_shared = 0
         prefix_len = num_shared * block_size
         num_blocks = cdiv(lens[members[0]] - prefix_len, block_size)

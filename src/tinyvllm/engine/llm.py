@@ -473,14 +473,14 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams, a list of them or None, got {sampling_params!r}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        requests = []
+        requests, in_use = [], self.engine.unfinished_request_ids()
         for i, (prompt, p) in enumerate(zip(prompts, params)):  # every check before anything runs
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be SamplingParams, got {p!r}")
             if p.output_kind != RequestOutputKind.FINAL_ONLY:  # generate returns finished outputs only, as vLLM's
                 p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
             label = "sampling_params" if single else f"sampling_params[{i}]"
-            requests.append((self._next_request_id(), *self.prepare_request(i, prompt, p, label)))
+            requests.append((self._next_request_id(in_use), *self.prepare_request(i, prompt, p, label)))
         added = []
         try:
             for req_id, text, ids, p, salt in requests:
@@ -492,10 +492,10 @@ class LLM:
         # --8<-- [end:validation]
         return self._run(added, use_tqdm)
 
-    def _next_request_id(self) -> str:
-        """``generate``'s next id, counting "0", "1", ...: a number no unfinished request of the
-        engine holds (a caller may have queued one through ``engine.add_request``)."""
-        in_use = self.engine.unfinished_request_ids()
+    def _next_request_id(self, in_use: set[str]) -> str:
+        """``generate``'s next id, counting "0", "1", ...: a number not in ``in_use``, the ids of
+        the engine's unfinished requests (a caller may have queued one through
+        ``engine.add_request``)."""
         while (req_id := str(next(self._ids))) in in_use:
             pass
         return req_id
