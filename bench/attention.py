@@ -20,7 +20,6 @@ block size 16.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import write_json  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(
     num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="bfloat16",
@@ -193,10 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         python=platform.python_version(), time=time.strftime("%Y-%m-%dT%H:%M:%S"), results=results,
     )  # fmt: skip
     out = args.out or ROOT / "bench" / "results" / f"attention-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2))
     print_table(results)
-    print(f"wrote {out}")
+    write_json(out, record)
     return 0
 
 

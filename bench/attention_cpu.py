@@ -35,7 +35,6 @@ timings that mean nothing (the test suite runs it).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -44,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import write_json  # noqa: E402
 from tinyvllm.attention import reference, torch_sdpa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,9 +211,7 @@ def main(argv=None) -> int:
         config=cfg, results=results, grouping=grouping, cascade=cascade,
     )  # fmt: skip
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(out, record)
     return 0
 
 

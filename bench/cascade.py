@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, build_cpu_model, machine_info, median, set_threads, versions  # noqa: E402
+from harness import ROOT, build_cpu_model, machine_info, median, set_threads, versions, write_json  # noqa: E402
 from prefix_caching import make_prompts, run_engine  # noqa: E402
 
 from tinyvllm import LLM  # noqa: E402
@@ -141,9 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": results,
     }
     out = args.out or ROOT / "bench" / "results" / ("cascade-dry.json" if args.dry_run else "cascade.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(out, record)
     return 0
 
 

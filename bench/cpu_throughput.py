@@ -64,6 +64,7 @@ from harness import (  # noqa: E402
     set_threads,
     timed,
     versions,
+    write_json,
 )
 
 # Workload sizes for the full run, ``--quick`` and ``--dry-run``.
@@ -344,10 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     name = "cpu_throughput.json" if mode == "full" else f"cpu_throughput-{mode}.json"
     out = args.out or ROOT / "bench" / "results" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
-    print(f"JSON: {out}")
+    write_json(out, result)
     return 0
 
 

@@ -1,11 +1,13 @@
 """Helpers shared by the benchmark scripts (``cpu_throughput.py``, ``prefix_caching.py``).
 
 Not a benchmark itself: the CPU model's shape and the folder it is written to, the thread
-setting, what is recorded about the machine and the engine, and the prefix-cache counters.
+setting, what is recorded about the machine and the engine, the prefix-cache counters, and
+the JSON record every script writes (``write_json``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -58,6 +60,14 @@ def num_params(folder: Path) -> int:
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         return sum(f.get_tensor(name).numel() for name in f.keys())
+
+
+def write_json(out: Path, record: dict) -> Path:
+    """Write a benchmark's record to ``out`` as indented JSON (its folder made if needed) and say where."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+    return out
 
 
 def set_threads(n: int) -> int:

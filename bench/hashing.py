@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import random
 import statistics
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import machine_info, versions  # noqa: E402
+from harness import machine_info, versions, write_json  # noqa: E402
 from tinyvllm.core.prefix_hash import (  # noqa: E402
     BlockHash,
     append_block_hashes,
@@ -238,9 +237,7 @@ def main() -> None:
         "machine": machine_info(),
         "versions": versions(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, record)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ from harness import (  # noqa: E402
     prefix_counters,
     set_threads,
     versions,
+    write_json,
 )
 
 # Per mode: the two cases (prompts, shared prefix, unique tail, output tokens each).
@@ -257,10 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = args.out or ROOT / "bench" / "results" / {"cpu": "prefix_caching.json", "gpu": "prefix_caching-gpu.json",
                                                     "dry": "prefix_caching-dry.json"}[mode]  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
-    print(f"JSON: {out}")
+    write_json(out, result)
     return 0
 
 

@@ -19,7 +19,6 @@ Run: ``python3 bench/sampler_cpu.py`` (about 20 s) writes ``bench/results/sample
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import machine_info, versions  # noqa: E402
+from harness import machine_info, versions, write_json  # noqa: E402
 from tinyvllm.sample import sampler as sampler_module  # noqa: E402
 from tinyvllm.sample.logits_processors import LogitsProcessors  # noqa: E402
 from tinyvllm.sample.metadata import SamplingMetadata  # noqa: E402
@@ -138,9 +137,7 @@ def main() -> None:
         "versions": versions(),
         "results_by_threads": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, record)
 
 
 if __name__ == "__main__":

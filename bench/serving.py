@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, engine_config, machine_info, median, set_threads, versions  # noqa: E402
+from harness import ROOT, engine_config, machine_info, median, set_threads, versions, write_json  # noqa: E402
 
 PERCENTILES = (50, 90, 99)
 
@@ -258,8 +258,7 @@ def main() -> None:
         },
     }
     out = args.out or ROOT / "bench" / "results" / ("serving.json" if mode == "cpu" else f"serving-{mode}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    write_json(out, record)
     for rate, ratio in record["ratios"]["serving_over_offline_output_throughput"].items():
         print(f"serving / offline output tok/s at rate {rate}: {ratio:.2f}")
     print(f"wrote {out}")

@@ -36,7 +36,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, engine_config, machine_info, median, prefix_counters, set_threads, timed, versions  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT,
+    engine_config,
+    machine_info,
+    median,
+    prefix_counters,
+    set_threads,
+    timed,
+    versions,
+    write_json,
+)
 from harness import sync  # noqa: E402, F401  (cudagraphs.py imports it from here)
 
 QWEN3_0_6B = dict(  # the published Qwen3-0.6B config.json, shapes only
@@ -208,9 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "speedup_vs_transformers_same_subset": subset["tok_per_s"] / hf_result["tok_per_s"],
     }
     out = args.out or ROOT / "bench" / "results" / f"throughput-{'dry' if args.dry_run else 'gpu'}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    write_json(out, result)
     return 0
 
 

@@ -66,10 +66,15 @@ def test_bookkeeping_quick_splits_per_request_and_per_step_costs(tmp_path):
     assert (narrow["num_reqs"], wide["num_reqs"]) == (4, 8) and not wide["stub_forward"]
     split = record["split_per_request_and_per_step"]
     assert split["reqs"] == [4, 8]
-    # The two numbers reproduce both measured totals per step.
+    # The two numbers reproduce both measured totals per step, and each part's pair its part.
     for case in (narrow, wide):
         total = split["per_step_us"] + case["num_reqs"] * split["marginal_us_per_request"]
         assert abs(total - case["bookkeeping_us_per_step"]) < 1e-6 * max(1.0, total)
+        for part, costs in split["parts"].items():
+            part_total = costs["per_step_us"] + case["num_reqs"] * costs["marginal_us_per_request"]
+            measured = case["parts_us_per_req_step"][part] * case["num_reqs"]
+            assert abs(part_total - measured) < 1e-6 * max(1.0, measured), part
+    assert record["split_per_request_and_per_step_stub"] is None  # no stub cases in this run
 
 
 def test_cascade_dry_run_times_both_engines_on_the_same_prompts(tmp_path):
