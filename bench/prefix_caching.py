@@ -27,7 +27,10 @@ Two engines, caching off and on, each warmed up on a full-size run of the first 
 prompts of its own: a warm-up of two short requests left the first timed run of a full
 batch up to 1.8x slower than the next, one-time costs of new shapes); the repeats
 alternate off, on, off, on, ... and the medians count. Every run draws new prompts (the same for off and on in a
-repeat), so a run never hits the blocks of an earlier one.
+repeat), so a run never hits the blocks of an earlier one. The headline ratios are ratios of
+the medians; beside them the JSON keeps each repeat's own ratio (``*_per_repeat``: off and on
+ran the same prompts back to back) and the table prints their range, the spread a single
+figure hides on a shared machine.
 
 Usage::
 
@@ -171,9 +174,13 @@ def bench_case(engines: dict, case: dict, vocab: int, repeats: int, request_rate
             "hit_rate": hits / looked_up if looked_up else 0.0,  # the prefix cache's own counters
             "ttft_s_last_repeat": rs[-1]["ttft_s"],
         }  # fmt: skip
-    result["ratios"] = {
-        "input_throughput_on_over_off": result["caching_on"]["input_tok_per_s"] / result["caching_off"]["input_tok_per_s"],
-        "mean_ttft_off_over_on": result["caching_off"]["median_mean_ttft_s"] / result["caching_on"]["median_mean_ttft_s"],
+    off, on = result["caching_off"], result["caching_on"]
+    result["ratios"] = {  # the headline: ratios of the medians
+        "input_throughput_on_over_off": on["input_tok_per_s"] / off["input_tok_per_s"],
+        "mean_ttft_off_over_on": off["median_mean_ttft_s"] / on["median_mean_ttft_s"],
+        # The spread: each repeat's own ratio, off and on having run its prompts back to back.
+        "input_throughput_on_over_off_per_repeat": [a / b for a, b in zip(off["seconds"], on["seconds"])],
+        "mean_ttft_off_over_on_per_repeat": [a / b for a, b in zip(off["mean_ttft_s"], on["mean_ttft_s"])],
     }
     return result
 
@@ -275,6 +282,10 @@ def print_table(result: dict) -> None:
             ttft = f"{off['median_mean_ttft_s'] * 1e3:>11.1f} -> {on['median_mean_ttft_s'] * 1e3:<9.1f}"
             print(f"{t:>7} {name:<7} {on['hit_rate']:>8.1%} {throughput} {ratios['input_throughput_on_over_off']:>6.2f} "
                   f"{ttft} {ratios['mean_ttft_off_over_on']:>6.2f}")  # fmt: skip
+            spread = {key: ratios[f"{key}_per_repeat"] for key in ("input_throughput_on_over_off", "mean_ttft_off_over_on")}
+            print(f"{'':>16} per repeat: input {min(spread['input_throughput_on_over_off']):.2f}-"
+                  f"{max(spread['input_throughput_on_over_off']):.2f}, TTFT {min(spread['mean_ttft_off_over_on']):.2f}-"
+                  f"{max(spread['mean_ttft_off_over_on']):.2f}")  # fmt: skip
     s49, s37 = result["seed_004_reference"]["hit_49"], result["seed_004_reference"]["hit_37"]
     off49, on49, off37, on37 = (s49["input_tok_per_s_off"], s49["input_tok_per_s_on"],
                                 s37["mean_ttft_ms_off"], s37["mean_ttft_ms_on"])  # fmt: skip

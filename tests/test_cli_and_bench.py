@@ -105,7 +105,18 @@ def test_prefix_caching_bench_dry_run(tmp_path):
         for run in (off, on):
             assert run["output_tokens"] == [case["num_seqs"] * case["output"]] * result["repeats"]
             assert len(run["ttft_s_last_repeat"]) == case["num_seqs"] and min(run["ttft_s_last_repeat"]) > 0
-        assert set(case["ratios"]) == {"input_throughput_on_over_off", "mean_ttft_off_over_on"}
+        ratios = case["ratios"]
+        assert set(ratios) == {
+            "input_throughput_on_over_off", "mean_ttft_off_over_on",
+            "input_throughput_on_over_off_per_repeat", "mean_ttft_off_over_on_per_repeat",
+        }  # fmt: skip
+        # Each repeat's pair ran the same prompts back to back: its own ratio, one per repeat.
+        assert ratios["input_throughput_on_over_off_per_repeat"] == [
+            a / b for a, b in zip(off["seconds"], on["seconds"])
+        ]  # fmt: skip
+        assert ratios["mean_ttft_off_over_on_per_repeat"] == [
+            a / b for a, b in zip(off["mean_ttft_s"], on["mean_ttft_s"])
+        ]  # fmt: skip
 
 
 def test_cli_cudagraph_mode_flag_runs_emulated_graphs(tiny_model_dirs):
