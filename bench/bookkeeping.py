@@ -24,10 +24,11 @@ quick; the bookkeeping runs exactly as with a real model), and ``tiny_wide`` and
 wide twin the script splits the bookkeeping of a step, in total and part by part, into a
 part that grows with the running requests and one that does not: with ``B(R)`` the median
 bookkeeping per step at R requests, ``marginal = (B(wide) - B(R)) / (wide - R)`` per
-request and ``per_step = B(R) - R * marginal``. At R = 32 the per-step part, divided by R,
-is about a third of the figure per request. The real forward makes both parts larger than
-the stub does (its tensors evict the bookkeeping's objects from the CPU caches between
-steps), so the ``tiny`` figures are the ones the goal is read against.
+request and ``per_step = B(R) - R * marginal``. For the stub at R = 32 the per-step part,
+divided by R, is about a third of the figure per request. The same Python costs more after
+a real forward than after the stub's (a stub that swept 32 MB of memory between steps rose
+from 10 to 14 us per request), and the real figure moves with the machine more than the
+stub's, so ``tiny`` is the figure the goal is read against and ``stub`` the steadier one.
 
 Run: ``python3 bench/bookkeeping.py`` (under a minute on a quiet machine) writes
 ``bench/results/bookkeeping.json``; ``--quick`` runs a few short requests (the test suite

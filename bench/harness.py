@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts (``cpu_throughput.py``, ``prefix_caching.py``).
+"""Helpers shared by the benchmark scripts.
 
 Not a benchmark itself: the CPU model's shape and the folder it is written to, the thread
 setting, what is recorded about the machine and the engine, the prefix-cache counters, and
