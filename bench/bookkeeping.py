@@ -30,7 +30,12 @@ a real forward than after the stub's (a stub that swept 32 MB of memory between 
 from 10 to 14 us per request), and the real figure moves with the machine more than the
 stub's, so ``tiny`` is the figure the goal is read against and ``stub`` the steadier one.
 
-Run: ``python3 bench/bookkeeping.py`` (under a minute on a quiet machine) writes
+Each case runs ``--repeats`` times (3), the cases interleaved and their order reversed
+every other round; the run with the median figure counts, and every run's figure is kept
+beside it (``runs_bookkeeping_us_per_req_step``): the real-forward figure moves by half
+between runs minutes apart on this machine.
+
+Run: ``python3 bench/bookkeeping.py`` (about a minute on a quiet machine) writes
 ``bench/results/bookkeeping.json``; ``--quick`` runs a few short requests (the test suite
 runs it; its timings mean nothing). ``torch.set_num_threads`` is ``--threads`` (1).
 """
@@ -169,6 +174,14 @@ def run_case(folder: Path, num_reqs: int, max_tokens: int, stub: bool, seed: int
     }
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run whose figure per request is the median of ``runs`` (the upper middle of an
+    even count), with every run's figure beside it."""
+    ordered = sorted(runs, key=lambda run: run["bookkeeping_us_per_req_step"])
+    chosen = ordered[len(ordered) // 2]
+    return {**chosen, "runs_bookkeeping_us_per_req_step": [run["bookkeeping_us_per_req_step"] for run in runs]}
+
+
 def split_costs(narrow: dict, wide: dict) -> dict:
     """Bookkeeping per step at two request counts, as ``marginal`` us per running request plus
     ``per_step`` us (the module header), in total and for each part of the step."""
@@ -195,21 +208,29 @@ def main() -> None:
     parser.add_argument(
         "--cases", default="tiny,stub,tiny_wide,stub_wide", help="comma-separated subset of tiny,stub,tiny_wide,stub_wide"
     )
-    parser.add_argument("--quick", action="store_true", help="4 requests of 40 tokens (8 wide): checks the script runs")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of every case, interleaved; the median run counts (3; --quick 1)"
+    )
+    parser.add_argument("--quick", action="store_true", help="4 requests of 40 tokens (8 wide), 1 run: checks the script runs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "bookkeeping.json")
     args = parser.parse_args()
     if args.quick:
         args.num_reqs, args.max_tokens, args.stub_tokens, args.wide_reqs = 4, 40, 40, 8
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         longest = max(args.max_tokens, args.stub_tokens)
         folder = build_tiny_model(Path(tmp) / "tiny", max_position_embeddings=64 + longest)
-        cases = {}
-        for name in args.cases.split(","):
-            stub, wide = name.startswith("stub"), name.endswith("_wide")
-            cases[name] = run_case(
-                folder, args.wide_reqs if wide else args.num_reqs, args.stub_tokens if stub else args.max_tokens, stub
-            )
+        names = args.cases.split(",")
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for repeat in range(args.repeats):  # interleaved, the order reversed every other round
+            for name in names if repeat % 2 == 0 else reversed(names):
+                stub, wide = name.startswith("stub"), name.endswith("_wide")
+                runs[name].append(run_case(
+                    folder, args.wide_reqs if wide else args.num_reqs, args.stub_tokens if stub else args.max_tokens, stub
+                ))  # fmt: skip
+    cases = {name: median_run(rs) for name, rs in runs.items()}
     splits = {
         narrow: split_costs(cases[narrow], cases[f"{narrow}_wide"])
         for narrow in ("tiny", "stub")
@@ -221,7 +242,8 @@ def main() -> None:
             f"(first tenth {case['bookkeeping_us_per_req_step_first_tenth']:.1f} at "
             f"{case['blocks_per_request_first_tenth']:.1f} blocks/request, last tenth "
             f"{case['bookkeeping_us_per_req_step_last_tenth']:.1f} at {case['blocks_per_request_last_tenth']:.1f}); "
-            f"model + sampling {case['model_and_sampling_us_per_req_step']:.1f} us"
+            f"model + sampling {case['model_and_sampling_us_per_req_step']:.1f} us; "
+            f"runs {', '.join(f'{x:.1f}' for x in case['runs_bookkeeping_us_per_req_step'])}"
         )
         print("   " + ", ".join(f"{k} {v:.1f}" for k, v in case["parts_us_per_req_step"].items()))
     for name, split in splits.items():
@@ -234,6 +256,7 @@ def main() -> None:
         "benchmark": "bookkeeping",
         "quick": args.quick,
         "threads": args.threads,
+        "repeats": args.repeats,
         "block_size": BLOCK_SIZE,
         "goal": "bookkeeping_us_per_req_step <= 10, flat from the first to the last tenth",
         "cases": cases,

@@ -51,10 +51,22 @@ def test_bookkeeping_quick_reports_per_request_figures(tmp_path):
     assert record["quick"] is True and record["threads"] == 1
     case = record["cases"]["stub"]
     assert case["stub_forward"] is True and case["decode_steps_timed"] > 0
+    assert record["repeats"] == 1 and case["runs_bookkeeping_us_per_req_step"] == [case["bookkeeping_us_per_req_step"]]
     assert case["bookkeeping_us_per_req_step"] > 0
     assert set(case["parts_us_per_req_step"]) == {
         "schedule", "update_states", "execute_model_other", "update_from_output", "engine_other",
     }  # fmt: skip
+
+
+def test_bookkeeping_counts_the_median_of_its_runs(tmp_path):
+    """--repeats 3: every case runs three times and the record is the median run's."""
+    out = tmp_path / "bookkeeping.json"
+    result = _run("bookkeeping.py", "--cases", "stub", "--repeats", "3", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    case = record["cases"]["stub"]
+    assert record["repeats"] == 3 and len(case["runs_bookkeeping_us_per_req_step"]) == 3
+    assert case["bookkeeping_us_per_req_step"] == sorted(case["runs_bookkeeping_us_per_req_step"])[1]
 
 
 def test_bookkeeping_quick_splits_per_request_and_per_step_costs(tmp_path):
