@@ -30,7 +30,6 @@ nothing).
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import sys
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, build_cpu_model, machine_info, median, set_threads, versions, write_json  # noqa: E402
+from harness import ROOT, build_cpu_model, median, run_header, set_threads, write_json  # noqa: E402
 from prefix_caching import make_prompts, run_engine  # noqa: E402
 
 from tinyvllm import LLM  # noqa: E402
@@ -131,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "benchmark": "cascade",
         "dry_run": args.dry_run,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/cascade.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": machine_info("cpu"),
-        "versions": versions(),
+        **run_header("cascade.py", argv),
         "engine": {**common, "cascade_min_saved_keys": {k: str(v) for k, v in BOUNDS.items()}},
         "workloads": workloads,
         "repeats": repeats,

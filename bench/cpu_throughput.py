@@ -42,7 +42,6 @@ writes ``cpu_throughput-dry.json`` / ``cpu_throughput-quick.json`` unless told o
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import random
 import sys
@@ -57,13 +56,12 @@ from harness import (  # noqa: E402
     ROOT,
     build_cpu_model,
     engine_config,
-    machine_info,
     median,
     num_params,
     prefix_counters,
+    run_header,
     set_threads,
     timed,
-    versions,
     write_json,
 )
 
@@ -321,10 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "cpu_throughput",
         "mode": mode,
         "dry_run": args.dry_run,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/cpu_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": machine_info(),
-        "versions": versions(),
+        **run_header("cpu_throughput.py", argv),
         "model": {"family": "qwen3", "config": "tiny test model (tinyvllm.models.tiny)" if args.dry_run else CPU_MODEL,
                   "dtype": "float32", "params": params},  # fmt: skip
         "engine": engines,

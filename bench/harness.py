@@ -7,6 +7,7 @@ the JSON record every script writes (``write_json``).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -60,6 +61,17 @@ def num_params(folder: Path) -> int:
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         return sum(f.get_tensor(name).numel() for name in f.keys())
+
+
+def run_header(script: str, argv: list[str] | None, device: str = "cpu") -> dict:
+    """What every record says about its run: when, the command (``argv`` as ``main`` got it,
+    None for the command line), the machine and the versions."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"python bench/{script} " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": machine_info(device),
+        "versions": versions(),
+    }
 
 
 def write_json(out: Path, record: dict) -> Path:

@@ -45,7 +45,6 @@ Writes ``bench/results/prefix_caching.json`` (``prefix_caching-gpu.json`` with `
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import random
@@ -62,12 +61,11 @@ from harness import (  # noqa: E402
     ROOT,
     build_cpu_model,
     engine_config,
-    machine_info,
     median,
     num_params,
     prefix_counters,
+    run_header,
     set_threads,
-    versions,
     write_json,
 )
 
@@ -248,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "prefix_caching",
         "mode": mode,
         "dry_run": args.dry_run,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/prefix_caching.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": machine_info(device),
-        "versions": versions(),
+        **run_header("prefix_caching.py", argv, device),
         "model": {"family": "qwen3", "config": {"dry": "tiny test model (tinyvllm.models.tiny)", "cpu": CPU_MODEL,
                   "gpu": "Qwen3-0.6B shape (bench/throughput.py QWEN3_0_6B)"}[mode],
                   "dtype": "bfloat16" if mode == "gpu" else "float32", "params": params},  # fmt: skip

@@ -119,6 +119,20 @@ def test_prefix_caching_bench_dry_run(tmp_path):
         ]  # fmt: skip
 
 
+def test_cpu_profile_dry_run_splits_the_whole_run_into_its_parts(tmp_path):
+    """bench/cpu_profile.py --dry-run: the parts add up to the run, the forward's own parts
+    were all hooked (the tiny model runs the torch backend's plan too); timings mean nothing."""
+    result = run_bench("cpu_profile.py", tmp_path / "profile.json")
+    assert result["dry_run"] is True and result["engine"]["attention_backend"] == "torch"
+    run = result["threads"]["1"]
+    assert set(run["parts_s"]) == set(result["parts"])
+    assert abs(sum(run["parts_s"].values()) - run["seconds"]) < 1e-9 * max(1.0, run["seconds"])
+    assert abs(sum(run["shares"].values()) - 1) < 1e-9
+    for part in ("attention", "kv_write", "attention_plan", "forward_other", "lm_head", "sampler", "bookkeeping"):
+        assert run["parts_s"][part] > 0, part
+    assert run["total_tokens"] > 0 and run["tok_per_s"] == run["total_tokens"] / run["seconds"]
+
+
 def test_cli_cudagraph_mode_flag_runs_emulated_graphs(tiny_model_dirs):
     cmd = [sys.executable, "-m", "tinyvllm", "generate", "--model", str(tiny_model_dirs["qwen3"]),
            "--prompt", "def add(a, b):", "--max-tokens", "3", "--device", "cpu", "--max-model-len", "64",
