@@ -36,8 +36,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, build_cpu_model, median, run_header, set_threads, write_json  # noqa: E402
 from prefix_caching import make_prompts, run_engine  # noqa: E402
