@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import write_json  # noqa: E402
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, write_json  # noqa: E402
+
 FULL = dict(
     num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="bfloat16",
     decode_batches=[1, 4, 16, 64, 256], decode_contexts=[512, 2048, 8192],

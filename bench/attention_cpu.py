@@ -44,10 +44,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import write_json  # noqa: E402
-from tinyvllm.attention import reference, torch_sdpa
+from harness import ROOT, write_json  # noqa: E402
+from tinyvllm.attention import reference, torch_sdpa  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(
     num_heads=8, num_kv_heads=4, head_size=64, block_size=16, context=(224, 288),
     decode_batches=[1, 8, 32, 128], mixed=dict(decodes=16, prompts=2, prompt_len=64, chunk=64, chunk_context=256),

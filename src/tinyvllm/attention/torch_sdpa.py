@@ -68,8 +68,9 @@ its own, a fixed cost of a few small ops. On 32 decodes of lengths 40 to 384 (on
 one thread) a ratio of 1/2 made 3 groups and was 1.2 times faster than one group; 4/5 made
 6 and was 1.7 times faster; 9/10 and 19/20 (11 and 17 groups) were no faster.
 NOTE 6 (a plan per step): ``plan_step`` reads ``query_start_loc`` and ``seq_lens`` on the
-host once and builds every group's query rows, slot indices and mask, and every prefill's
-block ids, as a frozen ``StepPlan``. ``paged_attention`` makes one itself when it is not
+host once and builds every group's query rows, slot indices and mask (for a group split
+by NOTE 7, also as the additive bias its flash kernel takes), and every prefill's block
+ids, as a frozen ``StepPlan``. ``paged_attention`` makes one itself when it is not
 given one, so the function alone keeps the reference's signature; the model makes it once
 per forward through ``AttentionBackend.plan_step`` and passes it to each layer. Over 8
 layers of 32 decodes (one thread) that was 1.05 to 1.7 times faster than planning in every
@@ -281,6 +282,8 @@ class DecodeGroup:
     # NOTE 7: the blocks of a prefix all G requests share, attended once; the fields above
     # then cover each request's keys after it (its length minus P), and width L is theirs.
     prefix_blocks: torch.Tensor | None = None  # [P / S] int64
+    # With prefix_blocks and a mask: the mask as the flash kernel takes it, made once per step.
+    bias: torch.Tensor | None = None  # [G, 1, 1, L] float32, 0 for a real key, -inf elsewhere
 
 
 @dataclass(frozen=True)
@@ -341,7 +344,10 @@ def plan_step(
         stale = None if keep is None else stale_positions(keep)
         rows = torch.tensor([starts[r] for r in members], device=device)  # [G]
         prefix = table[0, :num_shared].long() if num_shared else None  # [P / S]
-        groups.append(DecodeGroup(rows, blocks.flatten(), stale, mask, width, prefix))
+        bias = None  # [G, 1, 1, L]: the flash kernel takes an additive mask, not a boolean one
+        if prefix is not None and mask is not None:
+            bias = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
+        groups.append(DecodeGroup(rows, blocks.flatten(), stale, mask, width, prefix, bias))
     prefills = tuple(
         PrefillPart(starts[r], starts[r + 1], block_table[r, : cdiv(lens[r], block_size)], lens[r])
         for r in range(num_reqs)
@@ -403,10 +409,7 @@ def cascade_decode(
     out_p = out_p.view(num_kv_heads, num_reqs, per_kv, head_size).transpose(0, 1)  # [G, Hkv, per_kv, D]
     lse_p = lse_p.view(num_kv_heads, num_reqs, per_kv).transpose(0, 1)  # [G, Hkv, per_kv]
     # Part 2: each request over its own keys after the prefix, as a group without one.
-    bias = None  # [G, 1, 1, L] float: the flash kernel takes an additive mask, not a boolean one
-    if group.mask is not None:
-        bias = torch.zeros(group.mask.shape, device=query.device).masked_fill_(~group.mask, float("-inf"))
-    out_s, lse_s = attention_with_lse(q, k, v, scale, bias)  # [G, Hkv, per_kv, D], [G, Hkv, per_kv]
+    out_s, lse_s = attention_with_lse(q, k, v, scale, group.bias)  # [G, Hkv, per_kv, D], [G, Hkv, per_kv]
     return merge_attention(out_p, lse_p, out_s, lse_s).reshape(num_reqs, num_heads, head_size)
 # --8<-- [end:decode]
 # --8<-- [start:prefill]
