@@ -17,18 +17,23 @@ bookkeeping into scheduling, the runner's ``_update_states``, the rest of
 median over steps of bookkeeping / running requests, over all decode steps and over the
 first and the last tenth of them (when requests hold the fewest and the most blocks).
 
-Four cases: ``tiny`` (the real forward), ``stub`` (``--stub-tokens`` long outputs with
+Five cases: ``tiny`` (the real forward), ``stub`` (``--stub-tokens`` long outputs with
 the forward replaced by one that returns zeros: no attention cost, so long contexts stay
-quick; the bookkeeping runs exactly as with a real model), and ``tiny_wide`` and
+quick; the bookkeeping runs exactly as with a real model), ``stub_sweep`` (the stub, with
+``tiny``'s output length, whose forward first rewrites a ``--sweep-mb`` buffer, 32 MiB by
+default: the order of what a real decode step of the tiny model moves, whose attention reads
+every request's keys and values from the cache and gathers them into a padded copy, about
+20 MB at 32 requests of 300 tokens), and ``tiny_wide`` and
 ``stub_wide``, the same with ``--wide-reqs`` requests (128). From each narrow case and its
 wide twin the script splits the bookkeeping of a step, in total and part by part, into a
 part that grows with the running requests and one that does not: with ``B(R)`` the median
 bookkeeping per step at R requests, ``marginal = (B(wide) - B(R)) / (wide - R)`` per
 request and ``per_step = B(R) - R * marginal``. For the stub at R = 32 the per-step part,
-divided by R, is about a third of the figure per request. The same Python costs more after
-a real forward than after the stub's (a stub that swept 32 MB of memory between steps rose
-from 10 to 14 us per request), and the real figure moves with the machine more than the
-stub's, so ``tiny`` is the figure the goal is read against and ``stub`` the steadier one.
+divided by R, is about a third of the figure per request. ``stub_sweep`` runs the same
+Python as ``stub`` and differs only in what the forward did to the memory caches; where it
+lands near ``tiny``, memory traffic between steps is enough to explain why the same code
+costs more after a real forward. The real figure moves with the machine more than the
+stub's; ``tiny`` is the figure the goal is read against and ``stub`` the steadier one.
 
 Each case runs ``--repeats`` times (3), the cases interleaved and their order reversed
 every other round; the run with the median figure counts, and every run's figure is kept
@@ -49,7 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -63,6 +68,7 @@ from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.models.tiny import build_tiny_model  # noqa: E402
 
 BLOCK_SIZE = 16
+CASES = ("tiny", "stub", "stub_sweep", "tiny_wide", "stub_wide")
 
 
 class StepClock:
@@ -86,32 +92,49 @@ class StepClock:
         return parts
 
 
-def instrument(llm: LLM, clock: StepClock, stub: bool) -> None:
-    """Hook the parts of a step; with ``stub`` the forward returns zeros of the right shape."""
+def instrument(llm: LLM, clock: StepClock, stub: bool, sweep_mb: int = 0) -> Counter:
+    """Hook the parts of a step; with ``stub`` the forward returns zeros of the right shape,
+    and with ``sweep_mb`` it first adds 1 to every float of a buffer that large (inside the
+    forward's clock). Returns the counts of forward calls and sweeps, kept up to date."""
+    if sweep_mb and not stub:
+        raise ValueError(f"sweep_mb = {sweep_mb} needs the stub forward")
     engine, runner = llm.engine, llm.engine.model_runner
     model = runner.model
     hidden_size = llm.spec.hidden_size
+    counts: Counter = Counter(forward_calls=0, sweeps=0)
+    sweep = torch.zeros(sweep_mb * 2**20 // 4)  # [sweep_mb MiB of float32]
     if stub:
 
         def forward(input_ids, positions, kv_caches, attn_metadata):
+            counts["forward_calls"] += 1
+            if sweep_mb:
+                sweep.add_(1.0)  # reads and writes every cache line of the buffer
+                counts["sweeps"] += 1
             return torch.zeros(input_ids.shape[0], hidden_size)
 
         model.forward = clock.wrap("forward", forward)
     else:
-        model.forward = clock.wrap("forward", model.forward)
+        real_forward = model.forward
+
+        def forward(*args, **kwargs):
+            counts["forward_calls"] += 1
+            return real_forward(*args, **kwargs)
+
+        model.forward = clock.wrap("forward", forward)
     model.compute_logits = clock.wrap("logits", model.compute_logits)
     runner.sampler = clock.wrap("sample", runner.sampler)
     runner._update_states = clock.wrap("update_states", runner._update_states)
     runner.execute_model = clock.wrap("execute_model", runner.execute_model)
     engine.scheduler.schedule = clock.wrap("schedule", engine.scheduler.schedule)
     engine.scheduler.update_from_output = clock.wrap("update_from_output", engine.scheduler.update_from_output)
+    return counts
 
 
-def run_case(folder: Path, num_reqs: int, max_tokens: int, stub: bool, seed: int = 0) -> dict:
+def run_case(folder: Path, num_reqs: int, max_tokens: int, stub: bool, sweep_mb: int = 0, seed: int = 0) -> dict:
     max_model_len = 64 + max_tokens
     llm = LLM(str(folder), device="cpu", max_model_len=max_model_len, block_size=BLOCK_SIZE, seed=seed)
     clock = StepClock()
-    instrument(llm, clock, stub)
+    counts = instrument(llm, clock, stub, sweep_mb)
     engine = llm.engine
     rng = random.Random(seed)
     params = SamplingParams(temperature=0.6, max_tokens=max_tokens, ignore_eos=True)
@@ -162,6 +185,8 @@ def run_case(folder: Path, num_reqs: int, max_tokens: int, stub: bool, seed: int
         "num_reqs": num_reqs,
         "max_tokens": max_tokens,
         "stub_forward": stub,
+        "sweep_mb": sweep_mb,
+        **counts,  # forward_calls and sweeps over the whole run, prefill included
         "decode_steps_timed": len(full),
         "bookkeeping_us_per_step": statistics.median(s["bookkeeping_s"] for s in full) * 1e6,
         "bookkeeping_us_per_req_step": us_per_req(full),
@@ -205,8 +230,11 @@ def main() -> None:
     parser.add_argument("--stub-tokens", type=int, default=2048, help="output length of the stub case")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--wide-reqs", type=int, default=128, help="requests of the *_wide cases")
+    parser.add_argument("--sweep-mb", type=int, default=32, help="MiB the stub_sweep case's forward rewrites")
     parser.add_argument(
-        "--cases", default="tiny,stub,tiny_wide,stub_wide", help="comma-separated subset of tiny,stub,tiny_wide,stub_wide"
+        "--cases",
+        default=",".join(CASES),
+        help=f"comma-separated subset of {','.join(CASES)}",
     )
     parser.add_argument(
         "--repeats", type=int, default=None, help="runs of every case, interleaved; the median run counts (3; --quick 1)"
@@ -223,12 +251,16 @@ def main() -> None:
         longest = max(args.max_tokens, args.stub_tokens)
         folder = build_tiny_model(Path(tmp) / "tiny", max_position_embeddings=64 + longest)
         names = args.cases.split(",")
+        unknown = sorted(set(names) - set(CASES))
+        if unknown:
+            parser.error(f"unknown cases {unknown}: choose from {','.join(CASES)}")
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for repeat in range(args.repeats):  # interleaved, the order reversed every other round
             for name in names if repeat % 2 == 0 else reversed(names):
-                stub, wide = name.startswith("stub"), name.endswith("_wide")
+                stub, wide, swept = name.startswith("stub"), name.endswith("_wide"), name == "stub_sweep"
+                max_tokens = args.stub_tokens if stub and not swept else args.max_tokens  # stub_sweep: the tiny length
                 runs[name].append(run_case(
-                    folder, args.wide_reqs if wide else args.num_reqs, args.stub_tokens if stub else args.max_tokens, stub
+                    folder, args.wide_reqs if wide else args.num_reqs, max_tokens, stub, args.sweep_mb if swept else 0
                 ))  # fmt: skip
     cases = {name: median_run(rs) for name, rs in runs.items()}
     splits = {
@@ -258,6 +290,7 @@ def main() -> None:
         "threads": args.threads,
         "repeats": args.repeats,
         "block_size": BLOCK_SIZE,
+        "sweep_mb": args.sweep_mb,
         "goal": "bookkeeping_us_per_req_step <= 10, flat from the first to the last tenth",
         "cases": cases,
         "split_per_request_and_per_step": splits.get("tiny"),

@@ -58,6 +58,21 @@ def test_bookkeeping_quick_reports_per_request_figures(tmp_path):
     }  # fmt: skip
 
 
+def test_bookkeeping_stub_sweep_case_sweeps_in_every_forward(tmp_path):
+    """stub_sweep: the stub forward also rewrites a --sweep-mb buffer, every call; the plain
+    stub never does. Timings mean nothing here."""
+    out = tmp_path / "bookkeeping.json"
+    result = _run("bookkeeping.py", "--cases", "stub,stub_sweep", "--sweep-mb", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["sweep_mb"] == 2
+    stub, swept = record["cases"]["stub"], record["cases"]["stub_sweep"]
+    assert stub["stub_forward"] and swept["stub_forward"]
+    assert stub["sweep_mb"] == 0 and swept["sweep_mb"] == 2
+    assert swept["sweeps"] == swept["forward_calls"] > 0 and stub["sweeps"] == 0
+    assert "stub_sweep: bookkeeping" in result.stdout
+
+
 def test_bookkeeping_counts_the_median_of_its_runs(tmp_path):
     """--repeats 3: every case runs three times and the record is the median run's."""
     out = tmp_path / "bookkeeping.json"
