@@ -131,6 +131,12 @@ def test_cpu_profile_dry_run_splits_the_whole_run_into_its_parts(tmp_path):
     for part in ("attention", "kv_write", "attention_plan", "forward_other", "lm_head", "sampler", "bookkeeping"):
         assert run["parts_s"][part] > 0, part
     assert run["total_tokens"] > 0 and run["tok_per_s"] == run["total_tokens"] / run["seconds"]
+    # Decode steps: every running request gets one token per step, so the requests of the
+    # decode steps add up to the outputs less the one each request got from its prefill.
+    decode = run["decode_steps"]
+    assert decode["request_steps"] == run["output_tokens"] - result["workload"]["num_seqs"]
+    assert 0 < decode["steps_all_running"] <= decode["steps"]
+    assert decode["bookkeeping_us_per_req_step"] > 0 and decode["bookkeeping_us_per_req_step_all_running"] > 0
 
 
 def test_cli_cudagraph_mode_flag_runs_emulated_graphs(tiny_model_dirs):
