@@ -18,10 +18,10 @@ How: hooks wrap each part and add up its wall time over one ``LLM.generate`` of 
 workload, after a warm-up run of the same workload on other prompts; the parts are
 reported in seconds and as shares of the run. A hook on the engine's step also times the
 bookkeeping of each step that only decodes and reports it per running request
-(``decode_steps``): the median over those steps, and over the ones in which all 32
-requests still run, the measure of ``bookkeeping.py`` on this workload's model. One run per thread count (``--threads``,
-default 1 and 2): a profile, not a ratio, so one run is what it is; the ratios against
-transformers are ``cpu_throughput.py``'s.
+(``decode_steps``): the median over those steps, and over the ones in which all the
+workload's requests still run (``bookkeeping.py``'s measure, on this workload's model).
+One run per thread count (``--threads``, default 1 and 2): a profile, not a ratio, so one
+run is what it is; the ratios against transformers are ``cpu_throughput.py``'s.
 
 Run: ``python3 bench/cpu_profile.py`` (about a minute) writes
 ``bench/results/cpu_profile.json``; ``--dry-run`` uses the tiny test model and workload
