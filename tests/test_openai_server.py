@@ -315,7 +315,8 @@ def test_non_streamed_client_disconnect_aborts_too(server, monkeypatch):
 
 
 def test_metrics_use_vllm_names(server, client):
-    client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
+    for _ in range(2):  # the second finds the first's prompt blocks in the prefix cache
+        client.completions.create(model=NAME, prompt=PROMPT, max_tokens=3, temperature=0)
     m = metrics(server[0])
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
