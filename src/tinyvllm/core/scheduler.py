@@ -212,7 +212,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         token_budget = config.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
+        new_block_ids: dict[str, tuple[int, ...]] = {}
         start_tokens: dict[str, int] = {}
         new_reqs: list[Request] = []
         resumed_reqs: list[Request] = []
@@ -235,7 +235,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             running_reqs.append(request)
-            new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            new_block_ids[request.request_id] = tuple(b.block_id for b in new_blocks) if new_blocks else ()
             num_scheduled[request.request_id] = num_new
             start_tokens[request.request_id] = request.num_computed_tokens
             token_budget -= num_new
@@ -261,7 +261,7 @@ class Scheduler:
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
-            new_block_ids[request.request_id] = kv.get_block_ids(request.request_id)
+            new_block_ids[request.request_id] = tuple(kv.get_block_ids(request.request_id))
             num_scheduled[request.request_id] = num_new
             start_tokens[request.request_id] = num_hit_tokens
             token_budget -= num_new
@@ -273,7 +273,7 @@ class Scheduler:
                     req_id=r.request_id,
                     prompt_token_ids=tuple(r.prompt_token_ids),
                     sampling_params=r.sampling_params,
-                    block_ids=tuple(new_block_ids[r.request_id]),
+                    block_ids=new_block_ids[r.request_id],
                     num_computed_tokens=start_tokens[r.request_id],
                 )
                 for r in new_reqs
@@ -282,7 +282,7 @@ class Scheduler:
                 CachedRequestData(
                     req_id=r.request_id,
                     resumed_from_preemption=resumed,
-                    new_block_ids=tuple(new_block_ids[r.request_id]),
+                    new_block_ids=new_block_ids[r.request_id],
                     num_computed_tokens=start_tokens[r.request_id],
                     resumed_token_ids=tuple(r.all_token_ids) if resumed else None,
                 )
@@ -320,12 +320,13 @@ class Scheduler:
             if request.num_computed_tokens < request.num_tokens:
                 sampled = []  # a partial prefill produces no token (NOTE 2)
             new_token_ids: list[int] = []
+            finished = False  # a request still in self.requests has not finished yet
             for token in sampled:
                 request.append_output_token_ids(token)
                 new_token_ids.append(token)
-                if check_stop(request, self.max_model_len):
+                finished = check_stop(request, self.max_model_len)
+                if finished:
                     break
-            finished = request.is_finished
             if finished:
                 self.running.remove(request)
                 self._free_request(request)
