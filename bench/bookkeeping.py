@@ -59,11 +59,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import machine_info, versions, write_json  # noqa: E402
+from harness import ROOT, machine_info, versions, write_json  # noqa: E402  (it puts src/ on the path)
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.models.tiny import build_tiny_model  # noqa: E402
 

@@ -37,11 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import machine_info, versions, write_json  # noqa: E402
+from harness import ROOT, machine_info, versions, write_json  # noqa: E402  (it puts src/ on the path)
 from tinyvllm.core.prefix_hash import (  # noqa: E402
     BlockHash,
     append_block_hashes,

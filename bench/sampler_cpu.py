@@ -28,11 +28,8 @@ from unittest import mock
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import machine_info, versions, write_json  # noqa: E402
+from harness import ROOT, machine_info, versions, write_json  # noqa: E402  (it puts src/ on the path)
 from tinyvllm.sample import sampler as sampler_module  # noqa: E402
 from tinyvllm.sample.logits_processors import LogitsProcessors  # noqa: E402
 from tinyvllm.sample.metadata import SamplingMetadata  # noqa: E402

@@ -261,7 +261,6 @@ def main() -> None:
     write_json(out, record)
     for rate, ratio in record["ratios"]["serving_over_offline_output_throughput"].items():
         print(f"serving / offline output tok/s at rate {rate}: {ratio:.2f}")
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

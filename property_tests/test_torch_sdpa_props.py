@@ -4,8 +4,9 @@ A drawn batch: a GQA ratio, a block size, 1-6 requests each with a drawn query l
 (0, 1 for a decode, or more for a prefill or a chunk of one) and context before it, a
 drawn number of leading blocks shared by every request longer than them (a cached
 prefix), a block pool shuffled by a drawn permutation, block-table entries past a
-request's own blocks drawn from the whole pool, and padding rows. Unused cache slots are filled with a
-drawn "garbage" value (NaN, or huge finite values), so reading one shows in the result.
+request's own blocks drawn from the whole pool, and padding rows. Unused cache slots are
+filled with a drawn "garbage" value (NaN, or huge finite values), so reading one shows in
+the result.
 """
 
 import pytest
