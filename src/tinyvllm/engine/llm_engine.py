@@ -123,12 +123,24 @@ class LLMEngine:
         )
     # --8<-- [end:add_request]
 
-    def abort_request(self, request_ids: str | list[str]) -> None:
-        """Stop requests now and free their blocks; they produce no output."""
+    # --8<-- [start:abort_request]
+    def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        """Stop requests now and free their blocks. Returns the final output of each one that
+        was unfinished (``finished=True``, ``finish_reason="abort"``, the text of the tokens it
+        got), so that whoever waits on it can end; unknown and finished ids are ignored."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        now = time.perf_counter()
+        outputs = []
         for rid in ids:
-            self._tracked.pop(rid, None)
+            tracked = self._tracked.pop(rid, None)
+            if tracked is None:
+                continue
+            if tracked.detokenizer is not None:
+                tracked.detokenizer.finish()
+            outputs.append(self._make_output(rid, tracked, "abort", None, now))
+        return outputs
+    # --8<-- [end:abort_request]
 
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:

@@ -44,6 +44,13 @@ max_num_seqs)``) dummy requests of zero tokens of context, all KV writes to
 NOTE 6 (a seeded request's stream): its ``torch.Generator`` lives in its
 ``RunnerRequestState`` and enters the batch with it every time, so preemption, skipped
 steps and chunking never restart it: the same seed gives the same tokens whatever else runs.
+NOTE 7 (a finished id leaves the batch before the step's new requests arrive): a client
+may use a request id again once its request has finished or been aborted, and the new
+request can be scheduled in the very step that reports the old one as finished. Were the
+old row left in the batch until the removal pass (which keeps every id the step
+schedules), the new request would run on it, with the old sampling parameters, generator
+and block table. So a finished id leaves both ``self.requests`` and the batch first, as in
+vLLM's ``_update_states``.
 """
 
 from __future__ import annotations
@@ -217,8 +224,9 @@ class ModelRunner:
     def _update_states(self, out: SchedulerOutput) -> None:
         batch = self.input_batch
         table = batch.block_table
-        for req_id in out.finished_req_ids:
+        for req_id in out.finished_req_ids:  # NOTE 7: forget a finished id everywhere, first
             self.requests.pop(req_id, None)
+            batch.remove_request(req_id)
         for req_id in list(batch.req_id_to_index):  # removals first (NOTE 1)
             if req_id not in out.num_scheduled_tokens:
                 batch.remove_request(req_id)
