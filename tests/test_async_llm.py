@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.engine.async_llm import AsyncLLM, TooManyWaitingRequestsError
+from tinyvllm.engine.async_llm import AsyncLLM, EngineDeadError, TooManyWaitingRequestsError
 from tinyvllm.sampling_params import RequestOutputKind
 
 ENGINE = dict(device="cpu", max_model_len=96, block_size=4)
@@ -168,3 +168,111 @@ def test_duplicate_request_id_is_refused(folder):
         await engine.shutdown()
 
     asyncio.run(main())
+
+
+# -- issue 23: every consumer ends, ids can be used again, a new event loop works --------
+
+TIMEOUT = 60  # seconds: a consumer left waiting is a failure, not a stuck test run
+
+
+def test_abort_ends_the_consumer_with_a_final_abort_output(folder):
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        engine = AsyncLLM(llm)
+        stream = engine.generate(PROMPTS[2], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "a1")
+        first = await stream.__anext__()
+        await engine.abort("a1")
+        rest = await asyncio.wait_for(_drain(stream), TIMEOUT)
+        await engine.shutdown()
+        return first, rest, used_blocks(llm)
+
+    first, rest, blocks = asyncio.run(main())
+    assert not first.finished and blocks == 0
+    assert rest and rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    assert all(not o.finished for o in rest[:-1])
+
+
+async def _drain(stream) -> list:
+    return [out async for out in stream]
+
+
+def test_shutdown_ends_live_consumers_with_engine_dead_error(folder):
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        engine = AsyncLLM(llm)
+        stream = engine.generate(PROMPTS[0], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "s1")
+        await stream.__anext__()
+        waiting = asyncio.create_task(_drain(stream))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(engine.shutdown(), TIMEOUT)
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(waiting, TIMEOUT)
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(collect(engine, PROMPTS[1], greedy(), "s2"), TIMEOUT)
+        with pytest.raises(EngineDeadError):
+            await engine.abort("s1")
+        return llm
+
+    llm = asyncio.run(main())
+    # the engine is left clean: the shut-down front aborted what it had queued
+    assert not llm.engine.has_unfinished_requests() and used_blocks(llm) == 0
+    assert llm.generate(PROMPTS[0], greedy(), use_tqdm=False)[0].finished  # the LLM serves on
+
+
+def test_a_cancelled_consumer_after_shutdown_raises_nothing_new(folder):
+    async def main():
+        engine = AsyncLLM(LLM(folder, **ENGINE))
+        task = asyncio.create_task(collect(engine, PROMPTS[1], greedy(max_tokens=60), "c1"))
+        while engine.stats.num_running_reqs == 0:
+            await asyncio.sleep(0.005)
+        await engine.shutdown()
+        task.cancel()
+        return (await asyncio.gather(task, return_exceptions=True))[0]
+
+    result = asyncio.run(main())
+    assert isinstance(result, (EngineDeadError, asyncio.CancelledError)), repr(result)
+
+
+def test_the_same_async_llm_serves_a_second_event_loop(folder, expected):
+    llm = LLM(folder, **ENGINE)
+    engine = AsyncLLM(llm)
+    first = asyncio.run(asyncio.wait_for(collect(engine, PROMPTS[0], greedy(), "loop1"), TIMEOUT))
+    second = asyncio.run(asyncio.wait_for(collect(engine, PROMPTS[1], greedy(), "loop2"), TIMEOUT))
+    asyncio.run(engine.shutdown())
+    assert (first[-1].outputs[0].text, second[-1].outputs[0].text) == (expected[0], expected[1])
+
+
+def test_a_request_left_by_a_dead_loop_is_aborted_when_a_new_loop_starts(folder, expected):
+    llm = LLM(folder, **ENGINE)
+    engine = AsyncLLM(llm)
+    loop = asyncio.new_event_loop()
+    stream = engine.generate(PROMPTS[0], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "orphan")
+    loop.run_until_complete(stream.__anext__())
+    loop.close()  # closed without finishing the stream: nobody will ever read "orphan"
+    out = asyncio.run(asyncio.wait_for(collect(engine, PROMPTS[1], greedy(), "next"), TIMEOUT))
+    asyncio.run(engine.shutdown())
+    assert out[-1].outputs[0].text == expected[1]
+    assert not llm.engine.has_unfinished_requests() and used_blocks(llm) == 0
+
+
+def test_an_id_used_again_right_after_its_consumer_closed_gets_only_its_own_outputs(folder, expected):
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        engine = AsyncLLM(llm)
+        results = []
+        for round_ in range(5):  # the old request's step is often in flight when the id comes back
+            stream = engine.generate(
+                PROMPTS[2], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "same"
+            )
+            await stream.__anext__()
+            await stream.__anext__()
+            await stream.aclose()
+            outs = await asyncio.wait_for(
+                collect(engine, PROMPTS[3], greedy(output_kind=RequestOutputKind.DELTA), "same"), TIMEOUT
+            )
+            results.append("".join(o.outputs[0].text for o in outs))
+        await engine.shutdown()
+        return results, used_blocks(llm)
+
+    results, blocks = asyncio.run(main())
+    assert results == [expected[3]] * 5 and blocks == 0

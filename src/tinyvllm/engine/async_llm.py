@@ -12,7 +12,9 @@ core runs in another process and talks over ZeroMQ; here it is a thread and a qu
 
 Invariants: a request id has a queue exactly while its ``generate`` is being iterated;
 a request whose consumer stops early (``break``, a closed stream, a cancelled task) is
-aborted, so its KV blocks go back to the pool within one step.
+aborted, so its KV blocks go back to the pool within one step; every ``generate`` ends:
+with its finished output, the abort output, the failed step's exception, or
+``EngineDeadError``.
 
 NOTE 1 (one worker thread as the command queue): the executor has a single thread and
 runs what it is given in order. While a step runs, adds and aborts wait in its queue and
@@ -27,6 +29,24 @@ awaiting it, because a closing async generator should not wait.
 NOTE 3 (back-pressure): ``add`` refuses a request with ``TooManyWaitingRequestsError``
 when ``max_waiting_requests`` requests already wait in the scheduler, so a flood of
 clients costs a fast error (HTTP 503), not unbounded memory.
+NOTE 4 (outputs are routed in the engine thread): a request id may be used again as soon
+as its consumer has gone, and the old request's step may still be running then. Routing
+by id on the event loop would hand that step's outputs to the new consumer. So the map
+from an engine request to its consumer's queue (``_routes``) lives in the engine thread:
+``_add`` enters the queue once the engine has the request, an abort or a finished output
+removes it, and ``_step`` pairs each output with its queue there, before anything else
+runs. Outputs of the old request go to the old, abandoned queue.
+NOTE 5 (an event loop of its own): the stepping task and its wake-up event belong to the
+loop that created them. ``_start`` makes a new pair when the task is done (an
+``asyncio.run`` returned and cancelled it) or its loop is closed; consumers of a closed
+loop can never read again, so their requests are aborted. A second loop that is still
+open while the first one steps is refused: the engine serves one loop at a time.
+NOTE 6 (shutdown and a dead engine): ``shutdown`` stops the task, aborts in the engine
+thread every request this front added (after any step in flight), stops the thread, and
+ends every live consumer with ``EngineDeadError``; every later call raises it. A bug in
+the stepping task ends the consumers the same way. vLLM's ``AsyncLLM`` raises
+``EngineDeadError`` from ``generate`` when its engine core process dies, and ends an
+aborted request's stream with a last output whose ``finish_reason`` is ``"abort"``.
 """
 
 from __future__ import annotations
@@ -74,10 +94,11 @@ class AsyncLLM:
         self.tokenizer = llm.get_tokenizer()
         self.max_waiting_requests = check_int("max_waiting_requests", max_waiting_requests, 1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinyvllm-engine")  # NOTE 1
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, asyncio.Queue] = {}  # the event loop's side: ids with a live consumer
+        self._routes: dict[str, asyncio.Queue] = {}  # the engine thread's side: engine request -> queue (NOTE 4)
         self._loop_task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
-        self._dead: BaseException | None = None
+        self._dead: BaseException | None = None  # why no request can be served any more (NOTE 6)
         self.stats = self._snapshot()
 
     # --8<-- [start:generate]
@@ -86,8 +107,11 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         """Add the request and yield its outputs (as ``sampling_params.output_kind`` asks) until it finishes.
 
-        Raises what ``LLM.prepare_request`` raises for a bad request, ``ValueError`` for a
-        request id in use, ``TooManyWaitingRequestsError`` past the waiting bound (NOTE 3).
+        It ends after the output with ``finished=True``: the last one of a finished request,
+        or the ``finish_reason="abort"`` one after ``abort(request_id)``. Raises what
+        ``LLM.prepare_request`` raises for a bad request, ``ValueError`` for a request id in
+        use, ``TooManyWaitingRequestsError`` past the waiting bound (NOTE 3), the step's own
+        exception when a step fails, ``EngineDeadError`` after ``shutdown`` (NOTE 6).
         """
         self._start()
         if request_id in self._queues:
@@ -96,7 +120,7 @@ class AsyncLLM:
         self._queues[request_id] = queue
         finished = False
         try:
-            await self.run_in_engine_thread(self._add, prompt, sampling_params, request_id)
+            await self.run_in_engine_thread(self._add, prompt, sampling_params, request_id, queue)
             self._wake.set()
             while not finished:
                 out = await queue.get()
@@ -105,51 +129,70 @@ class AsyncLLM:
                 finished = out.finished
                 yield out
         finally:
-            del self._queues[request_id]
-            if not finished:  # the consumer stopped early, or the add failed (NOTE 2)
-                self._executor.submit(self._abort, request_id)
+            if self._queues.get(request_id) is queue:
+                del self._queues[request_id]
+            if not finished and self._dead is None:  # stopped early, or the add failed (NOTE 2)
+                self._executor.submit(self._abort_route, request_id, queue)
     # --8<-- [end:generate]
 
     async def abort(self, request_id: str) -> None:
-        """Stop a request now and free its blocks; its ``generate`` ends with no more outputs."""
-        await self.run_in_engine_thread(self._abort, request_id)
+        """Stop a request now and free its blocks; its ``generate`` yields a last output with
+        ``finish_reason="abort"`` and ends. An unknown or finished id is ignored."""
+        self._deliver(await self.run_in_engine_thread(self._abort, request_id))
 
     async def run_in_engine_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` in the engine's thread, between two steps (NOTE 1)."""
         if self._dead is not None:
-            raise EngineDeadError(f"the engine stopped: {self._dead!r}") from self._dead
+            raise self._dead_error()
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    # --8<-- [start:shutdown]
     async def shutdown(self) -> None:
-        """Stop the background task and the worker thread."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-        self._executor.shutdown(wait=True)
+        """Stop serving (NOTE 6): the stepping task stops, the requests this front added are
+        aborted (the ``LLM`` is left with none), every live ``generate`` raises
+        ``EngineDeadError``, and so does every later call. Calling it again does nothing."""
+        if self._dead is not None and self._executor is None:
+            return
+        if self._dead is None:
+            self._dead = EngineDeadError("AsyncLLM.shutdown() was called")
+        task, loop = self._loop_task, asyncio.get_running_loop()
+        if task is not None and not task.done() and task.get_loop() is loop:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        executor, self._executor = self._executor, None
+        await loop.run_in_executor(executor, self._abort_all)  # after any step still in flight
+        executor.shutdown(wait=True)
+        self._end_consumers()
+    # --8<-- [end:shutdown]
 
     # -- the background task ---------------------------------------------------------
 
+    # --8<-- [start:start]
     def _start(self) -> None:
-        """Start the stepping task in the running loop, on the first request."""
+        """Make sure the stepping task runs in the running loop (NOTE 5)."""
         if self._dead is not None:
-            raise EngineDeadError(f"the engine stopped: {self._dead!r}") from self._dead
-        if self._loop_task is None:
-            self._wake = asyncio.Event()
-            self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
+            raise self._dead_error()
+        loop = asyncio.get_running_loop()
+        task = self._loop_task
+        if task is not None and not task.done():
+            if task.get_loop() is loop:
+                return
+            if not task.get_loop().is_closed():
+                raise RuntimeError("this AsyncLLM is serving another event loop, which is still open")
+        if self._queues:  # consumers of a loop that is gone can never read again: abort them
+            self._queues.clear()
+            self._executor.submit(self._abort_all)
+        self._wake = asyncio.Event()
+        self._loop_task = loop.create_task(self._run_loop())
+    # --8<-- [end:start]
 
     # --8<-- [start:run_loop]
     async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                outputs, failed, busy = await loop.run_in_executor(self._executor, self._step)
-                for out in outputs:
-                    queue = self._queues.get(out.request_id)
-                    if queue is not None:  # None: its consumer has gone; the abort is on its way
-                        queue.put_nowait(out)
-                for request_id, error in failed.items():
-                    if request_id in self._queues:
-                        self._queues[request_id].put_nowait(error)
+                deliveries, busy = await loop.run_in_executor(self._executor, self._step)
+                self._deliver(deliveries)
                 if not busy:  # nothing to step: sleep until generate() adds a request
                     await self._wake.wait()
                     self._wake.clear()
@@ -157,14 +200,30 @@ class AsyncLLM:
             raise
         except BaseException as error:  # a bug: tell every consumer rather than hang them
             self._dead = error
-            for queue in self._queues.values():
-                queue.put_nowait(EngineDeadError(f"the engine stopped: {error!r}"))
+            self._end_consumers()
             raise
     # --8<-- [end:run_loop]
 
+    @staticmethod
+    def _deliver(deliveries: list[tuple[asyncio.Queue, RequestOutput | BaseException]]) -> None:
+        """Hand outputs to their consumers' queues, on the event loop's thread (NOTE 1)."""
+        for queue, item in deliveries:
+            queue.put_nowait(item)
+
+    def _end_consumers(self) -> None:
+        for queue in self._queues.values():
+            queue.put_nowait(self._dead_error())
+
+    def _dead_error(self) -> EngineDeadError:
+        if isinstance(self._dead, EngineDeadError):
+            return EngineDeadError(*self._dead.args)
+        error = EngineDeadError(f"the engine stopped: {self._dead!r}")
+        error.__cause__ = self._dead
+        return error
+
     # -- what runs in the worker thread (NOTE 1) -------------------------------------
 
-    def _add(self, prompt: str | dict, params: SamplingParams, request_id: str) -> None:
+    def _add(self, prompt: str | dict, params: SamplingParams, request_id: str, queue: asyncio.Queue) -> None:
         waiting = len(self.engine.scheduler.waiting)
         if waiting >= self.max_waiting_requests:  # NOTE 3
             raise TooManyWaitingRequestsError(
@@ -172,24 +231,48 @@ class AsyncLLM:
             )
         text, ids, params, salt = self.llm.prepare_request(0, prompt, params)
         self.engine.add_request(request_id, ids, params, prompt=text, cache_salt=salt)
+        self._routes[request_id] = queue
         self.stats = self._snapshot()
 
-    def _abort(self, request_id: str) -> None:
-        self.engine.abort_request(request_id)
+    def _abort(self, request_id: str) -> list[tuple[asyncio.Queue, RequestOutput]]:
+        """An explicit abort: the consumer gets the request's final output."""
+        queue = self._routes.pop(request_id, None)
+        outputs = self.engine.abort_request(request_id)
+        self.stats = self._snapshot()
+        return [(queue, out) for out in outputs if queue is not None]
+
+    def _abort_route(self, request_id: str, queue: asyncio.Queue) -> None:
+        """A consumer stopped early: abort its request, unless the id now belongs to a newer one."""
+        if self._routes.get(request_id) is queue:
+            del self._routes[request_id]
+            self.engine.abort_request(request_id)
+            self.stats = self._snapshot()
+
+    def _abort_all(self) -> None:
+        self.engine.abort_request(list(self._routes))
+        self._routes.clear()
         self.stats = self._snapshot()
 
-    def _step(self) -> tuple[list[RequestOutput], dict[str, BaseException], bool]:
-        """One engine step: ``(outputs, {failed request id: error}, more to do)``."""
+    # --8<-- [start:step]
+    def _step(self) -> tuple[list[tuple[asyncio.Queue, RequestOutput | BaseException]], bool]:
+        """One engine step: ``([(queue, output or the step's error)], more to do)``."""
         if not self.engine.has_unfinished_requests():
-            return [], {}, False
+            return [], False
         before = self.engine.unfinished_request_ids()
+        deliveries: list[tuple[asyncio.Queue, RequestOutput | BaseException]] = []
         try:
-            outputs = self.engine.step()
-            failed: dict[str, BaseException] = {}
+            for out in self.engine.step():
+                queue = self._routes.pop(out.request_id, None) if out.finished else self._routes.get(out.request_id)
+                if queue is not None:  # None: not added here, or its consumer has gone
+                    deliveries.append((queue, out))
         except Exception as error:  # the engine aborted the step's requests (llm_engine.py NOTE 1)
-            outputs, failed = [], dict.fromkeys(before - self.engine.unfinished_request_ids(), error)
+            for request_id in before - self.engine.unfinished_request_ids():
+                queue = self._routes.pop(request_id, None)
+                if queue is not None:
+                    deliveries.append((queue, error))
         self.stats = self._snapshot()
-        return outputs, failed, self.engine.has_unfinished_requests()
+        return deliveries, self.engine.has_unfinished_requests()
+    # --8<-- [end:step]
 
     def _snapshot(self) -> EngineStats:
         scheduler = self.engine.scheduler
