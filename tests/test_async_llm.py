@@ -276,3 +276,22 @@ def test_an_id_used_again_right_after_its_consumer_closed_gets_only_its_own_outp
 
     results, blocks = asyncio.run(main())
     assert results == [expected[3]] * 5 and blocks == 0
+
+
+def test_a_failed_step_whose_undo_raises_ends_every_consumer_of_the_step(folder, expected):
+    from test_engine_failures import Boom, StubbornProcessor
+
+    async def main():
+        llm = LLM(folder, **ENGINE)
+        llm.engine.model_runner.input_batch.logitsprocs.non_argmax_invariant.insert(0, StubbornProcessor(first=3))
+        engine = AsyncLLM(llm)
+        runs = [collect(engine, PROMPTS[i], greedy(max_tokens=20), f"f{i}") for i in range(2)]
+        results = await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), TIMEOUT)
+        after = await asyncio.wait_for(collect(engine, PROMPTS[4], greedy(), "after"), TIMEOUT)
+        await engine.shutdown()
+        return results, after, llm
+
+    results, after, llm = asyncio.run(main())
+    assert all(isinstance(r, Boom) and "injected fault #3" in str(r) for r in results), results
+    assert after[-1].outputs[0].text == expected[4]
+    assert not llm.engine.has_unfinished_requests() and used_blocks(llm) == 0

@@ -206,3 +206,45 @@ def test_input_batch_reset_empties_every_row_and_the_processors(tiny_model_dirs)
     batch.refresh()
     out = llm.engine.model_runner.sampler(logits, batch.make_sampling_metadata())
     assert out.sampled_token_ids.shape == (1,)  # the processors hold no stale rows
+
+
+class StubbornProcessor(LogitsProcessor):
+    """Raises in ``update_state`` on calls ``first`` and ``first + 1``: in a step's refresh,
+    then again in the failed step's recovery (``InputBatch.reset``)."""
+
+    def __init__(self, first: int, message: str = "injected fault"):
+        self.first, self.calls, self.message, self.rows = first, 0, message, set()
+
+    def apply(self, logits):
+        return logits
+
+    def is_argmax_invariant(self):
+        return False
+
+    def update_state(self, batch_update):
+        self.calls += 1
+        if self.calls in (self.first, self.first + 1):
+            raise Boom(f"{self.message} #{self.calls}")
+
+
+def test_a_recovery_that_raises_again_still_ends_the_steps_requests(tiny_model_dirs, fresh):
+    """The first error is the one raised, with the second attached as a note; every request
+    of the step ends; every other processor still drops its rows; the engine serves on."""
+    llm = make_llm(tiny_model_dirs["qwen3"])
+    engine = llm.engine
+    stubborn = StubbornProcessor(first=2)
+    batch = engine.model_runner.input_batch
+    batch.logitsprocs.non_argmax_invariant.insert(0, stubborn)  # before MinTokens and LogitBias
+    engine.add_request("a", [5, 6, 7], GREEDY)
+    engine.add_request("b", PREFIX[:9], SamplingParams(temperature=0.0, max_tokens=5, min_tokens=3))
+    engine.step()  # update_state call 1: both requests enter the batch
+    with pytest.raises(Boom, match="injected fault #2") as info:
+        engine.step()  # call 2 raises; the recovery's reset makes call 3, which raises too
+    assert any("injected fault #3" in note for note in getattr(info.value, "__notes__", []))
+    assert engine.unfinished_request_ids() == set()
+    assert_clean(llm)
+    min_tokens = next(p for p in batch.logitsprocs.all if type(p).__name__ == "MinTokensLogitsProcessor")
+    assert not min_tokens.min_toks, "MinTokens kept the rows of the failed step"
+    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}], GREEDY, use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == fresh([5, 6, 7])
+    assert_clean(llm)

@@ -31,10 +31,16 @@ the scheduler finishes the request (``finish_requests`` frees its blocks at once
 the output says ``finish_reason="stop"`` and ``stop_reason=<the string>``. While a request
 without ``include_stop_str_in_output`` streams, its last ``len(longest stop) - 1``
 characters are held back: they might be the start of a stop string that must not be sent.
+NOTE 4 (an undo that fails too): the undo runs every part whatever another part raised
+(``try``/``finally``): the scheduler frees the step's requests, the runner empties its
+batch, and the engine forgets them. A second exception on the way (a logits processor
+that raises again when the batch is emptied) is logged and attached to the first as a
+note; the caller gets the first, the one that explains the failure.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +54,8 @@ from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.validation import check_request_against_model, check_token_ids
 from tinyvllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -149,8 +157,8 @@ class LLMEngine:
         try:
             model_output = self.model_runner.execute_model(scheduler_output)
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
-        except BaseException:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
-            self._abort_failed_step(scheduler_output)
+        except BaseException as error:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
+            self._abort_failed_step(scheduler_output, error)
             raise
         now = time.perf_counter()
         outputs = []
@@ -200,12 +208,21 @@ class LLMEngine:
     # --8<-- [end:update_text]
 
     # --8<-- [start:abort_failed_step]
-    def _abort_failed_step(self, scheduler_output: SchedulerOutput) -> None:
-        """NOTE 1: as if the failed step's requests had never been added."""
-        failed = self.scheduler.abort_failed_step(scheduler_output)
-        self.model_runner.recover_from_failed_step(failed)
-        for rid in failed:
-            self._tracked.pop(rid, None)
+    def _abort_failed_step(self, scheduler_output: SchedulerOutput, error: BaseException) -> None:
+        """NOTE 1: as if the failed step's requests had never been added. Never raises: a
+        second error on the way is attached to ``error`` as a note, and every part still runs."""
+        step_ids = list(scheduler_output.num_scheduled_tokens)
+        try:
+            try:
+                self.scheduler.abort_failed_step(scheduler_output)
+            finally:
+                self.model_runner.recover_from_failed_step(step_ids)
+        except BaseException as second:  # the first error is the one the caller gets (NOTE 4)
+            error.add_note(f"tinyvllm: undoing the failed step also raised {second!r}")
+            logger.error("undoing a failed step raised %r (the step raised %r)", second, error)
+        finally:
+            for rid in step_ids:
+                self._tracked.pop(rid, None)
     # --8<-- [end:abort_failed_step]
 
     def has_unfinished_requests(self) -> bool:

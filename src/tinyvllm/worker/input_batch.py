@@ -37,6 +37,11 @@ ten small tensor operations. ``make_sampling_metadata`` keeps the record it buil
 hands it out again until a ``refresh()`` sees a change (an addition, removal, move or
 swap), the only ways its values can change. The record is frozen and its tensors are
 copies, so handing out the same object twice is safe.
+NOTE 6 (every processor hears of every change): ``refresh`` gives the update to every
+processor even when one raises, and raises the first error after. After a failed step
+``reset`` removes every row in one update; a processor that raises there again must not
+keep the others from dropping their rows, or they would apply a finished request's
+masks to whatever request next takes its row.
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
 # --8<-- [end:header]
@@ -225,13 +230,28 @@ class InputBatch:
         batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
         if batch_update is not None:
             self._sampling_metadata = None  # NOTE 5
-        for proc in self.logitsprocs.all:
-            proc.update_state(batch_update)
-        if self.thinking_budget is not None:
-            self.thinking_budget.sync_batch(batch_update)
-            self.thinking_budget.update_state(self.output_token_ids)
+        self._hand_over(batch_update)
         return batch_update
     # --8<-- [end:refresh]
+
+    def _hand_over(self, batch_update: BatchUpdate | None) -> None:
+        """Give the update to every processor and the thinking budget, even when one of
+        them raises (NOTE 6); then raise the first error."""
+        receivers = [proc.update_state for proc in self.logitsprocs.all]
+        if self.thinking_budget is not None:
+            receivers.append(self._update_thinking_budget)
+        first: Exception | None = None
+        for receive in receivers:
+            try:
+                receive(batch_update)
+            except Exception as error:
+                first = first or error
+        if first is not None:
+            raise first
+
+    def _update_thinking_budget(self, batch_update: BatchUpdate | None) -> None:
+        self.thinking_budget.sync_batch(batch_update)
+        self.thinking_budget.update_state(self.output_token_ids)
 
     # --8<-- [start:sampling_metadata]
     def make_sampling_metadata(self) -> SamplingMetadata:

@@ -309,10 +309,16 @@ class ModelRunner:
     def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
         """After a step raised: forget the failed requests and empty the persistent batch,
         whatever state the step left it in. Requests the step did not schedule keep their
-        state here and re-enter the batch when next scheduled (NOTE 1)."""
+        state here and re-enter the batch when next scheduled (NOTE 1). On CUDA it first
+        waits for the device: the next step rewrites the pinned input buffers, whose copies
+        the failed step may have left in flight (``input_buffers`` NOTE 2)."""
         for req_id in failed_req_ids:
             self.requests.pop(req_id, None)
-        self.input_batch.reset()
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.input_batch.reset()
     # --8<-- [end:recover]
 
     # -- start-up: warm-up and capture ---------------------------------------------------
