@@ -168,3 +168,38 @@ def test_stop_strings_need_a_tokenizer(llm):
     with pytest.raises(ValueError, match="needs text"):
         engine.add_request("no-tok", [5, 6, 7], greedy(stop=["a"]))
     assert not llm.engine.scheduler.has_unfinished_requests()  # nothing was queued
+
+
+# -- issue 23: streamed text with a Llama-2-style tokenizer (SentencePiece, Strip decoder) -----
+
+
+@pytest.fixture(scope="module")
+def spm_llm(tmp_path_factory):
+    from tinyvllm.models.tiny import build_tiny_model
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("llama2_tok"), "llama", tokenizer="llama2")
+    return LLM(str(folder), **ENGINE)
+
+
+@pytest.mark.parametrize("prompt", ["def main():\n    return", "import os\nclass Parser:", "x = 1\n"])
+def test_streamed_text_keeps_its_spaces_with_a_sentencepiece_tokenizer(spm_llm, prompt):
+    from tinyvllm.engine.detokenizer import decode_text
+
+    tok = spm_llm.get_tokenizer()  # favour words that start with a space ("▁def"): the case to get right
+    words = [i for t, i in sorted(tok.get_vocab().items()) if t.startswith("▁") and len(t) > 2][:40]
+    params = dict(temperature=0, max_tokens=24, ignore_eos=True, logit_bias=dict.fromkeys(words, 8.0))
+    [final] = spm_llm.generate(prompt, SamplingParams(**params), use_tqdm=False)
+    text, token_ids = final.outputs[0].text, final.outputs[0].token_ids
+    assert text == decode_text(tok, token_ids)
+    assert " " in text, f"the greedy text {text!r} has no space to lose"
+    engine = spm_llm.engine
+    for kind in (RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE):
+        engine.add_request(kind.name, engine.tokenizer.encode(prompt), SamplingParams(**params, output_kind=kind))
+    streamed = {"DELTA": "", "CUMULATIVE": ""}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == "DELTA":
+                streamed["DELTA"] += out.outputs[0].text
+            else:
+                streamed["CUMULATIVE"] = out.outputs[0].text
+    assert streamed == {"DELTA": text, "CUMULATIVE": text}

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from tinyvllm.config import ReasoningConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
-from tinyvllm.engine.detokenizer import IncrementalDetokenizer
+from tinyvllm.engine.detokenizer import IncrementalDetokenizer, decode_text
 from tinyvllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
@@ -265,7 +265,7 @@ class LLMEngine:
     def _visible_text(self, tracked: _Tracked, finished: bool) -> str:
         """The text a client may see now: cut at a stop string, less what is held back (NOTE 3)."""
         if tracked.detokenizer is None:  # decoded once, at the end (NOTE 2)
-            return self.tokenizer.decode(tracked.token_ids, skip_special_tokens=True) if self.tokenizer else ""
+            return decode_text(self.tokenizer, tracked.token_ids) if self.tokenizer else ""
         text = tracked.detokenizer.text
         if tracked.text_end is not None:
             return text[: tracked.text_end]
