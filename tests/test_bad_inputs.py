@@ -197,6 +197,10 @@ GENERATE_CASES = [
     Case("add_request_stop_past_vocab", add(params=SamplingParams(stop_token_ids=[512], min_tokens=1)), ValueError,
          ("stop_token_ids", "512")),
     Case("add_request_salt_int", add(cache_salt=7), TypeError, ("cache_salt", "7")),
+    # vLLM's API refuses an empty salt; here it would have counted as a salt of its own
+    Case("add_request_salt_empty", add(cache_salt=""), ValueError, ("cache_salt", "''", "non-empty")),
+    Case("cache_salt_empty", gen_raw([GOOD_PROMPT, {"prompt_token_ids": [5, 6], "cache_salt": ""}]), ValueError,
+         ("prompt 1", "cache_salt", "''")),
     Case("add_request_id_int", add(request_id=7), TypeError, ("request_id", "7")),
     Case("add_request_params_dict", add(params={"temperature": 0}), TypeError, ("sampling_params", "'temperature'")),
     Case("add_request_thinking_without_reasoning_config", add(params=SamplingParams(thinking_token_budget=2)),
@@ -312,6 +316,10 @@ INIT_CASES = [
     InitCase("compilation_config_str", {"compilation_config": "FULL"}, TypeError, ("compilation_config", "'FULL'")),
     InitCase("compilation_config_unknown_key", {"compilation_config": {"mode": 1}}, ValueError,
              ("compilation_config", "'mode'")),
+    InitCase("compilation_config_sizes_a_dict", {"compilation_config": {"cudagraph_capture_sizes": {1: 2, 4: 8}}},
+             ValueError, ("cudagraph_capture_sizes", "{1: 2, 4: 8}")),
+    InitCase("compilation_config_max_size_zero", {"compilation_config": {"max_cudagraph_capture_size": 0}},
+             ValueError, ("max_cudagraph_capture_size", "0")),
     InitCase("enforce_eager_str", {"enforce_eager": "yes"}, TypeError, ("enforce_eager", "'yes'")),
     InitCase("logits_processors_a_str", {"logits_processors": "a.b:C"}, TypeError, ("logits_processors", "'a.b:C'")),
     InitCase("logits_processors_item_int", {"logits_processors": [5]}, TypeError, ("logits_processors[0]", "5")),
@@ -336,3 +344,38 @@ def test_bad_constructor_argument_is_refused_and_a_fresh_engine_works(case, fold
 def test_max_num_batched_tokens_none_keeps_the_default(folder):
     llm = LLM(folder, max_num_batched_tokens=None, max_num_seqs=4, **ENGINE)
     assert llm.config.scheduler_config.max_num_batched_tokens == 8192
+
+
+def test_cudagraph_mode_none_in_a_dict_is_the_documented_default(folder):
+    llm = LLM(folder, compilation_config={"cudagraph_mode": None}, **ENGINE)
+    assert llm.config.compilation_config.cudagraph_mode is None
+    assert llm.engine.model_runner.cudagraph_mode.name == "NONE"  # the CPU's default
+
+
+def test_a_huge_max_capture_size_is_capped_by_the_token_budget_at_once(folder, caplog):
+    import time
+
+    start = time.perf_counter()
+    with caplog.at_level("WARNING"):
+        llm = LLM(folder, compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 10**9},
+                  max_num_batched_tokens=64, **ENGINE)  # fmt: skip
+    assert time.perf_counter() - start < 30, "building the capture sizes took too long"
+    assert llm.engine.model_runner.dispatcher.capture_sizes[-1] <= 64
+    warning = "\n".join(r.getMessage() for r in caplog.records if "max_cudagraph_capture_size" in r.getMessage())
+    assert "1000000000" in warning and "64" in warning and len(warning) < 300, warning
+
+
+@pytest.fixture
+def oov_eos_folder(folder, tmp_path):
+    copy = tmp_path / "oov_eos"
+    shutil.copytree(folder, copy)
+    (copy / "generation_config.json").write_text('{"eos_token_id": [0, 600]}', encoding="utf-8")
+    return str(copy)
+
+
+def test_an_eos_id_outside_the_vocabulary_is_refused_at_start_up(oov_eos_folder):
+    with pytest.raises(ValueError) as info:
+        LLM(oov_eos_folder, **ENGINE)
+    message = str(info.value)
+    assert all(w in message for w in ("generation_config.json", "eos_token_id", "600", "[0, 512)")), message
+    assert "stop_token_ids" not in message

@@ -184,7 +184,8 @@ def test_cudagraph_api_defaults_and_enforce_eager(tiny_model_dirs, caplog):
         llm = LLM(folder, compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 32]},
                   **ENGINE)  # fmt: skip
     assert "CUDA graphs are emulated" in caplog.text
-    assert "[32] exceed max_num_batched_tokens=16" in caplog.text
+    assert "1 cudagraph capture sizes exceed max_num_batched_tokens (or max_num_seqs * max_model_len) = 16" in caplog.text
+    assert "are dropped: [32]" in caplog.text
     assert llm.engine.model_runner.dispatcher.capture_sizes == [1]
 
 

@@ -111,7 +111,7 @@ class CompilationConfig:
             raise ValueError(f"cudagraph_mode must be a CUDAGraphMode or None, got {self.cudagraph_mode!r}")
         if self.cudagraph_capture_sizes is not None:
             sizes = self.cudagraph_capture_sizes
-            if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+            if isinstance(sizes, (str, bytes, Mapping)) or not hasattr(sizes, "__iter__"):
                 raise ValueError(f"cudagraph_capture_sizes must be a list of ints, got {sizes!r}")
             sizes = tuple(sizes)
             if not sizes:
@@ -132,7 +132,7 @@ class CompilationConfig:
         if unknown:
             raise ValueError(f"compilation_config has unknown keys {unknown}; known keys are {sorted(known)}")
         values = dict(config)
-        if "cudagraph_mode" in values:
+        if values.get("cudagraph_mode") is not None:  # None: the platform default, as documented
             values["cudagraph_mode"] = parse_cudagraph_mode(values["cudagraph_mode"])
         return cls(**values)
 

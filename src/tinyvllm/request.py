@@ -16,7 +16,7 @@ Invariants:
 - ``0 <= num_computed_tokens <= num_tokens``.
 
 Validates (``tinyvllm.validation``'s rule): the id a non-empty str, the prompt non-empty
-token ids >= 0 (numpy and torch integers become ints), ``cache_salt`` a str or None; a
+token ids >= 0 (numpy and torch integers become ints), ``cache_salt`` a non-empty str or None; a
 wrong type is a ``TypeError``, a wrong value a ``ValueError``. Whether the ids lie in the
 vocabulary is for ``LLMEngine.add_request``, which knows the model.
 
@@ -82,6 +82,8 @@ class Request:
             raise TypeError(f"request {request_id!r}: sampling_params must be SamplingParams, got {sampling_params!r}")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise TypeError(f"request {request_id!r}: cache_salt must be a str or None, got {cache_salt!r}")
+        if cache_salt == "":  # vLLM's API refuses it too: an empty salt is no salt, not a tenant of its own
+            raise ValueError(f"request {request_id!r}: cache_salt must be a non-empty string or None, got ''")
         self.request_id = request_id
         self.prompt_token_ids: list[int] = prompt
         self.sampling_params = sampling_params

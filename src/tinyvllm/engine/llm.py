@@ -71,7 +71,7 @@ from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.models import STDLIB_TINY
 from tinyvllm.models.llama import load_model
-from tinyvllm.models.loader import load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype
+from tinyvllm.models.loader import check_eos_token_ids, load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
@@ -261,6 +261,7 @@ class LLM:
         tok_eos = self.tokenizer.eos_token_id
         self.eos_token_id = tok_eos if tok_eos is not None else (eos_ids[0] if eos_ids else None)
         self.extra_stop_token_ids = tuple(e for e in eos_ids if e != self.eos_token_id)  # NOTE 1
+        check_eos_token_ids(model, eos_ids, self.eos_token_id, spec.vocab_size)
         if reasoning_config is None:
             reasoning_config = reasoning_config_from_tokenizer(self.tokenizer, spec.vocab_size)  # NOTE 4
         else:
@@ -407,6 +408,8 @@ class LLM:
         for key, value in (("prompt", text), ("cache_salt", salt)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"prompt {index}: {key!r} must be a str, got {value!r} ({type(value).__name__})")
+        if salt == "":
+            raise ValueError(f"prompt {index}: 'cache_salt' must be a non-empty string (or left out), got ''")
         if "prompt_token_ids" in prompt:
             return text, check_token_ids(f"prompt {index}", prompt["prompt_token_ids"], self.spec.vocab_size), salt
         if text is None:

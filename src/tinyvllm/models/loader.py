@@ -528,6 +528,23 @@ def load_eos_token_ids(folder: str | Path, tokenizer=None) -> list[int]:
     return []
 
 
+def check_eos_token_ids(folder: str | Path, eos_token_ids: list[int], tokenizer_eos: int | None, vocab_size: int) -> None:
+    """Every EOS id must be a row of the model's vocabulary: EOS ids become stop tokens of
+    every request, which would otherwise all be refused for a field their users never set.
+    The message names where the id came from."""
+    gen = Path(folder) / "generation_config.json"
+    source = str(gen) if gen.is_file() else "the tokenizer"  # where load_eos_token_ids read them
+    named = [(token_id, source) for token_id in eos_token_ids]
+    if tokenizer_eos is not None:
+        named.append((tokenizer_eos, "the tokenizer's eos_token"))
+    for token_id, where in named:
+        if not 0 <= token_id < vocab_size:
+            raise ValueError(
+                f"{where}: eos_token_id {token_id} is outside the model's vocabulary [0, {vocab_size}) "
+                "(config.json's vocab_size)"
+            )
+
+
 def check_model_folder(folder: str | Path) -> ModelSpec:
     """Every check of the module header but loading the tokenizer, without importing torch
     or transformers; returns the spec. The command line runs it before starting the engine."""

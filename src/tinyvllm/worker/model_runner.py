@@ -137,18 +137,24 @@ def resolve_capture_sizes(
     config: CompilationConfig, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
 ) -> list[int]:
     """The capture sizes to use: the configured ones, else vLLM's defaults up to
-    ``min(2 * max_num_seqs, 512)``. A step never holds more than the token budget, nor more
-    than ``max_num_seqs`` requests of ``max_model_len`` tokens: larger sizes are dropped."""
-    if config.cudagraph_capture_sizes is not None:
-        sizes = list(config.cudagraph_capture_sizes)
-    else:
-        sizes = default_capture_sizes(config.max_cudagraph_capture_size or min(2 * max_num_seqs, 512))
+    ``max_cudagraph_capture_size`` (default ``min(2 * max_num_seqs, 512)``). A step never
+    holds more than the token budget, nor more than ``max_num_seqs`` requests of
+    ``max_model_len`` tokens: larger sizes are dropped, and the default list is never built
+    past that limit, however large the maximum asked for."""
     limit = min(max_num_batched_tokens, max_num_seqs * max_model_len)
+    why = "max_num_batched_tokens (or max_num_seqs * max_model_len)"
+    if config.cudagraph_capture_sizes is None:
+        max_size = config.max_cudagraph_capture_size or min(2 * max_num_seqs, 512)
+        if config.max_cudagraph_capture_size is not None and max_size > limit:
+            logger.warning("max_cudagraph_capture_size %d exceeds %s = %d: capturing up to %d", max_size, why, limit, limit)
+        return default_capture_sizes(min(max_size, limit))
+    sizes = list(config.cudagraph_capture_sizes)  # sorted, no repeats
     usable = [s for s in sizes if s <= limit]
     if len(usable) < len(sizes):
+        dropped = sizes[len(usable) :]
+        shown = dropped if len(dropped) <= 8 else [*dropped[:4], "...", *dropped[-2:]]
         logger.warning(
-            "cudagraph capture sizes %s exceed max_num_batched_tokens=%d (or max_num_seqs * max_model_len) "
-            "and are dropped", [s for s in sizes if s > limit], max_num_batched_tokens,
+            "%d cudagraph capture sizes exceed %s = %d and are dropped: %s", len(dropped), why, limit, shown
         )  # fmt: skip
     return usable
 # --8<-- [end:capture_sizes]
