@@ -46,6 +46,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tinyvllm.core.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.prefix_hash import (
+    EXTRA_KEYS,
+    HASH_VALUE,
+    TOKEN_IDS,
     append_block_hashes,
     generate_block_hash_extra_keys,
     get_hash_fn,
@@ -444,8 +447,8 @@ class PrefixCachingKVCacheManagerMachine(RuleBasedStateMachine):
         for key, ids in self.m_cache.items():
             hashes = {pool.blocks[b].block_hash for b in ids}
             assert len(hashes) == 1, f"blocks {ids} share content {key} but carry {len(hashes)} hashes"
-            assert pool.blocks[ids[0]].block_hash.token_ids == key[2][-self.block_size :], (
-                f"block {ids[0]} caches tokens {pool.blocks[ids[0]].block_hash.token_ids}, model {key[2]}"
+            assert pool.blocks[ids[0]].block_hash[TOKEN_IDS] == key[2][-self.block_size :], (
+                f"block {ids[0]} caches tokens {pool.blocks[ids[0]].block_hash[TOKEN_IDS]}, model {key[2]}"
             )
         if self.log_stats and self.enable_caching:
             s = mgr.prefix_cache_stats
@@ -627,8 +630,8 @@ def test_prefix_caching_hash_count_is_full_blocks(tokens: list[int], block_size:
     )
     for i, h in enumerate(hashes):
         want = tuple(tokens[i * block_size : (i + 1) * block_size])
-        assert h.token_ids == want, f"block {i}: token_ids {h.token_ids} != {want}"
-        assert h.extra_keys is None, f"block {i}: extra keys {h.extra_keys} without lora or salt"
+        assert h[TOKEN_IDS] == want, f"block {i}: token_ids {h[TOKEN_IDS]} != {want}"
+        assert h[EXTRA_KEYS] is None, f"block {i}: extra keys {h[EXTRA_KEYS]} without lora or salt"
 
 
 @pytest.mark.seed("002:1.1", "002:1.2")
@@ -652,8 +655,8 @@ def test_prefix_caching_hash_equal_iff_prefix_equal(
         if same_prefix:
             assert ha[i] == hb[i], f"block {i}: equal prefixes {a[:end]} hash differently"
         elif hash_fn is SHA256:
-            assert ha[i].hash_value != hb[i].hash_value, (
-                f"block {i}: prefixes {a[:end]} and {b[:end]} share hash value {ha[i].hash_value}"
+            assert ha[i][HASH_VALUE] != hb[i][HASH_VALUE], (
+                f"block {i}: prefixes {a[:end]} and {b[:end]} share hash value {ha[i][HASH_VALUE]}"
             )
 
 
@@ -672,8 +675,8 @@ def test_prefix_caching_hash_changed_token_changes_block_and_all_later(
         if i < first_changed:
             assert ha[i] == hb[i], f"block {i} before changed position {pos} changed its hash"
         else:
-            assert ha[i].hash_value != hb[i].hash_value, (
-                f"block {i} at/after changed position {pos} (block {first_changed}) kept hash {ha[i].hash_value}"
+            assert ha[i][HASH_VALUE] != hb[i][HASH_VALUE], (
+                f"block {i} at/after changed position {pos} (block {first_changed}) kept hash {ha[i][HASH_VALUE]}"
             )
 
 
@@ -685,11 +688,11 @@ def test_prefix_caching_hash_lora_on_every_block(tokens: list[int], block_size: 
     other = _hashes(tokens, block_size, lora=lora + "2")
     assert with_lora == again, f"lora {lora!r}: hashes are not deterministic"
     for i in range(len(plain)):
-        assert with_lora[i].extra_keys is not None and ("lora", lora) in with_lora[i].extra_keys, (
-            f"block {i}: extra keys {with_lora[i].extra_keys} lack the lora {lora!r}"
+        assert with_lora[i][EXTRA_KEYS] is not None and ("lora", lora) in with_lora[i][EXTRA_KEYS], (
+            f"block {i}: extra keys {with_lora[i][EXTRA_KEYS]} lack the lora {lora!r}"
         )
-        assert with_lora[i].hash_value != plain[i].hash_value, f"block {i}: lora {lora!r} left the hash unchanged"
-        assert with_lora[i].hash_value != other[i].hash_value, f"block {i}: loras {lora!r} and {lora + '2'!r} collide"
+        assert with_lora[i][HASH_VALUE] != plain[i][HASH_VALUE], f"block {i}: lora {lora!r} left the hash unchanged"
+        assert with_lora[i][HASH_VALUE] != other[i][HASH_VALUE], f"block {i}: loras {lora!r} and {lora + '2'!r} collide"
 
 
 @pytest.mark.seed("002:1.2")
@@ -698,13 +701,13 @@ def test_prefix_caching_hash_salt_first_block_only_changes_all(tokens: list[int]
     plain, salted = _hashes(tokens, block_size), _hashes(tokens, block_size, salt=salt)
     other = _hashes(tokens, block_size, salt=salt + "2")
     for i in range(len(plain)):
-        keys = salted[i].extra_keys or ()
+        keys = salted[i][EXTRA_KEYS] or ()
         if i == 0:
             assert ("salt", salt) in keys, f"first block's extra keys {keys} lack the salt {salt!r}"
         else:
             assert not any(k[0] == "salt" for k in keys), f"block {i} carries salt keys {keys}"
-        assert salted[i].hash_value != plain[i].hash_value, f"block {i}: salt {salt!r} left the hash unchanged"
-        assert salted[i].hash_value != other[i].hash_value, f"block {i}: salts {salt!r} and {salt + '2'!r} collide"
+        assert salted[i][HASH_VALUE] != plain[i][HASH_VALUE], f"block {i}: salt {salt!r} left the hash unchanged"
+        assert salted[i][HASH_VALUE] != other[i][HASH_VALUE], f"block {i}: salts {salt!r} and {salt + '2'!r} collide"
 
 
 @pytest.mark.seed("002:1.2")
@@ -712,8 +715,8 @@ def test_prefix_caching_hash_salt_first_block_only_changes_all(tokens: list[int]
 def test_prefix_caching_hash_lora_and_salt_of_same_name_differ(tokens: list[int], block_size: int, name: str) -> None:
     by_lora, by_salt = _hashes(tokens, block_size, lora=name), _hashes(tokens, block_size, salt=name)
     for i in range(len(by_lora)):
-        assert by_lora[i].hash_value != by_salt[i].hash_value, (
-            f"block {i}: lora {name!r} and salt {name!r} give the same hash {by_lora[i].hash_value}"
+        assert by_lora[i][HASH_VALUE] != by_salt[i][HASH_VALUE], (
+            f"block {i}: lora {name!r} and salt {name!r} give the same hash {by_lora[i][HASH_VALUE]}"
         )
 
 
@@ -791,7 +794,7 @@ def test_prefix_caching_fast_chain_equals_hash_block_tokens(
         start, end = i * block_size, (i + 1) * block_size
         extra = generate_block_hash_extra_keys(request, start, end)
         want.append(hash_block_tokens(hash_fn, parent, tokens[start:end], extra))
-        parent = want[-1].hash_value
+        parent = want[-1][HASH_VALUE]
     assert hash_request_tokens(hash_fn, block_size, request) == want
     stepped: list = []
     for n in sorted(min(s, len(want)) for s in splits) + [len(want)]:

@@ -41,6 +41,14 @@ def test_hashing_quick_checks_the_new_hashes_and_writes_ratios(tmp_path):
     assert set(record["ratios"]) == {
         f"{fn}_{path}_old_over_new" for fn in ("sha256", "builtin") for path in ("request", "per_block")
     }
+    # The gc section: the counts of tracked objects are exact, whatever the timings.
+    gc_run = record["gc"]["by_num_blocks"]["2000"]
+    per_block = {v: d["tracked_objects_per_block"] for v, d in gc_run["variants"].items()}
+    want = {"namedtuple": 3, "tuple": 2, "bytes": 2, "current": 2, "blocks_only": 1, "tuple_flat": 1, "tuple_frozen": 2}
+    assert {v: round(n, 2) for v, n in per_block.items()} == want, per_block
+    assert gc_run["variants"]["current"]["key_type"] == "tuple"  # the core's keys: only a block and its dict stay tracked
+    assert set(gc_run["ratios"]) == {f"namedtuple_over_{v}_gc_ms" for v in want if v != "namedtuple"}
+    assert all(d["gc_ms_median"] > 0 for d in gc_run["variants"].values())
 
 
 def test_bookkeeping_quick_reports_per_request_figures(tmp_path):

@@ -9,6 +9,7 @@ the tests read like the documents.
 import pytest
 
 from tinyvllm.core.kv_cache_manager import KVCacheManager
+from tinyvllm.core.prefix_hash import TOKEN_IDS
 from tinyvllm.request import Request
 from tinyvllm.sampling_params import SamplingParams
 
@@ -29,7 +30,7 @@ def free_ids(m: KVCacheManager) -> list[int]:
 def cached(m: KVCacheManager) -> dict[str, list[int]]:
     """The hash map as {block text: [block ids in caching order]}."""
     return {
-        "".join(map(chr, h.token_ids)): list(by_id) for h, by_id in m.block_pool.cached_block_hash_to_block.items()
+        "".join(map(chr, h[TOKEN_IDS])): list(by_id) for h, by_id in m.block_pool.cached_block_hash_to_block.items()
     }
 
 

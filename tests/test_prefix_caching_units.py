@@ -1,5 +1,6 @@
 """Unit tests of the KV-cache core's pieces, bad input, and the no-torch rule."""
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +11,16 @@ from tinyvllm.core.block_pool import BlockPool
 from tinyvllm.core.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.prefix_hash import (
-    BlockHash,
+    EXTRA_KEYS,
+    HASH_VALUE,
+    TOKEN_IDS,
+    builtin_hash,
     generate_block_hash_extra_keys,
     get_hash_fn,
     hash_block_tokens,
     hash_request_tokens,
+    make_block_hash,
+    none_hash,
     stable_bytes,
 )
 from tinyvllm.request import Request
@@ -37,7 +43,7 @@ def test_prefix_caching_hash_value_collision_is_not_a_hit():
     always_zero = lambda obj: 0  # noqa: E731 - the worst possible hash function
     h1 = hash_block_tokens(always_zero, None, [1, 2, 3, 4])
     h2 = hash_block_tokens(always_zero, None, [5, 6, 7, 8])
-    assert h1.hash_value == h2.hash_value == 0
+    assert h1[HASH_VALUE] == h2[HASH_VALUE] == 0
     assert h1 != h2
     pool = BlockPool(4)
     [block] = pool.get_new_blocks(1)
@@ -47,27 +53,83 @@ def test_prefix_caching_hash_value_collision_is_not_a_hit():
     assert pool.get_cached_block(h2) is None
 
 
+@pytest.mark.seed("002:1.2", "004:computed")
+def test_prefix_caching_builtin_hash_collision_is_not_a_hit():
+    """A real collision of Python's ``hash`` (``hash(2**61) == hash(1)``: ints hash modulo
+    2**61 - 1) gives two different blocks the same value; the manager still finds only
+    the block whose tokens match (module NOTE 1), through its own hashing path."""
+    m = KVCacheManager(block_size=4, num_gpu_blocks=10, max_model_len=64, hash_algo="builtin")
+    a, b = make("a", [1, 2, 3, 4, 9]), make("b", [2**61, 2, 3, 4, 9])
+    [ha], [hb] = hash_request_tokens(builtin_hash, 4, a), hash_request_tokens(builtin_hash, 4, b)
+    assert ha[HASH_VALUE] == hb[HASH_VALUE] and ha != hb
+    assert m.allocate_slots(a, 5) is not None
+    assert m.get_computed_blocks(make("a2", [1, 2, 3, 4, 9])) == (m.req_to_blocks["a"][:1], 4)
+    assert m.get_computed_blocks(b) == ([], 0)
+    m.check_invariants()
+
+
+@pytest.mark.seed("002:1.2")
+def test_prefix_caching_block_hash_fields_sit_at_their_named_positions():
+    """A block hash is the plain tuple (hash value, token ids, extra keys)."""
+    fn = get_hash_fn("sha256")
+    h = hash_block_tokens(fn, None, [1, 2, 3, 4], (("lora", "x"),))
+    assert type(h) is tuple and h == make_block_hash(h[HASH_VALUE], (1, 2, 3, 4), (("lora", "x"),))
+    value, token_ids, extra_keys = h
+    assert (h[HASH_VALUE], h[TOKEN_IDS], h[EXTRA_KEYS]) == (value, token_ids, extra_keys)
+    assert token_ids == (1, 2, 3, 4) and extra_keys == (("lora", "x"),)
+    assert value == fn((none_hash(fn), (1, 2, 3, 4), (("lora", "x"),)))
+
+
+@pytest.mark.seed("002:1.2", "003:hash")
+@pytest.mark.parametrize("hash_algo", ["sha256", "builtin"])
+def test_prefix_caching_block_hashes_are_not_tracked_by_the_gc(hash_algo):
+    """Once collections have seen them, block hashes cost a full collection nothing: each
+    is an exact tuple of untracked items, which the GC untracks (a NamedTuple, a tuple
+    subclass, would stay tracked for ever: module NOTE 5)."""
+    fn = get_hash_fn(hash_algo)
+    m = KVCacheManager(block_size=4, num_gpu_blocks=20, max_model_len=64, hash_algo=hash_algo)
+    plain, tagged = make("p", range(13)), make("t", range(100, 113), lora_name="x", cache_salt="s")
+    for r in (plain, tagged):
+        computed, n = m.get_computed_blocks(r)
+        assert m.allocate_slots(r, r.num_tokens - n, computed) is not None
+        r.num_computed_tokens = r.num_tokens
+    plain.append_output_token_ids([20, 21, 22])  # decode fills block 3: the pool hashes it
+    assert m.allocate_slots(plain, 3) is not None
+    hashes = [
+        *hash_request_tokens(fn, 4, tagged),
+        hash_block_tokens(fn, None, [1, 2, 3, 4], (("salt", "s"),)),
+        *m.block_pool.cached_block_hash_to_block,
+        *(b.block_hash for b in m.block_pool.blocks if b.block_hash is not None),
+        *(h for hs in m.req_to_block_hashes.values() for h in hs),
+    ]
+    assert len(m.block_pool.cached_block_hash_to_block) == 7  # 4 blocks of p, 3 of t
+    for _ in range(3):  # one level of nesting per collection: ("lora", "x") in the extra keys in the key
+        gc.collect()
+    tracked = [h for h in hashes if gc.is_tracked(h)]
+    assert not tracked, f"{len(tracked)} of {len(hashes)} block hashes are still tracked, e.g. {tracked[0]!r}"
+
+
 @pytest.mark.seed("002:1.2", "003:hash")
 def test_prefix_caching_hashes_chain_through_the_parent():
     fn = get_hash_fn("sha256")
     a = hash_request_tokens(fn, 4, make("a", [1, 2, 3, 4, 5, 6, 7, 8, 9]))
     b = hash_request_tokens(fn, 4, make("b", [0, 2, 3, 4, 5, 6, 7, 8]))
     assert len(a) == 2 and len(b) == 2  # the partial tail of a is not hashed
-    assert a[1].token_ids == b[1].token_ids == (5, 6, 7, 8)
+    assert a[1][TOKEN_IDS] == b[1][TOKEN_IDS] == (5, 6, 7, 8)
     assert a[1] != b[1]  # same tokens, different prefix
-    assert a[1] == hash_block_tokens(fn, a[0].hash_value, [5, 6, 7, 8])
+    assert a[1] == hash_block_tokens(fn, a[0][HASH_VALUE], [5, 6, 7, 8])
 
 
 @pytest.mark.seed("003:hash")
 def test_prefix_caching_sha256_is_stable_across_processes():
     code = (
-        "from tinyvllm.core.prefix_hash import get_hash_fn, hash_block_tokens;"
-        "print(hash_block_tokens(get_hash_fn('sha256'), None, [1, 2, 3]).hash_value)"
+        "from tinyvllm.core.prefix_hash import HASH_VALUE, get_hash_fn, hash_block_tokens;"
+        "print(hash_block_tokens(get_hash_fn('sha256'), None, [1, 2, 3])[HASH_VALUE])"
     )
     env = {"PYTHONPATH": SRC, "PYTHONHASHSEED": "random"}
     out1 = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     out2 = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    here = hash_block_tokens(get_hash_fn("sha256"), None, [1, 2, 3]).hash_value
+    here = hash_block_tokens(get_hash_fn("sha256"), None, [1, 2, 3])[HASH_VALUE]
     assert int(out1.stdout) == int(out2.stdout) == here
 
 
@@ -145,9 +207,9 @@ def test_prefix_caching_hashes_ids_past_32_bits_through_the_general_encoding():
     parent = None
     for i, h in enumerate(hashes):
         assert h == hash_block_tokens(fn, parent, tokens[4 * i : 4 * i + 4])
-        parent = h.hash_value
+        parent = h[HASH_VALUE]
     wrapped = hash_request_tokens(fn, 4, make("wrapped", [1, 2, 3, 4, 5, 0, 7, 8, 0, 10, 11, 12]))
-    assert hashes[0] == wrapped[0] and hashes[1].hash_value != wrapped[1].hash_value
+    assert hashes[0] == wrapped[0] and hashes[1][HASH_VALUE] != wrapped[1][HASH_VALUE]
 
 
 @pytest.mark.seed("002:1.2")
@@ -204,7 +266,7 @@ def test_prefix_caching_free_queue_rejects_double_append_and_foreign_remove():
 @pytest.mark.seed("002:2.1", "003:blocks")
 def test_prefix_caching_block_hash_is_set_once():
     block = KVCacheBlock(7)
-    h = BlockHash(1, (1, 2), None)
+    h = make_block_hash(1, (1, 2), None)
     block.block_hash = h
     with pytest.raises(AssertionError, match="block 7 already carries a hash"):
         block.block_hash = h

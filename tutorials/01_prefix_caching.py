@@ -30,6 +30,7 @@ steps: the figures skip the decode steps between 0 and 3.
 from __future__ import annotations
 
 from tinyvllm.core.kv_cache_manager import KVCacheManager
+from tinyvllm.core.prefix_hash import TOKEN_IDS
 from tinyvllm.request import Request
 from tinyvllm.sampling_params import SamplingParams
 
@@ -94,7 +95,7 @@ def print_state(manager: KVCacheManager, live: list[Request]) -> None:
         if block.block_hash is None:
             cells.append(str(block.block_id))
         else:
-            cells.append(f"{block.block_id}*[{show_block(block.block_hash.token_ids)}]")
+            cells.append(f"{block.block_id}*[{show_block(block.block_hash[TOKEN_IDS])}]")
     print(f"  free queue, head (reused first) -> tail: {len(free)} free, * = still cached")
     print("    " + ("  ".join(cells) if cells else "(empty)"))
 
@@ -104,12 +105,12 @@ def print_state(manager: KVCacheManager, live: list[Request]) -> None:
     for block_hash, by_id in pool.cached_block_hash_to_block.items():
         ids = ", ".join(str(i) for i in by_id)
         noun = "blocks" if len(by_id) > 1 else "block"
-        print(f"    {show_block(block_hash.token_ids):<12} -> {noun} {ids}")
+        print(f"    {show_block(block_hash[TOKEN_IDS]):<12} -> {noun} {ids}")
     manager.check_invariants()
 
 
 def cached_contents(manager: KVCacheManager) -> dict[tuple[int, ...], list[int]]:
-    return {h.token_ids: list(by_id) for h, by_id in manager.block_pool.cached_block_hash_to_block.items()}
+    return {h[TOKEN_IDS]: list(by_id) for h, by_id in manager.block_pool.cached_block_hash_to_block.items()}
 
 
 def header(title: str) -> None:
