@@ -67,6 +67,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from harness import shared_model_folder  # noqa: E402
 from throughput import build_model_folder, make_workload, sync  # noqa: E402  (sibling script)
 
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]  # NONE first: the baseline
@@ -189,7 +190,7 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str) -> dict:
     expected = EXPECTED_DECODE_MODE[mode]
     graphs = num_graphs(runner)
     latency = [decode_latency(llm, b, cfg, expected) for b in cfg["batch_sizes"]]
-    tput = throughput(llm, cfg, expected)
+    tput = throughput(llm, cfg, expected) if cfg["throughput"] else None
     del llm, runner
     gc.collect()
     if torch.cuda.is_available():
@@ -197,7 +198,7 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str) -> dict:
     return dict(
         mode=mode, resolved_mode=resolved, expected_decode_runtime_mode=expected, startup_s=startup,
         graphs_captured=graphs, latency=latency, throughput=tput,
-        stats_ok=resolved == mode and all(r["stats_ok"] for r in latency) and tput["stats_ok"],
+        stats_ok=resolved == mode and all(r["stats_ok"] for r in latency) and (tput is None or tput["stats_ok"]),
     )  # fmt: skip
 
 
@@ -209,7 +210,8 @@ def ratios(modes: dict) -> dict:
         name: dict(
             latency_speedup_vs_none={str(r["batch"]): base_step[r["batch"]] / r["median_step_s"]
                                      for r in m["latency"]},  # fmt: skip
-            throughput_ratio_vs_none=m["throughput"]["tok_per_s"] / base["throughput"]["tok_per_s"],
+            throughput_ratio_vs_none=(m["throughput"]["tok_per_s"] / base["throughput"]["tok_per_s"]
+                                      if m["throughput"] else None),  # fmt: skip
             startup_minus_none_s=m["startup_s"] - base["startup_s"],
         )
         for name, m in modes.items()
@@ -238,9 +240,9 @@ def print_table(record: dict) -> None:
         speedup = r["latency_speedup_vs_none"]
         lat = "  ".join(f"B={x['batch']}: {x['median_step_s'] * 1e3:7.2f} ms x{speedup[str(x['batch'])]:.2f}"
                         for x in m["latency"])  # fmt: skip
-        print(f"{name:18s} startup {m['startup_s']:6.1f} s | {lat} | "
-              f"{m['throughput']['tok_per_s']:8.0f} tok/s x{r['throughput_ratio_vs_none']:.2f} | "
-              f"stats {'ok' if m['stats_ok'] else 'WRONG'}")  # fmt: skip
+        tput = (f"{m['throughput']['tok_per_s']:8.0f} tok/s x{r['throughput_ratio_vs_none']:.2f} | "
+                if m["throughput"] else "")  # fmt: skip
+        print(f"{name:18s} startup {m['startup_s']:6.1f} s | {lat} | {tput}stats {'ok' if m['stats_ok'] else 'WRONG'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU, Triton under the interpreter")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default bench/results/cudagraphs-<device>.json)")  # fmt: skip
+    parser.add_argument("--batches", default=None, help="decode batch sizes, comma-separated (default 1,8,32,128)")
+    parser.add_argument("--no-throughput", action="store_true", help="decode latency only, no throughput workload")
+    parser.add_argument("--quick", action="store_true", help="half the timed repeats")
+    parser.add_argument("--model-folder", type=Path, default=None,
+                        help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     args = parser.parse_args(argv)
     has_cuda = torch.cuda.is_available()
     if not has_cuda and not args.dry_run:
@@ -257,7 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before tinyvllm imports the kernels
 
     device = "cpu" if args.dry_run else "cuda"
-    cfg = DRY if args.dry_run else FULL
+    cfg = dict(DRY if args.dry_run else FULL)
+    if args.batches:
+        cfg["batch_sizes"] = [int(b) for b in args.batches.split(",")]
+        cfg["capture_sizes"] = sorted(set(cfg["capture_sizes"]) | set(cfg["batch_sizes"]))
+        cfg["max_num_seqs"] = max(cfg["max_num_seqs"], *cfg["batch_sizes"])
+    if args.no_throughput:
+        cfg["throughput"] = None
+    if args.quick:
+        cfg["repeats"] = max(1, cfg["repeats"] // 2)
     env = environment(device)
     slug = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
     out = args.out or ROOT / "bench" / "results" / f"cudagraphs-{'dry-' if args.dry_run else ''}{slug}.json"
@@ -266,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                   modes={}, ratios={}, stats_check=False)  # fmt: skip
     wall = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_model_folder(Path(tmp) / "model", args.dry_run)
+        folder = shared_model_folder(args.model_folder, Path(tmp), lambda f: build_model_folder(f, args.dry_run))
         record["model_build_s"] = time.perf_counter() - wall
         for mode in MODES:
             record["modes"][mode] = measure_mode(folder, mode, cfg, device)

@@ -55,6 +55,18 @@ def build_cpu_model(folder: Path, dry_run: bool, seed: int = 0) -> Path:
     return folder
 
 
+def shared_model_folder(requested: Path | None, tmp: Path, build) -> Path:
+    """The model folder a script runs on. With ``--model-folder``: the folder a script before
+    it built there (``bench/gpu_check.py`` gives every step the same one, so the model is
+    built once), or, when it holds no model yet, ``build(requested)``. Without: ``build``
+    into the script's own temporary folder."""
+    if requested is None:
+        return build(tmp / "model")
+    if (requested / "config.json").is_file():
+        return requested
+    return build(requested)
+
+
 def num_params(folder: Path) -> int:
     """Parameters stored in the folder's safetensors file (a tied LM head is stored, and counted, once)."""
     from safetensors import safe_open

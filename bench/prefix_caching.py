@@ -66,6 +66,7 @@ from harness import (  # noqa: E402
     prefix_counters,
     run_header,
     set_threads,
+    shared_model_folder,
     write_json,
 )
 
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-rate", type=float, default=0.0, help="Poisson arrivals per second (0: all at once)")
     parser.add_argument("--attention-backend", default="auto", help="tinyvllm's attention_backend (default auto)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/prefix_caching*.json)")
+    parser.add_argument("--quick", action="store_true", help="half the requests of each case")
+    parser.add_argument("--model-folder", type=Path, default=None,
+                        help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     args = parser.parse_args(argv)
     mode = "gpu" if args.gpu else "dry" if args.dry_run else "cpu"
     if mode == "gpu" and not torch.cuda.is_available():
@@ -211,12 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     threads = [int(t) for t in (args.threads or default_threads).split(",")]
     repeats = args.repeats or {"dry": 1, "gpu": 3, "cpu": 5}[mode]  # the CPU's ratios drift between minutes
     cases = CASES[mode]
+    if args.quick:
+        cases = {name: {**case, "num_seqs": max(2, case["num_seqs"] // 2)} for name, case in cases.items()}
 
     from tinyvllm import LLM
 
     ids = itertools.count()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_folder(Path(tmp) / "model", mode)
+        folder = shared_model_folder(args.model_folder, Path(tmp), lambda f: build_folder(f, mode))
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
         longest = max(c["shared"] + c["unique"] + c["output"] for c in cases.values())
         common = dict(device=device, block_size=BLOCK_SIZE, max_model_len=-(-longest // 256) * 256, seed=0,

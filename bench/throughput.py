@@ -43,6 +43,7 @@ from harness import (  # noqa: E402
     median,
     prefix_counters,
     set_threads,
+    shared_model_folder,
     timed,
     versions,
     write_json,
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved; medians count (default 3)")
     parser.add_argument("--attention-backend", default="auto", help="tinyvllm's attention_backend (default auto)")
+    parser.add_argument("--num-seqs", type=int, default=256, help="requests of the full workload (default 256, nano-vllm's)")
+    parser.add_argument("--model-folder", type=Path, default=None,
+                        help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/...)")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
@@ -162,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         prompts, max_tokens = make_workload(4, 24, 12, min_len=4, max_id=500)
         hf_n = 2
     else:
-        prompts, max_tokens = make_workload(256, 1024, 1024)
-        hf_n = args.hf_requests
+        prompts, max_tokens = make_workload(args.num_seqs, 1024, 1024)
+        hf_n = min(args.hf_requests, args.num_seqs)
     sub_prompts, sub_tokens = prompts[:hf_n], max_tokens[:hf_n]
     temperature = 0.6
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build_model_folder(Path(tmp) / "model", args.dry_run)
+        folder = shared_model_folder(args.model_folder, Path(tmp), lambda f: build_model_folder(f, args.dry_run))
         kwargs = dict(max_model_len=64, block_size=4) if args.dry_run else dict(max_model_len=4096, block_size=16)
         if device == "cuda":  # transformers, alive at the same time, needs ~10 GB for its batch of 32
             kwargs["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION

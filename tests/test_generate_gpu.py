@@ -7,10 +7,12 @@ by default, our kernels use IEEE fp32 dots).
 
 bfloat16 — the criterion and why: with 8-bit mantissas, our kernels and transformers'
 round differently, so two greedy paths can split at a near-tie and never rejoin; exact
-equality would test rounding, not correctness. We require (1) every prompt's first token
-to agree, and (2) wherever the two paths first split, the two candidate tokens to be a
-near-tie in the float32 model's logits (within 2% of the logit range), i.e. a place where
-the rounding of either engine could legitimately decide.
+equality would test rounding, not correctness. We require that wherever the two paths first
+split, the first token included, the two candidate tokens are a near-tie in the float32
+model's logits (within 2% of the logit range), i.e. a place where the rounding of either
+engine could legitimately decide. The first token gets no exemption: our first step runs
+every prompt in one batch and transformers runs each alone, and cuBLAS tiles different
+GEMM shapes differently, so a near-tie can flip at position 0 too.
 """
 # --8<-- [end:criterion]
 
@@ -67,7 +69,6 @@ def test_gpu_generate_bfloat16_agrees_up_to_near_ties(tiny_model_dirs, family):
     ours = _ours(folder, "bfloat16")
     for prompt, mine in zip(PROMPTS, ours):
         theirs = _hf_greedy(hf16, prompt)
-        assert mine[0] == theirs[0], f"first token differs for a prompt of {len(prompt)} tokens"
         split = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
         if split is None:
             continue
@@ -75,4 +76,6 @@ def test_gpu_generate_bfloat16_agrees_up_to_near_ties(tiny_model_dirs, family):
             logits = ref32(torch.tensor([prompt + mine[:split]], device="cuda")).logits[0, -1].float()
         gap = abs(logits[mine[split]] - logits[theirs[split]]).item()
         spread = (logits.max() - logits.min()).item()
-        assert gap <= 0.02 * spread, f"paths split at step {split} on a gap of {gap:.4f} (range {spread:.2f})"
+        assert gap <= 0.02 * spread, (
+            f"a prompt of {len(prompt)} tokens: paths split at step {split} on a gap of {gap:.4f} (range {spread:.2f})"
+        )

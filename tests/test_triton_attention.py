@@ -200,16 +200,29 @@ def test_launcher_rejects_unsupported_tile_sizes(block_size, head_size, message)
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+# Every (dtype, head size, block size) once, the GQA group cycling through 1, 2, 4 and 8 so
+# each group meets both head sizes and both block sizes: 12 cases, not the 48 of the whole
+# product. On a cold Triton cache each case costs compilations (Triton specializes the
+# token count when it divides by 16, so the unpadded N=115 and padded N=128 batches are two
+# kernels), about 1.5 s each for sm_90: the product alone took about 144 s of the GPU
+# check's budget. The padded batch runs in half precision only, where padding meets CUDA
+# graphs; float32 keeps the unpadded one.
+MIXED_CASES = [
+    (dtype, head_size, block_size, [1, 2, 4, 8][i % 4])
+    for i, (dtype, head_size, block_size) in enumerate(
+        (d, h, b) for d in (torch.float32, torch.float16, torch.bfloat16) for h in (64, 128) for b in (16, 32)
+    )
+]
+
+
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_size", [64, 128])
-@pytest.mark.parametrize("group", [1, 2, 4, 8])
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_gpu_mixed_batches(dtype, head_size, group, block_size):
+@pytest.mark.parametrize("dtype, head_size, block_size, group", MIXED_CASES)
+def test_gpu_mixed_batches(dtype, head_size, block_size, group):
     query_lens = [1, 7, 1, 37, 1, 64, 3, 1]
     seq_lens = [1, 17, 255, 300, 256, 64, 1000, 2049]
-    for seed, pad in ((0, 0), (1, 13)):
+    pads = ((0, 0),) if dtype == torch.float32 else ((0, 0), (1, 13))
+    for seed, pad in pads:
         check_against_reference(
             query_lens, seq_lens, 2 * group, 2, head_size, block_size,
             dtype=dtype, pad_tokens=pad, device="cuda", seed=seed,

@@ -1,0 +1,357 @@
+"""The GPU check: everything that needs a GPU, in one command that fits eight minutes.
+
+What it runs, in this order, each step in its own process under its own time budget
+(``STEPS``; the budgets add up to at most ``TOTAL_BUDGET_S`` = 480 s, model building and
+warm-up included):
+
+1. ``environment``: the device and its memory, ``nvidia-smi``'s device line, the versions of
+   Python, torch (and its CUDA), triton, transformers and tinyvllm;
+2. ``gpu_tests``: ``pytest -m gpu`` (Triton against the reference; the engine against
+   transformers in float32 and bfloat16; every ``cudagraph_mode`` against eager with real
+   ``torch.cuda.CUDAGraph`` capture; graph memory counted in the KV budget);
+3. ``throughput``: nano-vllm's workload (``bench/throughput.py``: the Qwen3-0.6B shape with
+   random weights in bfloat16, 256 requests, prompts and outputs of 100-1024 tokens,
+   ``ignore_eos``) against transformers ``generate`` in the same run, and against the figure
+   nano-vllm publishes (``NANO_VLLM_PUBLISHED``: another GPU, so a reference, not a race);
+4. ``cudagraph_latency``: batch-1 and batch-32 decode step latency under each
+   ``cudagraph_mode``, against NONE (``bench/cudagraphs.py``);
+5. ``prefix_caching``: caching on against off at about 49% hits (input throughput) and 37%
+   (mean TTFT), as the table of vLLM PR #9668 (``bench/prefix_caching.py --gpu``).
+
+Each step is ``passed``, ``failed`` (its exit status, or a timeout, with the last lines of
+its output) or ``skipped`` with the reason (``time``: the time left was under its budget
+floor). A failed step never stops the next one. The model is built once, by the first
+step that needs it, into a folder every later step reuses (``--model-folder``).
+
+What it leaves in ``--out`` (default ``bench/results/``): ``gpu_summary.json`` (every step:
+its status, seconds and figures; the environment; rewritten after every step, so a run
+cut short keeps what it measured) and ``gpu.log`` (every step's whole output). The steps'
+own JSON records are folded into the summary and not left behind: two files, within the
+eight a GPU session brings back.
+
+``--quick`` halves every workload (256 -> 128 requests, half the timed repeats, half the
+prefix-caching requests). ``--dry-run`` runs the same steps on the CPU with the tiny test
+model and tiny workloads (``pytest -m gpu`` only collects there): the test suite and CI
+run it, and its timings mean nothing.
+
+Run: ``bash bench/gpu.sh --out DIR`` (``gpu.sh`` calls this script); exit status 0 when every
+step passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOTAL_BUDGET_S = 480  # eight minutes: a GPU session allows ten per command
+SUMMARY, LOG = "gpu_summary.json", "gpu.log"
+SCHEMA_VERSION = 1
+# nano-vllm's README (https://github.com/GeeeekExplorer/nano-vllm), its Qwen3-0.6B benchmark.
+NANO_VLLM_PUBLISHED = {
+    "tok_per_s": 1434.13, "output_tokens": 133966, "seconds": 93.41, "requests": 256,
+    "hardware": "RTX 4070 Laptop (8GB)", "vllm_tok_per_s": 1361.84,
+    "source": "https://github.com/GeeeekExplorer/nano-vllm#benchmark",
+}  # fmt: skip
+
+
+# --8<-- [start:steps]
+@dataclass(frozen=True)
+class Step:
+    """One step of the check: its name, its time budget, and what it shows."""
+
+    name: str
+    budget_s: int
+    what: str
+
+
+STEPS = (
+    Step("environment", 15, "device, memory, nvidia-smi's device line, versions"),
+    Step("gpu_tests", 150, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("throughput", 145, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
+    Step("cudagraph_latency", 95, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
+    Step("prefix_caching", 75, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
+)
+MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
+
+
+def step_timeout(step: Step, elapsed_s: float, total_s: float = TOTAL_BUDGET_S) -> float | None:
+    """The seconds ``step`` may run after ``elapsed_s`` of the check: its budget, cut to what
+    is left of the total; None when too little is left (the step is skipped for time)."""
+    left = total_s - elapsed_s
+    timeout = min(step.budget_s, left)
+    return timeout if timeout >= min(step.budget_s, MIN_STEP_S) else None
+# --8<-- [end:steps]
+
+
+def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool) -> list[str]:
+    """The command line of a step (``environment`` is this script itself)."""
+    model = ["--model-folder", str(work / "model")]
+    out = ["--out", str(work / f"{step.name}.json")]
+    if step.name == "environment":
+        return [python, str(Path(__file__)), "--environment-json", str(work / "environment.json")]
+    if step.name == "gpu_tests":
+        cmd = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={work / 'junit.xml'}"]
+        return cmd + (["--collect-only"] if dry_run else [])
+    if step.name == "throughput":
+        seqs = ["--num-seqs", "128" if quick else "256"]
+        return [python, "bench/throughput.py", "--repeats", "1", *seqs, *model, *out] + (["--dry-run"] if dry_run else [])
+    if step.name == "cudagraph_latency":
+        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput"]
+        flags = ["--dry-run"] if dry_run else []
+        return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
+    if step.name == "prefix_caching":
+        mode = "--dry-run" if dry_run else "--gpu"
+        return [python, "bench/prefix_caching.py", mode, "--repeats", "1", *model, *out] + (["--quick"] if quick else [])
+    raise ValueError(f"unknown step {step.name!r}")
+
+
+# -- figures: what each step's record says, in a few numbers -------------------------------------
+
+
+def figures(step: Step, work: Path, output: str) -> dict:
+    """The step's headline figures, from the record it wrote (or pytest's report)."""
+    if step.name == "gpu_tests":
+        return pytest_figures(work / "junit.xml", output)
+    path = work / f"{step.name}.json"
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text())
+    if step.name == "environment":
+        return record
+    if step.name == "throughput":
+        return throughput_figures(record)
+    if step.name == "cudagraph_latency":
+        return cudagraph_figures(record)
+    return prefix_caching_figures(record)
+
+
+def pytest_figures(junit: Path, output: str) -> dict:
+    """Counts and the failing tests from pytest's JUnit XML; with ``--collect-only``, the count
+    collected from its last line."""
+    collected = re.search(r"(\d+)(?:/\d+)? tests? collected", output)
+    if not junit.is_file():
+        return {"collected": int(collected.group(1))} if collected else {}
+    suite = ET.parse(junit).getroot()
+    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    failing = []
+    for case in suite.iter("testcase"):
+        problem = case.find("failure")
+        problem = problem if problem is not None else case.find("error")
+        if problem is not None:
+            message = (problem.get("message") or "").splitlines()[:1]
+            failing.append(f"{case.get('classname')}::{case.get('name')}: {message[0] if message else ''}"[:300])
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    if collected:
+        counts["collected"] = int(collected.group(1))
+    return {**counts, "failing": failing}
+
+
+def throughput_figures(record: dict) -> dict:
+    full, hf = record["tinyvllm_full_workload"], record["transformers_on_hf_subset"]
+    result = {
+        "device": record["device"],
+        "requests": full["requests"],
+        "output_tokens": full["output_tokens"],
+        "tinyvllm_tok_per_s": round(full["tok_per_s"], 1),
+        "tinyvllm_seconds": round(full["seconds"], 2),
+        "transformers_subset_requests": hf["requests"],
+        "transformers_subset_tok_per_s": round(hf["tok_per_s"], 1),
+        "speedup_vs_transformers_same_subset": round(record["speedup_vs_transformers_same_subset"], 2),
+        "engine": record["engine"],
+    }
+    if full["output_tokens"] == NANO_VLLM_PUBLISHED["output_tokens"]:  # the same workload, draw for draw
+        result["ratio_vs_nano_vllm_published"] = round(full["tok_per_s"] / NANO_VLLM_PUBLISHED["tok_per_s"], 2)
+        result["nano_vllm_published"] = NANO_VLLM_PUBLISHED
+    return result
+
+
+def cudagraph_figures(record: dict) -> dict:
+    modes = {}
+    for name, mode in record["modes"].items():
+        speedup = record["ratios"][name]["latency_speedup_vs_none"]
+        modes[name] = {
+            "resolved_mode": mode["resolved_mode"],
+            "startup_s": round(mode["startup_s"], 1),
+            "step_ms": {str(r["batch"]): round(r["median_step_s"] * 1e3, 3) for r in mode["latency"]},
+            "speedup_vs_none": {b: round(x, 2) for b, x in speedup.items()},
+        }
+    return {"device": record["environment"]["device"], "complete": record["complete"],
+            "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
+
+
+def prefix_caching_figures(record: dict) -> dict:
+    ratios = next(iter(record["ratios"].values()))
+    return {"device": record["machine"]["device"], "repeats": record["repeats"],
+            "ratios": ratios, "seed_004_reference": record["seed_004_reference"]}  # fmt: skip
+
+
+# -- the environment step (run in its own process: the parent never initialises CUDA) -----------
+
+
+def environment() -> dict:
+    import platform
+
+    import torch
+
+    info: dict = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda}
+    for module in ("triton", "transformers", "tinyvllm"):
+        try:
+            info[module] = __import__(module).__version__
+        except ImportError:
+            info[module] = None
+    info["cuda_available"] = torch.cuda.is_available()
+    if info["cuda_available"]:
+        props = torch.cuda.get_device_properties(0)
+        info["device"] = props.name
+        info["device_memory_gib"] = round(props.total_memory / 2**30, 1)
+        info["compute_capability"] = f"{props.major}.{props.minor}"
+        info["device_count"] = torch.cuda.device_count()
+    else:
+        info["device"] = "cpu"
+    try:
+        query = "--query-gpu=name,memory.total,driver_version,pci.bus_id"
+        smi = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        info["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as error:
+        info["nvidia_smi"] = f"not available ({type(error).__name__})"
+    return info
+
+
+# -- running the steps ----------------------------------------------------------------------------
+
+
+def run_step(cmd: list[str], timeout: float, log) -> tuple[int | None, str]:
+    """Run ``cmd`` from the repository root; its output goes to ``log`` and is returned.
+    Returns ``(exit status, output)``, the status None when it ran out of time (its whole
+    process group is killed, so no child outlives it)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            status = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status = None
+        out.seek(0)
+        text = out.read()
+    log.write(text)
+    log.flush()
+    return status, text
+
+
+def write_summary(out_dir: Path, summary: dict) -> None:
+    tmp = out_dir / (SUMMARY + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(out_dir / SUMMARY)
+
+
+def run_check(
+    out_dir: Path,
+    dry_run: bool,
+    quick: bool,
+    python: str = sys.executable,
+    steps: tuple[Step, ...] = STEPS,
+    total_s: float = TOTAL_BUDGET_S,
+    command=step_command,
+) -> dict:
+    """Run ``steps`` in order within ``total_s``; returns the summary (also written to
+    ``out_dir``). ``command`` builds each step's command line (the tests pass their own)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    summary = {
+        "schema": SCHEMA_VERSION,
+        "check": "bench/gpu_check.py",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "bash bench/gpu.sh " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "dry_run": dry_run,
+        "quick": quick,
+        "total_budget_s": total_s,
+        "environment": {},
+        "steps": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp, (out_dir / LOG).open("w") as log:
+        work = Path(tmp)
+        for step in steps:
+            elapsed = time.perf_counter() - start
+            record = {"name": step.name, "what": step.what, "budget_s": step.budget_s, "started_at_s": round(elapsed, 1)}
+            timeout = step_timeout(step, elapsed, total_s)
+            header = f"== {step.name} (budget {step.budget_s} s, at {elapsed:.0f} s of {total_s}) =="
+            print(header, flush=True)
+            log.write(header + "\n")
+            if timeout is None:
+                record |= {"status": "skipped", "reason": "time", "seconds": 0.0}
+                log.write(f"skipped: {total_s - elapsed:.0f} s left, under its budget\n")
+            else:
+                cmd = command(step, python, work, dry_run, quick)
+                log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+                log.flush()
+                began = time.perf_counter()
+                status, output = run_step(cmd, timeout, log)
+                record["seconds"] = round(time.perf_counter() - began, 1)
+                record["exit_status"] = status
+                try:
+                    record["figures"] = figures(step, work, output)
+                except (OSError, ValueError, KeyError, TypeError) as error:  # a record cut short or malformed
+                    record["figures"] = {"error": f"{type(error).__name__}: {error}"}
+                if status == 0:
+                    record["status"] = "passed"
+                else:
+                    record["status"] = "failed"
+                    record["reason"] = f"timed out after {timeout:.0f} s" if status is None else f"exit status {status}"
+                    record["output_tail"] = output.splitlines()[-25:]
+                if step.name == "environment":
+                    summary["environment"] = record.pop("figures", {})
+            print(f"   {record['status']}" + (f" ({record['reason']})" if "reason" in record else ""), flush=True)
+            summary["steps"].append(record)
+            summary["wall_s"] = round(time.perf_counter() - start, 1)
+            write_summary(out_dir, summary)
+        summary["passed"] = all(s["status"] == "passed" for s in summary["steps"])
+        write_summary(out_dir, summary)
+        log.write(json.dumps({s["name"]: s["status"] for s in summary["steps"]}) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the summary and the log")
+    parser.add_argument("--quick", action="store_true", help="half of every workload")
+    parser.add_argument("--dry-run", action="store_true", help="the CPU, the tiny model, tiny workloads: checks the check")
+    parser.add_argument("--environment-json", type=Path, default=None, help=argparse.SUPPRESS)  # the environment step
+    args = parser.parse_args(argv)
+    if args.environment_json is not None:
+        args.environment_json.write_text(json.dumps(environment(), indent=2))
+        return 0
+    if not args.dry_run and not _has_cuda():
+        print("bench/gpu.sh: no CUDA device visible to torch; use --dry-run to check the check on the CPU", file=sys.stderr)
+        return 1
+    summary = run_check(args.out.resolve(), args.dry_run, args.quick)
+    for step in summary["steps"]:
+        print(f"{step['name']:18s} {step['status']:8s} {step.get('seconds', 0):6.1f} s of {step['budget_s']} s")
+    print(f"wrote {args.out / SUMMARY} and {args.out / LOG} ({summary['wall_s']:.0f} s)")
+    return 0 if summary["passed"] else 1
+
+
+def _has_cuda() -> bool:
+    """Whether torch sees a CUDA device, asked in a child process (the parent stays CUDA-free)."""
+    probe = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"])
+    return probe.returncode == 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""``bench/gpu.sh`` (``bench/gpu_check.py``), checked on the CPU: the budgets fit eight minutes,
+a step whose time is gone is skipped and said so, a failing or hanging step is recorded and
+the next one still runs, and the dry run leaves exactly the summary and the log, in the
+summary's schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import gpu_check  # noqa: E402
+
+STEP_NAMES = ["environment", "gpu_tests", "throughput", "cudagraph_latency", "prefix_caching"]
+
+
+def test_the_steps_run_in_the_issues_order_and_their_budgets_fit_eight_minutes():
+    assert [s.name for s in gpu_check.STEPS] == STEP_NAMES
+    assert sum(s.budget_s for s in gpu_check.STEPS) <= gpu_check.TOTAL_BUDGET_S == 480
+    assert all(s.budget_s >= gpu_check.MIN_STEP_S for s in gpu_check.STEPS)
+
+
+def test_a_step_gets_its_budget_cut_to_what_is_left_or_is_skipped():
+    step = gpu_check.Step("x", 100, "")
+    assert gpu_check.step_timeout(step, 0, 480) == 100
+    assert gpu_check.step_timeout(step, 400, 480) == 80  # cut to what is left
+    assert gpu_check.step_timeout(step, 471, 480) is None  # 9 s left: under the floor of 10
+    assert gpu_check.step_timeout(gpu_check.Step("y", 5, ""), 476, 480) is None  # 4 s left of its 5
+    assert gpu_check.step_timeout(gpu_check.Step("y", 5, ""), 474, 480) == 5
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_each_step_runs_its_script_with_the_shared_model_folder(tmp_path, quick):
+    commands = {s.name: gpu_check.step_command(s, "py", tmp_path, False, quick) for s in gpu_check.STEPS}
+    assert commands["gpu_tests"][:5] == ["py", "-m", "pytest", "-m", "gpu"]
+    assert "--collect-only" not in commands["gpu_tests"]
+    assert commands["throughput"][commands["throughput"].index("--num-seqs") + 1] == ("128" if quick else "256")
+    assert commands["cudagraph_latency"][commands["cudagraph_latency"].index("--batches") + 1] == "1,32"
+    assert "--gpu" in commands["prefix_caching"]
+    for name in ("throughput", "cudagraph_latency", "prefix_caching"):
+        cmd = commands[name]
+        assert cmd[cmd.index("--model-folder") + 1] == str(tmp_path / "model")  # built once, shared
+        assert cmd[cmd.index("--out") + 1] == str(tmp_path / f"{name}.json")
+        assert ("--quick" in cmd) == (quick and name != "throughput")
+    dry = gpu_check.step_command(gpu_check.STEPS[1], "py", tmp_path, True, False)
+    assert "--collect-only" in dry
+
+
+def test_a_failing_a_hanging_and_a_late_step_are_recorded_and_the_others_still_run(tmp_path):
+    steps = (
+        gpu_check.Step("fails", 10, "exits 3"),
+        gpu_check.Step("hangs", 2, "sleeps past its budget"),
+        gpu_check.Step("passes", 3, "exits 0"),
+        gpu_check.Step("late", 10, "no time left for it"),
+    )
+    scripts = {
+        "fails": "print('something broke'); raise SystemExit(3)",
+        "hangs": "import time; print('waiting', flush=True); time.sleep(60)",
+        "passes": "print('fine')",
+        "late": "print('never runs')",
+    }
+
+    def command(step, python, work, dry_run, quick):
+        return [python, "-c", scripts[step.name]]
+
+    summary = gpu_check.run_check(tmp_path, dry_run=True, quick=False, steps=steps, total_s=11, command=command)
+    by_name = {s["name"]: s for s in summary["steps"]}
+    assert [s["name"] for s in summary["steps"]] == ["fails", "hangs", "passes", "late"]
+    assert (by_name["fails"]["status"], by_name["fails"]["reason"]) == ("failed", "exit status 3")
+    assert by_name["fails"]["output_tail"] == ["something broke"]
+    assert (by_name["hangs"]["status"], by_name["hangs"]["reason"]) == ("failed", "timed out after 2 s")
+    assert 1.9 <= by_name["hangs"]["seconds"] < 10
+    assert by_name["passes"]["status"] == "passed"
+    assert (by_name["late"]["status"], by_name["late"]["reason"]) == ("skipped", "time")
+    assert summary["passed"] is False
+    assert json.loads((tmp_path / gpu_check.SUMMARY).read_text()) == summary
+    log = (tmp_path / gpu_check.LOG).read_text()
+    assert "something broke" in log and "waiting" in log and "never runs" not in log
+
+
+def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
+    """``bash bench/gpu.sh --dry-run``: every step passes on the CPU, and the folder holds
+    exactly ``gpu_summary.json`` and ``gpu.log``."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu.log", "gpu_summary.json"]
+    summary = json.loads((out / "gpu_summary.json").read_text())
+    assert summary["schema"] == gpu_check.SCHEMA_VERSION and summary["dry_run"] is True
+    assert summary["total_budget_s"] == 480 and summary["passed"] is True
+    assert {"python", "torch", "triton", "transformers", "tinyvllm", "device", "nvidia_smi"} <= set(summary["environment"])
+    steps = summary["steps"]
+    assert [s["name"] for s in steps] == STEP_NAMES
+    assert all(s["status"] == "passed" and s["seconds"] <= s["budget_s"] for s in steps), steps
+    figures = {s["name"]: s.get("figures", {}) for s in steps}
+    assert figures["gpu_tests"]["collected"] >= 90  # the gpu-marked tests, collected (not run) on the CPU
+    assert figures["throughput"]["output_tokens"] > 0 and figures["throughput"]["speedup_vs_transformers_same_subset"] > 0
+    modes = figures["cudagraph_latency"]["modes"]
+    assert set(modes) == {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}
+    assert all(set(m["step_ms"]) == {"1", "2"} for m in modes.values())
+    assert figures["cudagraph_latency"]["stats_check"] is True
+    assert set(figures["prefix_caching"]["ratios"]) == {"hit_49", "hit_37"}
+    log = (out / "gpu.log").read_text()
+    assert all(f"== {name} (budget" in log for name in STEP_NAMES)
+
+
+def test_the_full_workload_is_nano_vllms_draw_for_draw():
+    """256 requests whose outputs add up to the 133,966 tokens nano-vllm's README reports, so
+    the throughput step may be set beside its published figure."""
+    from throughput import make_workload
+
+    prompts, max_tokens = make_workload(256, 1024, 1024)
+    assert sum(max_tokens) == gpu_check.NANO_VLLM_PUBLISHED["output_tokens"] == 133966
+    assert len(prompts) == 256 and sum(map(len, prompts)) == 142827
