@@ -158,6 +158,7 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/engine/llm.py",
         "src/tinyvllm/engine/llm_engine.py",
         "src/tinyvllm/outputs.py",
+        "src/tinyvllm/models/hub.py",
         "src/tinyvllm/cli.py",
         "src/tinyvllm/sampling_params.py",
         "src/tinyvllm/config.py",

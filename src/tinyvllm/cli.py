@@ -1,15 +1,20 @@
 """The ``tinyvllm`` command (also ``python -m tinyvllm``).
 
-``tinyvllm serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]``
-serves the model over HTTP with an OpenAI-compatible API (``entrypoints/openai_server.py``;
-needs the ``serve`` extra); it takes the same engine flags as ``generate``
-(``add_engine_args``).
-``tinyvllm generate --prompt TEXT [--model DIR] [...]`` prints the completion, then one line
-of figures: prompt and generated tokens, seconds, generated tokens per second, and
-prompt tokens served from the prefix cache. ``--cudagraph-mode`` and ``--enforce-eager``
-choose how the model runs under CUDA graphs, as vLLM's ``--compilation-config`` and
-``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a tiny
-random-weight model folder (for trying the engine with no download).
+``tinyvllm serve [--model DIR|ID] [--revision R] [--host 127.0.0.1] [--port 8000]
+[--served-model-name NAME]`` serves the model over HTTP with an OpenAI-compatible API
+(``entrypoints/openai_server.py``; needs the ``serve`` extra); it takes the same engine
+flags as ``generate`` (``add_engine_args``). ``--served-model-name`` defaults to the
+``--model`` string as given (a hub id stays ``org/name``), as in vLLM.
+``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
+completion, then one line of figures: prompt and generated tokens, seconds, generated
+tokens per second, and prompt tokens served from the prefix cache. ``--cudagraph-mode``
+and ``--enforce-eager`` choose how the model runs under CUDA graphs, as vLLM's
+``--compilation-config`` and ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a
+tiny random-weight model folder (for trying the engine with no download).
+
+``--model`` is a local folder or a Hugging Face model id (``Qwen/Qwen3-0.6B``), resolved
+into the hub cache by ``models/hub.py`` (a local folder of the same spelling wins;
+``HF_HUB_OFFLINE=1`` reads the cache only); ``--revision`` picks a branch, tag or commit.
 
 Errors (the contract ``tests/test_cli.py`` holds):
 - A flag argparse refuses (an unknown choice, a non-number): argparse's usage and
@@ -17,7 +22,8 @@ Errors (the contract ``tests/test_cli.py`` holds):
 - A user error (``ValueError``, ``TypeError``, ``OSError`` and so ``FileNotFoundError``):
   exactly one line on stderr, ``tinyvllm: error: <message>``, no traceback, exit status 2.
   That covers every broken model folder (``models/loader.py`` turns each into one
-  ValueError naming the file and the field), sampling values ``SamplingParams`` refuses
+  ValueError naming the file and the field), a model id the hub does not have or that is
+  not cached while offline (``models/hub.py``), sampling values ``SamplingParams`` refuses
   (``--max-tokens 0``, ``--temperature -1``, ``--top-p 2``), ``--device cuda`` with no GPU,
   a ``--max-model-len`` past the model's or the KV cache's, an unwritable ``tiny-model``
   folder.
@@ -27,9 +33,10 @@ Errors (the contract ``tests/test_cli.py`` holds):
   traceback (exit status 1). Set ``TINYVLLM_TRACEBACK=1`` to get the traceback of the
   user errors too (a ``TypeError`` from a bug would otherwise read as one line).
 
-Fail fast: ``generate`` checks the numbers, the sampling values and the whole model folder
-(``check_model_folder``: config, weight headers, tokenizer files, EOS; no torch) before
-importing the engine, so a typo costs a fraction of a second, not torch's import.
+Fail fast: ``generate`` checks the numbers, the sampling values, resolves the model
+(``resolve_model``) and checks the whole folder (``check_model_folder``: config, weight
+headers, tokenizer files, EOS; no torch) before importing the engine, so a typo costs a
+fraction of a second, not torch's import.
 """
 
 from __future__ import annotations
@@ -68,7 +75,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def _add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", default=None,
-        help="a local Hugging Face model folder (default: the shipped stdlib_tiny model, trained on Python's standard library)",
+        help="a local Hugging Face model folder or a Hugging Face model id such as Qwen/Qwen3-0.6B "
+        "(default: the shipped stdlib_tiny model, trained on Python's standard library)",
+    )  # fmt: skip
+    p.add_argument(
+        "--revision", default=None,
+        help="the branch, tag or commit hash of a Hugging Face model id (default: main)",
     )  # fmt: skip
 
 
@@ -101,14 +113,18 @@ def _add_serve(sub) -> None:
 
 
 def _check_engine_args(args):
-    """The engine flags and the model folder, without torch; ValueError naming the flag or the file."""
+    """The engine flags and the model, without torch: a hub id is resolved into the hub
+    cache (``args.model_folder``; ``args.model`` stays as typed, the served name) and the
+    folder checked. ValueError naming the flag, the id or the file."""
+    from tinyvllm.models.hub import resolve_model
     from tinyvllm.models.loader import check_model_folder
 
     if args.model is None:  # the small model shipped with the package
         from tinyvllm.models import STDLIB_TINY
 
         args.model = STDLIB_TINY
-    spec = check_model_folder(args.model)
+    args.model_folder = resolve_model(args.model, args.revision)
+    spec = check_model_folder(args.model_folder)
     if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
         raise ValueError(
             f"--max-model-len {args.max_model_len} exceeds the model's max_position_embeddings "
@@ -137,15 +153,20 @@ def _check_args(args):
 
 
 def llm_from_args(args):
-    """The ``LLM`` the engine flags describe."""
+    """The ``LLM`` the engine flags describe (the folder ``_check_engine_args`` resolved)."""
     from tinyvllm import LLM
 
-    return LLM(
-        args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+    folder = getattr(args, "model_folder", None)  # resolved once: LLM does not ask the hub again
+    revision = None if folder else getattr(args, "revision", None)
+    llm = LLM(
+        folder or args.model, revision=revision, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, attention_backend=args.attention_backend,
         num_gpu_blocks_override=args.num_gpu_blocks_override, enforce_eager=args.enforce_eager,
         compilation_config={"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else None,
     )  # fmt: skip
+    if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
+        print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)
+    return llm
 
 
 def _serve(args) -> int:

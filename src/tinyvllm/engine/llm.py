@@ -6,12 +6,13 @@ prompt is finished, with a progress bar. Names and defaults follow vLLM's ``LLM`
 scripts port both ways.
 
 Start-up, in order: every argument checked, the device and the compilation config (NOTE 6)
--> the folder's config (architecture, shapes) -> dtype and attention backend -> limits
-(``max_model_len``, the token budget) -> the tokenizer, EOS ids and the reasoning config
-(NOTE 4) -> the model weights -> the number of KV blocks (profiled on a GPU, less what
-the CUDA graphs will hold; an override or a byte budget on the CPU) -> the KV tensors ->
-the persistent batch with the logits processors and block table -> the runner, which
-warms up and captures its CUDA graphs -> the scheduler and the engine.
+-> the model folder (a hub id resolved into the hub cache, NOTE 9) -> the folder's config
+(architecture, shapes) -> dtype and attention backend -> limits (``max_model_len``, the
+token budget) -> the tokenizer, EOS ids and the reasoning config (NOTE 4) -> the model
+weights -> the number of KV blocks (profiled on a GPU, less what the CUDA graphs will
+hold; an override or a byte budget on the CPU) -> the KV tensors -> the persistent batch
+with the logits processors and block table -> the runner, which warms up and captures its
+CUDA graphs -> the scheduler and the engine.
 
 Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.generate``), ``vllm/v1/engine/core.py``
 (``_initialize_kv_caches``), ``vllm/v1/worker/gpu_worker.py`` (``determine_available_memory``).
@@ -52,6 +53,10 @@ NOTE 8 (attention backends): "triton" (``attention/triton_attention.py``, CUDA-g
 and "reference" (``attention/reference.py``: a loop over requests, the specification).
 "auto" picks Triton on CUDA and torch on the CPU, where torch is the faster of the two
 that run without Triton's interpreter.
+NOTE 9 (model ids): ``model`` is a local folder or a Hugging Face model id (``org/name``),
+and the keyword ``revision`` a branch, tag or commit of the id; ``models/hub.py`` resolves
+the id into the hub cache (a local folder of the same spelling wins; offline under
+``HF_HUB_OFFLINE=1``), after every other argument is checked and before the folder is read.
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
+import logging
 import os
+import time
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -69,7 +76,9 @@ from tinyvllm.config import CacheConfig, CompilationConfig, EngineConfig, Reason
 from tinyvllm.core.kv_cache_manager import cdiv
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.engine.startup_report import StartupReport
 from tinyvllm.models import STDLIB_TINY
+from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.llama import load_model
 from tinyvllm.models.loader import check_eos_token_ids, load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype
 from tinyvllm.outputs import RequestOutput
@@ -102,6 +111,8 @@ from tinyvllm.worker.kv_cache import (
 )
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 from tinyvllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 ATTENTION_BACKENDS = ("auto", "triton", "torch", "reference")  # NOTE 8
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # NOTE 6
@@ -184,8 +195,9 @@ def _checked_logits_processors(value: object) -> tuple[LogitsProcessorSpec, ...]
 
 
 class LLM:
-    """Generate text from a local Hugging Face folder (Qwen3, Qwen2, Llama families);
-    with no ``model``, the small model shipped with the package (``STDLIB_TINY``)."""
+    """Generate text from a Hugging Face model (Qwen3, Qwen2, Llama families): a local
+    folder or a hub model id (NOTE 9); with no ``model``, the small model shipped with the
+    package (``STDLIB_TINY``)."""
 
     def __init__(
         self,
@@ -205,11 +217,13 @@ class LLM:
         compilation_config: dict | CompilationConfig | None = None,
         enforce_eager: bool = False,
         logits_processors: Sequence[LogitsProcessorSpec] | None = None,
+        *,
+        revision: str | None = None,
     ) -> None:
         # --8<-- [start:arguments]
         if not isinstance(model, (str, os.PathLike)):
-            raise TypeError(f"model must be the path of a local folder (a str), got {model!r}")
-        model = os.fspath(model)
+            raise TypeError(f"model must be a local folder or a Hugging Face model id (a str), got {model!r}")
+        revision = check_revision(revision)
         self.device = _resolve_device(device)
         for name, value in (("dtype", dtype), ("attention_backend", attention_backend)):
             if not isinstance(value, str):
@@ -231,6 +245,7 @@ class LLM:
         compilation = _compilation_config(compilation_config, enforce_eager)
         self.logits_processors = _checked_logits_processors(logits_processors)
         # --8<-- [end:arguments]
+        model = resolve_model(model, revision)  # NOTE 9: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
         self.dtype = resolve_dtype(dtype, spec, self.device.type)
         requested_backend = attention_backend
@@ -269,8 +284,10 @@ class LLM:
                 check_token_ids(f"reasoning_config.{name}", getattr(reasoning_config, name), spec.vocab_size)
 
         torch.manual_seed(seed)
+        started = time.perf_counter()
         self.model = load_model(model, dtype=self.dtype, device=self.device, attention_backend=attention_backend)
         self.spec = spec
+        loaded = time.perf_counter()
         # --8<-- [start:kv_start_up]
         if num_gpu_blocks_override is not None:
             num_blocks = num_gpu_blocks_override
@@ -296,14 +313,37 @@ class LLM:
             self.dtype, self.device,
         )
         # --8<-- [end:kv_start_up]
+        sized = time.perf_counter()
         runner = self._build_runner(kv_caches, block_size, scheduler_config, compilation, reasoning_config)
         runner.capture_model()  # warm-up and CUDA-graph capture (nothing to do in mode NONE)
+        measured = self.device.type == "cuda" and num_gpu_blocks_override is None and runner.cudagraph_mode.name != "NONE"
+        self.startup_report = self._startup_report(runner, per_block, measured, loaded - started, sized - loaded, sized)
+        logger.info("tinyvllm start-up:\n  %s", "\n  ".join(self.startup_report.lines()))
         scheduler = Scheduler(scheduler_config, cache_config, log_stats=True)
         self.engine = LLMEngine(
             scheduler, runner, self.tokenizer, self.eos_token_id,
             vocab_size=spec.vocab_size, reasoning_config=reasoning_config,
         )  # fmt: skip
         self._ids = itertools.count()
+
+    def _startup_report(
+        self, runner: ModelRunner, bytes_per_block: int, measured: bool, load_s: float, memory_s: float, sized: float
+    ) -> StartupReport:
+        """What start-up chose (``engine/startup_report.py``), once the runner has captured."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
+        cache, scheduler = self.config.cache_config, self.config.scheduler_config
+        return StartupReport(
+            device=f"{self.device}{name}", dtype=str(self.dtype).removeprefix("torch."),
+            attention_backend=self.model.attention_backend, cudagraph_mode=runner.cudagraph_mode.name,
+            capture_sizes=tuple(runner.dispatcher.capture_sizes) if runner.cudagraph_mode != CUDAGraphMode.NONE else (),
+            block_size=cache.block_size, num_kv_blocks=cache.num_gpu_blocks,
+            kv_cache_bytes=cache.num_gpu_blocks * bytes_per_block, cudagraph_memory_bytes=self.cudagraph_memory_bytes if measured else None,
+            max_model_len=scheduler.max_model_len, max_num_seqs=scheduler.max_num_seqs,
+            max_num_batched_tokens=scheduler.max_num_batched_tokens,
+            load_s=load_s, memory_s=memory_s, capture_s=time.perf_counter() - sized,
+        )  # fmt: skip
 
     def _build_runner(
         self,

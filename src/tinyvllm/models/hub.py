@@ -1,0 +1,273 @@
+"""Resolving ``model``: a local folder, or a Hugging Face model id fetched into the hub cache.
+
+Concept: one function, ``resolve_model(model, revision)``, turns what a user types after
+``--model`` (or passes as ``LLM(model=...)``) into the local folder the loader reads
+(``models/loader.py``). A local folder is returned as it is. Any other string that is a
+valid hub id (``name`` or ``org/name``) is looked up in the Hugging Face cache and, unless
+the machine is offline, downloaded into it with ``huggingface_hub.snapshot_download``,
+fetching only what tinyvllm reads: the config, the generation config, the tokenizer
+files and the safetensors weights. Whatever goes wrong on the way (no such model, no such
+revision, a gated model, offline with an empty cache, no network) is one ``ValueError``
+line naming the id, the revision and what to do.
+
+Mirrors: vLLM's ``--model`` takes a local path or a hub id. Its config and tokenizer come
+through transformers (``vllm/transformers_utils/config.py``), which reads the same cache,
+and its weights through ``download_weights_from_hf`` in
+``vllm/model_executor/model_loader/weight_utils.py``: ``snapshot_download`` with the
+allow-patterns of the weight format it chose, ``local_files_only`` when ``HF_HUB_OFFLINE``
+is set. ``--revision`` picks a branch, tag or commit, and ``--served-model-name`` defaults
+to the ``--model`` string as given (``cli.py`` keeps that).
+
+Invariants:
+- A local folder wins: if ``model`` names an existing folder it is returned, and the hub is
+  never imported, let alone asked (NOTE 1). Only a ``str`` can be a hub id; an
+  ``os.PathLike`` is always a folder.
+- Nothing but ``ALLOW_PATTERNS`` is fetched, and nothing below the repository's top
+  folder (``IGNORE_PATTERNS``): never pickled weights (``*.bin``, ``*.pt``, ``*.pth``), nor
+  other frameworks' (``*.h5``, ``*.msgpack``, ``*.onnx``, ``*.gguf``) (NOTE 2).
+- Offline (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` true) nothing leaves the machine:
+  ``local_files_only=True`` (NOTE 3). The cache folder and the offline switch are read
+  from the environment at each call, not when huggingface_hub was imported (NOTE 4).
+- Every failure the user can fix is a ``ValueError`` on one line whose ``__cause__`` is the
+  hub's own error; anything else (a bug) propagates as it is (NOTE 5).
+- The resolved snapshot has safetensors weights, or it is refused naming the id (NOTE 6).
+- No torch, transformers, fastapi or uvicorn: the command line resolves and checks the
+  model before it imports the engine.
+
+Left out: ``repo_type`` other than models, ``local_dir`` downloads, tokens passed as an
+argument (huggingface_hub reads ``HF_TOKEN`` and ``hf auth login``'s token itself), vLLM's
+separate ``--tokenizer`` and ``--tokenizer-revision``, ModelScope, and pickled ``*.bin``
+weights, which vLLM falls back to when a repository has no safetensors.
+
+NOTE 1 (a local folder wins): ``org/name`` is both a valid hub id and a relative path. As
+in vLLM and transformers, an existing folder of that spelling is what is meant, and a
+``revision`` with a local folder is a ValueError rather than a warning: a folder has one
+version, and a user who asked for another would otherwise run the wrong weights without
+knowing. A string that is neither an existing folder nor a valid id (``/abs/path``,
+``./x``, ``a/b/c``, ``""``) is a missing folder, and the hub is not asked.
+NOTE 2 (what is fetched): ``snapshot_download`` keeps a repository file when it matches
+one of ``allow_patterns`` and none of ``ignore_patterns`` (``fnmatch`` rules, where ``*``
+also matches ``/``). The allow-list names every file the loader and the tokenizer read;
+``*/*`` then drops every file in a subfolder, because the loader reads only the top folder
+and repositories keep other formats there (Llama's ``original/*.pth``, ``onnx/``).
+NOTE 3 (offline): huggingface_hub reads ``HF_HUB_OFFLINE`` (or, when that is unset,
+``TRANSFORMERS_OFFLINE``) once, at import, and then refuses every request. Passing
+``local_files_only=True`` as well makes the offline path explicit and independent of when
+the variable was set: the snapshot that ``refs/<revision>`` names (or the commit hash
+given) is returned from the cache, or ``LocalEntryNotFoundError`` is raised.
+NOTE 4 (the cache folder): ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else
+``HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else
+``~/.cache/huggingface/hub``: huggingface_hub's own rule, evaluated at each call and
+passed as ``cache_dir``, so a program (or a test) that sets the variable after importing
+transformers gets the cache it named. An empty variable counts as unset.
+NOTE 5 (errors): the classes are huggingface_hub's (``huggingface_hub.errors``, present
+since 0.24; ``IncompleteSnapshotError`` only in 2.x, so it is looked up by name). Checked
+most specific first: ``GatedRepoError`` is a ``RepositoryNotFoundError``,
+``RevisionNotFoundError`` and both of those are ``HfHubHTTPError``, which is an ``OSError``;
+``IncompleteSnapshotError`` is a ``LocalEntryNotFoundError``. A connection error that
+escapes the hub (a proxy error is re-raised as it is) is recognised by its class coming
+from the HTTP library (``httpx``, ``httpx2``, ``requests``, ``urllib3``).
+NOTE 6 (no safetensors): a repository with only ``pytorch_model.bin`` downloads its config
+and tokenizer and no weights (the ``*.bin`` is not in the allow-list); a cache filled by
+another tool may hold the ``*.bin``. Either way the snapshot is refused here, naming the
+id, the revision and the pickled files found, before the loader reports a bare folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# --8<-- [start:patterns]
+# What snapshot_download may fetch (NOTE 2): the config, the generation config, every
+# tokenizer file transformers reads, and the safetensors weights with their shard index.
+ALLOW_PATTERNS = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+)
+IGNORE_PATTERNS = ("*/*",)  # nothing from a subfolder: the loader reads the top folder only
+# --8<-- [end:patterns]
+DEFAULT_REVISION = "main"
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # the first one set decides (NOTE 3)
+_TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's spelling of true, any case
+_HTTP_LIBRARIES = ("httpx", "httpx2", "requests", "urllib3")  # NOTE 5
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def check_revision(revision: object) -> str | None:
+    """``revision`` as given: None or a non-empty str (a branch, tag or commit hash)."""
+    if revision is None:
+        return None
+    if not isinstance(revision, str):
+        raise TypeError(
+            "revision must be a str (a branch, tag or commit hash) or None, "
+            f"got {revision!r} ({type(revision).__name__})"
+        )
+    if not revision.strip():
+        raise ValueError(f"revision must be a branch, tag or commit hash, got {revision!r}")
+    return revision
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache folder the environment names now (NOTE 4)."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
+def offline_variable() -> str | None:
+    """``"HF_HUB_OFFLINE=1"`` (the variable and its value) when the hub is offline, else None (NOTE 3)."""
+    for name in OFFLINE_VARIABLES:
+        value = os.environ.get(name)
+        if value:  # the first one set decides, as in huggingface_hub
+            return f"{name}={value}" if value.upper() in _TRUE else None
+    from huggingface_hub import constants
+
+    return "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else None  # set when the hub was imported
+
+
+def is_hub_id(model: str) -> bool:
+    """Whether ``model`` is spelled as a hub model id (``name`` or ``org/name``), by huggingface_hub's rules."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return False
+    return True
+
+
+# --8<-- [start:resolve_model]
+def resolve_model(model: str | os.PathLike, revision: str | None = None) -> Path:
+    """The local folder ``model`` names: itself if it is a folder (NOTE 1), else the hub
+    snapshot of the model id at ``revision`` (default ``"main"``), from the cache or
+    downloaded into it. A TypeError or ValueError names the model and the revision."""
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a local folder or a Hugging Face model id (a str), got {model!r}")
+    revision = check_revision(revision)
+    spelled = os.fspath(model)
+    if spelled and os.path.isdir(spelled):  # "" would be the working directory
+        if revision is not None:
+            raise ValueError(
+                f"revision {revision!r} was given, but model {spelled!r} is a local folder, which has one "
+                "version: drop the revision, or name a Hugging Face model id"
+            )
+        return Path(model)
+    if not isinstance(model, str) or not is_hub_id(model):
+        what = "exists but is not a folder" if os.path.exists(spelled) else "does not exist"
+        raise ValueError(
+            f"model folder {spelled!r} {what}, and it is not a Hugging Face model id ('name' or 'org/name')"
+        )
+    return _snapshot(model, revision)
+# --8<-- [end:resolve_model]
+
+
+def _snapshot(repo_id: str, revision: str | None) -> Path:
+    """The snapshot folder of ``repo_id`` at ``revision``, fetched unless offline."""
+    import huggingface_hub
+
+    offline = offline_variable()
+    cache = hub_cache_dir()
+    # --8<-- [start:snapshot_download]
+    try:
+        folder = huggingface_hub.snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=cache,
+            local_files_only=offline is not None,  # NOTE 3
+            allow_patterns=list(ALLOW_PATTERNS),
+            ignore_patterns=list(IGNORE_PATTERNS),
+        )
+    except Exception as error:
+        message = _explain(error, repo_id, revision or DEFAULT_REVISION, cache, offline)
+        if message is None:
+            raise  # not the user's doing: a bug keeps its traceback
+        raise ValueError(message) from error
+    # --8<-- [end:snapshot_download]
+    path = Path(folder)
+    _check_has_safetensors(path, repo_id, revision or DEFAULT_REVISION)
+    return path
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _hub_error(name: str) -> type[BaseException]:
+    """huggingface_hub's error class ``name``, or a class nothing raises if this version lacks it."""
+    from huggingface_hub import errors
+
+    return getattr(errors, name, _Absent)
+
+
+class _Absent(Exception):
+    """Stands in for an error class the installed huggingface_hub does not define."""
+
+
+def _from_http_library(error: BaseException) -> bool:
+    return any(cls.__module__.split(".")[0] in _HTTP_LIBRARIES for cls in type(error).__mro__)
+
+
+def _explain(error: Exception, repo_id: str, revision: str, cache: Path, offline: str | None) -> str | None:
+    """One line saying what went wrong and what to do, or None when ``error`` is not the user's (NOTE 5)."""
+    at = f"model {repo_id!r} (revision {revision!r})"
+    download = f"`hf download {repo_id}" + (f" --revision {revision}`" if revision != DEFAULT_REVISION else "`")
+    reason = _one_line(str(error)) or type(error).__name__
+    if isinstance(error, _hub_error("GatedRepoError")):
+        return (
+            f"model {repo_id!r} is gated on the Hugging Face hub: accept its conditions on "
+            f"https://huggingface.co/{repo_id} and log in (`hf auth login`, or set HF_TOKEN)"
+        )
+    if isinstance(error, _hub_error("RepositoryNotFoundError")):
+        return (
+            f"model {repo_id!r} is neither a local folder nor a model on the Hugging Face hub "
+            "(or it is private: log in with `hf auth login`, or set HF_TOKEN)"
+        )
+    if isinstance(error, _hub_error("RevisionNotFoundError")):
+        return f"model {repo_id!r} has no revision {revision!r} on the Hugging Face hub (a branch, tag or commit hash)"
+    if isinstance(error, _hub_error("IncompleteSnapshotError")):
+        return f"the cached snapshot of {at} is incomplete and cannot be completed now: {reason}"
+    if isinstance(error, _hub_error("LocalEntryNotFoundError")):
+        missing = f"{at} is neither a local folder nor in the Hugging Face cache {cache}"
+        if offline is not None:
+            return f"{missing}, and {offline} forbids downloading it: run {download} first, or pass a local folder"
+        cause = error.__cause__
+        why = f" ({type(cause).__name__}: {_one_line(str(cause))})" if cause is not None else ""
+        return (
+            f"{missing}, and the Hugging Face hub could not be reached{why}: check the network, or pass a local folder"
+        )
+    if isinstance(error, _hub_error("HfHubHTTPError")):
+        return f"could not fetch {at} from the Hugging Face hub: {reason}"
+    if _from_http_library(error) or isinstance(error, (ConnectionError, TimeoutError)):
+        return (
+            f"could not fetch {at}: the Hugging Face hub could not be reached ({type(error).__name__}: {reason}): "
+            "check the network, or pass a local folder"
+        )
+    if isinstance(error, OSError):  # the cache folder: no permission, disk full
+        return f"could not fetch {at} into the Hugging Face cache {cache}: {reason}"
+    return None
+
+
+def _check_has_safetensors(path: Path, repo_id: str, revision: str) -> None:
+    """Refuse a snapshot without safetensors weights, naming the pickled files it has (NOTE 6)."""
+    if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists():
+        return
+    pickled = sorted(p.name for p in path.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
+    found = f" (it has {pickled})" if pickled else ""
+    raise ValueError(
+        f"model {repo_id!r} (revision {revision!r}) has no *.safetensors weights{found} in {path}: tinyvllm never "
+        "downloads or loads pickled weights (*.bin, *.pt, *.pth); use a repository with safetensors, or convert them"
+    )

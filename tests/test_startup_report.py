@@ -1,0 +1,72 @@
+"""``LLM``'s start-up report (``engine/startup_report.py``): what start-up chose, as one block
+of lines: logged on every device, printed by the command line on a GPU."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tinyvllm import LLM
+from tinyvllm.engine.startup_report import StartupReport, format_bytes, summarize_sizes
+
+
+def test_format_bytes_and_summarize_sizes():
+    assert [format_bytes(n) for n in (0, 1023, 1536, 5 * 2**20, 3 * 2**30, 2**50)] == [
+        "0 B", "1023 B", "1.50 KiB", "5.00 MiB", "3.00 GiB", "1048576.00 GiB",
+    ]  # fmt: skip
+    assert summarize_sizes(()) == "none"
+    assert summarize_sizes((1, 2, 4)) == "1, 2, 4"
+    assert summarize_sizes((1, 2, 4, 8, 16, 24, 32, 512)) == "1, 2, 4, 8, 16, ..., 512 (8 sizes)"
+
+
+def test_the_report_says_every_choice():
+    report = StartupReport(
+        device="cuda:0 (NVIDIA H100 80GB HBM3)", dtype="bfloat16", attention_backend="triton",
+        cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(1, 2, 4, 8, 16, 24, 32), block_size=16,
+        num_kv_blocks=4096, kv_cache_bytes=4096 * 16 * 2**10, cudagraph_memory_bytes=3 * 2**29,
+        max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=8192, load_s=1.24, memory_s=5.0, capture_s=12.31,
+    )  # fmt: skip
+    assert report.lines() == [
+        "device cuda:0 (NVIDIA H100 80GB HBM3), dtype bfloat16, attention backend triton",
+        "cudagraph_mode FULL_AND_PIECEWISE, capture sizes: 1, 2, 4, 8, 16, ..., 32 (7 sizes)",
+        "KV cache: 4096 blocks of 16 tokens = 65536 tokens, 64.00 MiB; 16.0x max_model_len 4096 at once",
+        "CUDA graphs hold 1.50 GiB (taken from the KV budget)",
+        "limits: max_num_seqs 256, max_num_batched_tokens 8192",
+        "took: loading 1.2 s, sizing the KV cache 5.0 s, warm-up and capture 12.3 s",
+    ]
+
+
+def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, caplog):
+    with caplog.at_level(logging.INFO, logger="tinyvllm.engine.llm"):
+        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, block_size=4, num_gpu_blocks_override=40,
+                  compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+    report = llm.startup_report
+    assert (report.device, report.dtype, report.attention_backend) == ("cpu", "float32", "torch")
+    assert (report.cudagraph_mode, report.capture_sizes) == ("PIECEWISE", (1, 2, 4))  # emulated on the CPU
+    assert (report.num_kv_blocks, report.block_size, report.max_model_len) == (40, 4, 64)
+    kv = llm.engine.model_runner.kv_caches
+    assert report.kv_cache_bytes == sum(t.numel() * t.element_size() for t in kv)
+    assert report.cudagraph_memory_bytes is None  # no trial capture on the CPU
+    assert report.capture_s > 0 and report.load_s > 0
+    logged = [r.getMessage() for r in caplog.records if r.name == "tinyvllm.engine.llm"]
+    assert len(logged) == 1 and all(line in logged[0] for line in report.lines())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_start_up_measures_graph_memory_and_the_cli_prints_the_report(tiny_model_dirs):
+    folder = str(tiny_model_dirs["qwen3"])
+    llm = LLM(folder, device="cuda", max_model_len=256, gpu_memory_utilization=0.3)
+    report = llm.startup_report
+    assert report.device.startswith("cuda") and torch.cuda.get_device_name() in report.device
+    assert report.cudagraph_mode != "NONE" and report.capture_sizes
+    assert report.cudagraph_memory_bytes is not None and report.cudagraph_memory_bytes > 0
+    out = subprocess.run([sys.executable, "-m", "tinyvllm", "generate", "--model", folder, "--device", "cuda",
+                          "--max-model-len", "256", "--prompt", "def f(x):", "--max-tokens", "4"],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "[tinyvllm] device cuda" in out.stderr and "[tinyvllm] cudagraph_mode" in out.stderr
