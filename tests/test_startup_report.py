@@ -60,7 +60,7 @@ def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, ca
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_start_up_measures_graph_memory_and_the_cli_prints_the_report(tiny_model_dirs):
     folder = str(tiny_model_dirs["qwen3"])
-    llm = LLM(folder, device="cuda", max_model_len=256, gpu_memory_utilization=0.3)
+    llm = LLM(folder, device="cuda", max_model_len=256, gpu_memory_utilization=0.3, max_num_seqs=8)
     report = llm.startup_report
     assert report.device.startswith("cuda") and torch.cuda.get_device_name() in report.device
     assert report.cudagraph_mode != "NONE" and report.capture_sizes
