@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from serve_fixtures import require_serve_extra
+
+require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

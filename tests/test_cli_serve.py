@@ -9,13 +9,16 @@ import subprocess
 import sys
 import time
 
-import httpx
-import openai
 import pytest
-from serve_fixtures import free_port
-from test_cli import ENV, assert_one_line_error, run_cli
+from serve_fixtures import free_port, require_serve_extra
 
-from tinyvllm import cli
+require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+from test_cli import ENV, assert_one_line_error, run_cli  # noqa: E402
+
+from tinyvllm import cli  # noqa: E402
 
 
 def _flags(command: str) -> set[str]:

@@ -13,13 +13,16 @@ import json
 import random
 import time
 
-import httpx
-import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from serve_fixtures import CHAT_TEMPLATE, running_server
+from serve_fixtures import CHAT_TEMPLATE, require_serve_extra, running_server
 
-from tinyvllm import LLM, SamplingParams
+require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from tinyvllm import LLM, SamplingParams  # noqa: E402
 
 NAME = "tiny-qwen3"
 ENGINE = dict(device="cpu", max_model_len=128, block_size=4)

@@ -6,7 +6,10 @@ the offline engine's text, a stream that joins to the whole answer, the shared p
 ``docs/generated/08_serve_client.txt``; this test pins the facts the page relies on.
 """
 
+from serve_fixtures import require_serve_extra
 from tutorial_runner import tutorial_output
+
+require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
 BLOCK_SIZE = 4
 

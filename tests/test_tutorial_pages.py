@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from serve_fixtures import imports_serve_packages, require_serve_extra
 from tutorial_runner import tutorial_output
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +78,8 @@ def test_tutorial_output_matches_golden_file(stem: str):
     golden = REPO / "docs" / "generated" / f"{stem}.txt"
     assert golden.exists(), f"{golden.relative_to(REPO)} is missing; write it with {_regenerate(stem)}"
     expected = golden.read_text(encoding="utf-8")
+    if imports_serve_packages(REPO / "tutorials" / f"{stem}.py"):
+        require_serve_extra()  # the serving tutorial: skips without the serve extra, as on the GPU machine
     output = tutorial_output(f"{stem}.py")
     if output != expected:
         diff = "".join(
