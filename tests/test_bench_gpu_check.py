@@ -101,7 +101,7 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert [s["name"] for s in steps] == STEP_NAMES
     assert all(s["status"] == "passed" and s["seconds"] <= s["budget_s"] for s in steps), steps
     figures = {s["name"]: s.get("figures", {}) for s in steps}
-    assert figures["gpu_tests"]["collected"] >= 90  # the gpu-marked tests, collected (not run) on the CPU
+    assert figures["gpu_tests"]["collected"] >= 60  # the 63 gpu-marked tests, collected (not run) on the CPU
     assert figures["throughput"]["output_tokens"] > 0 and figures["throughput"]["speedup_vs_transformers_same_subset"] > 0
     modes = figures["cudagraph_latency"]["modes"]
     assert set(modes) == {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}
