@@ -198,3 +198,10 @@ def test_logits_processor_validate_params_refuses_before_anything_runs(folder, p
     assert not llm.engine.has_unfinished_requests()
     kv = llm.engine.scheduler.kv_cache_manager
     assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks
+
+
+def test_max_tokens_none_generates_up_to_the_context(folder):
+    llm = LLM(folder, device="cpu", max_model_len=40, block_size=4)
+    params = SamplingParams(max_tokens=None, temperature=0, ignore_eos=True)
+    [out] = llm.generate({"prompt_token_ids": [5] * 10}, params, use_tqdm=False)
+    assert (len(out.outputs[0].token_ids), out.outputs[0].finish_reason) == (30, "length")

@@ -38,7 +38,7 @@ def test_valid_values_are_kept():
         ("temperature", -0.1, "-0.1"), ("temperature", math.nan, "nan"), ("temperature", math.inf, "inf"),
         ("temperature", 1e-3, "0.001"), ("temperature", 1e-40, "1e-40"), ("temperature", 1e39, "1e+39"),
         ("top_p", 0.0, "0.0"), ("top_p", 1.5, "1.5"), ("top_p", -1, "-1"),
-        ("top_k", -1, "-1"), ("top_k", 2**63, str(2**63)),
+        ("top_k", -2, "-2"), ("top_k", 2**63, str(2**63)),
         ("min_p", -0.1, "-0.1"), ("min_p", 1.1, "1.1"), ("min_p", math.nan, "nan"),
         ("logit_bias", {-1: 1.0}, "-1"), ("logit_bias", {1: math.inf}, "inf"), ("logit_bias", {1: 100.5}, "100.5"),
         ("logit_bias", {1: -1e39}, "-1e+39"),
@@ -117,3 +117,55 @@ def test_reasoning_config_validation():
     with pytest.raises(TypeError, match="reasoning_end_token_ids.*1.5"):
         ReasoningConfig((1,), (1.5,))
     assert ReasoningConfig(np.array([7]), (np.int64(8),)) == ReasoningConfig((7,), (8,))
+
+
+# -- issue 25: vLLM's whole V1 sampling surface ------------------------------------------------
+
+
+def test_new_fields_default_to_off_as_in_vllm():
+    p = SamplingParams()
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert p.bad_words == () and p.allowed_token_ids is None
+    assert p.logprobs is None and p.prompt_logprobs is None
+    assert p.n == 1 and p.skip_special_tokens is True
+
+
+def test_top_k_minus_one_means_off_as_in_vllm():
+    assert SamplingParams(top_k=-1).top_k == 0
+    with pytest.raises(ValueError, match="top_k.*-2"):
+        SamplingParams(top_k=-2)
+
+
+def test_max_tokens_none_means_up_to_the_context():
+    p = SamplingParams(max_tokens=None, min_tokens=5)
+    assert p.max_tokens is None and p.min_tokens == 5
+
+
+def test_new_fields_keep_valid_values():
+    p = SamplingParams(presence_penalty=-2, frequency_penalty=2.0, repetition_penalty=1.3, bad_words=["foo", " bar"],
+                       allowed_token_ids=[5, np.int64(7)], logprobs=3, prompt_logprobs=0, n=4, skip_special_tokens=False)  # fmt: skip
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (-2.0, 2.0, 1.3)
+    assert p.bad_words == ("foo", " bar") and p.allowed_token_ids == (5, 7)
+    assert (p.logprobs, p.prompt_logprobs, p.n, p.skip_special_tokens) == (3, 0, 4, False)
+    assert SamplingParams(bad_words="foo").bad_words == ("foo",)
+
+
+@pytest.mark.parametrize(
+    "field, value, exc, shown",
+    [
+        ("presence_penalty", 2.5, ValueError, "2.5"), ("presence_penalty", -3, ValueError, "-3"),
+        ("frequency_penalty", 99, ValueError, "99"), ("frequency_penalty", math.nan, ValueError, "nan"),
+        ("repetition_penalty", 0, ValueError, "0"), ("repetition_penalty", -1.0, ValueError, "-1.0"),
+        ("repetition_penalty", math.inf, ValueError, "inf"), ("presence_penalty", "1", TypeError, "'1'"),
+        ("bad_words", [""], ValueError, "''"), ("bad_words", [5], TypeError, "5"), ("bad_words", 5, TypeError, "5"),
+        ("allowed_token_ids", [], ValueError, "[]"), ("allowed_token_ids", [-1], ValueError, "-1"),
+        ("allowed_token_ids", "abc", TypeError, "'abc'"),
+        ("logprobs", -1, ValueError, "-1"), ("logprobs", True, TypeError, "True"), ("logprobs", 1.0, TypeError, "1.0"),
+        ("prompt_logprobs", -2, ValueError, "-2"), ("n", 0, ValueError, "0"), ("n", "2", TypeError, "'2'"),
+        ("skip_special_tokens", 1, TypeError, "1"), ("max_tokens", 0, ValueError, "0"),
+    ],
+)  # fmt: skip
+def test_new_fields_refuse_bad_values_naming_field_and_value(field, value, exc, shown):
+    with pytest.raises(exc) as info:
+        SamplingParams(**{field: value})
+    assert field in str(info.value) and shown in str(info.value), str(info.value)

@@ -331,3 +331,17 @@ def test_scheduler_config_rejects_bad_values(cls, kwargs, match):
 def test_scheduler_needs_num_gpu_blocks():
     with pytest.raises(ValueError, match="num_gpu_blocks is None"):
         Scheduler(SchedulerConfig(), CacheConfig())
+
+
+def test_max_tokens_none_runs_up_to_max_model_len(make_request):
+    """``SamplingParams(max_tokens=None)``: no limit but the context, as vLLM's."""
+    from tinyvllm.core.scheduler import check_stop
+    from tinyvllm.sampling_params import SamplingParams
+
+    request = make_request("r", [1, 2, 3], sampling_params=SamplingParams(max_tokens=None, ignore_eos=True))
+    finished = []
+    for token in range(10, 17):
+        request.append_output_token_ids(token)
+        finished.append(check_stop(request, max_model_len=8))
+    assert finished == [False, False, False, False, True, True, True]
+    assert RequestStatus.get_finished_reason(request.status) == "length"

@@ -7,14 +7,19 @@ Mirrors: ``vllm/sampling_params.py`` (a much smaller subset).
 Seed: 001 ch. 7.3 (``AddedRequest`` carries these params to every logits processor),
 ch. 10 (``min_p``, ``logit_bias``, ``min_tokens``), ch. 13 (``thinking_token_budget``).
 
-Fields: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (0 = off), ``min_p`` (0 = off),
-``logit_bias``, ``min_tokens``, ``max_tokens``, ``stop_token_ids``, ``stop`` (stop
-strings), ``include_stop_str_in_output``, ``ignore_eos``, ``seed``,
+Fields: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (0 or -1 = off), ``min_p`` (0 =
+off), ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty`` (NOTE 5),
+``bad_words``, ``allowed_token_ids``, ``logit_bias``, ``min_tokens``, ``max_tokens`` (None =
+up to the context), ``stop_token_ids``, ``stop`` (stop strings),
+``include_stop_str_in_output``, ``ignore_eos``, ``seed``, ``logprobs`` and
+``prompt_logprobs`` (NOTE 6), ``n`` (NOTE 7), ``skip_special_tokens``,
 ``thinking_token_budget`` (None = no limit), ``output_kind`` (NOTE 3), ``extra_args``
 (free-form, for custom logits processors).
 
 Invariants: an instance is frozen; ``stop_token_ids`` is a tuple of non-negative ints;
-``stop`` is a tuple of non-empty strings (a single str becomes a 1-tuple);
+``stop`` and ``bad_words`` are tuples of non-empty strings (a single str becomes a
+1-tuple); ``allowed_token_ids`` is None or a non-empty tuple of token ids; ``top_k`` -1 is
+stored as 0;
 ``logit_bias`` and ``extra_args`` are private copies (mutating the caller's dict later
 changes nothing); numpy and torch integer scalars are stored as Python ints.
 
@@ -43,6 +48,19 @@ NOTE 4 (stop strings): the engine looks for them in the detokenised text after e
 (``engine/detokenizer.py``), from ``min_tokens`` outputs on. The text is cut before the
 stop string, or after it with ``include_stop_str_in_output``; the request finishes with
 ``finish_reason="stop"`` and ``stop_reason`` the string.
+NOTE 5 (penalties, vLLM's semantics and ranges): ``presence_penalty`` in [-2, 2] is
+subtracted once from the logit of every token the output already holds;
+``frequency_penalty`` in [-2, 2] is subtracted once per occurrence in the output;
+``repetition_penalty`` > 0 (1 = off) divides a positive logit and multiplies a negative
+one, for every token of the prompt or the output (``sample/penalties.py``).
+NOTE 6 (logprobs): ``logprobs=k`` returns, per output token, the sampled token's logprob
+and rank plus the k most likely tokens (0: the sampled token alone); ``prompt_logprobs=k``
+the same for every prompt token after the first. Both come from the model's raw logits,
+before any processor or penalty (vLLM's default ``logprobs_mode``). The engine caps k at
+its ``max_logprobs`` (20, as vLLM).
+NOTE 7 (n): ``n`` completions of one prompt. The engine adds one child request per
+completion; they share the prompt's blocks through the prefix cache, and a seeded parent
+gives child ``i`` the seed ``seed + i``.
 """
 
 from __future__ import annotations
@@ -82,16 +100,25 @@ class SamplingParams:
     Attributes:
         temperature: 0 means greedy (argmax); otherwise logits are divided by it.
         top_p: keep the smallest set of tokens whose probability sums to >= top_p, in (0, 1].
-        top_k: keep the k most likely tokens; 0 turns it off.
+        top_k: keep the k most likely tokens; 0 (or -1, as in vLLM) turns it off.
         min_p: drop tokens whose probability is below ``min_p * max_prob``, in [0, 1].
+        presence_penalty: in [-2, 2], per token already in the output (NOTE 5).
+        frequency_penalty: in [-2, 2], per occurrence in the output (NOTE 5).
+        repetition_penalty: > 0, 1 is off; over the prompt and the output (NOTE 5).
+        bad_words: words never to generate: each word's tokens are banned as a sequence.
+        allowed_token_ids: if set, only these tokens may be sampled.
         logit_bias: ``{token_id: bias}`` added to the logits before sampling.
         min_tokens: stop tokens are masked until this many tokens have been generated.
-        max_tokens: the most output tokens to generate (>= 1).
+        max_tokens: the most output tokens to generate (>= 1); None: up to ``max_model_len``.
         stop_token_ids: generation stops after any of these tokens is produced.
         stop: generation stops when the text contains any of these strings (NOTE 4).
         include_stop_str_in_output: keep the stop string at the end of the text.
         ignore_eos: keep generating past the end-of-sequence token.
         seed: seeds this request's own random generator (same seed, same tokens).
+        logprobs: per output token, the logprobs of the sampled token and the top k (NOTE 6).
+        prompt_logprobs: the same for the prompt's tokens (NOTE 6).
+        n: how many completions to return for the prompt (NOTE 7).
+        skip_special_tokens: leave special tokens out of the text.
         thinking_token_budget: the most tokens a think section may last (>= 0), None = no limit.
         output_kind: what ``LLMEngine.step()`` reports for the request (NOTE 3).
         extra_args: free-form arguments for custom logits processors.
@@ -101,14 +128,23 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    bad_words: tuple[str, ...] = field(default_factory=tuple)
+    allowed_token_ids: tuple[int, ...] | None = None
     logit_bias: dict[int, float] | None = None
     min_tokens: int = 0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     stop: tuple[str, ...] = field(default_factory=tuple)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     seed: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    n: int = 1
+    skip_special_tokens: bool = True
     thinking_token_budget: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     extra_args: dict[str, Any] | None = None
@@ -125,21 +161,35 @@ class SamplingParams:
         top_p = checked["top_p"] = check_real("top_p", self.top_p)
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        checked["top_k"] = check_int("top_k", self.top_k, 0, INT64_MAX)  # 0 turns it off
+        top_k = check_int("top_k", self.top_k, -1, INT64_MAX)
+        checked["top_k"] = 0 if top_k == -1 else top_k  # 0 and -1 turn it off, as in vLLM
         min_p = checked["min_p"] = check_real("min_p", self.min_p)
         if not 0 <= min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):  # NOTE 5
+            value = checked[name] = check_real(name, getattr(self, name))
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        repetition = checked["repetition_penalty"] = check_real("repetition_penalty", self.repetition_penalty)
+        if not 0 < repetition <= FLOAT32_MAX:
+            raise ValueError(f"repetition_penalty must be greater than 0 (1 is off), got {self.repetition_penalty!r}")
+        checked["bad_words"] = _checked_strings("bad_words", self.bad_words)
+        checked["allowed_token_ids"] = _checked_allowed_token_ids(self.allowed_token_ids)
         checked["logit_bias"] = _checked_logit_bias(self.logit_bias)
-        max_tokens = checked["max_tokens"] = check_int("max_tokens", self.max_tokens, 1)
+        max_tokens = checked["max_tokens"] = check_optional_int("max_tokens", self.max_tokens, 1)
         min_tokens = checked["min_tokens"] = check_int("min_tokens", self.min_tokens)
-        if not 0 <= min_tokens <= max_tokens:
+        if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={max_tokens}], got {self.min_tokens!r}")
         stop = self.stop_token_ids
         checked["stop_token_ids"] = () if stop is None else tuple(check_token_ids("stop_token_ids", stop))
-        checked["stop"] = _checked_stop(self.stop)
+        checked["stop"] = _checked_strings("stop", self.stop)
         checked["include_stop_str_in_output"] = check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         checked["ignore_eos"] = check_bool("ignore_eos", self.ignore_eos)
         checked["seed"] = check_optional_int("seed", self.seed, INT64_MIN, INT64_MAX)  # a torch.Generator's range
+        checked["logprobs"] = check_optional_int("logprobs", self.logprobs, 0)  # NOTE 6
+        checked["prompt_logprobs"] = check_optional_int("prompt_logprobs", self.prompt_logprobs, 0)
+        checked["n"] = check_int("n", self.n, 1)  # NOTE 7
+        checked["skip_special_tokens"] = check_bool("skip_special_tokens", self.skip_special_tokens)
         checked["thinking_token_budget"] = check_optional_int("thinking_token_budget", self.thinking_token_budget, 0)
         checked["output_kind"] = _checked_output_kind(self.output_kind)
         checked["extra_args"] = _checked_extra_args(self.extra_args)
@@ -168,20 +218,30 @@ def _checked_logit_bias(logit_bias: object) -> dict[int, float] | None:
     return checked or None
 
 
-def _checked_stop(stop: object) -> tuple[str, ...]:
-    """Stop strings as a tuple: None, a str or a sequence of non-empty strs (NOTE 4)."""
-    if stop is None:
+def _checked_strings(name: str, value: object) -> tuple[str, ...]:
+    """``stop`` and ``bad_words``: None, a str or a sequence of non-empty strs, as a tuple (NOTE 4)."""
+    if value is None:
         return ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    if isinstance(stop, (bytes, bytearray, Mapping)) or not isinstance(stop, (list, tuple)):
-        raise TypeError(f"stop must be a str, a list of str or None, got {stop!r} ({type(stop).__name__})")
-    for item in stop:
+    if isinstance(value, str):
+        value = (value,)
+    if isinstance(value, (bytes, bytearray, Mapping)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a str, a list of str or None, got {value!r} ({type(value).__name__})")
+    for item in value:
         if not isinstance(item, str):
-            raise TypeError(f"stop must hold strs, got {item!r} ({type(item).__name__})")
+            raise TypeError(f"{name} must hold strs, got {item!r} ({type(item).__name__})")
         if not item:
-            raise ValueError(f"stop strings must be non-empty, got {stop!r}")
-    return tuple(stop)
+            raise ValueError(f"{name} strings must be non-empty, got {value!r}")
+    return tuple(value)
+
+
+def _checked_allowed_token_ids(value: object) -> tuple[int, ...] | None:
+    """None, or a non-empty sequence of token ids (an empty one would allow nothing at all)."""
+    if value is None:
+        return None
+    ids = check_token_ids("allowed_token_ids", value)
+    if not ids:
+        raise ValueError(f"allowed_token_ids must be None or hold at least one token id, got {value!r}")
+    return tuple(ids)
 
 
 def _checked_output_kind(kind: object) -> RequestOutputKind:

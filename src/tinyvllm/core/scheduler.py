@@ -95,7 +95,8 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = last
         return True
-    if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
+    max_tokens = params.max_tokens  # None: up to the context, which max_model_len caps
+    if (max_tokens is not None and request.num_output_tokens >= max_tokens) or request.num_tokens >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
@@ -152,11 +153,12 @@ class Scheduler:
                 f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
                 f"max_model_len {self.max_model_len}"
             )
-        if request.sampling_params.max_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {request.sampling_params.max_tokens}")
+        max_tokens = request.sampling_params.max_tokens  # None: up to the context
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {max_tokens}")
         if request.status != RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
             raise ValueError(f"request {rid!r} is not fresh: {request!r}")
-        final_len = min(request.num_prompt_tokens + request.sampling_params.max_tokens, self.max_model_len)
+        final_len = min(request.num_prompt_tokens + (max_tokens or self.max_model_len), self.max_model_len)
         blocks_needed = cdiv(final_len, self.cache_config.block_size)
         if blocks_needed > self.kv_cache_manager.num_gpu_blocks:
             raise ValueError(
