@@ -75,15 +75,37 @@ class RequestMetrics:
         return None if self.finished_time is None else self.finished_time - self.arrival_time
 
 
+# --8<-- [start:logprob]
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability at one position (vLLM's ``Logprob``): from the model's raw
+    logits, its rank among all tokens (1 = the most likely), and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One position's logprobs: the sampled (or prompt) token's, plus the top k, by token id.
+PositionLogprobs = dict[int, Logprob]
+# --8<-- [end:logprob]
+
+
 @dataclass(frozen=True)
 class CompletionOutput:
-    """One completion of a request: its text, its token ids, and why it ended."""
+    """One completion of a request: its text, its token ids, and why it ended.
+
+    ``logprobs`` (when ``SamplingParams.logprobs`` is set) holds one ``PositionLogprobs`` per
+    token of ``token_ids``; ``cumulative_logprob`` is the sum of the sampled tokens' logprobs.
+    """
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop token id, or the stop string, that ended it
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +114,10 @@ class RequestOutput:
 
     ``LLMEngine.step()`` also returns unfinished ones (``finished=False``) for requests
     whose ``SamplingParams.output_kind`` is DELTA (``outputs[0]`` holds only the new text
-    and token ids) or CUMULATIVE (everything so far).
+    and token ids) or CUMULATIVE (everything so far). With ``SamplingParams.n`` > 1,
+    ``outputs`` holds the n completions, ordered by ``index``. ``prompt_logprobs`` (when
+    ``SamplingParams.prompt_logprobs`` is set) has one entry per prompt token, the first None
+    (nothing predicts the first token).
     """
 
     request_id: str
@@ -102,3 +127,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int
     metrics: RequestMetrics
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
