@@ -203,3 +203,21 @@ def test_streamed_text_keeps_its_spaces_with_a_sentencepiece_tokenizer(spm_llm, 
             else:
                 streamed["CUMULATIVE"] = out.outputs[0].text
     assert streamed == {"DELTA": text, "CUMULATIVE": text}
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA])
+def test_skip_special_tokens_false_keeps_special_tokens_in_the_text(llm, kind):
+    """``<|endoftext|>`` (id 0) is a special token: skipped by default, kept on request."""
+    tok = llm.get_tokenizer()
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    texts = {}
+    for skip in (True, False):
+        params = greedy(logit_bias={eos: 100.0}, skip_special_tokens=skip, output_kind=kind)
+        engine = llm.engine
+        engine.add_request(f"s{skip}{kind.name}", tok.encode(PROMPT), params)
+        text = ""
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                text = text + out.outputs[0].text if kind == RequestOutputKind.DELTA else out.outputs[0].text
+        texts[skip] = text
+    assert "<|endoftext|>" not in texts[True] and texts[False].count("<|endoftext|>") == MAX_TOKENS

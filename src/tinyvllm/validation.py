@@ -106,7 +106,7 @@ def check_token_ids(name: str, values: object, vocab_size: int | None = None) ->
 # SamplingParams fields the engine does not honour yet, with the value that means "off".
 _NOT_YET_HONOURED = {
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "bad_words": (),
-    "allowed_token_ids": None, "logprobs": None, "prompt_logprobs": None, "n": 1, "skip_special_tokens": True,
+    "allowed_token_ids": None, "logprobs": None, "prompt_logprobs": None, "n": 1,
 }  # fmt: skip
 
 

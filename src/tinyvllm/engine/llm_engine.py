@@ -125,7 +125,11 @@ class LLMEngine:
         if sampling_params.stop and self.tokenizer is None:
             raise ValueError(f"{label}: stop={sampling_params.stop!r} needs text, but the engine has no tokenizer")
         self.scheduler.add_request(request)
-        detokenizer = IncrementalDetokenizer(self.tokenizer) if incremental and self.tokenizer else None
+        detokenizer = (
+            IncrementalDetokenizer(self.tokenizer, sampling_params.skip_special_tokens)
+            if incremental and self.tokenizer
+            else None
+        )
         self._tracked[request_id] = _Tracked(
             prompt, list(request.prompt_token_ids), time.perf_counter(), sampling_params, detokenizer
         )
@@ -265,7 +269,8 @@ class LLMEngine:
     def _visible_text(self, tracked: _Tracked, finished: bool) -> str:
         """The text a client may see now: cut at a stop string, less what is held back (NOTE 3)."""
         if tracked.detokenizer is None:  # decoded once, at the end (NOTE 2)
-            return decode_text(self.tokenizer, tracked.token_ids) if self.tokenizer else ""
+            skip = tracked.params.skip_special_tokens
+            return decode_text(self.tokenizer, tracked.token_ids, skip) if self.tokenizer else ""
         text = tracked.detokenizer.text
         if tracked.text_end is not None:
             return text[: tracked.text_end]
