@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tinyvllm.config import EngineConfig, ReasoningConfig, SchedulerConfig
 from tinyvllm.sample.batch_update import BatchUpdate, MoveDirectionality
 from tinyvllm.sample.logits_processors import LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor
+from tinyvllm.sample.penalties import apply_penalties
 from tinyvllm.sample.sampler import Sampler
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 from tinyvllm.sampling_params import SamplingParams
@@ -198,3 +199,92 @@ def test_min_p_count_matches_rows_under_raw_updates_with_moves_onto_occupied_row
         assert proc.min_p_cpu.tolist() == torch.tensor(model, dtype=torch.float32).tolist()
         assert proc.min_p_count == sum(1 for v in model if v)
         proc.check_invariants()
+
+
+# -- penalties and allowed token ids (issue 25) ------------------------------------------
+
+token_lists = st.lists(st.integers(0, V - 1), max_size=8)
+
+
+@given(rows=logit_rows, data=st.data())
+def test_neutral_penalties_change_nothing(rows, data):
+    """Presence 0, frequency 0 and repetition 1 leave a row exactly as it was, whatever
+    its prompt and output; the other rows of the batch keep their own penalties."""
+    logits = torch.tensor(rows)  # [R, V]
+    n = len(rows)
+    prompt_mask = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=V, max_size=V), min_size=n, max_size=n)))
+    counts = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 5), min_size=V, max_size=V), min_size=n, max_size=n)), dtype=torch.int32)
+    neutral = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    penalty = st.floats(-2, 2, width=32)
+    presence = torch.tensor([0.0 if z else data.draw(penalty) for z in neutral])
+    frequency = torch.tensor([0.0 if z else data.draw(penalty) for z in neutral])
+    repetition = torch.tensor([1.0 if z else data.draw(st.floats(0.125, 3, width=32)) for z in neutral])
+    out = apply_penalties(logits, prompt_mask, counts, presence, frequency, repetition)
+    for row, z in enumerate(neutral):
+        if z:
+            assert torch.equal(out[row], logits[row]), row
+
+
+def per_row_penalties(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """vLLM's formula for one row, token by token (the reference)."""
+    logits = logits.clone()
+    rep = torch.tensor(params.repetition_penalty, dtype=torch.float32)
+    for tok in set(prompt) | set(output):
+        logits[tok] = logits[tok] / rep if logits[tok] > 0 else logits[tok] * rep
+    for tok in set(output):
+        logits[tok] -= torch.tensor(params.frequency_penalty, dtype=torch.float32) * output.count(tok)
+        logits[tok] -= params.presence_penalty
+    return logits
+
+
+penalty_params = st.builds(
+    SamplingParams,
+    presence_penalty=st.sampled_from([0.0, 0.0, 0.5, -1.5, 2.0]),
+    frequency_penalty=st.sampled_from([0.0, 0.0, 0.25, -0.7, 2.0]),
+    repetition_penalty=st.sampled_from([1.0, 1.0, 1.2, 0.6, 3.0]),
+)
+
+
+@given(rows=logit_rows, data=st.data())
+def test_batched_penalties_equal_a_per_row_loop(rows, data):
+    """The persistent batch's counts and one batched formula give, for every row, what
+    the formula gives applied token by token to that row alone; output tokens arrive
+    over a few steps, some rows getting none (partial prefills)."""
+    logits = torch.tensor(rows)  # [R, V]
+    batch = InputBatch(MAX, CPU, vocab_size=V)
+    requests = []
+    for row in range(len(rows)):
+        params, prompt, output = data.draw(penalty_params), data.draw(token_lists.filter(bool)), data.draw(token_lists)
+        batch.add_request(f"r{row}", params, prompt, output)
+        requests.append((params, prompt, output))
+    for _ in range(data.draw(st.integers(0, 3))):
+        batch.refresh()
+        for _, _, output in requests:
+            output.extend(data.draw(st.lists(st.integers(0, V - 1), max_size=1)))
+    batch.refresh()
+    batch.check_invariants()
+    md = batch.make_sampling_metadata()
+    out = logits.clone() if md.penalties is None else md.penalties.apply(logits.clone())
+    for row, (params, prompt, output) in enumerate(requests):
+        expected = per_row_penalties(logits[row], params, prompt, output)
+        assert torch.allclose(out[row], expected, rtol=1e-6, atol=1e-6), (row, params, prompt, output)
+
+
+@given(
+    rows=logit_rows,
+    seed=st.integers(0, 2**31 - 1),
+    temperatures=st.lists(st.sampled_from([0.0, 0.7, 1.0]), min_size=MAX, max_size=MAX),
+)
+def test_allowed_token_ids_of_the_whole_vocabulary_change_nothing(rows, seed, temperatures):
+    """Every row allowed every token samples exactly what it samples unrestricted."""
+    logits = torch.tensor(rows)
+
+    def run(allowed):
+        batch = InputBatch(MAX, CPU, vocab_size=V)
+        for row in range(len(rows)):
+            params = SamplingParams(temperature=temperatures[row], seed=seed + row, allowed_token_ids=allowed)
+            batch.add_request(f"r{row}", params, [0], [])
+        batch.refresh()
+        return [Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.tolist() for _ in range(3)]
+
+    assert run(tuple(range(V))) == run(None)

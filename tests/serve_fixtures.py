@@ -72,15 +72,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(llm, served_model_name: str, max_waiting_requests: int = 256):
-    """Serve ``llm`` with uvicorn in a daemon thread; yield the base URL (``http://127.0.0.1:PORT``)."""
+def running_server(llm, served_model_name: str, max_waiting_requests: int = 256, **app_options):
+    """Serve ``llm`` with uvicorn in a daemon thread; yield the base URL (``http://127.0.0.1:PORT``)
+    and the app. ``app_options`` go to ``build_app`` (``chat_template``, ``api_key``, ...)."""
     import uvicorn
 
     from tinyvllm.engine.async_llm import AsyncLLM
     from tinyvllm.entrypoints.openai_server import build_app
 
     async_llm = AsyncLLM(llm, max_waiting_requests=max_waiting_requests)
-    app = build_app(async_llm, served_model_name)
+    app = build_app(async_llm, served_model_name, **app_options)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

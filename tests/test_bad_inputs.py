@@ -379,10 +379,3 @@ def test_an_eos_id_outside_the_vocabulary_is_refused_at_start_up(oov_eos_folder)
     message = str(info.value)
     assert all(w in message for w in ("generation_config.json", "eos_token_id", "600", "[0, 512)")), message
     assert "stop_token_ids" not in message
-
-
-@pytest.mark.parametrize("field, value", [("presence_penalty", 0.5), ("n", 2), ("logprobs", 1)])
-def test_a_field_the_engine_does_not_honour_yet_is_refused_not_ignored(llm, field, value, fresh_tokens):
-    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, **{field: value})
-    _raises(ValueError, (field, "not supported"), lambda: llm.generate(GOOD_PROMPT, params, use_tqdm=False))
-    _assert_engine_as_new(llm, fresh_tokens)

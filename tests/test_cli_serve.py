@@ -31,7 +31,8 @@ def _flags(command: str) -> set[str]:
 def test_serve_takes_every_engine_flag_of_generate():
     engine = {opt for action in _engine_parser()._actions for opt in action.option_strings} - {"-h", "--help"}
     assert engine and engine <= _flags("serve") and engine <= _flags("generate")
-    assert {"--model", "--host", "--port", "--served-model-name", "--max-waiting-requests"} <= _flags("serve")
+    assert {"--model", "--host", "--port", "--served-model-name", "--max-waiting-requests", "--chat-template",
+            "--api-key", "--allowed-origins", "--max-request-body-bytes"} <= _flags("serve")  # fmt: skip
     for flag in ("--device", "--dtype", "--max-model-len", "--num-gpu-blocks-override", "--attention-backend",
                  "--no-prefix-caching", "--cudagraph-mode", "--enforce-eager"):  # fmt: skip
         assert flag in engine, flag
@@ -47,20 +48,34 @@ def test_serve_refuses_a_missing_folder(tmp_path):
     assert_one_line_error(run_cli("serve", "--model", str(tmp_path / "nope")), "nope")
 
 
-@pytest.mark.parametrize("flags, words", [(["--port", "70000"], "--port must be in [0, 65535], got 70000"),
-                                          (["--max-waiting-requests", "0"], "--max-waiting-requests must be >= 1")])  # fmt: skip
-def test_serve_refuses_bad_numbers(tiny_model_dirs, flags, words):
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+        (["--max-waiting-requests", "0"], "--max-waiting-requests must be >= 1"),
+        (["--max-request-body-bytes", "0"], "--max-request-body-bytes must be >= 1, got 0"),
+        (["--api-key", ""], "--api-key must not be empty"),
+        (["--allowed-origins", "[1]"], "--allowed-origins must list strings"),
+        (["--allowed-origins", "[oops"], "--allowed-origins is not a JSON list"),
+        (["--chat-template", "no_such_template.jinja"], "is neither a file nor a Jinja template"),
+        (["--chat-template", "{% for m in messages %}"], "--chat-template: the chat template is not valid Jinja"),
+    ],
+)
+def test_serve_refuses_bad_values(tiny_model_dirs, flags, words):
     assert_one_line_error(run_cli("serve", "--model", str(tiny_model_dirs["qwen3"]), *flags), words)
 
 
 @pytest.mark.parametrize("shipped", [False, True])
-def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs, shipped):
+def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs, tmp_path, shipped):
     """``--served-model-name`` defaults to ``--model``; with no ``--model`` the shipped model
-    is served, as ``stdlib_tiny``."""
+    is served, as ``stdlib_tiny``. Chat answers on both: the shipped model with its own chat
+    template, the tiny model (which has none) with ``--chat-template FILE``."""
     model = "stdlib_tiny" if shipped else str(tiny_model_dirs["qwen3"])
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:", encoding="utf-8")
     port = free_port()
-    cmd = [sys.executable, "-m", "tinyvllm", "serve", *([] if shipped else ["--model", model]), "--port", str(port),
-           "--device", "cpu", "--max-model-len", "64", "--num-gpu-blocks-override", "64"]  # fmt: skip
+    cmd = [sys.executable, "-m", "tinyvllm", "serve", *([] if shipped else ["--model", model, "--chat-template", str(template)]),
+           "--port", str(port), "--device", "cpu", "--max-model-len", "64", "--num-gpu-blocks-override", "64"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -77,6 +92,12 @@ def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs, s
         assert [m.id for m in client.models.list().data] == [model]  # --served-model-name defaults to --model
         out = client.completions.create(model=model, prompt="def f():", max_tokens=3, temperature=0)
         assert out.usage.completion_tokens >= 1
+        messages = [{"role": "user", "content": "Write a loop."}]
+        chat = client.chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0)
+        assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens >= 1
+        rendered = httpx.post(f"http://127.0.0.1:{port}/tokenize", json={"messages": messages, "return_token_strs": True})
+        text = "".join(rendered.json()["token_strs"]).replace("Ġ", " ").replace("Ċ", "\n")  # byte-level symbols
+        assert text == ("# user: Write a loop.\n# assistant:\n" if shipped else "user: Write a loop.\nassistant:")
     finally:
         proc.send_signal(signal.SIGINT)  # uvicorn shuts down on Ctrl-C
         try:

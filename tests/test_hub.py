@@ -453,7 +453,7 @@ def test_cli_serve_names_the_model_by_its_id(cache, tiny_model_dirs, monkeypatch
 
     snapshot = cache.add(REPO, tiny_model_dirs["qwen3"])
     served = []
-    monkeypatch.setattr(openai_server, "run_server", lambda llm, name, *rest: served.append((llm, name)))
+    monkeypatch.setattr(openai_server, "run_server", lambda llm, name, *rest, **options: served.append((llm, name)))
     argv = ["serve", "--model", REPO, "--device", "cpu", "--max-model-len", "64", "--num-gpu-blocks-override", "64"]
     assert cli.main(argv) == 0
     [(llm, name)] = served

@@ -22,7 +22,7 @@ V = 10
 def make_batch(reasoning=None, max_num_reqs=8):
     config = EngineConfig(scheduler_config=SchedulerConfig(max_num_seqs=max_num_reqs))
     holder = ThinkingBudgetStateHolder(reasoning, max_num_reqs, 0, CPU, False) if reasoning else None
-    return InputBatch(max_num_reqs, CPU, build_logitsprocs(config, CPU, False, False), holder)
+    return InputBatch(max_num_reqs, CPU, build_logitsprocs(config, CPU, False, False), holder, vocab_size=V)
 
 
 @pytest.mark.seed("001:9")
@@ -366,3 +366,73 @@ def test_greedy_rows_are_untouched_by_random_sampling():
     before = torch.get_rng_state()
     assert Sampler()(logits[:1], greedy.make_sampling_metadata()).sampled_token_ids.tolist() == [4]
     assert torch.equal(before, torch.get_rng_state())
+
+
+# -- penalties, allowed token ids, bad words ---------------------------------------------
+
+
+def sample_once(batch: InputBatch, logits: torch.Tensor) -> list[int]:
+    batch.refresh()
+    return Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.tolist()
+
+
+def test_penalties_apply_after_the_non_argmax_invariant_processors_on_greedy_and_random_rows():
+    """Token 1 is in the prompt and biased by +3: bias first (1 + 3 = 4), then repetition
+    2 (4 / 2 = 2), so token 2 (3.0) wins. Penalty first would give 1 / 2 + 3 = 3.5, and no
+    penalty 4: token 1 either way."""
+    batch = make_batch()
+    params = dict(logit_bias={1: 3.0}, repetition_penalty=2.0)
+    batch.add_request("g", SamplingParams(temperature=0, **params), [1], [])
+    batch.add_request("r", SamplingParams(temperature=1.0, top_k=1, **params), [1], [])
+    batch.add_request("plain", SamplingParams(temperature=0, logit_bias={1: 3.0}), [1], [])
+    logits = torch.zeros(3, V)
+    logits[:, 1], logits[:, 2] = 1.0, 3.0
+    assert sample_once(batch, logits) == [2, 2, 1]
+
+
+def test_frequency_and_presence_penalties_count_the_output_only():
+    """Output [4, 4]: token 4 loses 2 * 1.0 + 0.5 (4.0 -> 1.5); token 3, only in the prompt,
+    keeps its 2.0 and beats token 5 (1.9)."""
+    batch = make_batch()
+    batch.add_request("a", SamplingParams(temperature=0, frequency_penalty=1.0, presence_penalty=0.5), [3], [4, 4])
+    logits = torch.zeros(1, V)
+    logits[0, 3], logits[0, 4], logits[0, 5] = 2.0, 4.0, 1.9
+    assert sample_once(batch, logits) == [3]
+
+
+def test_allowed_token_ids_restrict_greedy_and_random_rows():
+    batch = make_batch()
+    batch.add_request("g", SamplingParams(temperature=0, allowed_token_ids=(3, 8)), [0], [])
+    batch.add_request("r", SamplingParams(temperature=1.0, allowed_token_ids=(3, 8), seed=5), [0], [])
+    batch.add_request("free", SamplingParams(temperature=0), [0], [])
+    logits = torch.zeros(3, V)
+    logits[:, 0], logits[:, 8] = 9.0, 0.5
+    seen = set()
+    for _ in range(40):
+        greedy, drawn, free = sample_once(batch, logits)
+        assert (greedy, free) == (8, 0)
+        seen.add(drawn)
+    assert seen == {3, 8}
+
+
+def test_bad_words_ban_the_last_token_once_the_output_ends_with_the_rest():
+    """Bad words (2,) and (5, 6): 2 is always banned, 6 only right after a 5."""
+    batch = make_batch()
+    out = [5]
+    batch.add_request("a", SamplingParams(temperature=0, bad_words=("x", "y")), [6], out, bad_words_token_ids=[[2], [5, 6]])
+    logits = torch.zeros(1, V)
+    logits[0, 2], logits[0, 6], logits[0, 7] = 9.0, 8.0, 7.0
+    assert sample_once(batch, logits) == [7]
+    out.append(1)
+    assert sample_once(batch, logits) == [6]
+
+
+@pytest.mark.seed("001:13")
+def test_thinking_budget_forcing_comes_after_the_penalties():
+    """The forced end token 2 is in the prompt; a repetition penalty of 1e30 applied after
+    the forcing would bring its 1e9 down to 1e-21, below token 5's 8.0."""
+    batch = make_batch(ReasoningConfig((1,), (2, 3)))
+    batch.add_request("g", SamplingParams(temperature=0, thinking_token_budget=0, repetition_penalty=1e30), [2, 1], [])
+    logits = torch.zeros(1, V)
+    logits[0, 5] = 8.0
+    assert sample_once(batch, logits) == [2]

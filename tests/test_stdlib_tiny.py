@@ -91,6 +91,7 @@ def test_stdlib_tiny_greedy_equals_transformers(hf_model, tokenizer, prefix_cach
             seq = hf_model.generate(
                 torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                 max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+                repetition_penalty=1.0,  # plain greedy: not the folder's generation_config.json penalty
             )  # fmt: skip
         assert out.outputs[0].token_ids == seq[0, len(ids) :].tolist(), prompt
 
@@ -139,3 +140,4 @@ def test_stdlib_tiny_folder_is_small_and_complete():
         assert (FOLDER / name).is_file(), name
     tok_config = json.loads((FOLDER / "tokenizer_config.json").read_text())
     assert tok_config["eos_token"] == tok_config["bos_token"] == "<|endoftext|>"
+    assert (FOLDER / "chat_template.jinja").read_text(encoding="utf-8").count("add_generation_prompt") == 1

@@ -68,6 +68,7 @@ def transformers_greedy(model, prompt_token_ids: list[int]) -> list[int]:
             attention_mask=torch.ones(1, len(prompt_token_ids), dtype=torch.long),
             max_new_tokens=MAX_TOKENS,
             do_sample=False,
+            repetition_penalty=1.0,  # plain greedy, as our SamplingParams(temperature=0): not the model's default
             eos_token_id=None,
             pad_token_id=0,
         )

@@ -4,7 +4,10 @@
 [--served-model-name NAME]`` serves the model over HTTP with an OpenAI-compatible API
 (``entrypoints/openai_server.py``; needs the ``serve`` extra); it takes the same engine
 flags as ``generate`` (``add_engine_args``). ``--served-model-name`` defaults to the
-``--model`` string as given (a hub id stays ``org/name``), as in vLLM.
+``--model`` string as given (a hub id stays ``org/name``), as in vLLM. Its own flags
+(``serve_args``): ``--chat-template FILE_OR_STRING``, ``--api-key`` (else
+``$VLLM_API_KEY``), ``--allowed-origins`` (CORS), ``--max-request-body-bytes`` (413 past
+it), ``--max-waiting-requests`` (503 past it); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. ``--cudagraph-mode``
@@ -32,6 +35,15 @@ Errors (the contract ``tests/test_cli.py`` holds):
 - Anything else is a bug in tinyvllm, not the user's doing: it propagates with its full
   traceback (exit status 1). Set ``TINYVLLM_TRACEBACK=1`` to get the traceback of the
   user errors too (a ``TypeError`` from a bug would otherwise read as one line).
+
+Sampling defaults: ``--generation-config`` (``generate`` and ``serve``) is vLLM's flag:
+``auto`` (the default) takes the model's ``generation_config.json`` sampling fields,
+``vllm`` ignores them, a folder path reads that folder's file (``sampling_defaults.py``).
+``generate``'s sampling flags default to unset: each one given wins, each one left out
+takes the model's value (``cli_sampling_params``). What neither sets: ``--max-tokens`` 64;
+and greedy when the model's generation config sets no sampling field (``--temperature``
+0, as this command always did), else ``SamplingParams``' own defaults for the fields it
+leaves out (temperature 1, as vLLM's ``LLM.generate`` gives the model's defaults).
 
 Fail fast: ``generate`` checks the numbers, the sampling values, resolves the model
 (``resolve_model``) and checks the whole folder (``check_model_folder``: config, weight
@@ -69,6 +81,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="CUDA graphs (default: FULL_AND_PIECEWISE on CUDA, NONE on the CPU, where other modes are emulated)",
     )  # fmt: skip
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (cudagraph mode NONE)")
+    p.add_argument(
+        "--generation-config", default="auto", metavar="{auto,vllm,PATH}",
+        help="sampling defaults: the model's generation_config.json (auto), none (vllm), or a folder's",
+    )  # fmt: skip
 # --8<-- [end:engine_args]
 
 
@@ -88,10 +104,15 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate a completion for one prompt")
     _add_model_arg(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    unset = " (default: the model's generation_config.json, else %s)"
+    p.add_argument("--max-tokens", type=int, default=None, help="the most tokens to generate" + unset % 64)
+    p.add_argument(
+        "--temperature", type=float, default=None,
+        help="0 = greedy (default: the model's generation_config.json; greedy if it sets no sampling field)",
+    )  # fmt: skip
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling" + unset % 1)
+    p.add_argument("--top-k", type=int, default=None, help="0 = off" + unset % "off")
+    p.add_argument("--min-p", type=float, default=None, help="0 = off" + unset % "off")
     p.add_argument("--seed", type=int, default=None)
     add_engine_args(p)
 
@@ -109,6 +130,24 @@ def _add_serve(sub) -> None:
         "--max-waiting-requests", type=int, default=256,
         help="past this many waiting requests, new ones get HTTP 503",
     )  # fmt: skip
+    # --8<-- [start:serve_args]
+    p.add_argument(
+        "--chat-template", default=None, metavar="FILE_OR_STRING",
+        help="the Jinja chat template (a file, or the template itself); default: the tokenizer's",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key", default=os.environ.get("VLLM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $VLLM_API_KEY, else none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allowed-origins", default=None, metavar="ORIGINS",
+        help="CORS: origins allowed to call the server, a JSON list or comma-separated (default: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-request-body-bytes", type=int, default=16 * 1024 * 1024,
+        help="a request body larger than this gets HTTP 413 (default: 16 MiB)",
+    )  # fmt: skip
+    # --8<-- [end:serve_args]
     add_engine_args(p)
 
 
@@ -118,6 +157,7 @@ def _check_engine_args(args):
     folder checked. ValueError naming the flag, the id or the file."""
     from tinyvllm.models.hub import resolve_model
     from tinyvllm.models.loader import check_model_folder
+    from tinyvllm.sampling_defaults import check_generation_config, generation_defaults
 
     if args.model is None:  # the small model shipped with the package
         from tinyvllm.models import STDLIB_TINY
@@ -125,6 +165,8 @@ def _check_engine_args(args):
         args.model = STDLIB_TINY
     args.model_folder = resolve_model(args.model, args.revision)
     spec = check_model_folder(args.model_folder)
+    source = check_generation_config(getattr(args, "generation_config", "auto"))
+    generation_defaults(source, args.model_folder)  # a malformed field fails here, before torch
     if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
         raise ValueError(
             f"--max-model-len {args.max_model_len} exceeds the model's max_position_embeddings "
@@ -139,17 +181,34 @@ def _check_counts(args) -> None:
             raise ValueError(f"{flag} must be >= 1, got {value}")
 
 
-def _check_args(args):
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")  # generate's, by field name
+CLI_MAX_TOKENS = 64
+
+
+def _check_args(args) -> dict:
     """What can be checked without torch: the numbers, the sampling values, the folder.
-    Returns the ``SamplingParams``; raises ValueError naming the flag or the file."""
+    Returns the sampling fields the user set; raises ValueError naming the flag or the file."""
     from tinyvllm.sampling_params import SamplingParams
 
     _check_counts(args)
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
-    )
+    explicit = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
+    SamplingParams(**explicit)  # each value checked now, before torch is imported
     _check_engine_args(args)
-    return params
+    return explicit
+
+
+# --8<-- [start:cli_sampling_params]
+def cli_sampling_params(model_defaults: dict, explicit: dict):
+    """``generate``'s params: each flag the user set wins, then the model's defaults, then
+    this command's own: ``--max-tokens`` 64, and greedy when the model sets no sampling
+    field (module docstring)."""
+    from tinyvllm.sampling_params import SamplingParams
+
+    base = {"max_tokens": CLI_MAX_TOKENS}
+    if not set(model_defaults) - {"max_tokens"}:  # no sampling advice from the model: greedy, as always
+        base["temperature"] = 0.0
+    return SamplingParams(**(base | model_defaults | explicit))
+# --8<-- [end:cli_sampling_params]
 
 
 def llm_from_args(args):
@@ -163,6 +222,7 @@ def llm_from_args(args):
         enable_prefix_caching=not args.no_prefix_caching, attention_backend=args.attention_backend,
         num_gpu_blocks_override=args.num_gpu_blocks_override, enforce_eager=args.enforce_eager,
         compilation_config={"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else None,
+        generation_config=getattr(args, "generation_config", "auto"),
     )  # fmt: skip
     if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
         print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)
@@ -175,22 +235,50 @@ def _serve(args) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_waiting_requests < 1:
         raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
+    if args.max_request_body_bytes < 1:
+        raise ValueError(f"--max-request-body-bytes must be >= 1, got {args.max_request_body_bytes}")
+    if args.api_key == "":
+        raise ValueError("--api-key must not be empty")
+    origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
     try:
+        from tinyvllm.entrypoints.chat import load_chat_template
         from tinyvllm.entrypoints.openai_server import run_server
     except ImportError as error:
         print(f"tinyvllm: error: serve needs the serve extra (pip install 'tinyvllm[serve]'): {error}", file=sys.stderr)
         return EXIT_USER_ERROR
+    template = None if args.chat_template is None else load_chat_template(args.chat_template)
     llm = llm_from_args(args)
     name = args.served_model_name or (Path(args.model).name if shipped else args.model)  # "stdlib_tiny"
-    run_server(llm, name, args.host, args.port, args.max_waiting_requests)
+    run_server(
+        llm, name, args.host, args.port, args.max_waiting_requests, chat_template=template, api_key=args.api_key,
+        allowed_origins=origins, max_request_body_bytes=args.max_request_body_bytes,
+    )  # fmt: skip
     return 0
 
 
+def _allowed_origins(value: str | None) -> list[str] | None:
+    """``--allowed-origins``: a JSON list of strings (vLLM's form) or comma-separated origins."""
+    if value is None:
+        return None
+    if value.lstrip().startswith("["):
+        import json
+
+        try:
+            origins = json.loads(value)
+        except ValueError as error:
+            raise ValueError(f"--allowed-origins is not a JSON list: {error}") from None
+        if not all(isinstance(o, str) for o in origins):
+            raise ValueError(f"--allowed-origins must list strings, got {value}")
+        return origins
+    return [o.strip() for o in value.split(",") if o.strip()]
+
+
 def _generate(args) -> int:
-    params = _check_args(args)
+    explicit = _check_args(args)
     llm = llm_from_args(args)
+    params = cli_sampling_params(llm.generation_defaults, explicit)
     start = time.perf_counter()
     [out] = llm.generate(args.prompt, params, use_tqdm=False)
     seconds = time.perf_counter() - start

@@ -14,8 +14,14 @@ build.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
+
+
+# One position's logprobs as plain values: (token ids, logprobs, the chosen token's rank),
+# the chosen token first, then the top k (``sample/logprobs.py``). This is what crosses from
+# the runner through the scheduler to the engine, which turns it into ``PositionLogprobs``.
+LogprobEntry = tuple[list[int], list[float], int]
 
 
 @dataclass(frozen=True)
@@ -23,11 +29,16 @@ class ModelRunnerOutput:
     """Tokens sampled in one step, row ``req_id_to_index[req_id]`` per request.
 
     A request whose step did not reach the end of its prompt has an empty list.
+    ``logprobs[req_id]`` has one entry per sampled token of a request that asked;
+    ``prompt_logprobs[req_id]`` one per prompt token after the first, sent once, in the
+    step that finishes the prompt.
     """
 
     req_ids: list[str]
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
+    logprobs: dict[str, list[LogprobEntry]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[LogprobEntry]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.req_ids) != len(self.sampled_token_ids):
@@ -45,6 +56,8 @@ class EngineCoreOutput(NamedTuple):
         finish_reason: "stop", "length" or "abort" once finished, else None.
         stop_reason: the stop token id that ended it, if one did.
         num_cached_tokens: prompt tokens found in the prefix cache at first admission.
+        new_logprobs: one entry per new token, when the request asked for logprobs.
+        prompt_logprobs: one entry per prompt token after the first, once.
     """
 
     request_id: str
@@ -52,6 +65,8 @@ class EngineCoreOutput(NamedTuple):
     finish_reason: str | None = None
     stop_reason: int | None = None
     num_cached_tokens: int = 0
+    new_logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: list[LogprobEntry] | None = None
 
     @property
     def finished(self) -> bool:

@@ -103,12 +103,7 @@ def check_token_ids(name: str, values: object, vocab_size: int | None = None) ->
     return ids
 
 
-# SamplingParams fields the engine does not honour yet, with the value that means "off".
-_NOT_YET_HONOURED = {
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "bad_words": (),
-    "allowed_token_ids": None, "logprobs": None, "prompt_logprobs": None, "n": 1,
-}  # fmt: skip
-
+MAX_LOGPROBS = 20  # the most logprobs a request may ask for: vLLM's default max_logprobs
 
 # --8<-- [start:request_against_model]
 def check_request_against_model(
@@ -125,9 +120,10 @@ def check_request_against_model(
         check_token_ids(f"{label}.stop_token_ids", params.stop_token_ids, vocab_size)
     if vocab_size is not None and params.allowed_token_ids is not None:
         check_token_ids(f"{label}.allowed_token_ids", params.allowed_token_ids, vocab_size)
-    unsupported = [name for name, off in _NOT_YET_HONOURED.items() if getattr(params, name) != off]
-    if unsupported:  # refused, never silently ignored, until the engine honours them
-        raise ValueError(f"{label}: {', '.join(unsupported)} not supported by this engine yet")
+    for name in ("logprobs", "prompt_logprobs"):
+        asked = getattr(params, name)
+        if asked is not None and asked > MAX_LOGPROBS:
+            raise ValueError(f"{label}.{name}={asked}, more than this engine's max_logprobs {MAX_LOGPROBS}")
     if params.thinking_token_budget is not None and not has_reasoning:
         raise ValueError(
             f"{label}.thinking_token_budget={params.thinking_token_budget!r}, but the engine has no "

@@ -37,6 +37,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: tuple[int, ...]  # the whole block table: prefix hits then new blocks
     num_computed_tokens: int  # prefix-cache hit tokens, where this step starts
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # the request's bad words, tokenized by the engine
 
 
 class CachedRequestData(NamedTuple):

@@ -277,6 +277,7 @@ class Scheduler:
                     sampling_params=r.sampling_params,
                     block_ids=new_block_ids[r.request_id],
                     num_computed_tokens=start_tokens[r.request_id],
+                    bad_words_token_ids=r.bad_words_token_ids,
                 )
                 for r in new_reqs
             ),
@@ -322,6 +323,7 @@ class Scheduler:
             if request.num_computed_tokens < request.num_tokens:
                 sampled = []  # a partial prefill produces no token (NOTE 2)
             new_token_ids: list[int] = []
+            logprobs = model_runner_output.logprobs.get(rid)  # one entry per sampled token, if asked
             finished = False  # a request still in self.requests has not finished yet
             for token in sampled:
                 request.append_output_token_ids(token)
@@ -340,6 +342,8 @@ class Scheduler:
                         finish_reason=RequestStatus.get_finished_reason(request.status) if finished else None,
                         stop_reason=request.stop_reason,
                         num_cached_tokens=max(request.num_cached_tokens, 0),
+                        new_logprobs=logprobs[: len(new_token_ids)] if logprobs is not None else None,
+                        prompt_logprobs=model_runner_output.prompt_logprobs.get(rid),
                     )
                 )
         return outputs

@@ -21,8 +21,7 @@ runs what it is given in order. While a step runs, adds and aborts wait in its q
 run between that step and the next: the same order a lock or an explicit command queue
 would give. Outputs come back to the event loop as the result of the awaited step, so
 the queues are fed from the loop's own thread (no ``call_soon_threadsafe`` is needed).
-Tokenizing a prompt and rendering a chat template run in that thread too: a Hugging Face
-fast tokenizer must not be used by two threads at once.
+Tokenizing a prompt and rendering a chat template do NOT run there (NOTE 7).
 NOTE 2 (abort on exit): ``generate``'s ``finally`` runs when the consumer stops early
 (``GeneratorExit`` from ``aclose()``, ``CancelledError``); it submits the abort without
 awaiting it, because a closing async generator should not wait.
@@ -47,6 +46,13 @@ ends every live consumer with ``EngineDeadError``; every later call raises it. A
 the stepping task ends the consumers the same way. vLLM's ``AsyncLLM`` raises
 ``EngineDeadError`` from ``generate`` when its engine core process dies, and ends an
 aborted request's stream with a last output whose ``finish_reason`` is ``"abort"``.
+NOTE 7 (tokenizing off the engine's thread): a text prompt is tokenized by a
+``PromptTokenizer`` (``engine/prompt_tokenizer.py``): a copy of the tokenizer on a thread of
+its own, so a 10 MB prompt never stops the other requests' steps. ``generate`` hands the
+engine thread token ids only, at most ``max_model_len`` of them (a longer prompt is refused
+before it gets there, with ``LLM.prepare_request``'s message). ``self.tokenizer`` is that
+copy; the server renders chat templates with it, on that thread
+(``run_in_tokenizer_thread``).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tinyvllm.engine.prompt_tokenizer import PromptTokenizer
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_int
@@ -91,7 +98,9 @@ class AsyncLLM:
     def __init__(self, llm, max_waiting_requests: int = 256) -> None:
         self.llm = llm
         self.engine = llm.engine
-        self.tokenizer = llm.get_tokenizer()
+        self.max_model_len = llm.config.scheduler_config.max_model_len
+        self.prompt_tokenizer = PromptTokenizer(llm.get_tokenizer(), self.max_model_len)  # NOTE 7
+        self.tokenizer = self.prompt_tokenizer.tokenizer  # the tokenizer thread's copy
         self.max_waiting_requests = check_int("max_waiting_requests", max_waiting_requests, 1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinyvllm-engine")  # NOTE 1
         self._queues: dict[str, asyncio.Queue] = {}  # the event loop's side: ids with a live consumer
@@ -120,6 +129,7 @@ class AsyncLLM:
         self._queues[request_id] = queue
         finished = False
         try:
+            prompt = await self._tokenized(prompt)  # NOTE 7: off the engine's thread
             await self.run_in_engine_thread(self._add, prompt, sampling_params, request_id, queue)
             self._wake.set()
             while not finished:
@@ -146,6 +156,27 @@ class AsyncLLM:
             raise self._dead_error()
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def run_in_tokenizer_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the tokenizer's thread (NOTE 7), where ``self.tokenizer`` may be used."""
+        if self._dead is not None:
+            raise self._dead_error()
+        return await self.prompt_tokenizer.run(fn, *args)
+
+    # --8<-- [start:tokenized]
+    async def _tokenized(self, prompt: str | dict) -> str | dict:
+        """The prompt with its token ids, tokenized on the tokenizer's thread (NOTE 7); a prompt of
+        more than ``max_model_len`` ids is refused here. Anything else is left to ``prepare_request``."""
+        tokenizer = self.prompt_tokenizer
+        if isinstance(prompt, str):
+            return {"prompt": prompt, "prompt_token_ids": await self.run_in_tokenizer_thread(tokenizer.encode, prompt)}
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
+            ids = await self.run_in_tokenizer_thread(tokenizer.encode, prompt["prompt"])
+            return {**prompt, "prompt_token_ids": ids}
+        if isinstance(prompt, dict) and isinstance(prompt.get("prompt_token_ids"), (list, tuple)):
+            tokenizer.check_length(len(prompt["prompt_token_ids"]))
+        return prompt
+    # --8<-- [end:tokenized]
+
     # --8<-- [start:shutdown]
     async def shutdown(self) -> None:
         """Stop serving (NOTE 6): the stepping task stops, the requests this front added are
@@ -159,6 +190,7 @@ class AsyncLLM:
         if task is not None and not task.done() and task.get_loop() is loop:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        self.prompt_tokenizer.shutdown()
         executor, self._executor = self._executor, None
         await loop.run_in_executor(executor, self._abort_all)  # after any step still in flight
         executor.shutdown(wait=True)

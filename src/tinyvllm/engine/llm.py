@@ -57,6 +57,11 @@ NOTE 9 (model ids): ``model`` is a local folder or a Hugging Face model id (``or
 and the keyword ``revision`` a branch, tag or commit of the id; ``models/hub.py`` resolves
 the id into the hub cache (a local folder of the same spelling wins; offline under
 ``HF_HUB_OFFLINE=1``), after every other argument is checked and before the folder is read.
+NOTE 10 (sampling defaults): the keyword ``generation_config`` is vLLM's: ``"auto"`` takes
+the sampling defaults of the model's ``generation_config.json``, ``"vllm"`` none, a folder
+path that folder's file (``sampling_defaults.py``). They are read once, at start-up, into
+``generation_defaults``; ``get_default_sampling_params()`` builds them and ``generate``
+uses them when it is given no ``SamplingParams``. EOS ids always come from the model folder.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
+from tinyvllm.sampling_defaults import check_generation_config, generation_defaults
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.validation import (
     INT64_MAX,
@@ -219,6 +225,7 @@ class LLM:
         logits_processors: Sequence[LogitsProcessorSpec] | None = None,
         *,
         revision: str | None = None,
+        generation_config: str = "auto",
     ) -> None:
         # --8<-- [start:arguments]
         if not isinstance(model, (str, os.PathLike)):
@@ -244,6 +251,7 @@ class LLM:
             raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
         compilation = _compilation_config(compilation_config, enforce_eager)
         self.logits_processors = _checked_logits_processors(logits_processors)
+        generation_config = check_generation_config(generation_config)  # NOTE 10
         # --8<-- [end:arguments]
         model = resolve_model(model, revision)  # NOTE 9: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
@@ -277,6 +285,7 @@ class LLM:
         self.eos_token_id = tok_eos if tok_eos is not None else (eos_ids[0] if eos_ids else None)
         self.extra_stop_token_ids = tuple(e for e in eos_ids if e != self.eos_token_id)  # NOTE 1
         check_eos_token_ids(model, eos_ids, self.eos_token_id, spec.vocab_size)
+        self.generation_defaults = generation_defaults(generation_config, model)  # NOTE 10
         if reasoning_config is None:
             reasoning_config = reasoning_config_from_tokenizer(self.tokenizer, spec.vocab_size)  # NOTE 4
         else:
@@ -359,7 +368,10 @@ class LLM:
         logitsprocs = build_logitsprocs(config, self.device, False, False, self.logits_processors)
         thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, 0, self.device, False)
         blocks_per_req = cdiv(scheduler_config.max_model_len, block_size)
-        input_batch = InputBatch(max_num_seqs, self.device, logitsprocs, thinking, max_num_blocks_per_req=blocks_per_req)
+        input_batch = InputBatch(
+            max_num_seqs, self.device, logitsprocs, thinking, max_num_blocks_per_req=blocks_per_req,
+            vocab_size=self.spec.vocab_size,  # penalties and allowed_token_ids mask over it
+        )  # fmt: skip
         return ModelRunner(
             self.model, kv_caches, block_size, input_batch, self.device, self.eos_token_id,
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
@@ -425,6 +437,12 @@ class LLM:
         # what stays allocated and the activation peak is counted once, by the allocator stats.
         torch.cuda.empty_cache()
     # --8<-- [end:profile]
+
+    # --8<-- [start:default_sampling_params]
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's sampling defaults (NOTE 10); ``SamplingParams()`` when it has none."""
+        return SamplingParams(**self.generation_defaults)
+    # --8<-- [end:default_sampling_params]
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -507,7 +525,7 @@ class LLM:
         prompts = list(prompts)
         single = sampling_params is None or isinstance(sampling_params, SamplingParams)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()  # NOTE 10
         if single:
             params = [sampling_params] * len(prompts)
         elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes)):

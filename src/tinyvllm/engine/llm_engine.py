@@ -36,6 +36,19 @@ NOTE 4 (an undo that fails too): the undo runs every part whatever another part 
 batch, and the engine forgets them. A second exception on the way (a logits processor
 that raises again when the batch is emptied) is logged and attached to the first as a
 note; the caller gets the first, the one that explains the failure.
+NOTE 5 (logprobs): the runner sends each logprob as token ids, logprobs and a rank
+(``LogprobEntry``); the engine turns them into vLLM's ``{token_id: Logprob}`` with each
+token's text, keeps them beside the token ids, and reports them as it reports the tokens:
+a DELTA output carries the logprobs of its own tokens, and its prompt logprobs once.
+``cumulative_logprob`` sums the chosen tokens' logprobs (None when none were asked for).
+NOTE 6 (n completions): a request with ``SamplingParams.n`` > 1 is added as n child requests
+(``engine/parallel_sampling.py``), which the scheduler and the runner see as any other;
+``step`` and ``abort_request`` hand each child's output to its ``ParentRequest``, which
+gathers them into the parent's, and ``unfinished_request_ids`` names the parent.
+NOTE 7 (bad words): the engine has the tokenizer, so it turns a request's ``bad_words``
+into token sequences when the request is added (``sample/bad_words.py`` NOTE 1), checks
+them against the vocabulary, and hands them to the scheduler with the ``Request``; they
+reach the persistent batch with the request. An engine without a tokenizer refuses them.
 """
 
 from __future__ import annotations
@@ -49,8 +62,18 @@ from tinyvllm.config import ReasoningConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.detokenizer import IncrementalDetokenizer, decode_text
-from tinyvllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tinyvllm.engine.parallel_sampling import ParentRequest
+from tinyvllm.outputs import (
+    CompletionOutput,
+    EngineCoreOutput,
+    Logprob,
+    LogprobEntry,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
 from tinyvllm.request import Request, RequestStatus
+from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.validation import check_request_against_model, check_token_ids
 from tinyvllm.worker.model_runner import ModelRunner
@@ -74,6 +97,10 @@ class _Tracked:
     stop_checked_chars: int = 0  # text already searched for stop strings
     sent_chars: int = 0  # DELTA: text and tokens already reported
     sent_tokens: int = 0
+    logprobs: list[PositionLogprobs] | None = None  # one per token of token_ids, when asked (NOTE 5)
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    sent_prompt_logprobs: bool = False  # DELTA: sent once
 
 
 class LLMEngine:
@@ -96,6 +123,8 @@ class LLMEngine:
         self.vocab_size = vocab_size  # None: unknown, token ids are not checked against a vocabulary
         self.reasoning_config = reasoning_config  # None: thinking_token_budget is refused
         self._tracked: dict[str, _Tracked] = {}
+        self._parents: dict[str, ParentRequest] = {}  # a request with n > 1, by its id (NOTE 6)
+        self._parent_of: dict[str, tuple[ParentRequest, int]] = {}  # child id -> (parent, index)
 
     # --8<-- [start:add_request]
     def add_request(
@@ -110,11 +139,41 @@ class LLMEngine:
         """Queue a request; TypeError or ValueError (nothing queued) on a bad one.
 
         Checked against the model here, so that a bad request fails now and never inside
-        ``step()``: token ids (the prompt's, ``logit_bias``'s, ``stop_token_ids``) must lie in
+        ``step()``: token ids (the prompt's, ``logit_bias``'s, ``stop_token_ids``, the tokens of
+        ``bad_words``, which need the engine's tokenizer: NOTE 7) must lie in
         ``[0, vocab_size)`` when the engine was given ``vocab_size``, and
         ``thinking_token_budget`` needs the engine's ``reasoning_config``. Requests with
         different ``cache_salt``s never share a cached block (``core/prefix_hash.py``).
+        ``sampling_params.n`` > 1 adds n child requests, all or none (NOTE 6).
         """
+        if not isinstance(sampling_params, SamplingParams) or sampling_params.n == 1:  # a bad type: _add_one says so
+            self._add_one(request_id, prompt_token_ids, sampling_params, prompt, cache_salt)
+            return
+        parent = ParentRequest(request_id, sampling_params)
+        children = [parent.child_id(i) for i in range(sampling_params.n)]
+        taken = [rid for rid in (request_id, *children) if rid in self._tracked or rid in self._parents]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use (a request with n={sampling_params.n})")
+        added: list[str] = []
+        try:
+            for index, child_id in enumerate(children):
+                self._add_one(child_id, prompt_token_ids, parent.child_params(index), prompt, cache_salt)
+                added.append(child_id)
+        except BaseException:
+            self.abort_request(added)
+            raise
+        self._parents[request_id] = parent
+        for index, child_id in enumerate(children):
+            self._parent_of[child_id] = (parent, index)
+    # --8<-- [end:add_request]
+
+    def _add_one(
+        self, request_id: str, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
+        prompt: str | None, cache_salt: str | None,
+    ) -> None:  # fmt: skip
+        """One sequence: checked, then queued in the scheduler and tracked here."""
+        if request_id in self._parents:
+            raise ValueError(f"duplicate request id {request_id!r} (a request with n > 1 has it)")
         request = Request(request_id, prompt_token_ids, sampling_params, eos_token_id=self.eos_token_id, cache_salt=cache_salt)
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"request {request_id!r}: prompt must be a str or None, got {prompt!r}")
@@ -124,6 +183,7 @@ class LLMEngine:
         incremental = sampling_params.stop or sampling_params.output_kind != RequestOutputKind.FINAL_ONLY
         if sampling_params.stop and self.tokenizer is None:
             raise ValueError(f"{label}: stop={sampling_params.stop!r} needs text, but the engine has no tokenizer")
+        request.bad_words_token_ids = self._bad_words_token_ids(label, sampling_params)  # NOTE 7
         self.scheduler.add_request(request)
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, sampling_params.skip_special_tokens)
@@ -131,9 +191,20 @@ class LLMEngine:
             else None
         )
         self._tracked[request_id] = _Tracked(
-            prompt, list(request.prompt_token_ids), time.perf_counter(), sampling_params, detokenizer
-        )
-    # --8<-- [end:add_request]
+            prompt, list(request.prompt_token_ids), time.perf_counter(), sampling_params, detokenizer,
+            logprobs=[] if sampling_params.logprobs is not None else None,
+        )  # fmt: skip
+
+    def _bad_words_token_ids(self, label: str, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
+        """``params.bad_words`` as token sequences, each id in the vocabulary (NOTE 7)."""
+        if not params.bad_words:
+            return ()
+        if self.tokenizer is None:
+            raise ValueError(f"{label}: bad_words={params.bad_words!r} needs a tokenizer, but the engine has none")
+        sequences = tokenize_bad_words(self.tokenizer, params.bad_words)
+        for seq in sequences:
+            check_token_ids(f"{label}: bad_words {self.tokenizer.decode(list(seq))!r}", seq, self.vocab_size)
+        return sequences
 
     # --8<-- [start:abort_request]
     def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
@@ -141,6 +212,7 @@ class LLMEngine:
         was unfinished (``finished=True``, ``finish_reason="abort"``, the text of the tokens it
         got), so that whoever waits on it can end; unknown and finished ids are ignored."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        ids = [child for rid in ids for child in self._sequences(rid)]  # a parent's unfinished children
         self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
         now = time.perf_counter()
         outputs = []
@@ -150,7 +222,9 @@ class LLMEngine:
                 continue
             if tracked.detokenizer is not None:
                 tracked.detokenizer.finish()
-            outputs.append(self._make_output(rid, tracked, "abort", None, now))
+            output = self._to_parent(self._make_output(rid, tracked, "abort", None, now))
+            if output is not None:
+                outputs.append(output)
         return outputs
     # --8<-- [end:abort_request]
 
@@ -172,6 +246,7 @@ class LLMEngine:
                 tracked.first_token_time = now
                 tracked.num_cached_tokens = out.num_cached_tokens
             tracked.token_ids.extend(out.new_token_ids)
+            self._update_logprobs(tracked, out)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             if tracked.detokenizer is not None:
                 stop = self._update_text(tracked, out.new_token_ids, out.finished)
@@ -184,10 +259,49 @@ class LLMEngine:
             elif tracked.params.output_kind == RequestOutputKind.FINAL_ONLY:
                 continue  # nothing to report until it finishes (NOTE 2)
             output = self._make_output(out.request_id, tracked, finish_reason, stop_reason, now)
-            if output is not None:
+            if output is not None and (output := self._to_parent(output)) is not None:  # NOTE 6
                 outputs.append(output)
         return outputs
     # --8<-- [end:step]
+
+    # --8<-- [start:parents]
+    def _sequences(self, request_id: str) -> list[str]:
+        """The ids the scheduler knows ``request_id`` by: a parent's unfinished children, else itself."""
+        parent = self._parents.get(request_id)
+        return [request_id] if parent is None else [parent.child_id(i) for i in sorted(parent.unfinished)]
+
+    def _to_parent(self, output: RequestOutput) -> RequestOutput | None:
+        """A child's output as its parent's (``engine/parallel_sampling.py``); others as they are."""
+        link = self._parent_of.get(output.request_id)
+        if link is None:
+            return output
+        parent, index = link
+        if output.finished:
+            del self._parent_of[output.request_id]
+        gathered = parent.add(index, output)
+        if gathered is not None and gathered.finished:
+            del self._parents[parent.request_id]
+        return gathered
+    # --8<-- [end:parents]
+
+    # --8<-- [start:update_logprobs]
+    def _update_logprobs(self, tracked: _Tracked, out: EngineCoreOutput) -> None:
+        """The step's logprob entries as ``Logprob``s with their text (NOTE 5)."""
+        for entry in out.new_logprobs or ():
+            tracked.logprobs.append(self._position_logprobs(entry))
+            tracked.cumulative_logprob += entry[1][0]  # the chosen token's logprob comes first
+        if out.prompt_logprobs is not None:  # nothing predicts the first prompt token
+            tracked.prompt_logprobs = [None] + [self._position_logprobs(entry) for entry in out.prompt_logprobs]
+
+    def _position_logprobs(self, entry: LogprobEntry) -> PositionLogprobs:
+        """``{token_id: Logprob}``: the chosen token with its rank, then the top k with ranks 1..k."""
+        token_ids, logprobs, rank = entry
+        ranks = [rank, *range(1, len(token_ids))]
+        return {
+            token: Logprob(logprob, r, decode_text(self.tokenizer, [token], False) if self.tokenizer else None)
+            for token, logprob, r in zip(token_ids, logprobs, ranks)
+        }
+    # --8<-- [end:update_logprobs]
 
     # --8<-- [start:update_text]
     def _update_text(self, tracked: _Tracked, new_token_ids: list[int], finished: bool) -> str | None:
@@ -227,14 +341,26 @@ class LLMEngine:
         finally:
             for rid in step_ids:
                 self._tracked.pop(rid, None)
+            self._drop_parents_of(step_ids)
     # --8<-- [end:abort_failed_step]
+
+    def _drop_parents_of(self, failed_ids: list[str]) -> None:
+        """A failed child's siblings are aborted with it (``parallel_sampling.py`` NOTE 2)."""
+        parents = {self._parent_of[rid][0] for rid in failed_ids if rid in self._parent_of}
+        for parent in parents:
+            children = [parent.child_id(i) for i in range(parent.params.n)]
+            self.scheduler.finish_requests(children, RequestStatus.FINISHED_ABORTED)
+            for child in children:
+                self._tracked.pop(child, None)
+                self._parent_of.pop(child, None)
+            del self._parents[parent.request_id]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def unfinished_request_ids(self) -> set[str]:
-        """The requests added and not yet returned finished or aborted."""
-        return set(self._tracked)
+        """The requests added and not yet returned finished or aborted (a parent by its own id)."""
+        return {self._parent_of[rid][0].request_id if rid in self._parent_of else rid for rid in self._tracked}
 
     # --8<-- [start:make_output]
     def _make_output(
@@ -245,16 +371,23 @@ class LLMEngine:
         kind = tracked.params.output_kind
         finished = finish_reason is not None
         text = self._visible_text(tracked, finished)
-        token_ids = tracked.token_ids
+        token_ids, logprobs, prompt_logprobs = tracked.token_ids, tracked.logprobs, tracked.prompt_logprobs
         if kind == RequestOutputKind.DELTA:
             text, token_ids = text[tracked.sent_chars :], token_ids[tracked.sent_tokens :]
             if not (text or token_ids or finished):
                 return None
+            if logprobs is not None:
+                logprobs = logprobs[tracked.sent_tokens :]
+            if tracked.sent_prompt_logprobs:
+                prompt_logprobs = None
+            tracked.sent_prompt_logprobs = prompt_logprobs is not None
             tracked.sent_chars += len(text)
             tracked.sent_tokens += len(token_ids)
         elif kind == RequestOutputKind.CUMULATIVE:
             token_ids = list(token_ids)  # a snapshot: the tracked list grows
-        completion = CompletionOutput(0, text, token_ids, finish_reason, stop_reason)
+            logprobs = None if logprobs is None else list(logprobs)
+        cumulative = tracked.cumulative_logprob if logprobs is not None else None
+        completion = CompletionOutput(0, text, token_ids, finish_reason, stop_reason, logprobs, cumulative)
         return RequestOutput(
             request_id=request_id,
             prompt=tracked.prompt,
@@ -263,6 +396,7 @@ class LLMEngine:
             finished=finished,
             num_cached_tokens=tracked.num_cached_tokens,
             metrics=RequestMetrics(tracked.arrival_time, tracked.first_token_time, now if finished else None),
+            prompt_logprobs=prompt_logprobs,
         )
     # --8<-- [end:make_output]
 

@@ -1,1 +1,1 @@
-"""Entry points over the network: the OpenAI-compatible server (``tinyvllm serve``), its request models and its metrics."""
+"""Entry points over the network: the OpenAI-compatible server (``tinyvllm serve``), its request models, its metrics."""

@@ -2,8 +2,9 @@
 
 Concept: ``GET /metrics`` in Prometheus' text format. The engine's state (requests
 running and waiting, KV-cache usage, prefix-cache lookups, preemptions) is read from
-``AsyncLLM.stats`` when Prometheus scrapes, by a collector; the two latencies are
-histograms that the server fills as tokens reach each client.
+``AsyncLLM.stats`` when Prometheus scrapes, by a collector; the token counters, the
+finished-request counter and the three latency histograms are filled by the server, one
+``RequestTracker`` per engine request, as its outputs reach the client.
 
 Mirrors: ``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger``). The names are vLLM's,
 with its ``vllm:`` prefix and its ``model_name`` label, so dashboards and queries written
@@ -13,11 +14,19 @@ format, as prometheus_client writes every counter (``vllm:prefix_cache_hits_tota
 NOTE 1 (one registry per app): each ``ServerMetrics`` has its own ``CollectorRegistry``
 rather than prometheus_client's global one, so several servers can run in one process
 (the tests start more than one) without a "Duplicated timeseries" error.
+NOTE 2 (what counts): prompt tokens once per engine request, at its first output (its
+prefill is done); generation tokens as they arrive; ``request_success`` once per
+completion (``n`` per engine request), labelled with its ``finish_reason``, as vLLM V1
+counts each of the ``n`` child requests; a client that leaves ends its unfinished
+completions as ``abort``. End-to-end latency runs from the HTTP request's arrival to the
+engine request's end.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # --8<-- [start:metric_names]
@@ -28,11 +37,18 @@ METRICS = {  # name: (type, help)
     "vllm:prefix_cache_queries": ("counter", "Prompt tokens looked up in the prefix cache."),
     "vllm:prefix_cache_hits": ("counter", "Prompt tokens found in the prefix cache."),
     "vllm:num_preemptions": ("counter", "Requests preempted (their blocks freed, to be recomputed)."),
+    "vllm:prompt_tokens": ("counter", "Prompt tokens of the requests served (prefilled)."),
+    "vllm:generation_tokens": ("counter", "Tokens generated."),
+    "vllm:request_success": ("counter", "Completions finished, by finished_reason (stop, length, abort)."),
     "vllm:time_to_first_token_seconds": ("histogram", "Seconds from a request's arrival to its first token."),
     "vllm:inter_token_latency_seconds": ("histogram", "Seconds between two successive output tokens of a request."),
+    "vllm:e2e_request_latency_seconds": ("histogram", "Seconds from a request's arrival to its end."),
 }
 # --8<-- [end:metric_names]
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+               960.0, 1920.0, 7680.0)  # vLLM's  # fmt: skip
+FINISHED_REASONS = ("stop", "length", "abort")
 
 
 class _EngineCollector:
@@ -68,14 +84,67 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(async_llm, model_name))
 
-        def histogram(name: str) -> Histogram:
-            return Histogram(
-                name, METRICS[name][1], ["model_name"], registry=self.registry, buckets=LATENCY_BUCKETS
-            ).labels(model_name)
+        def histogram(name: str, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, METRICS[name][1], ["model_name"], registry=self.registry, buckets=buckets).labels(
+                model_name
+            )
+
+        def counter(name: str) -> Counter:
+            return Counter(name, METRICS[name][1], ["model_name"], registry=self.registry).labels(model_name)
 
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds")
         self.inter_token_latency = histogram("vllm:inter_token_latency_seconds")
+        self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds", E2E_BUCKETS)
+        self.prompt_tokens = counter("vllm:prompt_tokens")
+        self.generation_tokens = counter("vllm:generation_tokens")
+        success = Counter("vllm:request_success", METRICS["vllm:request_success"][1], ["model_name", "finished_reason"],
+                          registry=self.registry)  # fmt: skip
+        self.request_success = {reason: success.labels(model_name, reason) for reason in FINISHED_REASONS}
 
     def render(self) -> bytes:
         """The Prometheus text format of every metric."""
         return generate_latest(self.registry)
+
+
+# --8<-- [start:tracker]
+class RequestTracker:
+    """The metrics of one engine request, fed with each of its outputs (NOTE 2)."""
+
+    def __init__(self, metrics: ServerMetrics, n: int, arrival: float) -> None:
+        self.metrics = metrics
+        self.arrival = self.last = arrival
+        self.unfinished = n  # completions not yet ended
+        self.seen_first = False
+        self.done = False
+
+    def output(self, out) -> None:
+        now = time.perf_counter()
+        metrics = self.metrics
+        new_tokens = sum(len(c.token_ids) for c in out.outputs)
+        if not self.seen_first:
+            metrics.prompt_tokens.inc(len(out.prompt_token_ids))
+        if new_tokens:
+            metrics.generation_tokens.inc(new_tokens)
+            if not self.seen_first:
+                metrics.time_to_first_token.observe(now - self.arrival)
+            else:
+                for _ in range(new_tokens):  # several tokens in one output share the gap
+                    metrics.inter_token_latency.observe((now - self.last) / new_tokens)
+            self.last = now
+        self.seen_first = True
+        for completion in out.outputs:
+            if completion.finish_reason is not None:
+                self.unfinished -= 1
+                metrics.request_success.get(completion.finish_reason, metrics.request_success["abort"]).inc()
+        if out.finished:
+            self.end(now)
+
+    def end(self, now: float | None = None) -> None:
+        """The request ended: finished, or its client left (its open completions count as aborted)."""
+        if self.done:
+            return
+        self.done = True
+        if self.unfinished > 0:
+            self.metrics.request_success["abort"].inc(self.unfinished)
+        self.metrics.e2e_request_latency.observe((now or time.perf_counter()) - self.arrival)
+# --8<-- [end:tracker]

@@ -1,259 +1,262 @@
 """The OpenAI-compatible HTTP server: ``tinyvllm serve --model DIR``, on FastAPI and uvicorn.
 
-Concept: turn HTTP requests into ``AsyncLLM.generate`` calls and the outputs back into
-OpenAI's JSON, or into server-sent events when ``"stream": true``. Every request, streamed
-or not, runs as a DELTA request (``SamplingParams.output_kind``): the server sees each
-new piece of text as the engine makes it, which gives the streamed chunks and the
-per-token latencies alike; a non-streamed answer joins the pieces.
+Concept: the HTTP layer around ``serving.py``: the routes, reading and checking a body,
+the errors in OpenAI's shape, and four middlewares (NOTE 1). What a request does once
+its body is checked is ``serving.py``'s.
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, ``GET /metrics`` (``entrypoints/metrics.py``).
+Endpoints: ``GET``/``HEAD /health``, ``GET /version``, ``GET /v1/models``,
+``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /tokenize``,
+``POST /detokenize``, ``GET /metrics`` (``metrics.py``).
 
-Mirrors: ``vllm/entrypoints/openai/api_server.py`` and its ``serving_completion.py`` /
-``serving_chat.py``, much reduced (no tools, no logprobs, no n > 1, no LoRA).
+Mirrors: ``vllm/entrypoints/openai/api_server.py`` (its routes, ``--api-key``'s
+``AuthenticationMiddleware``, ``--allowed-origins``' CORS, the ``X-Request-Id`` header of
+``--enable-request-id-headers``, the ``validation_exception_handler``).
 
-Errors, all in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
-400 for a body that is not JSON or does not fit the schema, and for every value that
-``SamplingParams`` or ``LLM.prepare_request`` refuses (the same messages as offline);
-400 for a chat request when the tokenizer has no chat template; 404 for a model name
-other than the served one; 503 when ``AsyncLLM`` refuses a request past its bound on
-waiting requests; 500 if the engine stopped.
+Errors, all ``{"error": {"message", "type", "param", "code"}}``, ``param`` naming the
+request field where there is one: 400 for a body that is not JSON, does not fit the
+schema (NOTE 2), or holds a value the server or the engine refuses; 401 for a missing or
+wrong API key; 404 for an unknown route or model; 413 for a body over the limit; 503 past
+the waiting bound; 500 if the engine stopped.
 
-NOTE 1 (the first output before the headers): a streamed response sends its 200 status
-with the first chunk. The server therefore awaits the request's first output before it
-answers, so that a request the engine refuses still gets its 400 or 503 status.
-NOTE 2 (disconnects): a streamed response whose client goes away is cancelled by the
-ASGI server; the cancellation closes the ``AsyncLLM.generate`` iterator, which aborts
-the request (``async_llm.py`` NOTE 2). A non-streamed request is watched instead: while
-it runs, the server polls ``Request.is_disconnected()`` every 0.2 s and cancels it when
-the client is gone. Either way the request's KV blocks are free within a step.
+NOTE 1 (middlewares, outermost first): CORS (only with ``allowed_origins``; a preflight
+``OPTIONS`` is answered before anything else), the request id (every response carries
+``X-Request-Id``: the client's, else the body's ``request_id``, else a new one), the API
+key (only ``/v1/...`` routes, as vLLM; ``Authorization: Bearer KEY`` compared in constant
+time), the body limit (``Content-Length`` over ``max_request_body_bytes`` is a 413 before
+anything is read; a body sent without a length is counted as it arrives).
+NOTE 2 (reading a body): the server reads the bytes itself and validates them with
+pydantic's strict JSON mode (``protocol.py`` NOTE 1), so a wrong type is a 400 naming the
+field with its expected JSON type, and a field no schema knows is a 400 naming it.
+Left out: vLLM's ``--root-path``, ``--allow-credentials``, SSL flags, the ``/ping``,
+``/load`` and LoRA routes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
+import secrets
 import time
+import types
+import typing
 import uuid
-from collections.abc import AsyncIterator
 
+import pydantic
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
-from tinyvllm.engine.async_llm import AsyncLLM, EngineDeadError, TooManyWaitingRequestsError
-from tinyvllm.entrypoints.metrics import ServerMetrics
-from tinyvllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, error_body
-from tinyvllm.outputs import RequestOutput
+import tinyvllm
+from tinyvllm.engine.async_llm import AsyncLLM
+from tinyvllm.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    RequestError,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    error_body,
+)
+from tinyvllm.entrypoints.serving import APIError, OpenAIServing
+from tinyvllm.entrypoints.tokenization import detokenize as detokenize_ids
+from tinyvllm.entrypoints.tokenization import tokenize as tokenize_text
 
-COMPLETION_MAX_TOKENS = 16  # protocol.py NOTE 2
-DISCONNECT_POLL_S = 0.2
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, kind: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.status, self.message, self.kind, self.param), status_code=self.status)
-
-
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, "BadRequestError", param)
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024  # 16 MiB
 
 
-class _Disconnected(Exception):
-    """The client went away before the answer was ready (NOTE 2)."""
+class BodyTooLarge(Exception):
+    """A body without ``Content-Length`` grew past the limit while it was read (NOTE 1)."""
 
 
-# --8<-- [start:handle]
-class OpenAIServing:
-    """What the endpoints share: the engine, the served name, the metrics."""
-
-    def __init__(self, async_llm: AsyncLLM, served_model_name: str) -> None:
-        self.async_llm = async_llm
-        self.served_model_name = served_model_name
-        self.max_model_len = async_llm.llm.config.scheduler_config.max_model_len
-        self.metrics = ServerMetrics(async_llm, served_model_name)
-
-    def check_model(self, name: str) -> None:
-        if name != self.served_model_name:
-            raise APIError(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
-
-    async def start(self, prompt, params, raw_request: Request) -> tuple[AsyncIterator[RequestOutput], RequestOutput]:
-        """Add the request; return its output stream and its first output (NOTE 1)."""
-        stream = self.async_llm.generate(prompt, params, f"req-{uuid.uuid4().hex}")
-        try:
-            first = await self.until_disconnect(stream.__anext__(), raw_request)
-        except (ValueError, TypeError) as error:  # SamplingParams, prepare_request, add_request
-            raise bad_request(str(error)) from None
-        except TooManyWaitingRequestsError as error:
-            raise APIError(503, str(error), "ServiceUnavailableError") from None
-        except EngineDeadError as error:
-            raise APIError(500, str(error), "InternalServerError") from None
-        return stream, first
-
-    async def until_disconnect(self, awaitable, raw_request: Request):
-        """Await ``awaitable``, unless the client disconnects first: then cancel it (NOTE 2)."""
-        task = asyncio.ensure_future(awaitable)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await raw_request.is_disconnected():
-                task.cancel()  # the cancellation reaches AsyncLLM.generate, whose finally aborts the request
-                await asyncio.gather(task, return_exceptions=True)
-                raise _Disconnected()
-# --8<-- [end:handle]
+def _json_response(status: int, body: dict, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-class _Timer:
-    """Per-request latencies for the histograms: time to first token, time between tokens."""
-
-    def __init__(self, metrics: ServerMetrics) -> None:
-        self.metrics = metrics
-        self.arrival = self.last = time.perf_counter()
-        self.seen_first = False
-
-    def tokens(self, out: RequestOutput) -> None:
-        n = len(out.outputs[0].token_ids)
-        if not n:
-            return
-        now = time.perf_counter()
-        if not self.seen_first:
-            self.metrics.time_to_first_token.observe(now - self.arrival)
-            self.seen_first = True
-        else:
-            for _ in range(n):  # several tokens in one output share the gap
-                self.metrics.inter_token_latency.observe((now - self.last) / n)
-        self.last = now
+def _too_large(limit: int) -> JSONResponse:
+    return _json_response(413, error_body(413, f"the request body is larger than {limit} bytes (--max-request-body-bytes)",
+                                          "RequestTooLargeError"))  # fmt: skip
 
 
-def _usage(out: RequestOutput, completion_tokens: int) -> dict:
-    prompt_tokens = len(out.prompt_token_ids)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
-    }
+# --8<-- [start:middleware]
+class BodyLimitMiddleware:
+    """413 past ``limit`` bytes, before the JSON is parsed (NOTE 1)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _too_large(self.limit)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise BodyTooLarge()
+            return message
+
+        await self.app(scope, counted, send)
 
 
-def _sse(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+class RequestIdMiddleware:
+    """Every response carries ``X-Request-Id`` (NOTE 1)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id")
+        state = scope.setdefault("state", {})
+        fallback = given.decode("latin-1") if given else uuid.uuid4().hex
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                request_id = state.get("request_id") or fallback  # the id serving.py used, if it ran
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
-# --8<-- [start:respond]
-async def _respond(serving: OpenAIServing, raw_request: Request, body, prompt, default_max_tokens: int, chat: bool):
-    """Run one request and answer it, streamed (SSE) or as one JSON object."""
-    try:
-        params = body.sampling_params(default_max_tokens, stream=True)  # always DELTA inside (module docstring)
-    except (ValueError, TypeError) as error:
-        raise bad_request(str(error)) from None
-    timer = _Timer(serving.metrics)
-    try:
-        stream, first = await serving.start(prompt, params, raw_request)
-    except _Disconnected:
-        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-    timer.tokens(first)
-    response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    created = int(time.time())
-    head = {"id": response_id, "created": created, "model": serving.served_model_name}
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _stream_events(stream, first, head, chat, include_usage, timer), media_type="text/event-stream"
-        )
-    try:
-        text, n_tokens, out = await serving.until_disconnect(_collect(stream, first, timer), raw_request)
-    except _Disconnected:
-        return Response(status_code=499)
-    completion = out.outputs[0]
-    choice = {"index": 0, "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason,
-              "logprobs": None}  # fmt: skip
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
+class ApiKeyMiddleware:
+    """``/v1/...`` needs ``Authorization: Bearer <key>`` (NOTE 1); 401 in OpenAI's shape otherwise."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not scope["path"].startswith("/v1"):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if secrets.compare_digest(given, self.expected):
+            return await self.app(scope, receive, send)
+        body = error_body(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'",
+                          "AuthenticationError")  # fmt: skip
+        await _json_response(401, body, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+# --8<-- [end:middleware]
+
+
+_NOUNS = {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}
+
+
+def _json_noun(annotation) -> str:
+    """A type in JSON's words: ``list[list[int]]`` is "array of arrays of integers"."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_json_noun(a) for a in args)
+    if origin is list:
+        inner = _json_noun(args[0])
+        return "array of " + (inner.replace("array of", "arrays of", 1) if inner.startswith("array") else inner + "s")
+    if origin is typing.Literal:
+        return "one of " + ", ".join(json.dumps(a) for a in args)
+    if origin is dict or (isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel)):
+        return "object"
+    return _NOUNS.get(annotation, "any value")
+
+
+def _json_type(annotation) -> str:
+    """``int | None`` is "an integer or null"."""
+    words = _json_noun(annotation)
+    return words if words.startswith("one of") else ("an " if words[0] in "aeiou" else "a ") + words
+
+
+# --8<-- [start:invalid_body]
+def invalid_body(model: type[pydantic.BaseModel], error: pydantic.ValidationError) -> APIError:
+    """A pydantic error as a 400 naming the top-level field (NOTE 2)."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return APIError(400, f"the body is not valid JSON: {first['msg']}", "BadRequestError")
+    if first["type"] == "model_type":
+        return APIError(400, "the body must be a JSON object", "BadRequestError")
+    field = str(first["loc"][0]) if first["loc"] else None
+    if first["type"] == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {field}", "BadRequestError", field)
+    if first["type"] == "missing" and len(first["loc"]) == 1:
+        return APIError(400, f"`{field}` is required", "BadRequestError", field)
+    mine = [e for e in errors if e["loc"] and e["loc"][0] == first["loc"][0]]
+    closest = min(mine, key=lambda e: len(e["loc"]))  # the field's own value, or the nearest part of it
+    got = json.dumps(closest.get("input"), default=str)
+    got = got if len(got) <= 60 else got[:57] + "..."
+    info = model.model_fields.get(field)
+    if info is not None and (len(mine) > 1 or len(first["loc"]) == 1):  # the field's own type (or every branch of it)
+        message = f"`{field}` must be {_json_type(info.annotation)}, got {got}"
     else:
-        choice["text"] = text
-    kind = "chat.completion" if chat else "text_completion"
-    return JSONResponse({**head, "object": kind, "choices": [choice], "usage": _usage(out, n_tokens)})
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"][1:] if isinstance(p, int) or p.isidentifier())
+        message = f"`{field}{where}`: {first['msg']}, got {got}"
+    return APIError(400, message, "BadRequestError", field)
+# --8<-- [end:invalid_body]
 
 
-async def _collect(stream, first: RequestOutput, timer: _Timer) -> tuple[str, int, RequestOutput]:
-    """Join a non-streamed request's deltas: ``(text, number of tokens, last output)``."""
-    text, n_tokens, out = first.outputs[0].text, len(first.outputs[0].token_ids), first
-    while not out.finished:
-        out = await stream.__anext__()
-        timer.tokens(out)
-        text += out.outputs[0].text
-        n_tokens += len(out.outputs[0].token_ids)
-    return text, n_tokens, out
-
-
-async def _stream_events(stream, first: RequestOutput, head: dict, chat: bool, include_usage: bool, timer: _Timer):
-    """Server-sent events: one chunk per output, then the usage (if asked for), then ``[DONE]``."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    n_tokens = 0
-    out = first
+async def _parse(raw_request: Request, model: type[pydantic.BaseModel]):
+    raw = await raw_request.body()
     try:
-        if chat:  # OpenAI's first chat chunk names the role
-            yield _sse({**head, "object": kind, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                             "finish_reason": None}]})  # fmt: skip
-        while True:
-            completion = out.outputs[0]
-            n_tokens += len(completion.token_ids)
-            choice = {"index": 0, "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
-            if chat:
-                choice["delta"] = {"content": completion.text} if completion.text else {}
-            else:
-                choice["text"] = completion.text
-            if completion.text or out.finished:
-                yield _sse({**head, "object": kind, "choices": [choice]})
-            if out.finished:
-                break
-            out = await stream.__anext__()
-            timer.tokens(out)
-        if include_usage:
-            yield _sse({**head, "object": kind, "choices": [], "usage": _usage(out, n_tokens)})
-    except Exception as error:  # the engine failed mid-stream: the status is sent already, say so in the stream
-        yield _sse(error_body(500, str(error), "InternalServerError"))
-    finally:
-        await stream.aclose()  # a no-op when finished; aborts the request when the client left (NOTE 2)
-    yield _sse("[DONE]")
-# --8<-- [end:respond]
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as error:
+        raise invalid_body(model, error) from None
+
+
+def _request_id(raw_request: Request, body) -> str:
+    """The header's id, else the body's ``request_id``, else a new one; the response header says which."""
+    request_id = raw_request.headers.get("x-request-id") or getattr(body, "request_id", None) or uuid.uuid4().hex
+    raw_request.state.request_id = request_id
+    return request_id
 
 
 # --8<-- [start:build_app]
-def build_app(async_llm: AsyncLLM, served_model_name: str) -> FastAPI:
-    """The FastAPI app serving ``async_llm`` under the name ``served_model_name``."""
-    app = FastAPI(title="tinyvllm")
-    serving = OpenAIServing(async_llm, served_model_name)
+def build_app(
+    async_llm: AsyncLLM,
+    served_model_name: str,
+    *,
+    chat_template: str | None = None,
+    api_key: str | None = None,
+    allowed_origins: list[str] | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+) -> FastAPI:
+    """The FastAPI app serving ``async_llm`` as ``served_model_name`` (``chat_template``: the
+    ``--chat-template`` text, which wins over the tokenizer's)."""
+    app = FastAPI(title="tinyvllm", version=tinyvllm.__version__)
+    serving = OpenAIServing(async_llm, served_model_name, chat_template)
     app.state.serving = serving
-    tokenizer = async_llm.tokenizer
+    app.add_middleware(BodyLimitMiddleware, limit=max_request_body_bytes)  # innermost (NOTE 1)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=["X-Request-Id"])  # fmt: skip
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError):
         return error.response()
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_body(request: Request, error: RequestValidationError):  # bad JSON or a field of a wrong type
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
-        message = f"{first.get('msg', 'invalid request')}" + (f" (at {where})" if where else "")
-        return bad_request(message, where).response()
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, error: RequestError):
+        return APIError(400, str(error), "BadRequestError", error.param).response()
+
+    @app.exception_handler(BodyTooLarge)
+    async def _body_too_large(request: Request, error: BodyTooLarge):
+        return _too_large(max_request_body_bytes)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException):  # unknown route, wrong method
-        return APIError(error.status_code, str(error.detail), "NotFoundError" if error.status_code == 404 else
-                        "BadRequestError").response()  # fmt: skip
+        kind = "NotFoundError" if error.status_code == 404 else "BadRequestError"
+        return APIError(error.status_code, str(error.detail), kind).response()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": tinyvllm.__version__}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -266,45 +269,42 @@ def build_app(async_llm: AsyncLLM, served_model_name: str) -> FastAPI:
         return Response(serving.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, raw_request: Request):
-        serving.check_model(body.model)
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            if len(prompt) != 1:
-                raise bad_request(f"one prompt per request, got {len(prompt)}", "prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, list):  # token ids
-            prompt = {"prompt_token_ids": prompt}
-        return await _respond(serving, raw_request, body, prompt, COMPLETION_MAX_TOKENS, chat=False)
+    async def completions(raw_request: Request):
+        arrival = time.perf_counter()
+        body = await _parse(raw_request, CompletionRequest)
+        return await serving.completions(body, raw_request, _request_id(raw_request, body), arrival)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, raw_request: Request):
-        serving.check_model(body.model)
-        if not getattr(tokenizer, "chat_template", None):
-            raise bad_request(
-                f"the model {served_model_name!r} has no chat template (tokenizer_config.json); use /v1/completions",
-                "messages",
-            )
-        messages = body.messages_as_dicts()
+    async def chat_completions(raw_request: Request):
+        arrival = time.perf_counter()
+        body = await _parse(raw_request, ChatCompletionRequest)
+        return await serving.chat(body, raw_request, _request_id(raw_request, body), arrival)
 
-        def render() -> dict:  # in the engine thread: the tokenizer is not thread-safe (async_llm.py NOTE 1)
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return {"prompt": text, "prompt_token_ids": tokenizer(text, add_special_tokens=False).input_ids}
-
+    @app.post("/tokenize")
+    async def tokenize(raw_request: Request):
+        raw = await raw_request.body()
         try:
-            prompt = await async_llm.run_in_engine_thread(render)
-        except Exception as error:  # a template that raises on these messages
-            raise bad_request(f"the chat template failed on these messages: {error}", "messages") from None
-        default_max_tokens = max(1, serving.max_model_len - len(prompt["prompt_token_ids"]))  # protocol.py NOTE 2
-        return await _respond(serving, raw_request, body, prompt, default_max_tokens, chat=True)
+            is_chat = b'"messages"' in raw and "messages" in json.loads(raw)
+        except (ValueError, TypeError):
+            is_chat = False
+        model = TokenizeChatRequest if is_chat else TokenizeCompletionRequest
+        try:
+            body = model.model_validate_json(raw)
+        except pydantic.ValidationError as error:
+            raise invalid_body(model, error) from None
+        return await tokenize_text(serving, body)
+
+    @app.post("/detokenize")
+    async def detokenize(raw_request: Request):
+        return await detokenize_ids(serving, await _parse(raw_request, DetokenizeRequest))
 
     return app
 # --8<-- [end:build_app]
 
 
-def run_server(llm, served_model_name: str, host: str, port: int, max_waiting_requests: int = 256) -> None:
-    """Serve ``llm`` until interrupted (``tinyvllm serve``)."""
+def run_server(llm, served_model_name: str, host: str, port: int, max_waiting_requests: int = 256, **app_options) -> None:
+    """Serve ``llm`` until interrupted (``tinyvllm serve``); ``app_options`` go to ``build_app``."""
     import uvicorn
 
     async_llm = AsyncLLM(llm, max_waiting_requests=max_waiting_requests)
-    uvicorn.run(build_app(async_llm, served_model_name), host=host, port=port, log_level="info")
+    uvicorn.run(build_app(async_llm, served_model_name, **app_options), host=host, port=port, log_level="info")

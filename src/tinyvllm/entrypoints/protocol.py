@@ -1,21 +1,40 @@
-"""The OpenAI API's request bodies and error shape, as pydantic models.
+"""The OpenAI API's request bodies, strictly typed, and the fate of every field.
 
-Concept: what ``POST /v1/completions`` and ``POST /v1/chat/completions`` accept, and how
-a request body becomes ``SamplingParams``. The models only check the JSON types;
-``SamplingParams`` checks the values (one place for every range check), and its
-``TypeError`` or ``ValueError`` becomes an HTTP 400 in ``openai_server.py``.
+Concept: what ``POST /v1/completions`` and ``POST /v1/chat/completions`` accept, field by
+field, and how a body becomes ``SamplingParams`` keyword arguments. Every field that
+OpenAI's two APIs or vLLM's extra parameters define has one of three fates (the table on
+the docs page "Serving", section "Every field, honoured or refused"):
+
+- honoured: it reaches ``SamplingParams``, the prompt, the chat template or the response;
+- refused: a value that asks for anything is a 400 naming the field (``REFUSED``);
+- informational: accepted, and it does not change the output (``INFORMATIONAL``).
+
+A field no schema knows is a 400 too, as OpenAI answers ("Unrecognized request argument
+supplied: ..."): nothing a client sends is silently dropped.
 
 Mirrors: ``vllm/entrypoints/openai/protocol.py`` (``CompletionRequest``,
-``ChatCompletionRequest``, ``ErrorResponse``), a much smaller subset.
+``ChatCompletionRequest``, ``to_sampling_params``, ``ErrorResponse``).
 
-NOTE 1 (fields): the sampling fields are OpenAI's (``max_tokens``, ``temperature``,
-``top_p``, ``seed``, ``stop``, ``logit_bias``, ``n``) plus vLLM's extras (``top_k``,
-``min_p``, ``ignore_eos``, ``include_stop_str_in_output``). Fields the server does not
-know are ignored, as OpenAI's own server ignores unknown fields it does not use; ``n``
-must be 1 (one completion per request; send n requests for n completions).
-NOTE 2 (defaults): ``max_tokens`` defaults to 16 for completions, as OpenAI's legacy
-endpoint; for chat it defaults to what the context leaves (``max_model_len`` minus the
-prompt), as vLLM does. ``temperature`` defaults to 1, as OpenAI's.
+Invariants: the models are pydantic ``strict`` (NOTE 1); a field left out is None, so
+"unset" and "set to the default" differ, and only set fields override the model's
+sampling defaults (``sampling_defaults.py`` NOTE 2); ``sampling_fields`` names, for each
+``SamplingParams`` field it fills, the request field it came from (the ``param`` of a
+later error).
+
+NOTE 1 (strict types): a bool is not an int (``max_tokens: true``), a string is not a
+number (``"10"``) nor a bool (``stream: "yes"``), and a list of bools is not a prompt of
+token ids. An int is a number (``temperature: 1``), as JSON has one number type.
+NOTE 2 (defaults): ``max_tokens`` left out is 16 for completions (OpenAI's legacy
+endpoint) and up to the context for chat; an explicit null is up to the context for
+both, as vLLM reads it. ``serving.py`` computes it with the prompt's length.
+NOTE 3 (refused values): each refused field has the values that ask for nothing, which
+pass (``tool_choice: "none"``, ``response_format: {"type": "text"}``, ``tools: []``), so
+a client that always sends them still works; any other value is a 400.
+NOTE 4 (vLLM differences): chat's ``echo`` does not ask for prompt logprobs (vLLM's
+turns ``top_logprobs`` into ``prompt_logprobs``); ``max_tokens`` together with a
+different ``max_completion_tokens`` is a 400 (vLLM takes the second silently); chat's
+``top_logprobs`` keeps the k most likely tokens by rank.
+Left out: tools, structured output, beam search, multimodal inputs, prompt embeddings.
 """
 
 from __future__ import annotations
@@ -24,7 +43,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
+
+class RequestError(ValueError):
+    """A request the server refuses with 400, naming the request field ``param``."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ErrorInfo(BaseModel):
@@ -44,75 +69,270 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
     return ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=status)).model_dump()
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")  # NOTE 1; unknown fields are a 400
 
 
-# --8<-- [start:sampling_fields]
-class _SamplingFields(BaseModel):
-    """The fields both endpoints share (NOTE 1); turned into ``SamplingParams`` by ``sampling_params``."""
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: usage in every chunk
 
-    model_config = ConfigDict(extra="ignore")
 
-    model: str
+# --8<-- [start:fates]
+# Refused unless the value asks for nothing (NOTE 3): field -> (values that pass, why not).
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "suffix": ((None,), "no fill-in-the-middle"),
+    "prompt_embeds": ((None,), "prompts are text or token ids"),
+    "tools": ((None, []), "no tool calling"),
+    "tool_choice": ((None, "none"), "no tool calling"),
+    "functions": ((None, []), "no function calling"),
+    "function_call": ((None, "none"), "no function calling"),
+    "parallel_tool_calls": ((None,), "no tool calling"),
+    "response_format": ((None, {"type": "text"}), "no structured output; only {'type': 'text'}"),
+    "guided_json": ((None,), "no structured output"),
+    "guided_regex": ((None,), "no structured output"),
+    "guided_choice": ((None,), "no structured output"),
+    "guided_grammar": ((None,), "no structured output"),
+    "guided_decoding_backend": ((None,), "no structured output"),
+    "guided_whitespace_pattern": ((None,), "no structured output"),
+    "structural_tag": ((None,), "no structured output"),
+    "structured_outputs": ((None,), "no structured output"),
+    "audio": ((None,), "text only"),
+    "modalities": ((None, ["text"]), "text only"),
+    "prediction": ((None,), "no predicted outputs"),
+    "web_search_options": ((None,), "no web search"),
+    "reasoning_effort": ((None,), "no reasoning-effort control"),
+    "verbosity": ((None,), "no verbosity control"),
+    "include_reasoning": ((None, True), "no reasoning parser: the reasoning is part of the text"),
+    "use_beam_search": ((None, False), "no beam search"),
+    "length_penalty": ((None, 1.0), "no beam search"),
+    "spaces_between_special_tokens": ((None, True), "special tokens are decoded as the tokenizer writes them"),
+    "priority": ((None, 0), "one queue, first come first served"),
+    "logits_processors": ((None, []), "logits processors are chosen at start-up (LLM(logits_processors=...))"),
+    "mm_processor_kwargs": ((None,), "text only"),
+    "kv_transfer_params": ((None,), "no disaggregated serving"),
+    "moderation": ((None,), "no moderation"),
+}
+# Accepted, and they do not change the output (OpenAI's bookkeeping fields).
+INFORMATIONAL = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_options",
+                 "prompt_cache_retention", "safety_identifier")  # fmt: skip
+# --8<-- [end:fates]
+
+
+class _RequestFields(_Strict):
+    """The fields both endpoints take (the rest are on ``CompletionRequest`` and ``ChatCompletionRequest``)."""
+
+    model: str | None = None  # None: the served model, as vLLM
+    # OpenAI's sampling and output fields
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    n: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    logit_bias: dict[str, float] | None = None
-    n: int = 1
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    response_format: Any = None
+    # vLLM's sampling extras
+    best_of: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    thinking_token_budget: int | None = None  # tinyvllm's, from vLLM's thinking-budget processor
+    echo: bool | None = None
+    add_special_tokens: bool | None = None
+    request_id: str | None = None
+    return_tokens_as_token_ids: bool | None = None
+    cache_salt: str | None = None
+    vllm_xargs: dict[str, str | int | float] | None = None
+    # refused (REFUSED)
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    spaces_between_special_tokens: bool | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    structured_outputs: Any = None
+    priority: int | None = None
+    logits_processors: Any = None
+    kv_transfer_params: Any = None
+    user: str | None = None  # informational (INFORMATIONAL)
 
-    def sampling_params(self, default_max_tokens: int, stream: bool) -> SamplingParams:
-        """The request's ``SamplingParams``; TypeError or ValueError (an HTTP 400) for a bad value."""
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (this server returns one completion per request), got {self.n}")
-        bias = None
+    def check_refused(self) -> None:
+        """A 400 for the first refused field that asks for something (NOTE 3)."""
+        for name, (passing, why) in REFUSED.items():
+            if name in type(self).model_fields and getattr(self, name) not in passing:
+                raise RequestError(f"`{name}` is not supported ({why})", name)
+        if self.stream_options is not None and not self.stream:
+            raise RequestError("`stream_options` is only allowed with `stream: true`", "stream_options")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise RequestError(f"`best_of` must equal `n` ({self.n or 1}) here, got {self.best_of}", "best_of")
+        if self.prompt_logprobs and self.stream:  # vLLM's rule
+            raise RequestError("`prompt_logprobs` are not available with `stream: true`", "prompt_logprobs")
+        k = self.truncate_prompt_tokens
+        if k is not None and not (k >= 1 or k == -1):
+            raise RequestError(f"`truncate_prompt_tokens` must be >= 1 or -1, got {k}", "truncate_prompt_tokens")
+        if self.request_id == "" or self.cache_salt == "":
+            name = "request_id" if self.request_id == "" else "cache_salt"
+            raise RequestError(f"`{name}` must be a non-empty string", name)
+
+    # --8<-- [start:sampling_fields]
+    def sampling_fields(self) -> dict[str, tuple[str, Any]]:
+        """``{SamplingParams field: (request field, value)}`` for every field the request set
+        (``max_tokens`` aside: ``serving.py`` sets it, NOTE 2)."""
+        same = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                "repetition_penalty", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                "bad_words", "allowed_token_ids", "prompt_logprobs", "n", "thinking_token_budget", "stop",
+                "stop_token_ids")  # fmt: skip
+        fields = {name: (name, getattr(self, name)) for name in same if getattr(self, name) is not None}
         if self.logit_bias is not None:  # JSON object keys are strings: "42" is token 42
             bias = {}
             for key, value in self.logit_bias.items():
                 if not key.lstrip("-").isdigit():
-                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+                    raise RequestError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
                 bias[int(key)] = value
-        return SamplingParams(
-            max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            stop=self.stop,
-            logit_bias=bias,
-            ignore_eos=self.ignore_eos,
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
-        )
-# --8<-- [end:sampling_fields]
+            fields["logit_bias"] = ("logit_bias", bias)
+        if self.vllm_xargs is not None:
+            fields["extra_args"] = ("vllm_xargs", dict(self.vllm_xargs))
+        return fields
+    # --8<-- [end:sampling_fields]
 
 
-class CompletionRequest(_SamplingFields):
-    """``POST /v1/completions``: a text prompt, or a prompt given as token ids."""
+class CompletionRequest(_RequestFields):
+    """``POST /v1/completions``: a prompt (text or token ids), or a list of prompts."""
 
-    prompt: str | list[int] | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    suffix: Any = None
+    prompt_embeds: Any = None
+
+    def sampling_fields(self) -> dict[str, tuple[str, Any]]:
+        fields = super().sampling_fields()
+        if self.logprobs is not None:
+            fields["logprobs"] = ("logprobs", self.logprobs)
+            if self.echo and self.prompt_logprobs is None:  # the echoed prompt's logprobs, as vLLM
+                fields["prompt_logprobs"] = ("echo", self.logprobs)
+        return fields
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``{"type": "text", "text": ...}`` is served (``chat.py``)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """One message; keys other than these (``tool_calls``, ``tool_call_id``, ...) go to the template."""
 
+    model_config = ConfigDict(strict=True, extra="allow")
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | None = None
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
-    """``POST /v1/chat/completions``: messages, rendered by the tokenizer's chat template."""
+class ChatCompletionRequest(_RequestFields):
+    """``POST /v1/chat/completions``: messages, rendered by a chat template (``chat.py``)."""
 
     messages: list[ChatMessage]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
+    # refused (REFUSED)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    include_reasoning: bool | None = None
+    structural_tag: Any = None
+    mm_processor_kwargs: Any = None
+    moderation: Any = None
+    # informational (INFORMATIONAL)
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    safety_identifier: str | None = None
 
-    def messages_as_dicts(self) -> list[dict[str, Any]]:
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+    def check_refused(self) -> None:
+        super().check_refused()
+        if self.top_logprobs and not self.logprobs:  # OpenAI's and vLLM's rule
+            raise RequestError("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise RequestError(
+                "`continue_final_message` and `add_generation_prompt` cannot both be true", "continue_final_message"
+            )
+        if (self.max_tokens is not None and self.max_completion_tokens is not None
+                and self.max_tokens != self.max_completion_tokens):  # fmt: skip
+            raise RequestError(
+                f"`max_tokens` ({self.max_tokens}) and `max_completion_tokens` ({self.max_completion_tokens}) "
+                "disagree; send one of them", "max_completion_tokens",
+            )  # fmt: skip
+
+    def sampling_fields(self) -> dict[str, tuple[str, Any]]:
+        fields = super().sampling_fields()
+        if self.logprobs:
+            k = self.top_logprobs or 0
+            fields["logprobs"] = ("top_logprobs" if self.top_logprobs else "logprobs", k)
+        return fields
+
+
+class TokenizeCompletionRequest(_Strict):
+    """``POST /tokenize`` with a prompt (vLLM's): its token ids, their number, the context length."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class TokenizeChatRequest(_Strict):
+    """``POST /tokenize`` with messages: the ids of the prompt the chat template renders."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    add_special_tokens: bool | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
+    tools: Any = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize``: the text of token ids."""
+
+    model: str | None = None
+    tokens: list[int]

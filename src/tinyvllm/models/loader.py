@@ -37,6 +37,9 @@ What is checked (each failure a ``ValueError`` naming the file and the field):
 - Tokenizer: the folder has tokenizer files (NOTE 4), and those in JSON parse; what
   transformers then refuses is wrapped in a ValueError naming the folder.
 - EOS: ``generation_config.json``'s ``eos_token_id`` is an int >= 0 or a list of them.
+- Sampling defaults (``load_generation_defaults``, NOTE 5): ``generation_config.json``'s
+  ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` and
+  ``max_new_tokens``, each a JSON number ``SamplingParams`` accepts for its field.
 ``check_model_folder`` runs all of these but the tokenizer's loading, without torch or
 transformers (the command line calls it first, so a broken folder fails in a blink).
 
@@ -55,6 +58,12 @@ tokenizer class named by ``config.json`` (``Qwen2Tokenizer`` for qwen3) is built
 default vocabulary, ``{"<|endoftext|>": 0}``, a one-token tokenizer that turns every
 prompt into nothing. We ask for ``tokenizer.json``, ``tokenizer.model`` or ``vocab.json``
 with ``merges.txt`` first.
+NOTE 5 (sampling defaults): vLLM's ``ModelConfig.get_diff_sampling_param`` keeps six
+fields of ``generation_config.json`` and renames ``max_new_tokens`` to ``max_tokens``;
+a null is as good as absent, and every other key is ignored, ``do_sample`` included (a
+file with ``"do_sample": false`` and a temperature still samples at that temperature, in
+vLLM as here). Each value is checked by ``SamplingParams`` itself, so the ranges are the
+same as a request's; a refusal names the file and the field.
 
 Left out: quantised checkpoints, multimodal configs, remote code; checking that the
 tokenizer's ids fit the model's ``vocab_size`` (some real checkpoints list added tokens
@@ -526,6 +535,40 @@ def load_eos_token_ids(folder: str | Path, tokenizer=None) -> list[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         return [int(tokenizer.eos_token_id)]
     return []
+
+
+# NOTE 5: generation_config.json field -> SamplingParams field (vLLM's six)
+GENERATION_DEFAULT_FIELDS = {
+    "repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
+    "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens",
+}  # fmt: skip
+
+
+# --8<-- [start:generation_defaults]
+def load_generation_defaults(folder: str | Path) -> dict[str, Any]:
+    """The sampling defaults of ``folder/generation_config.json`` as ``SamplingParams``
+    keyword arguments (NOTE 5): ``{}`` when the file is absent or sets none of the fields.
+    A malformed value is a ValueError naming the file, the field and the value."""
+    from tinyvllm.sampling_params import SamplingParams  # no torch
+
+    gen = _require_folder(folder) / "generation_config.json"
+    if not gen.exists():
+        return {}
+    config = _read_json(gen)
+    defaults: dict[str, Any] = {}
+    for key, name in GENERATION_DEFAULT_FIELDS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{gen}: field {key!r} must be a number, got {value!r} ({_json_type(value)})")
+        try:
+            SamplingParams(**{name: value})  # the same ranges as a request's
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{gen}: field {key!r} is refused: {e}") from None
+        defaults[name] = value
+    return defaults
+# --8<-- [end:generation_defaults]
 
 
 def check_eos_token_ids(folder: str | Path, eos_token_ids: list[int], tokenizer_eos: int | None, vocab_size: int) -> None:

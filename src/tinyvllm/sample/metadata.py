@@ -3,8 +3,10 @@
 
 Concept: the sampler needs, per row, a temperature, optional top-p / top-k limits and
 (for seeded requests) a private random generator, plus the two stateful helpers that edit
-logits (the logits processors and the thinking-budget holder). This frozen record carries
-exactly that from the worker to the sampler, and nothing else.
+logits (the logits processors and the thinking-budget holder), and, only for the rows
+whose requests ask for them, the penalty state, the allowed-token mask and the bad words
+with the output lists they are checked against. This frozen record carries exactly that
+from the worker to the sampler, and nothing else.
 
 Seed: 001 ch. 9.2 (the sampler's order of operations reads these fields), ch. 13.9 (the
 thinking budget forces tokens inside the sampler).
@@ -18,7 +20,13 @@ Invariants:
   none is (both hold only for an empty batch);
 - ``top_p`` is None exactly when no row has ``top_p < 1``, ``top_k`` exactly when no row
   has ``top_k > 0``: a None tells the sampler to skip the sort over the vocabulary;
-- ``generators`` is a read-only view; its keys are rows ``< num_reqs``.
+- ``generators`` and ``num_logprobs`` are read-only views; their keys are rows ``< num_reqs``;
+- ``penalties`` is None exactly when no row uses a penalty (vLLM's ``no_penalties``);
+- ``allowed_token_ids_rows`` ``[P]`` and ``allowed_token_ids_mask`` ``[P, V]`` are both None
+  (no row restricts its tokens) or both set, one mask row per listed batch row;
+- ``bad_words_token_ids`` is a read-only view whose keys are rows ``< num_reqs``, and
+  ``output_token_ids`` holds every row's live output list (or nothing, when no row has
+  bad words).
 
 NOTE 1 (why it exists): the sampler knows nothing of the worker. The persistent
 ``InputBatch`` builds this record after ``refresh()`` has handed the step's
@@ -27,21 +35,25 @@ does not change), so ``sample/`` never imports ``worker/``.
 NOTE 2 (frozen at the top level only): the fields cannot be reassigned, but the logits
 processors, the thinking-budget holder and the generators are live, stateful objects
 shared with the batch: sampling advances a seeded request's generator, and the model
-runner relies on that object identity to restore it after a partial prefill.
-Left out: logprobs, penalties (presence / frequency / repetition and the token counts
-they need), allowed-token masks, bad words, speculative decoding's draft tokens.
+runner relies on that object identity to restore it after a partial prefill. So are the
+penalty state (its counts grow by each step's tokens, ``sample/penalties.py`` NOTE 1) and
+the output lists (bad words read their ends): a record handed out again for an unchanged
+batch sees the newest tokens.
+Left out: speculative decoding's draft tokens.
 """
 # --8<-- [end:header]
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
 
+from tinyvllm.sample.bad_words import BadWordsTokenIds
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
+from tinyvllm.sample.penalties import PenaltyState
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 
 
@@ -58,6 +70,13 @@ class SamplingMetadata:
     generators: Mapping[int, torch.Generator]  # row -> that request's own generator (seeded requests)
     logitsprocs: LogitsProcessors
     thinking_budget: ThinkingBudgetStateHolder | None
+    # row -> k, for the rows whose request asked for logprobs (``sample/logprobs.py``); empty: none did
+    num_logprobs: Mapping[int, int] = field(default_factory=dict)
+    penalties: PenaltyState | None = None  # None: no row uses a penalty, the sampler skips them
+    allowed_token_ids_rows: torch.Tensor | None = None  # [P] int64: the rows that restrict their tokens
+    allowed_token_ids_mask: torch.Tensor | None = None  # [P, V] bool, True = not allowed
+    bad_words_token_ids: Mapping[int, BadWordsTokenIds] = field(default_factory=dict)  # row -> sequences
+    output_token_ids: tuple[Sequence[int], ...] = ()  # row -> its live output list
 
     def __post_init__(self) -> None:
         if self.temperature.dim() != 1:
@@ -66,12 +85,34 @@ class SamplingMetadata:
             tensor = getattr(self, name)
             if tensor is not None and tuple(tensor.shape) != (self.num_reqs,):
                 raise ValueError(f"{name} must have shape [{self.num_reqs}], got {tuple(tensor.shape)}")
-        outside = sorted(row for row in self.generators if not 0 <= row < self.num_reqs)
-        if outside:
-            raise ValueError(f"generators name rows {outside}, outside 0 .. {self.num_reqs - 1}")
-        if not isinstance(self.generators, MappingProxyType):
-            # A private copy behind a read-only view: later edits of the caller's dict cannot leak in.
-            object.__setattr__(self, "generators", MappingProxyType(dict(self.generators)))
+        for name in ("generators", "num_logprobs", "bad_words_token_ids"):
+            outside = sorted(row for row in getattr(self, name) if not 0 <= row < self.num_reqs)
+            if outside:
+                raise ValueError(f"{name} name rows {outside}, outside 0 .. {self.num_reqs - 1}")
+        self._check_token_restrictions()
+        for name in ("generators", "num_logprobs", "bad_words_token_ids"):
+            if not isinstance(getattr(self, name), MappingProxyType):
+                # A private copy behind a read-only view: later edits of the caller's dict cannot leak in.
+                object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    def _check_token_restrictions(self) -> None:
+        rows, mask = self.allowed_token_ids_rows, self.allowed_token_ids_mask
+        if (rows is None) != (mask is None):
+            raise ValueError("allowed_token_ids_rows and allowed_token_ids_mask must be both set or both None")
+        if rows is not None and (rows.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rows.shape[0]):
+            raise ValueError(
+                f"allowed_token_ids_rows must be [P] and allowed_token_ids_mask [P, V], got "
+                f"{tuple(rows.shape)} and {tuple(mask.shape)}"
+            )
+        if self.bad_words_token_ids and len(self.output_token_ids) != self.num_reqs:
+            raise ValueError(
+                f"bad words need every row's output list: {len(self.output_token_ids)} lists for {self.num_reqs} rows"
+            )
+
+    @property
+    def no_penalties(self) -> bool:
+        """True when no row uses a penalty (vLLM's flag of the same name)."""
+        return self.penalties is None
 
     @property
     def num_reqs(self) -> int:

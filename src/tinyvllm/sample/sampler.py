@@ -2,19 +2,26 @@
 """The sampler: from the model's logits ``[R, V]`` to one token id per request ``[R]``.
 
 Concept: the order of operations is the whole design.
+0. logprobs, for the rows that ask, from the raw logits (``sample/logprobs.py``): what the
+   model thinks, before anything below edits the logits (NOTE 3);
 1. logits to float32 (a copy: the caller's tensor is never edited);
-2. non-argmax-invariant processors (MinTokens, LogitBias, custom ones): they may change
+2. allowed token ids: in the rows that restrict their tokens, every other token gets -inf;
+3. bad words: each row's banned tokens get -inf (``sample/bad_words.py``);
+4. non-argmax-invariant processors (MinTokens, LogitBias, custom ones): they may change
    any row's argmax, so they run for every row;
-3. thinking-budget forcing (1e9 at the forced end token);
-4. greedy rows (temperature 0) take the argmax here;
-5. random rows: divide by temperature, run the argmax-invariant processors (MinP), apply
+5. penalties (presence, frequency, repetition) of the rows that use them
+   (``sample/penalties.py``); steps 2-5 are ``apply_logits_processors`` (NOTE 4);
+6. thinking-budget forcing (1e9 at the forced end token);
+7. greedy rows (temperature 0) take the argmax here;
+8. random rows: divide by temperature, run the argmax-invariant processors (MinP), apply
    top-k then top-p, and draw with the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``
    (on the CPU ``q = -log(U)``, NOTE 2);
    a seeded request draws its ``q`` from its own ``torch.Generator``, so the same seed gives
    the same tokens whatever else is in the batch.
 
 Seed: 001 ch. 9.2 (which processors run where), ch. 13.9 (forcing before sampling).
-Mirrors: ``vllm/v1/sample/sampler.py`` and ``vllm/v1/sample/ops/topk_topp_sampler.py``.
+Mirrors: ``vllm/v1/sample/sampler.py`` (``Sampler.forward``, ``apply_logits_processors``)
+and ``vllm/v1/sample/ops/topk_topp_sampler.py``.
 
 Calling convention (the model runner, each step):
 ``input_batch.remove_request(...)``/``add_request(...)``, ``input_batch.condense()``,
@@ -38,7 +45,18 @@ generator's resolution of 2**-24). The token streams differ between CPU
 and GPU for the same seed; they already did, since a CPU ``torch.Generator`` (Mersenne
 Twister) and a CUDA one (Philox) give different numbers for one seed. A seed makes a
 request reproducible on one device type, not across them.
-Left out: logprobs, penalties, speculative decoding's rejection sampler.
+NOTE 3 (logprobs before sampling, gathered after): the raw logprobs of the rows that ask
+are computed first, since the steps below edit the logits, and gathered for the sampled
+tokens last, once those are known: ``SamplerOutput.logprobs`` row i is batch row
+``logprob_rows[i]``. A batch that asks none computes none.
+NOTE 4 (steps 2-6, vLLM's order): vLLM V1's ``Sampler`` masks the allowed tokens, bans
+the bad words, runs the non-argmax-invariant processors and applies the penalties, in
+that order, all before the greedy argmax, so that greedy rows obey them too. Each of
+these steps costs nothing in a batch that does not use it: the metadata then holds no
+mask, no bad words and no penalty state. The forcing comes after the penalties, so that
+no penalty can bring a forced logit down (a repetition penalty would divide it, the
+forced token being often in the prompt).
+Left out: speculative decoding's rejection sampler.
 """
 # --8<-- [end:header]
 
@@ -49,14 +67,19 @@ from dataclasses import dataclass
 
 import torch
 
+from tinyvllm.sample import logprobs as logprob_ops
+from tinyvllm.sample.bad_words import apply_bad_words
 from tinyvllm.sample.metadata import SamplingMetadata
 
 
 @dataclass(frozen=True)
 class SamplerOutput:
-    """What the sampler returns: ``sampled_token_ids`` ``[R]`` int64, row order of the batch."""
+    """What the sampler returns: ``sampled_token_ids`` ``[R]`` int64, row order of the batch;
+    for the rows that asked, their logprobs (NOTE 3)."""
 
     sampled_token_ids: torch.Tensor
+    logprobs: logprob_ops.LogprobsTensors | None = None  # [M, 1 + K]: row i is batch row logprob_rows[i]
+    logprob_rows: tuple[int, ...] = ()
 
 
 _TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32, ~1.2e-38
@@ -118,13 +141,22 @@ class Sampler:
         md = sampling_metadata
         if logits.shape[0] != md.num_reqs:
             raise ValueError(f"logits have {logits.shape[0]} rows, the sampling metadata has {md.num_reqs} requests")
-        logits = logits.to(torch.float32, copy=True)  # [R, V]
-        for proc in md.logitsprocs.non_argmax_invariant:
-            logits = proc.apply(logits)
+        rows = sorted(md.num_logprobs)  # NOTE 3: the raw logprobs first, of the rows that ask
+        raw_logprobs = logprob_ops.compute_logprobs(logits[rows]) if rows else None  # [M, V]
+        sampled = self.sample(logits, md)  # [R]
+        if raw_logprobs is None:
+            return SamplerOutput(sampled)
+        num_top = max(md.num_logprobs.values())
+        tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[rows], num_top)
+        return SamplerOutput(sampled, tensors, tuple(rows))
+
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Steps 1-8 of the module header: one token id per row, ``[R]``."""
+        logits = self.apply_logits_processors(logits.to(torch.float32, copy=True), md)  # [R, V]
         if md.thinking_budget is not None:
             logits = md.thinking_budget.apply_to_logits(logits)
         if md.all_greedy:
-            return SamplerOutput(logits.argmax(dim=-1))  # [R]
+            return logits.argmax(dim=-1)  # [R]
         greedy_tokens = None if md.all_random else logits.argmax(dim=-1)  # [R]
         temperature = md.temperature.to(logits.device)  # [R]
         is_greedy = temperature == 0  # [R]
@@ -137,6 +169,21 @@ class Sampler:
             logits = apply_top_k_top_p(logits, top_k, top_p)
         random_tokens = random_sample(logits.softmax(dim=-1), md.generators)  # [R]
         if greedy_tokens is None:
-            return SamplerOutput(random_tokens)
-        return SamplerOutput(torch.where(is_greedy, greedy_tokens, random_tokens))
+            return random_tokens
+        return torch.where(is_greedy, greedy_tokens, random_tokens)
+
+    @staticmethod
+    def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Steps 2-5 on float32 logits ``[R, V]``, in place where it can: whatever may
+        change a row's argmax, each step only when some row uses it (NOTE 4)."""
+        if md.allowed_token_ids_mask is not None:
+            rows = md.allowed_token_ids_rows  # [P]
+            logits[rows] = logits[rows].masked_fill(md.allowed_token_ids_mask, float("-inf"))
+        if md.bad_words_token_ids:
+            logits = apply_bad_words(logits, md.bad_words_token_ids, md.output_token_ids)
+        for proc in md.logitsprocs.non_argmax_invariant:
+            logits = proc.apply(logits)
+        if md.penalties is not None:
+            logits = md.penalties.apply(logits)
+        return logits
 # --8<-- [end:sampler]

@@ -18,7 +18,9 @@ Mirrors: ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch``: ``add_request``,
 Invariants (``check_invariants``): after ``condense`` rows ``0 .. num_reqs - 1`` are live
 and nothing lies beyond; ``req_id_to_index`` and ``req_ids`` agree; each live row's
 ``temperature``/``top_p``/``top_k`` equal its request's params; a row has a generator
-exactly when its request has a seed; rows with no request hold the neutral values.
+exactly when its request has a seed; rows with no request hold the neutral values; a row
+has penalty state exactly when its request uses a penalty, built from its own prompt and
+live output list, and bad-word token ids exactly when its request has bad words (NOTE 7).
 
 NOTE 1: within a step, every removal comes before the first addition: ``add_request``
 reads the builder's holes, after which ``removed_append`` raises (ch. 8.3).
@@ -42,6 +44,17 @@ processor even when one raises, and raises the first error after. After a failed
 ``reset`` removes every row in one update; a processor that raises there again must not
 keep the others from dropping their rows, or they would apply a finished request's
 masks to whatever request next takes its row.
+NOTE 7 (penalties, allowed tokens, bad words): these need per-row state only for the
+requests that use them. The penalties' prompt masks and output counts live in a
+``PenaltyState`` (``sample/penalties.py``, its NOTE 2 on memory): rows enter it in
+``add_request`` (counted from the prompt and the whole output so far, so a preempted
+request that comes back is counted right), move and swap with their rows, leave it on
+removal and ``reset``, and ``refresh`` adds each step's new tokens. A request's bad-word
+token ids (tokenized by the engine, ``sample/bad_words.py`` NOTE 1) move with its row
+like its generator. ``allowed_token_ids`` needs no state here: the metadata's mask
+``[P, V]`` is built from the params of the rows that have one, when the metadata is
+built (NOTE 5), so it costs nothing while the batch is unchanged. Penalties and
+``allowed_token_ids`` need the vocabulary size (``InputBatch(vocab_size=...)``).
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
 # --8<-- [end:header]
@@ -54,9 +67,11 @@ from types import MappingProxyType
 
 import torch
 
+from tinyvllm.sample.bad_words import BadWordsTokenIds
 from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
 from tinyvllm.sample.metadata import SamplingMetadata
+from tinyvllm.sample.penalties import PenaltyState, uses_penalties
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.block_table import BlockTable
@@ -72,10 +87,12 @@ class InputBatch:
         logitsprocs: LogitsProcessors | None = None,
         thinking_budget: ThinkingBudgetStateHolder | None = None,
         max_num_blocks_per_req: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         if max_num_reqs < 1:
             raise ValueError(f"max_num_reqs must be >= 1, got {max_num_reqs!r}")
         self.max_num_reqs = max_num_reqs
+        self.vocab_size = vocab_size  # None: penalties and allowed_token_ids are refused (NOTE 7)
         self.device = torch.device(device)
         self.logitsprocs = logitsprocs or LogitsProcessors()
         self.thinking_budget = thinking_budget
@@ -88,6 +105,9 @@ class InputBatch:
         self.top_p = torch.ones(max_num_reqs, dtype=torch.float32)  # [R_max]
         self.top_k = torch.zeros(max_num_reqs, dtype=torch.int64)  # [R_max], 0 = off
         self.generators: dict[int, torch.Generator] = {}  # row -> the request's own generator
+        self.num_logprobs: dict[int, int] = {}  # row -> its request's SamplingParams.logprobs, when set
+        self.bad_words_token_ids: dict[int, BadWordsTokenIds] = {}  # row -> its bad words' token ids (NOTE 7)
+        self.penalties = PenaltyState(max_num_reqs, vocab_size, self.device) if vocab_size else None  # NOTE 7
         self.block_table = (  # NOTE 3
             BlockTable(max_num_reqs, max_num_blocks_per_req, self.device) if max_num_blocks_per_req else None
         )
@@ -107,16 +127,28 @@ class InputBatch:
         eos_token_id: int | None = None,
         block_ids: Sequence[int] = (),
         generator: torch.Generator | None = None,
+        bad_words_token_ids: Sequence[Sequence[int]] = (),
     ) -> int:
         """Put a request into the lowest hole (or a new last row); return its row.
 
         A seeded request brings its own ``generator`` (NOTE 4); without one, a fresh
-        generator seeded with ``params.seed`` is made.
+        generator seeded with ``params.seed`` is made. A request with ``bad_words`` brings
+        their token ids (NOTE 7).
         """
         if req_id in self.req_id_to_index:
             raise ValueError(f"request {req_id!r} is already in the batch")
         if self.num_reqs >= self.max_num_reqs:
             raise ValueError(f"batch is full ({self.max_num_reqs} requests); cannot add {req_id!r}")
+        bad_words = tuple(tuple(seq) for seq in bad_words_token_ids)
+        if bool(params.bad_words) != bool(bad_words):
+            raise ValueError(
+                f"request {req_id!r}: bad_words={params.bad_words!r} with bad_words_token_ids={bad_words!r}: "
+                "a request with bad words needs their token ids, and only such a request"
+            )
+        if self.vocab_size is None and (uses_penalties(params) or params.allowed_token_ids is not None):
+            raise ValueError(
+                f"request {req_id!r} uses penalties or allowed_token_ids, which need the batch's vocab_size"
+            )
         row = self.batch_update_builder.pop_removed()  # NOTE 1
         if row is None:
             row = len(self.req_ids)
@@ -130,6 +162,12 @@ class InputBatch:
         self.top_k[row] = params.top_k
         if params.seed is not None:
             self.generators[row] = generator or torch.Generator(device=self.device).manual_seed(params.seed)
+        if params.logprobs is not None:
+            self.num_logprobs[row] = params.logprobs
+        if bad_words:
+            self.bad_words_token_ids[row] = bad_words
+        if self.penalties is not None and uses_penalties(params):
+            self.penalties.add_row(row, params, prompt_token_ids or (), output_token_ids)
         if self.block_table is not None:
             self.block_table.add_row(row, block_ids)
         self.batch_update_builder.added.append(
@@ -153,6 +191,10 @@ class InputBatch:
         self.output_token_ids[row] = None
         self.temperature[row], self.top_p[row], self.top_k[row] = 1.0, 1.0, 0
         self.generators.pop(row, None)
+        self.num_logprobs.pop(row, None)
+        self.bad_words_token_ids.pop(row, None)
+        if self.penalties is not None:
+            self.penalties.clear_row(row)
         if self.block_table is not None:
             self.block_table.clear_row(row)
 
@@ -180,13 +222,16 @@ class InputBatch:
             seq[i1], seq[i2] = seq[i2], seq[i1]
         for tensor in (self.temperature, self.top_p, self.top_k):
             tensor[[i1, i2]] = tensor[[i2, i1]]
-        g1, g2 = self.generators.pop(i1, None), self.generators.pop(i2, None)
-        if g1 is not None:
-            self.generators[i2] = g1
-        if g2 is not None:
-            self.generators[i1] = g2
+        for per_row in (self.generators, self.num_logprobs, self.bad_words_token_ids):
+            v1, v2 = per_row.pop(i1, None), per_row.pop(i2, None)
+            if v1 is not None:
+                per_row[i2] = v1
+            if v2 is not None:
+                per_row[i1] = v2
         self.req_id_to_index[self.req_ids[i1]] = i1
         self.req_id_to_index[self.req_ids[i2]] = i2
+        if self.penalties is not None:
+            self.penalties.swap_rows(i1, i2)
         if self.block_table is not None:
             self.block_table.swap_rows(i1, i2)
         self.batch_update_builder.moved.append((i1, i2, MoveDirectionality.SWAP))
@@ -198,9 +243,12 @@ class InputBatch:
         assert req_id is not None and self.req_ids[dst] is None, f"move {src} -> {dst} needs a live source and a hole"
         self.req_ids[dst], self.params[dst], self.output_token_ids[dst] = req_id, self.params[src], self.output_token_ids[src]
         self.temperature[dst], self.top_p[dst], self.top_k[dst] = self.temperature[src], self.top_p[src], self.top_k[src]
-        generator = self.generators.pop(src, None)
-        if generator is not None:
-            self.generators[dst] = generator
+        for per_row in (self.generators, self.num_logprobs, self.bad_words_token_ids):
+            value = per_row.pop(src, None)
+            if value is not None:
+                per_row[dst] = value
+        if self.penalties is not None:
+            self.penalties.move_row(src, dst)
         if self.block_table is not None:
             self.block_table.move_row(src, dst)
         self.req_id_to_index[req_id] = dst
@@ -230,6 +278,8 @@ class InputBatch:
         batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
         if batch_update is not None:
             self._sampling_metadata = None  # NOTE 5
+        if self.penalties is not None:
+            self.penalties.count_new_tokens()  # the tokens sampled last step (NOTE 7)
         self._hand_over(batch_update)
         return batch_update
     # --8<-- [end:refresh]
@@ -260,7 +310,8 @@ class InputBatch:
         Call it after ``refresh()``: the processors and the thinking budget it hands over
         must already know this step's batch. Tensors are copies (on ``self.device``), so
         later edits of the batch cannot change a metadata already built; the generators
-        are the batch's own objects, so sampling advances them. A step whose ``refresh()``
+        are the batch's own objects, so sampling advances them, and so are the penalty
+        state and the output lists, which grow step by step. A step whose ``refresh()``
         found no change gets the previous step's record back (NOTE 5).
         """
         holes = [i for i, r in enumerate(self.req_ids) if r is None]
@@ -275,6 +326,7 @@ class InputBatch:
         temperature = self.temperature[:n].to(self.device, copy=True)  # [R]
         top_p, top_k = self.top_p[:n], self.top_k[:n]  # [R], [R]
         is_greedy = temperature == 0  # [R]
+        allowed_rows, allowed_mask = self._allowed_token_ids_mask()  # [P], [P, V]; None, None: no row restricts
         self._sampling_metadata = SamplingMetadata(
             temperature=temperature,
             all_greedy=bool(is_greedy.all()),
@@ -283,10 +335,27 @@ class InputBatch:
             top_p=top_p.to(self.device, copy=True) if bool((top_p < 1).any()) else None,
             top_k=top_k.to(self.device, copy=True) if bool((top_k > 0).any()) else None,
             generators=MappingProxyType(dict(self.generators)),
+            num_logprobs=MappingProxyType(dict(self.num_logprobs)),
             logitsprocs=self.logitsprocs,
             thinking_budget=self.thinking_budget,
+            penalties=self.penalties if self.penalties is not None and self.penalties.rows else None,
+            allowed_token_ids_rows=allowed_rows,
+            allowed_token_ids_mask=allowed_mask,
+            bad_words_token_ids=MappingProxyType(dict(self.bad_words_token_ids)),
+            output_token_ids=tuple(self.output_token_ids),
         )
         return self._sampling_metadata
+
+    def _allowed_token_ids_mask(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The rows whose request has ``allowed_token_ids`` ``[P]`` and their masks ``[P, V]``,
+        True where a token is not allowed (NOTE 7); ``(None, None)`` when no row has any."""
+        rows = [row for row, params in enumerate(self.params) if params.allowed_token_ids is not None]
+        if not rows:
+            return None, None
+        mask = torch.ones(len(rows), self.vocab_size, dtype=torch.bool)  # [P, V]
+        for i, row in enumerate(rows):
+            mask[i, list(self.params[row].allowed_token_ids)] = False
+        return torch.tensor(rows, dtype=torch.int64, device=self.device), mask.to(self.device)
     # --8<-- [end:sampling_metadata]
 
     def check_invariants(self) -> None:
@@ -300,6 +369,20 @@ class InputBatch:
             assert got == tuple(torch.tensor(expected[:2]).tolist()) + (expected[2],), f"row {row}: tensors {got} != params {expected}"
             has_seed = params is not None and params.seed is not None
             assert (row in self.generators) == has_seed, f"row {row}: generator present {row in self.generators}, seed {has_seed}"
+            wants = params.logprobs if params is not None else None
+            assert self.num_logprobs.get(row) == wants, f"row {row}: num_logprobs {self.num_logprobs.get(row)}, params {wants}"
+            has_bad = params is not None and bool(params.bad_words)
+            assert (row in self.bad_words_token_ids) == has_bad, f"row {row}: bad-word ids {row in self.bad_words_token_ids}, bad_words {has_bad}"
+        if self.penalties is not None:  # NOTE 7
+            self.penalties.check_invariants()
+            wanted = {row for row, params in enumerate(self.params) if params is not None and uses_penalties(params)}
+            assert set(self.penalties.rows) == wanted, f"rows with penalty state {sorted(self.penalties.rows)} != rows using penalties {sorted(wanted)}"
+            for row, entry in self.penalties.rows.items():
+                params = self.params[row]
+                assert entry.output_token_ids is self.output_token_ids[row], f"row {row}: penalty state reads another output list"
+                got = (entry.presence, entry.frequency, entry.repetition)
+                want = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
+                assert got == want, f"row {row}: penalty state {got} != params {want}"
         if self.block_table is not None:
             self.block_table.check_invariants()
             live = {row for row, req_id in enumerate(self.req_ids) if req_id is not None}

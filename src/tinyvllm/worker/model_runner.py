@@ -51,6 +51,14 @@ old row left in the batch until the removal pass (which keeps every id the step
 schedules), the new request would run on it, with the old sampling parameters, generator
 and block table. So a finished id leaves both ``self.requests`` and the batch first, as in
 vLLM's ``_update_states``.
+NOTE 8 (prompt logprobs): a request with ``prompt_logprobs`` gets, for each prompt token
+after the first, its logprob under the model given the tokens before it: the logits of
+the position before it, which a chunked prefill computes in pieces over several steps.
+Its ``RunnerRequestState`` collects them by position; the step that finishes the prompt
+sends the whole list once (a preemption later recomputes the prompt but sends nothing
+again; one before that overwrites the same positions with the same values). Such a
+request takes no prefix-cache hit (``KVCacheManager.get_computed_blocks``), as in vLLM:
+a cached block's positions would never be computed.
 """
 
 from __future__ import annotations
@@ -67,7 +75,8 @@ from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.config import CompilationConfig
 from tinyvllm.core.kv_cache_manager import cdiv
 from tinyvllm.core.sched_output import SchedulerOutput
-from tinyvllm.outputs import ModelRunnerOutput
+from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
+from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.sampler import Sampler
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.attention_metadata import build_step_inputs
@@ -98,6 +107,10 @@ class RunnerRequestState:
     num_computed_tokens: int
     output_token_ids: list[int]  # the live list the logits processors read
     generator: torch.Generator | None = None  # a seeded request's own stream, for its whole life (NOTE 6)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # its bad words, tokenized by the engine
+    # NOTE 8: position p holds the logprobs of prompt token p + 1; None until computed
+    prompt_logprobs: list[LogprobEntry | None] | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -245,6 +258,10 @@ class ModelRunner:
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=[],
                 generator=_seeded_generator(new.sampling_params, self.device),
+                bad_words_token_ids=new.bad_words_token_ids,
+                prompt_logprobs=(
+                    [None] * (len(new.prompt_token_ids) - 1) if new.sampling_params.prompt_logprobs is not None else None
+                ),
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
@@ -264,6 +281,7 @@ class ModelRunner:
                 batch.add_request(
                     req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
                     self.eos_token_id, block_ids=state.block_ids, generator=state.generator,
+                    bad_words_token_ids=state.bad_words_token_ids,
                 )  # fmt: skip
         batch.condense()
         batch.refresh()
@@ -390,14 +408,56 @@ class ModelRunner:
         complete = [c + n >= s.num_tokens for s, c, n in zip(states, computed, num_sched)]
         saved = {row: g.get_state() for row, g in self.input_batch.generators.items() if not complete[row]}
         sampling_metadata = self.input_batch.make_sampling_metadata()
-        sampled = self.sampler(logits, sampling_metadata).sampled_token_ids.tolist()  # [R]
+        sampler_output = self.sampler(logits, sampling_metadata)
+        sampled = sampler_output.sampled_token_ids.tolist()  # [R]
         for row, rng_state in saved.items():
             self.input_batch.generators[row].set_state(rng_state)
+        logprobs = self._sample_logprobs(sampler_output, sampling_metadata, req_ids, complete)
+        prompt_logprobs = self._prompt_logprobs(states, computed, num_sched, hidden)
         tokens: list[list[int]] = []
         for state, n, done, token in zip(states, num_sched, complete, sampled):
             state.num_computed_tokens += n
             if done:
                 state.output_token_ids.append(token)
             tokens.append([token] if done else [])
-        return ModelRunnerOutput(req_ids, dict(self.input_batch.req_id_to_index), tokens)  # rows 0 .. R-1
+        return ModelRunnerOutput(  # rows 0 .. R-1
+            req_ids, dict(self.input_batch.req_id_to_index), tokens, logprobs, prompt_logprobs
+        )
     # --8<-- [end:execute_model]
+
+    # --8<-- [start:logprobs]
+    @staticmethod
+    def _sample_logprobs(
+        sampler_output, metadata, req_ids: list[str], complete: list[bool]
+    ) -> dict[str, list[LogprobEntry]]:
+        """The sampler's logprobs of the rows that asked, for the rows that got a token (NOTE 2)."""
+        if sampler_output.logprobs is None:
+            return {}
+        rows = sampler_output.logprob_rows
+        entries = logprob_ops.row_entries(sampler_output.logprobs, [metadata.num_logprobs[row] for row in rows])
+        return {req_ids[row]: [entry] for row, entry in zip(rows, entries) if complete[row]}
+
+    def _prompt_logprobs(
+        self, states: list[RunnerRequestState], computed: list[int], num_sched: list[int], hidden: torch.Tensor
+    ) -> dict[str, list[LogprobEntry]]:
+        """NOTE 8: logprobs of the prompt tokens this step computed, for the requests that
+        ask; a request's whole list once its prompt is done, and only once."""
+        finished: dict[str, list[LogprobEntry]] = {}
+        start = 0  # where the request's tokens begin in ``hidden`` (the tokens lie row by row)
+        for state, c, n in zip(states, computed, num_sched):
+            first, start = start, start + n
+            k = state.sampling_params.prompt_logprobs
+            if k is None or state.prompt_logprobs_sent:
+                continue
+            num_prompt = len(state.prompt_token_ids)
+            end = min(c + n, num_prompt - 1)  # positions c .. end - 1 predict prompt tokens c + 1 .. end
+            if end > c:
+                logprobs = logprob_ops.compute_logprobs(self.model.compute_logits(hidden[first : first + end - c]))
+                targets = torch.tensor(state.prompt_token_ids[c + 1 : end + 1], device=logprobs.device)  # [end - c]
+                tensors = logprob_ops.gather_logprobs(logprobs, targets, k)
+                state.prompt_logprobs[c:end] = logprob_ops.row_entries(tensors, [k] * (end - c))
+            if c + n >= num_prompt:
+                finished[state.req_id] = list(state.prompt_logprobs)
+                state.prompt_logprobs_sent = True
+        return finished
+    # --8<-- [end:logprobs]

@@ -1,0 +1,202 @@
+"""Choices: a request's outputs as OpenAI's ``choices``, streamed piece by piece or whole.
+
+Concept: one HTTP request runs one engine request per prompt (a completion may send a
+list of prompts), and each engine request makes ``n`` completions. Each completion is a
+choice, numbered ``prompt_index * n + completion.index`` as vLLM numbers them. The server
+runs every request as DELTA (``openai_server.py``), so ``ChoiceBuilder.update`` takes each
+output's new text, token ids and logprobs, keeps them per choice, and returns what a
+streamed chunk carries; ``choices`` and ``usage`` give the non-streamed answer at the end.
+
+Mirrors: ``vllm/entrypoints/openai/serving_completion.py`` (``completion_stream_generator``,
+``request_output_to_completion_response``) and ``serving_chat.py``
+(``chat_completion_stream_generator``, ``chat_completion_full_generator``).
+
+Invariants: it never sees the HTTP layer and needs no tokenizer but ``decode`` (for a
+logprob's token without text, ``logprobs_format.py`` NOTE 1), so it is tested with
+hand-built ``RequestOutput`` values. A choice's text, token ids and logprobs are the
+joins of its deltas; ``usage.completion_tokens`` counts every token of every choice.
+
+NOTE 1 (echo): completions' ``echo`` puts the prompt's text before the first piece of each
+choice, and, with ``logprobs``, the prompt's tokens and logprobs before the choice's own
+(the first prompt token's logprob is None). ``echo`` with ``max_tokens: 0`` returns the
+prompt alone (``drop_output``): the engine runs one token, which is left out, as vLLM
+does. Chat's echo (``chat.py`` NOTE 2) is the text in ``PromptState.echo``, without logprobs.
+NOTE 2 (chunks): a streamed output becomes one chunk per choice that changed; a chunk is
+sent when it has text, logprobs or a finish reason. A chat stream opens each choice with
+``{"role": "assistant", "content": ""}``, then its echo, if any, as vLLM's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tinyvllm.entrypoints.logprobs_format import Decode, chat_logprobs, completion_logprobs, prompt_logprobs_json
+from tinyvllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+
+
+@dataclass
+class PromptState:
+    """One prompt of the request, as the engine saw it."""
+
+    token_ids: list[int]
+    echo: str = ""  # what echo puts before each choice's text (NOTE 1)
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+
+@dataclass
+class ChoiceState:
+    index: int
+    prompt: PromptState
+    pieces: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    text_length: int = 0  # characters of the choice's text so far, echo included (text_offset)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    opened: bool = False
+
+
+@dataclass
+class ChoiceBuilder:
+    """The choices of one request (module docstring)."""
+
+    prompts: list[PromptState]
+    n: int
+    chat: bool
+    decode: Decode
+    logprobs: int | None = None  # k, when the request asked for logprobs
+    echo: bool = False  # put each prompt's ``echo`` text (and, for completions, its logprobs) first
+    as_token_id: bool = False
+    drop_output: bool = False  # echo with max_tokens 0 (NOTE 1)
+    want_prompt_logprobs: bool = False
+    choices_by_index: dict[int, ChoiceState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for p, prompt in enumerate(self.prompts):
+            for j in range(self.n):
+                index = p * self.n + j
+                self.choices_by_index[index] = ChoiceState(index, prompt)
+
+    # --8<-- [start:update]
+    def update(self, prompt_index: int, out: RequestOutput) -> list[dict]:
+        """Take one DELTA output of prompt ``prompt_index``; return the streamed choices it makes (NOTE 2)."""
+        prompt = self.prompts[prompt_index]
+        prompt.num_cached_tokens = out.num_cached_tokens
+        if out.prompt_logprobs is not None and prompt.prompt_logprobs is None:
+            prompt.prompt_logprobs = out.prompt_logprobs
+        streamed = []
+        for completion in out.outputs:
+            choice = self.choices_by_index[prompt_index * self.n + completion.index]
+            streamed.extend(self._update_choice(choice, completion))
+        return streamed
+    # --8<-- [end:update]
+
+    def _update_choice(self, choice: ChoiceState, completion: CompletionOutput) -> list[dict]:
+        chunks = []
+        if not choice.opened:
+            choice.opened = True
+            chunks.extend(self._open(choice))
+        if completion.finish_reason is not None:
+            choice.finish_reason, choice.stop_reason = completion.finish_reason, completion.stop_reason
+        if self.drop_output:
+            text, ids, positions = "", [], []
+        else:
+            text, ids = completion.text, list(completion.token_ids)
+            positions = list(completion.logprobs or []) if self.logprobs is not None else []
+        offset = choice.text_length
+        choice.pieces.append(text)
+        choice.token_ids.extend(ids)
+        choice.logprobs.extend(positions)
+        choice.text_length += len(text)
+        logprobs = self._format(ids, positions, offset) if self.logprobs is not None and ids else None
+        if text or logprobs or completion.finish_reason is not None:
+            chunk = self._choice(choice, text, logprobs)
+            chunk["finish_reason"], chunk["stop_reason"] = choice.finish_reason, choice.stop_reason
+            chunks.append(chunk)
+        return chunks
+
+    def _open(self, choice: ChoiceState) -> list[dict]:
+        """The chunks that open a choice: chat's role, then the echo (NOTE 1, NOTE 2)."""
+        chunks = [self._choice(choice, "", None, role=True)] if self.chat else []
+        if not self.echo:
+            return chunks
+        prompt = choice.prompt
+        logprobs = None
+        if self.echo_logprobs:
+            logprobs = self._format(prompt.token_ids, self._prompt_positions(prompt), 0)
+        choice.pieces.append(prompt.echo)
+        choice.text_length += len(prompt.echo)
+        if prompt.echo or logprobs:
+            chunks.append(self._choice(choice, prompt.echo, logprobs))
+        return chunks
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """Completions' echo with logprobs: the prompt's tokens lead the choice's logprobs (NOTE 1)."""
+        return self.echo and self.logprobs is not None and not self.chat
+
+    @staticmethod
+    def _prompt_positions(prompt: PromptState) -> list[PositionLogprobs | None]:
+        return list(prompt.prompt_logprobs or [None] * len(prompt.token_ids))
+
+    def _format(self, ids: list[int], positions: list, offset: int) -> dict:
+        if self.chat:
+            return chat_logprobs(ids, positions, self.logprobs, self.decode, self.as_token_id)
+        return completion_logprobs(ids, positions, self.logprobs, self.decode, self.as_token_id, offset)
+
+    def _choice(self, choice: ChoiceState, text: str, logprobs: dict | None, role: bool = False) -> dict:
+        """One streamed choice: chat's ``delta`` or completions' ``text``."""
+        out: dict = {"index": choice.index}
+        if self.chat:
+            out["delta"] = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+        else:
+            out["text"] = text
+        out["logprobs"] = logprobs
+        out["finish_reason"] = None
+        return out
+
+    # -- the whole answer ---------------------------------------------------------------------
+
+    # --8<-- [start:choices]
+    def choices(self) -> list[dict]:
+        """The non-streamed ``choices``, in index order."""
+        out = []
+        for index in sorted(self.choices_by_index):
+            choice = self.choices_by_index[index]
+            text = "".join(choice.pieces)
+            item: dict = {"index": index}
+            if self.chat:
+                item["message"] = {"role": "assistant", "content": text}
+            else:
+                item["text"] = text
+            item["logprobs"] = self._final_logprobs(choice) if self.logprobs is not None else None
+            item["finish_reason"], item["stop_reason"] = choice.finish_reason, choice.stop_reason
+            if not self.chat and self.want_prompt_logprobs:
+                item["prompt_logprobs"] = prompt_logprobs_json(choice.prompt.prompt_logprobs or [])
+            out.append(item)
+        return out
+    # --8<-- [end:choices]
+
+    def _final_logprobs(self, choice: ChoiceState) -> dict:
+        ids, positions = choice.token_ids, choice.logprobs
+        if self.echo_logprobs:
+            ids = choice.prompt.token_ids + ids
+            positions = self._prompt_positions(choice.prompt) + positions
+        return self._format(ids, positions, 0)
+
+    def prompt_logprobs(self) -> list[dict | None] | None:
+        """Chat's top-level ``prompt_logprobs`` (its one prompt's), when asked for."""
+        if not self.want_prompt_logprobs:
+            return None
+        return prompt_logprobs_json(self.prompts[0].prompt_logprobs or [])
+
+    def usage(self) -> dict:
+        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
+        completion_tokens = sum(len(c.token_ids) for c in self.choices_by_index.values())
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(p.num_cached_tokens for p in self.prompts)},
+        }

@@ -1,0 +1,89 @@
+# --8<-- [start:header]
+"""Bad words: token sequences a request must never generate.
+
+Concept: each bad word becomes one or two token sequences when the request arrives
+(``tokenize_bad_words``, NOTE 1). At every step, a sequence bans its LAST token (logit
+-inf) when the output so far ends with all its other tokens; so a one-token sequence is
+banned always, and a longer one only where it would be completed (``banned_tokens``).
+The ban is checked against the request's output only, never its prompt (NOTE 2).
+
+Mirrors: vllm/v1/sample/ops/bad_words.py (``apply_bad_words``) for the ban, and
+``SamplingParams.update_from_tokenizer`` in vllm/sampling_params.py for the tokenization.
+
+NOTE 1 (two tokenizations per word): a BPE tokenizer spells a word differently at the
+start of a text and after a space (``"cat"`` against ``" cat"``). As vLLM does, the word's
+leading whitespace is stripped, and the word is encoded without special tokens twice:
+as it is, and with one space in front. The spaced form is kept only when its first token
+differs from the plain form's and both have the same length, that is when the space was
+merged into a new first token rather than added as a token of its own or absorbed by the
+tokenizer. The engine does this once per request, in ``LLMEngine.add_request``, where the
+tokenizer is; the token ids then travel with the request to the persistent batch.
+NOTE 2 (the prompt does not count): with the word ``(a, b)`` and a prompt that ends in
+``a``, the first output may be ``b``; vLLM compares with the output tokens only, and so
+do we.
+Left out: vLLM's special case for Mistral tokenizers, and speculative decoding (a ban per
+draft position).
+"""
+# --8<-- [end:header]
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+BadWordsTokenIds = tuple[tuple[int, ...], ...]  # the token sequences of one request's bad words
+
+
+# --8<-- [start:tokenize]
+def tokenize_bad_words(tokenizer: Any, words: Sequence[str]) -> BadWordsTokenIds:
+    """Each word as a token sequence, plus its spaced form where that is new (NOTE 1).
+
+    ``tokenizer`` needs ``encode(text, add_special_tokens=False) -> list[int]``. Raises
+    ``ValueError`` for a word that is only whitespace (it has no tokens to ban).
+    """
+    sequences: list[tuple[int, ...]] = []
+    for word in words:
+        plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        if not plain:
+            raise ValueError(f"bad_words has {word!r}, which is only whitespace: it has no tokens to ban")
+        sequences.append(plain)
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if len(spaced) == len(plain) and spaced[0] != plain[0]:
+            sequences.append(spaced)
+    return tuple(sequences)
+# --8<-- [end:tokenize]
+
+
+# --8<-- [start:ban]
+def banned_tokens(bad_words: BadWordsTokenIds, output: Sequence[int]) -> list[int]:
+    """The tokens one row may not sample next: each sequence's last token, when the
+    output ends with the tokens before it (NOTE 2)."""
+    banned = []
+    for seq in bad_words:
+        prefix = seq[:-1]
+        if len(prefix) <= len(output) and tuple(output[len(output) - len(prefix) :]) == prefix:
+            banned.append(seq[-1])
+    return banned
+
+
+def apply_bad_words(
+    logits: torch.Tensor, bad_words: Mapping[int, BadWordsTokenIds], output_token_ids: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """Set the banned tokens of every row in ``bad_words`` to -inf, in place.
+
+    ``logits`` ``[R, V]``; ``bad_words`` row -> its sequences; ``output_token_ids`` every
+    row's live output list. One indexed write for the whole batch.
+    """
+    rows: list[int] = []
+    tokens: list[int] = []
+    for row, sequences in bad_words.items():
+        banned = banned_tokens(sequences, output_token_ids[row])
+        rows.extend([row] * len(banned))
+        tokens.extend(banned)
+    if tokens:
+        index = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
+        logits.index_put_(index, torch.tensor(float("-inf"), device=logits.device))
+    return logits
+# --8<-- [end:ban]
