@@ -288,3 +288,31 @@ def test_allowed_token_ids_of_the_whole_vocabulary_change_nothing(rows, seed, te
         return [Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.tolist() for _ in range(3)]
 
     assert run(tuple(range(V))) == run(None)
+
+
+@given(
+    rows=st.integers(1, 6),
+    vocab=st.integers(2, 40),
+    k=st.integers(0, 8),
+    seed=st.integers(0, 2**31),
+    scale=st.sampled_from([0.1, 1.0, 30.0]),
+)
+def test_logprobs_are_at_most_zero_sorted_and_ranked(rows, vocab, k, seed, scale):
+    """``sample/logprobs.py``: every logprob <= 0, the top k in descending order, and the
+    chosen token's rank counts the tokens at least as likely as it."""
+    from tinyvllm.sample.logprobs import compute_logprobs, gather_logprobs
+
+    k = min(k, vocab)
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen) * scale  # [R, V]
+    chosen = torch.randint(0, vocab, (rows,), generator=gen)  # [R]
+    logprobs = compute_logprobs(logits)
+    out = gather_logprobs(logprobs, chosen, k)
+    assert (out.logprobs <= 0).all()
+    assert torch.allclose(logprobs.exp().sum(dim=-1), torch.ones(rows), atol=1e-5)
+    top = out.logprobs[:, 1:]
+    assert (top[:, :-1] >= top[:, 1:]).all()  # descending
+    assert torch.equal(out.token_ids[:, 0], chosen)
+    for r in range(rows):
+        assert out.ranks[r] == int((logprobs[r] >= logprobs[r, chosen[r]]).sum()) >= 1
+        assert torch.allclose(top[r], logprobs[r].sort(descending=True).values[:k])
