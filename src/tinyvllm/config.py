@@ -146,6 +146,52 @@ def parse_cudagraph_mode(value: object) -> CUDAGraphMode:
     raise ValueError(f"cudagraph_mode must be one of {list(CUDAGraphMode.__members__)}, got {value!r}")
 
 
+# --8<-- [start:speculative]
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding with n-gram prompt lookup (vLLM's ``speculative_config``).
+
+    Attributes:
+        method: how drafts are proposed; ``"ngram"`` (prompt lookup) is the one built.
+        num_speculative_tokens: the most drafts per request per step (k >= 1).
+        prompt_lookup_min, prompt_lookup_max: the shortest and longest suffix the proposer
+            looks for (``spec_decode/ngram_proposer.py``); as in vLLM, when neither is given
+            both are 5, and when one is given the other equals it.
+    """
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(f"speculative_config method must be 'ngram' (n-gram prompt lookup), got {self.method!r}")
+        _check_int("speculative_config num_speculative_tokens", self.num_speculative_tokens, 1)
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        low, high = (5, 5) if low is None and high is None else (low if low is not None else high, high if high is not None else low)
+        _check_int("speculative_config prompt_lookup_min", low, 1)
+        _check_int("speculative_config prompt_lookup_max", high, 1)
+        if low > high:
+            raise ValueError(f"speculative_config prompt_lookup_min {low} > prompt_lookup_max {high}")
+        object.__setattr__(self, "prompt_lookup_min", low)
+        object.__setattr__(self, "prompt_lookup_max", high)
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, object]) -> "SpeculativeConfig":
+        """Build from a dict like vLLM's ``--speculative-config``; unknown keys are a ValueError."""
+        if not isinstance(config, Mapping):
+            raise ValueError(f"speculative_config must be a dict, got {config!r}")
+        known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+        unknown = sorted(map(str, set(config) - known))
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        if "num_speculative_tokens" not in config:
+            raise ValueError("speculative_config needs num_speculative_tokens")
+        return cls(**config)
+# --8<-- [end:speculative]
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """All configs of one engine, handed to components that need more than one.
@@ -158,6 +204,7 @@ class EngineConfig:
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     reasoning_config: "ReasoningConfig | None" = None
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    speculative_config: SpeculativeConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Speculative decoding: draft proposers (``ngram_proposer.py``)."""

@@ -1,0 +1,57 @@
+"""The rejection sampler (``sample/rejection_sampler.py``): greedy drafts kept while they are
+the argmax; random drafts kept with the target's probability, and (counted over many fixed
+seeds) the tokens it returns are distributed as the target's."""
+
+from __future__ import annotations
+
+import torch
+
+from tinyvllm.sample.rejection_sampler import rejection_sample
+
+
+def one_hot_rows(ids: list[int], vocab: int = 5) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()  # [N, V]
+
+
+def test_greedy_keeps_drafts_while_they_are_the_argmax():
+    # request 0: drafts [2, 3, 4], the target's argmax rows [2, 3, 1, 0]: two kept, then 1
+    # request 1: drafts [1], argmax rows [1, 4]: kept, then the bonus 4
+    # request 2: no drafts, one row: its argmax
+    argmax = torch.tensor([2, 3, 1, 0, 1, 4, 3])
+    out = rejection_sample(None, argmax, [[2, 3, 4], [1], []], [True, True, True], {})
+    assert out == [[2, 3, 1], [1, 4], [3]]
+
+
+def test_random_rows_keep_a_certain_draft_and_never_draw_a_rejected_one():
+    probs = one_hot_rows([2, 0, 4])  # request 0's target is certain: 2, then 0; the bonus row 4
+    out = rejection_sample(probs, probs.argmax(-1), [[2, 0]], [False], {0: torch.Generator().manual_seed(1)})
+    assert out == [[2, 0, 4]]
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
+    for seed in range(20):  # draft 3 has probability 0: always rejected, replaced by 1 or 2
+        [tokens] = rejection_sample(probs, probs.argmax(-1), [[3]], [False], {0: torch.Generator().manual_seed(seed)})
+        assert len(tokens) == 1 and tokens[0] in (1, 2)
+
+
+def test_rejection_sampling_draws_from_the_target():
+    """NOTE 1: whatever the draft, the first token is distributed as the target's row."""
+    target = torch.tensor([0.1, 0.4, 0.3, 0.2])
+    probs = torch.stack([target, torch.full((4,), 0.25)])  # the draft's row, then the bonus row
+    trials = 4000
+    for draft in (1, 3):
+        counts = torch.zeros(4)
+        for seed in range(trials):
+            [tokens] = rejection_sample(probs, probs.argmax(-1), [[draft]], [False], {0: torch.Generator().manual_seed(seed)})
+            counts[tokens[0]] += 1
+        freq = counts / trials
+        # 4000 draws: a frequency's standard error is at most 0.008; 4 of them is 0.032
+        assert torch.allclose(freq, target, atol=0.032), (draft, freq.tolist())
+
+
+def test_a_seeded_request_draws_the_same_tokens_every_time():
+    probs = torch.softmax(torch.randn(6, 7, generator=torch.Generator().manual_seed(0)), dim=-1)
+    runs = [
+        rejection_sample(probs, probs.argmax(-1), [[1, 2], [3, 4]], [False, False],
+                         {0: torch.Generator().manual_seed(7), 1: torch.Generator().manual_seed(8)})
+        for _ in range(3)
+    ]  # fmt: skip
+    assert runs[0] == runs[1] == runs[2]
