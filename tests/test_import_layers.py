@@ -1,8 +1,10 @@
-"""Import layering: the model, attention and sampling packages never import the worker.
+"""Import layering: no arrow runs back up the map of ``docs/architecture.md``.
 
-The worker (persistent batch, model runner) sits above them and hands them frozen
-records (``SamplingMetadata``, attention metadata); an import the other way would tie a
-lower layer to the worker's internals. Each file is parsed with ``ast``, so imports
+The worker (persistent batch, model runner) sits above the model, attention and sampling
+packages and hands them frozen records (``SamplingMetadata``, attention metadata); an
+import the other way would tie a lower layer to the worker's internals. The attention
+kernels know nothing of the KV-cache core; the worker reads only the scheduler's output
+from it; ``validation.py`` is the bottom layer, which ``SamplingParams`` builds on. Each file is parsed with ``ast``, so imports
 nested under ``if TYPE_CHECKING:`` or inside functions count too, and relative imports
 are resolved against the file's package.
 """
@@ -16,8 +18,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "src" / "tinyvllm"
 FORBIDDEN = "tinyvllm.worker"
 
 
-def forbidden_imports(source: str, package: str, filename: str = "<string>") -> list[str]:
-    """Every import in ``source`` (a module of ``package``) that reaches ``FORBIDDEN``, as ``line N: code``."""
+def forbidden_imports(
+    source: str, package: str, filename: str = "<string>", forbidden: str = FORBIDDEN, allowed: tuple[str, ...] = ()
+) -> list[str]:
+    """Every import in ``source`` (a module of ``package``) that reaches ``forbidden`` and no
+    module of ``allowed``, as ``line N: code``."""
     found = []
     for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
@@ -33,21 +38,23 @@ def forbidden_imports(source: str, package: str, filename: str = "<string>") -> 
             targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
         else:
             continue
-        if any(t == FORBIDDEN or t.startswith(FORBIDDEN + ".") for t in targets):
+        reached = [t for t in targets if t == forbidden or t.startswith(forbidden + ".")]
+        if any(not any(t == a or t.startswith(a + ".") for a in allowed) for t in reached):
             found.append((node.lineno, f"line {node.lineno}: {ast.unparse(node)}"))
     return [text for _, text in sorted(found)]
 
 
-def worker_imports_under(*subpackages: str) -> list[str]:
-    """``path: line N: code`` for every forbidden import under the given subpackages."""
+def worker_imports_under(*subpackages: str, forbidden: str = FORBIDDEN, allowed: tuple[str, ...] = ()) -> list[str]:
+    """``path: line N: code`` for every forbidden import under the given subpackages (or modules)."""
     problems = []
     for sub in subpackages:
-        files = sorted((PACKAGE_ROOT / sub).rglob("*.py"))
+        target = PACKAGE_ROOT / sub
+        files = [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
         assert files, f"no Python files under {PACKAGE_ROOT / sub}"
         for path in files:
             rel = path.relative_to(PACKAGE_ROOT.parent)
             package = ".".join(rel.parent.parts)  # tinyvllm/sample/x.py -> tinyvllm.sample
-            for hit in forbidden_imports(path.read_text(encoding="utf-8"), package, str(path)):
+            for hit in forbidden_imports(path.read_text(encoding="utf-8"), package, str(path), forbidden, allowed):
                 problems.append(f"src/{rel.as_posix()}: {hit}")
     return problems
 
@@ -83,3 +90,25 @@ def test_sample_does_not_import_worker():
 def test_models_attention_and_sample_do_not_import_worker():
     problems = worker_imports_under("models", "attention", "sample")
     assert not problems, "lower layers import the worker:\n" + "\n".join(problems)
+
+
+def test_attention_does_not_import_the_kv_cache_core():
+    problems = worker_imports_under("attention", forbidden="tinyvllm.core")
+    assert not problems, "attention/ imports core/ (cdiv lives in tinyvllm/arith.py):\n" + "\n".join(problems)
+
+
+def test_the_worker_reads_only_the_schedulers_output_from_the_core():
+    problems = worker_imports_under("worker", forbidden="tinyvllm.core", allowed=("tinyvllm.core.sched_output",))
+    assert not problems, "worker/ imports more of core/ than its output:\n" + "\n".join(problems)
+
+
+def test_validation_is_the_bottom_layer():
+    problems = worker_imports_under("validation.py", forbidden="tinyvllm")
+    assert not problems, "validation.py imports tinyvllm:\n" + "\n".join(problems)
+
+
+def test_the_detector_honours_allowed_modules():
+    source = "from tinyvllm.core.sched_output import SchedulerOutput\nfrom tinyvllm.core import kv_cache_manager\n"
+    assert forbidden_imports(source, "tinyvllm.worker", forbidden="tinyvllm.core", allowed=("tinyvllm.core.sched_output",)) == [
+        "line 2: from tinyvllm.core import kv_cache_manager"
+    ]

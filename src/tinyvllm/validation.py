@@ -13,8 +13,10 @@ anything runs"):
 - ``LLM.__init__``: its own arguments, then what needs the model (the reasoning ids
   against the vocabulary, the Triton kernel's tiling, whether the KV pool fits in memory);
 - ``LLM.generate``: the prompts and the sampling params, each request against the model
-  (``check_request_against_model``), all before the first request is queued;
+  (``engine/request_checks.py``), all before the first request is queued;
 - ``LLMEngine.add_request``: the same model checks, for callers that skip ``generate``.
+
+This module is the bottom layer: it imports nothing of tinyvllm (``SamplingParams`` builds on it).
 
 Left out: vLLM's structured-output, LoRA and multimodal checks (none of those exist here).
 """
@@ -25,10 +27,6 @@ import math
 import numbers
 import operator
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tinyvllm.sampling_params import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _BOUND_NAMES = {INT64_MIN: "-2**63", INT64_MAX: "2**63 - 1"}
@@ -101,32 +99,3 @@ def check_token_ids(name: str, values: object, vocab_size: int | None = None) ->
             raise ValueError(f"{name} has token id {value!r}, outside the vocabulary [0, {vocab_size})")
         ids.append(token)
     return ids
-
-
-MAX_LOGPROBS = 20  # the most logprobs a request may ask for: vLLM's default max_logprobs
-
-# --8<-- [start:request_against_model]
-def check_request_against_model(
-    label: str, params: "SamplingParams", vocab_size: int | None, has_reasoning: bool
-) -> None:
-    """What one request's params ask of the model: token ids in the vocabulary, a reasoning config.
-
-    ``label`` names the params in messages (``"sampling_params[2]"``). ``vocab_size`` None
-    skips the vocabulary checks (a caller that does not know the model).
-    """
-    if vocab_size is not None:
-        if params.logit_bias:
-            check_token_ids(f"{label}.logit_bias", params.logit_bias, vocab_size)
-        check_token_ids(f"{label}.stop_token_ids", params.stop_token_ids, vocab_size)
-    if vocab_size is not None and params.allowed_token_ids is not None:
-        check_token_ids(f"{label}.allowed_token_ids", params.allowed_token_ids, vocab_size)
-    for name in ("logprobs", "prompt_logprobs"):
-        asked = getattr(params, name)
-        if asked is not None and asked > MAX_LOGPROBS:
-            raise ValueError(f"{label}.{name}={asked}, more than this engine's max_logprobs {MAX_LOGPROBS}")
-    if params.thinking_token_budget is not None and not has_reasoning:
-        raise ValueError(
-            f"{label}.thinking_token_budget={params.thinking_token_budget!r}, but the engine has no "
-            "reasoning_config (no <think>/</think> tokens in the vocabulary, and none was passed to LLM)"
-        )
-# --8<-- [end:request_against_model]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
-from tinyvllm.core.kv_cache_manager import cdiv
+from tinyvllm.arith import cdiv
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the loop over requests reads ``seq_lens`` and
 # ``query_start_loc`` on the host (``.tolist()``), which a CUDA graph cannot capture.

@@ -123,7 +123,7 @@ import torch.nn.functional as F
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.metadata import AttentionMetadata
-from tinyvllm.core.kv_cache_manager import cdiv
+from tinyvllm.arith import cdiv
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": query lengths and sequence lengths are read on
 # the host to split the batch and size the gather, which a CUDA graph cannot capture.

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.kv_cache_write import triton_can_run_on
-from tinyvllm.core.kv_cache_manager import cdiv
+from tinyvllm.arith import cdiv
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
 # depend on tensor shapes only, and the launcher never reads a tensor's value on the host,

@@ -14,7 +14,7 @@ seed 004 "Get Computed Blocks" and the review corner case (evictable computed bl
 Mirrors: ``vllm/v1/core/kv_cache_manager.py`` (v0.8.x).
 
 Invariants (``check_invariants``, on top of the pool's): each block a request holds has
-ref_cnt >= the number of requests holding it; no request holds more than
+ref_cnt == the number of requests holding it; no request holds more than
 ``max_num_blocks_per_req`` blocks; a request's first ``num_cached_block`` blocks carry
 the request's own block hashes, in order.
 
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tinyvllm.arith import cdiv
 from tinyvllm.core.block_pool import BlockPool
 from tinyvllm.core.free_queue import KVCacheBlock
 from tinyvllm.core.prefix_hash import BlockHash, append_block_hashes, get_hash_fn
@@ -50,11 +51,6 @@ from tinyvllm.request import Request
 
 
 # --8<-- [start:helpers]
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division for non-negative ``a`` and positive ``b``."""
-    return -(-a // b)
-
-
 def num_blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks needed to hold ``num_tokens`` tokens."""
     return cdiv(num_tokens, block_size)

@@ -52,7 +52,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tinyvllm.config import CacheConfig, SchedulerConfig
-from tinyvllm.core.kv_cache_manager import KVCacheManager, cdiv
+from tinyvllm.arith import cdiv
+from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from tinyvllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from tinyvllm.request import Request, RequestStatus

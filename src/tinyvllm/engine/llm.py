@@ -78,9 +78,10 @@ import torch
 
 from tinyvllm.attention.kv_cache_write import triton_can_run_on
 from tinyvllm.config import CacheConfig, CompilationConfig, EngineConfig, ReasoningConfig, SchedulerConfig
-from tinyvllm.core.kv_cache_manager import cdiv
+from tinyvllm.arith import cdiv
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.engine.request_checks import check_request_against_model
 from tinyvllm.engine.startup_report import StartupReport
 from tinyvllm.models import STDLIB_TINY
 from tinyvllm.models.hub import check_revision, resolve_model
@@ -100,7 +101,6 @@ from tinyvllm.validation import (
     check_int,
     check_optional_int,
     check_real,
-    check_request_against_model,
     check_token_ids,
 )
 from tinyvllm.worker.attention_metadata import build_attention_metadata

@@ -75,7 +75,8 @@ from tinyvllm.outputs import (
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
-from tinyvllm.validation import check_request_against_model, check_token_ids
+from tinyvllm.engine.request_checks import check_request_against_model
+from tinyvllm.validation import check_token_ids
 from tinyvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from tinyvllm.outputs import LogprobEntry
-from tinyvllm.validation import MAX_LOGPROBS  # noqa: F401  (the engine refuses more: vLLM's max_logprobs)
+
+MAX_LOGPROBS = 20  # the most logprobs a request may ask for: vLLM's default max_logprobs
 
 
 # --8<-- [start:gather]

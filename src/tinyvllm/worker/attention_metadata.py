@@ -45,7 +45,7 @@ import torch
 
 from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
 from tinyvllm.attention.metadata import AttentionMetadata  # the type lives with attention
-from tinyvllm.core.kv_cache_manager import cdiv
+from tinyvllm.arith import cdiv
 from tinyvllm.worker.block_table import PAD_BLOCK_ID
 
 

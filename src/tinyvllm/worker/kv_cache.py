@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from tinyvllm.core.kv_cache_manager import cdiv
+from tinyvllm.arith import cdiv
 
 CPU_KV_CACHE_BYTES = 1 << 30  # NOTE 2
 

@@ -73,7 +73,7 @@ import torch
 from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
 from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.config import CompilationConfig
-from tinyvllm.core.kv_cache_manager import cdiv
+from tinyvllm.arith import cdiv
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops

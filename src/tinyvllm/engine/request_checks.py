@@ -1,0 +1,45 @@
+"""What one request asks of the model, checked before the request is queued.
+
+Concept: ``SamplingParams`` checks every field on its own, with no model. Some values only
+mean something against the model the engine serves: token ids must lie in its vocabulary
+(``logit_bias``, ``stop_token_ids``, ``allowed_token_ids``), a ``thinking_token_budget``
+needs a reasoning config, and logprobs are capped. ``LLM.generate`` and
+``LLMEngine.add_request`` run this check for every request before anything is queued.
+
+Mirrors: ``vllm/v1/engine/processor.py`` (``Processor._validate_params``,
+``_validate_logprobs``, the token-id checks of ``_validate_model_inputs``).
+Left out: structured outputs, LoRA, multimodal inputs.
+"""
+
+from __future__ import annotations
+
+from tinyvllm.sample.logprobs import MAX_LOGPROBS
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.validation import check_token_ids
+
+
+# --8<-- [start:request_against_model]
+def check_request_against_model(
+    label: str, params: SamplingParams, vocab_size: int | None, has_reasoning: bool
+) -> None:
+    """What one request's params ask of the model: token ids in the vocabulary, a reasoning config.
+
+    ``label`` names the params in messages (``"sampling_params[2]"``). ``vocab_size`` None
+    skips the vocabulary checks (a caller that does not know the model).
+    """
+    if vocab_size is not None:
+        if params.logit_bias:
+            check_token_ids(f"{label}.logit_bias", params.logit_bias, vocab_size)
+        check_token_ids(f"{label}.stop_token_ids", params.stop_token_ids, vocab_size)
+        if params.allowed_token_ids is not None:
+            check_token_ids(f"{label}.allowed_token_ids", params.allowed_token_ids, vocab_size)
+    for name in ("logprobs", "prompt_logprobs"):
+        asked = getattr(params, name)
+        if asked is not None and asked > MAX_LOGPROBS:
+            raise ValueError(f"{label}.{name}={asked}, more than this engine's max_logprobs {MAX_LOGPROBS}")
+    if params.thinking_token_budget is not None and not has_reasoning:
+        raise ValueError(
+            f"{label}.thinking_token_budget={params.thinking_token_budget!r}, but the engine has no "
+            "reasoning_config (no <think>/</think> tokens in the vocabulary, and none was passed to LLM)"
+        )
+# --8<-- [end:request_against_model]
