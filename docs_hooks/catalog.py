@@ -63,15 +63,15 @@ class SeedSection:
 
 S = SeedSection
 SEED_SECTIONS: tuple[SeedSection, ...] = (
-    S("000:motivation", "动机", "why CUDA graphs: launch overhead of small decode batches", "cuda_graphs.md", "07_cuda_graphs"),
+    S("000:motivation", "动机", "why the design: graph capture tied to compilation, all or nothing; four design goals", "cuda_graphs.md", "07_cuda_graphs"),
     S("000:modes", "CudagraphModes", "CUDAGraphMode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE", "cuda_graphs.md"),
     S("000:descriptor", "BatchDescriptor", "the key a graph is captured and replayed under", "cuda_graphs.md"),
     S("000:dispatcher", "CudagraphDispatcher", "keys, padding, dispatch FULL > PIECEWISE > NONE", "cuda_graphs.md", "07_cuda_graphs"),
-    S("000:wrapper", "CUDAGraphWrapper", "capture, replay and pass-through; the forward context", "cuda_graphs.md", "07_cuda_graphs"),
-    S("000:nested", "嵌套 Wrapper 设计", "the nested design: piecewise pieces inside a full wrapper", "cuda_graphs.md"),
-    S("000:capture", "完整 CUDA 图捕获 & 热身", "warm-up and capture at start-up; persistent buffers", "cuda_graphs.md"),
-    S("000:cgsupport", "Attention 后端对 CUDA 图的兼容性", "AttentionCGSupport and the mode downgrades", "cuda_graphs.md"),
-    S("000:usage", "使用指南", "compilation_config, enforce_eager and the CLI flags", "cuda_graphs.md"),
+    S("000:wrapper", "CUDAGraphWrapper", "capture, replay and pass-through; the forward context", "cuda_graphs_wrapper.md", "07_cuda_graphs"),
+    S("000:nested", "嵌套 Wrapper 设计", "the nested design: piecewise pieces inside a full wrapper", "cuda_graphs_wrapper.md"),
+    S("000:capture", "完整 CUDA 图捕获 & 热身", "warm-up and capture at start-up; persistent buffers", "cuda_graphs_capture.md"),
+    S("000:cgsupport", "Attention 后端对 CUDA 图的兼容性", "AttentionCGSupport and the mode downgrades", "cuda_graphs_backends.md"),
+    S("000:usage", "使用指南", "compilation_config, enforce_eager and the CLI flags", "cuda_graphs_backends.md"),
     S("001:7", "ch. 7", "LogitsProcessor interface, MoveDirectionality, BatchUpdate", "persistent_batch.md", "03_logits_processors"),
     S("001:8", "ch. 8", "BatchUpdateBuilder: descending removed list, pop the lowest hole, get_and_reset", "persistent_batch.md", "03_logits_processors"),
     S("001:9", "ch. 9", "the LogitsProcessors container and the argmax-invariant split", "logits_processors.md"),
@@ -152,12 +152,16 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/models/llama.py",
         "src/tinyvllm/models/loader.py",
     ),
-    "cuda_graphs.md": (
-        "src/tinyvllm/worker/cudagraph_dispatcher.py",
-        "src/tinyvllm/worker/cuda_graph.py",
-        "src/tinyvllm/attention/cudagraph_support.py",
+    "cuda_graphs.md": ("src/tinyvllm/worker/cudagraph_dispatcher.py",),
+    "cuda_graphs_wrapper.md": ("src/tinyvllm/worker/cuda_graph.py", "src/tinyvllm/models/llama.py"),
+    "cuda_graphs_capture.md": (
+        "src/tinyvllm/worker/model_runner.py",
         "src/tinyvllm/worker/block_table.py",
         "src/tinyvllm/worker/input_buffers.py",
+    ),
+    "cuda_graphs_backends.md": (
+        "src/tinyvllm/attention/cudagraph_support.py",
+        "src/tinyvllm/worker/cudagraph_dispatcher.py",
     ),
     "generating_text.md": (
         "src/tinyvllm/engine/llm.py",

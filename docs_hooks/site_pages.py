@@ -107,6 +107,7 @@ def _matrix_page() -> str:
         "when the site is built, from the `seed` markers on the tests "
         "(`@pytest.mark.seed(\"002:3.2\")`), so it always shows the suite as it is. "
         "An empty cell reads \"not yet\".\n\n" + catalog.render_matrix(refs, _site_link(MATRIX_PAGE))
+        + "\n**Next:** [Start here](index.md#start-here): the reading path, from the beginning.\n"
     )
 
 

@@ -148,8 +148,12 @@ def test_cudagraph_dispatch_priority_and_padding():
     d, _, _ = keys(M.FULL_AND_PIECEWISE)
     assert d.dispatch(3, uniform_decode=True) == (M.FULL, BatchDescriptor(4, 4, uniform=True))
     assert d.dispatch(3) == (M.PIECEWISE, BatchDescriptor(4))  # mixed: pieces only
-    assert d.dispatch(5, uniform_decode=True) == (M.PIECEWISE, BatchDescriptor(8))  # no uniform key of 8
+    assert d.dispatch(5) == (M.PIECEWISE, BatchDescriptor(8))  # mixed, padded to 8
     assert d.dispatch(9) == (M.NONE, BatchDescriptor(9))  # past the largest size: eager, unpadded
+    # 5 decodes need max_num_seqs >= 5 (with 4 they cannot occur). Padded to 8 they have no
+    # uniform key: 8 decodes would be more than 5 requests.
+    d, _, _ = keys(M.FULL_AND_PIECEWISE, max_num_seqs=5)
+    assert d.dispatch(5, uniform_decode=True) == (M.PIECEWISE, BatchDescriptor(8))
 
 
 @pytest.mark.seed("000:dispatcher")

@@ -499,3 +499,60 @@ def test_docs_search_finds_chinese_words(site):
     finally:
         tab.close()
 
+
+
+# The pages that embed a trace of the engine's steps (docs_hooks/trace_pages.py): tracing,
+# kv_cache_manager, block_pool, persistent_batch, scheduler, kv_cache_memory, the CUDA-graph
+# pages. Pages may add more; finding fewer means the markers were lost.
+MIN_TRACE_VIEWERS = 7
+MIN_TRACE_STILLS = 5
+# How much of a screenshot is not white, and how many colours it has (PNG decoded by a canvas).
+PIXEL_STATS = """
+async (b64) => {
+  const img = new Image();
+  img.src = 'data:image/png;base64,' + b64;
+  await img.decode();
+  const canvas = document.createElement('canvas');
+  canvas.width = img.width; canvas.height = img.height;
+  const ctx = canvas.getContext('2d');
+  ctx.drawImage(img, 0, 0);
+  const d = ctx.getImageData(0, 0, img.width, img.height).data;
+  let ink = 0; const colours = new Set();
+  for (let i = 0; i < d.length; i += 4) {
+    if (d[i] < 235 || d[i + 1] < 235 || d[i + 2] < 235) ink += 1;
+    colours.add((d[i] >> 4) * 256 + (d[i + 1] >> 4) * 16 + (d[i + 2] >> 4));
+  }
+  return {ink: ink / (d.length / 4), colours: colours.size, width: img.width, height: img.height};
+}
+"""
+
+
+def test_docs_embedded_traces_are_drawn_not_blank(site):
+    pages = []
+    for url in site.pages:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            if "tinyvllm-trace" in response.read().decode("utf-8", "replace"):
+                pages.append(url)
+    tab = site.context.new_page()
+    problems, viewers, stills = [], 0, 0
+    try:
+        for url in pages:
+            tab.goto(url, wait_until="load")
+            for kind, selector in (("viewer", "iframe.tinyvllm-trace"), ("still", "figure.tinyvllm-trace-still img")):
+                for element in tab.locator(selector).all():
+                    element.scroll_into_view_if_needed()
+                    if kind == "viewer":
+                        viewers += 1
+                        frame = element.element_handle().content_frame()
+                        frame.wait_for_function("() => window.tinyvllmTrace && window.tinyvllmTrace.count > 0")
+                    else:
+                        stills += 1
+                        tab.wait_for_function("(img) => img.complete && img.naturalWidth > 0", arg=element.element_handle())
+                    shot = base64.b64encode(element.screenshot()).decode()
+                    stats = tab.evaluate(PIXEL_STATS, shot)
+                    if stats["ink"] < 0.03 or stats["colours"] < 4:
+                        problems.append(f"{url}: a {kind} looks blank: {stats}")
+    finally:
+        tab.close()
+    assert not problems, _report(problems, "blank traces")
+    assert viewers >= MIN_TRACE_VIEWERS and stills >= MIN_TRACE_STILLS, (viewers, stills, pages)

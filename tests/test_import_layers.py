@@ -4,7 +4,10 @@ The worker (persistent batch, model runner) sits above the model, attention and 
 packages and hands them frozen records (``SamplingMetadata``, attention metadata); an
 import the other way would tie a lower layer to the worker's internals. The attention
 kernels know nothing of the KV-cache core; the worker reads only the scheduler's output
-from it; ``validation.py`` is the bottom layer, which ``SamplingParams`` builds on. Each file is parsed with ``ast``, so imports
+from it; ``validation.py`` is the bottom layer, which ``SamplingParams`` builds on. The step
+recorder ``tinyvllm/trace/`` only reads the engine's state: nothing below the engine
+(``core/``, ``worker/``, ``sample/``, ``attention/``, ``models/``) imports it, so recording
+stays off the engine's path (its one hook is ``LLMEngine.observer``). Each file is parsed with ``ast``, so imports
 nested under ``if TYPE_CHECKING:`` or inside functions count too, and relative imports
 are resolved against the file's package.
 """
@@ -112,3 +115,18 @@ def test_the_detector_honours_allowed_modules():
     assert forbidden_imports(source, "tinyvllm.worker", forbidden="tinyvllm.core", allowed=("tinyvllm.core.sched_output",)) == [
         "line 2: from tinyvllm.core import kv_cache_manager"
     ]
+
+
+def test_nothing_below_the_engine_imports_the_trace_package():
+    source = "from tinyvllm.trace.recorder import record\nimport tinyvllm.tracer\nfrom .. import trace\n"
+    assert forbidden_imports(source, "tinyvllm.core", forbidden="tinyvllm.trace") == [
+        "line 1: from tinyvllm.trace.recorder import record",
+        "line 3: from .. import trace",
+    ]
+    problems = worker_imports_under("core", "worker", "sample", "attention", "models", forbidden="tinyvllm.trace")
+    assert not problems, "layers below the engine import tinyvllm.trace:\n" + "\n".join(problems)
+
+
+def test_config_does_not_import_the_worker():
+    problems = worker_imports_under("config.py")
+    assert not problems, "config.py imports the worker (CUDAGraphMode lives in config.py):\n" + "\n".join(problems)

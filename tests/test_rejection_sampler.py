@@ -47,6 +47,22 @@ def test_rejection_sampling_draws_from_the_target():
         assert torch.allclose(freq, target, atol=0.032), (draft, freq.tolist())
 
 
+def test_the_bonus_token_is_drawn_from_the_bonus_row():
+    """NOTE 3: the bonus rows of a step are drawn in one batch; each still follows its own
+    row's distribution, seeded or not, whatever the other requests hold."""
+    target = torch.tensor([0.1, 0.4, 0.3, 0.2])
+    certain = torch.tensor([0.0, 0.0, 1.0, 0.0])  # the draft 2 is certain: always kept
+    probs = torch.stack([certain, target, torch.tensor([0.7, 0.1, 0.1, 0.1])])  # request 1: no drafts
+    trials = 4000
+    counts = torch.zeros(4)
+    for seed in range(trials):
+        gens = {0: torch.Generator().manual_seed(seed)} if seed % 2 else {}  # half seeded, half not
+        first, second = rejection_sample(probs, probs.argmax(-1), [[2], []], [False, False], gens)
+        assert first[0] == 2 and len(first) == 2 and len(second) == 1
+        counts[first[1]] += 1
+    assert torch.allclose(counts / trials, target, atol=0.032), (counts / trials).tolist()
+
+
 def test_a_seeded_request_draws_the_same_tokens_every_time():
     probs = torch.softmax(torch.randn(6, 7, generator=torch.Generator().manual_seed(0)), dim=-1)
     runs = [

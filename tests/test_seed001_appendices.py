@@ -221,6 +221,55 @@ def test_seed001_u2_batch_update_is_frozen_but_not_hashable():
         hash(upd)  # the builder hands over lists; a frozen dataclass hashes its fields
 
 
+# ---- U2.1 under vLLM's condense: the holes it fills are not in `removed` -----------------
+
+def listing_sync_batch_moves(state: dict, upd: BatchUpdate) -> None:
+    """The moved part of ``sync_batch`` as ch. 13.5 lists it: a one-way move pops only the
+    source, so whatever the destination held stays there unless the source had state."""
+    for i1, i2, direction in upd.moved:
+        if direction == SWAP:
+            s1, s2 = state.get(i1), state.get(i2)
+            if s1 is not None:
+                state[i2] = s1
+            if s2 is not None:
+                state[i1] = s2
+        elif (s := state.pop(i1, None)) is not None:
+            state[i2] = s
+
+
+@pytest.mark.seed("001:U2", "001:10", "001:13")
+def test_seed001_u2_vllm_style_condense_update_leaves_no_stale_state():
+    # U2.1 step 3: rows r0-r5, r0, r2 and r5 leave. Our condense() leaves the holes it fills
+    # in `removed` ([5, 2, 0], test_condense_moves_highest_rows_into_lowest_holes); vLLM's pops
+    # each one, so its update lists only [5] with the same moves, and rows 0 and 2 still hold
+    # the departed requests' state when the moves are read. Every consumer of ours drops it
+    # at the move; the thinking budget's sync_batch as listed in ch. 13.5 would not.
+    departing = SamplingParams(min_p=0.1, logit_bias={5: 1.0}, thinking_token_budget=3)
+    params = [departing, SamplingParams(min_p=0.2), departing, SamplingParams(), SamplingParams(), SamplingParams()]
+    start = BatchUpdate(6, [], [(i, p, [START], []) for i, p in enumerate(params)], [])
+    vllm_update = BatchUpdate(3, [5], [], [(4, 0, UNI), (3, 2, UNI)])
+
+    minp = MinPLogitsProcessor(CONFIG, CPU, False)
+    bias = LogitBiasLogitsProcessor(CONFIG, CPU, False)
+    holder = ThinkingBudgetStateHolder(ReasoningConfig((START,), (END,)), MAX, 0, CPU, False)
+    for upd in (start, vllm_update):
+        minp.update_state(upd)
+        bias.update_state(upd)
+        holder.sync_batch(upd)
+    assert as_list(minp.min_p_cpu, 6) == [0.0, 0.2, 0.0, 0.0, 0.0, 0.0] and minp.min_p_count == 1
+    minp.check_invariants()
+    assert bias.biases == {}
+    assert holder._state == {}  # NOTE 2: both rows of a move are popped
+
+    holder = ThinkingBudgetStateHolder(ReasoningConfig((START,), (END,)), MAX, 0, CPU, False)
+    holder.sync_batch(start)
+    listing = dict(holder._state)
+    for row in vllm_update.removed:
+        listing.pop(row, None)
+    listing_sync_batch_moves(listing, vllm_update)
+    assert sorted(listing) == [0, 2]  # r0's and r2's states now sit under r4 and r3
+
+
 # ---- S2: the index tensors' types ------------------------------------------------------------
 
 @pytest.mark.seed("001:S2")

@@ -1,6 +1,6 @@
 """Tutorial 07 (CUDA graphs) shows both runtime modes and the padding.
 
-``docs/cuda_graphs.md`` and ``docs/tutorials/07_cuda_graphs.md`` embed
+``docs/cuda_graphs_backends.md`` and ``docs/tutorials/07_cuda_graphs.md`` embed
 ``docs/generated/07_cuda_graphs.txt``; ``tests/test_tutorial_pages.py`` keeps that file
 equal to what the script prints (regenerate it with
 ``python tutorials/regenerate_golden.py 07``). The printout depends only on the schedule

@@ -5,9 +5,12 @@ For each numbered script ``tutorials/NN_name.py``:
 - ``docs/generated/NN_name.txt`` exists and equals the script's stdout exactly;
 - ``docs/tutorials/NN_name.md`` exists and includes the script (in a python block) and the
   golden file (in a text block) with snippets, so the page cannot drift from either;
-- the page is listed in ``mkdocs.yml``'s nav under "Tutorials";
-- at least one chapter page links to it: a page of the nav outside Home, Glossary and
-  Tutorials that is a file in ``docs/`` (a page the build generates is not a chapter).
+- the page is listed in ``mkdocs.yml``'s nav beside its chapter: in the same nav group as
+  a chapter page that links to it (the nav follows the home page's reading path, where
+  each tutorial sits next to the chapter it replays);
+- at least one chapter page links to it: a page of the nav other than the home page, the
+  glossary and the tutorials that is a file in ``docs/`` (a page the build generates is
+  not a chapter).
 
 Each script runs once per session (``tutorial_runner.tutorial_output``): the tests that
 check a tutorial's key lines (``tests/test_tutorial_*.py``) reuse the same run.
@@ -31,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "tutorials").glob("[0-9][0-9]_*.py"))
 STEMS = [script.stem for script in SCRIPTS]
 REGENERATOR = "tutorials/regenerate_golden.py"
-NOT_CHAPTERS = ("Home", "Glossary", "Tutorials")
+NOT_CHAPTERS = ("index.md", "glossary.md")  # and every tutorials/ page
 
 
 def _regenerate(stem: str) -> str:
@@ -60,8 +63,22 @@ def _pages(entry) -> list[str]:
     raise AssertionError(f"unexpected nav entry {entry!r}")
 
 
-def _section(title: str):
-    return next((value for item in _nav() for key, value in item.items() if key == title), None)
+def _groups(entry) -> list[list[str]]:
+    """The pages of every nav group (a titled list), nested groups included."""
+    if isinstance(entry, list):
+        return [group for item in entry for group in _groups(item)]
+    if isinstance(entry, dict):
+        return [group for value in entry.values() if isinstance(value, list) for group in [_pages(value), *_groups(value)]]
+    return []
+
+
+def _is_chapter(page: str) -> bool:
+    return page not in NOT_CHAPTERS and not page.startswith("tutorials/") and (REPO / "docs" / page).is_file()
+
+
+def _links_to(page: str, stem: str) -> bool:
+    link = re.compile(rf"\]\(tutorials/{re.escape(stem)}\.md(#[\w-]*)?\)")
+    return bool(link.search((REPO / "docs" / page).read_text(encoding="utf-8")))
 
 
 def test_tutorials_folder_holds_numbered_tutorials_and_the_regenerator():
@@ -108,24 +125,17 @@ def test_tutorial_page_includes_script_and_golden_output(stem: str):
 
 
 @pytest.mark.parametrize("stem", STEMS)
-def test_tutorial_page_is_in_the_nav_under_tutorials(stem: str):
-    section = _section("Tutorials")
-    assert section is not None, "mkdocs.yml's nav has no 'Tutorials' section"
-    assert "Tutorials" in _nav()[-1], "the 'Tutorials' section should come after the chapters, last in the nav"
-    assert f"tutorials/{stem}.md" in _pages(section), f"tutorials/{stem}.md is not under 'Tutorials' in the nav"
+def test_tutorial_page_is_in_the_nav_beside_its_chapter(stem: str):
+    page = f"tutorials/{stem}.md"
+    groups = [group for group in _groups(_nav()) if page in group]
+    assert groups, f"{page} is in no group of mkdocs.yml's nav"
+    beside = [p for group in groups for p in group if _is_chapter(p) and _links_to(p, stem)]
+    assert beside, f"{page} sits in a nav group with no chapter that links to it: {groups}"
 
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_tutorial_page_is_linked_from_a_chapter(stem: str):
-    chapters = [
-        page
-        for item in _nav()
-        for key, value in item.items()
-        if key not in NOT_CHAPTERS
-        for page in _pages(value)
-        if (REPO / "docs" / page).is_file()  # not a page the build generates
-    ]
+    chapters = [page for page in _pages(_nav()) if _is_chapter(page)]  # generated pages are not files
     assert chapters, "the nav lists no chapter pages"
-    link = re.compile(rf"\]\(tutorials/{re.escape(stem)}\.md(#[\w-]*)?\)")
-    linking = [page for page in chapters if link.search((REPO / "docs" / page).read_text(encoding="utf-8"))]
+    linking = [page for page in chapters if _links_to(page, stem)]
     assert linking, f"no chapter page links to tutorials/{stem}.md (checked {len(chapters)} pages)"

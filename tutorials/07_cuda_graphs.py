@@ -7,7 +7,8 @@ capture sizes 1, 2, 4, 8 and 16, a budget of 16 tokens per step and at most 4 re
 runs on the CPU even on a machine with a GPU, so its printout is the same everywhere, and
 there the graphs are *emulated* (``CUDAGraphWrapper(emulate=True)``): every replay is
 checked against what a real graph would assume, but nothing gets faster. For each step the
-script prints the batch (request:scheduled tokens; ``*`` marks a prefill chunk), whether it
+script prints the batch (request:scheduled tokens; ``p`` marks prompt tokens, a prefill chunk
+whole or partial: tutorial 02's ``*`` marks only a partial one), whether it
 is a uniform decode batch, the runtime mode and ``BatchDescriptor`` the dispatcher chose,
 and the padding: rows computed for nothing so that a captured shape fits.
 
@@ -79,13 +80,14 @@ def run(folder: str, mode: str, verbose: bool) -> list[list[int]]:
             sched, d = outputs[-1], runner.last_dispatch
             prefill = {r.req_id for r in sched.scheduled_new_reqs}
             prefill |= {r.req_id for r in sched.scheduled_cached_reqs if r.num_computed_tokens < len(PROMPTS[NAMES.index(r.req_id)])}
-            batch = " ".join(f"{r}:{n}{'*' if r in prefill else ''}" for r, n in sched.num_scheduled_tokens.items())
+            batch = " ".join(f"{r}:{n}{'p' if r in prefill else ''}" for r, n in sched.num_scheduled_tokens.items())
             print(
                 f"{step:4} | {batch:26} | {d.num_tokens:6} | {'yes' if d.uniform_decode else 'no':7} | "
                 f"{d.runtime_mode.name:9} | {describe(d.batch_descriptor):19} | {d.num_padding_tokens}"
             )
         step += 1
     if verbose:
+        print("\nbatch      request:tokens scheduled; p = prompt tokens (a prefill chunk, whole or partial)")
         stats = runner.cudagraph_stats
         print("\nsteps by runtime mode: " + ", ".join(f"{m.name} {stats[m]}" for m in sorted(stats, key=lambda m: m.value)))
         print(f"padding rows: {padding} computed for nothing, beside {scheduled} scheduled tokens")

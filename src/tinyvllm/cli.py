@@ -13,7 +13,9 @@ completion, then one line of figures: prompt and generated tokens, seconds, gene
 tokens per second, and prompt tokens served from the prefix cache. ``--cudagraph-mode``
 and ``--enforce-eager`` choose how the model runs under CUDA graphs, as vLLM's
 ``--compilation-config`` and ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a
-tiny random-weight model folder (for trying the engine with no download).
+tiny random-weight model folder (for trying the engine with no download). ``tinyvllm trace``
+records every engine step of a built-in workload or of ``--prompts FILE`` and writes a
+self-contained HTML viewer (``tinyvllm/trace/command.py``).
 
 ``--model`` is a local folder or a Hugging Face model id (``Qwen/Qwen3-0.6B``), resolved
 into the hub cache by ``models/hub.py`` (a local folder of the same spelling wins;
@@ -54,6 +56,7 @@ fraction of a second, not torch's import.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -84,6 +87,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--generation-config", default="auto", metavar="{auto,vllm,PATH}",
         help="sampling defaults: the model's generation_config.json (auto), none (vllm), or a folder's",
+    )  # fmt: skip
+    p.add_argument(
+        "--speculative-config", default=None, metavar="JSON",
+        help='speculative decoding, as vLLM\'s: \'{"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
     )  # fmt: skip
 # --8<-- [end:engine_args]
 
@@ -167,11 +175,26 @@ def _check_engine_args(args):
     spec = check_model_folder(args.model_folder)
     source = check_generation_config(getattr(args, "generation_config", "auto"))
     generation_defaults(source, args.model_folder)  # a malformed field fails here, before torch
+    args.speculative = _speculative_config_arg(getattr(args, "speculative_config", None))
     if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
         raise ValueError(
             f"--max-model-len {args.max_model_len} exceeds the model's max_position_embeddings "
             f"{spec.max_position_embeddings} (config.json of {args.model})"
         )
+
+
+def _speculative_config_arg(text: str | None) -> dict | None:
+    """``--speculative-config``: a JSON object, checked (``SpeculativeConfig``) before torch."""
+    if text is None:
+        return None
+    from tinyvllm.config import SpeculativeConfig
+
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--speculative-config must be a JSON object, got {text!r} ({error.msg})") from error
+    SpeculativeConfig.from_dict(config)  # ValueError naming the key or the value
+    return config
 
 
 def _check_counts(args) -> None:
@@ -223,6 +246,9 @@ def llm_from_args(args):
         num_gpu_blocks_override=args.num_gpu_blocks_override, enforce_eager=args.enforce_eager,
         compilation_config={"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else None,
         generation_config=getattr(args, "generation_config", "auto"),
+        block_size=getattr(args, "block_size", 16), max_num_seqs=getattr(args, "max_num_seqs", 256),
+        max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),  # tinyvllm trace's own flags
+        speculative_config=getattr(args, "speculative", None),
     )  # fmt: skip
     if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
         print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)
@@ -308,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     from tinyvllm.models.train_tiny import DESCRIPTION, add_arguments  # no torch at import
 
     add_arguments(sub.add_parser("train-tiny", help="train a small model on the standard library's sources", description=DESCRIPTION))
+    from tinyvllm.trace import command as trace_command  # no torch at import
+
+    trace_parser = sub.add_parser("trace", help="record every engine step and write an HTML viewer", description=trace_command.DESCRIPTION)
+    trace_command.add_arguments(trace_parser, _add_model_arg, add_engine_args)
     args = parser.parse_args(argv)  # argparse errors: usage, message, exit status 2
     debug = os.environ.get("TINYVLLM_TRACEBACK", "") not in ("", "0")
     try:
@@ -319,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             from tinyvllm.models.train_tiny import run
 
             return run(args)
+        if args.command == "trace":
+            return trace_command.run(args, _check_engine_args, llm_from_args)
         from tinyvllm.models.tiny import build_tiny_model
 
         print(build_tiny_model(args.folder, args.family))

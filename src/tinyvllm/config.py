@@ -5,7 +5,8 @@ is built and checked once and never changed afterwards (no late filling of field
 class attributes used as globals).
 
 Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig``) and
-``vllm/config/compilation.py`` (``CompilationConfig``: ``cudagraph_mode``, capture sizes).
+``vllm/config/compilation.py`` (``CompilationConfig``: ``cudagraph_mode``, capture sizes; the
+``CUDAGraphMode`` enum lives there too, so the worker imports it from here).
 Invalid values raise ``ValueError`` naming the field and the value; ``ReasoningConfig``,
 which users build and pass to ``LLM``, follows ``tinyvllm.validation``'s rule (a wrong type
 is a ``TypeError``). Whether its ids lie in the vocabulary is checked by ``LLM``.
@@ -13,11 +14,54 @@ is a ``TypeError``). Whether its ids lie in the vocabulary is checked by ``LLM``
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tinyvllm.validation import check_token_ids
-from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
+
+
+# --8<-- [start:modes]
+class CUDAGraphMode(enum.Enum):
+    """How the model may run under CUDA graphs. ``NONE``, ``PIECEWISE`` and ``FULL`` are
+    single modes (and the only runtime modes); the two tuple modes name a routine for
+    uniform decode batches first and one for every other batch second."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (FULL, NONE)
+    FULL_AND_PIECEWISE = (FULL, PIECEWISE)
+
+    def separate_routine(self) -> bool:
+        """True for the two-mode settings: decode and mixed batches go different ways."""
+        return isinstance(self.value, tuple)
+
+    def decode_mode(self) -> CUDAGraphMode:
+        """The runtime mode for uniform decode batches."""
+        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+
+    def mixed_mode(self) -> CUDAGraphMode:
+        """The runtime mode for prefill and mixed batches."""
+        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def has_mode(self, mode: CUDAGraphMode) -> bool:
+        """Whether this setting can ever dispatch to the single mode ``mode``."""
+        if mode.separate_routine():
+            raise ValueError(f"has_mode takes a single mode, got {mode.name}")
+        return mode in (self.decode_mode(), self.mixed_mode())
+
+    def has_full_cudagraphs(self) -> bool:
+        return self.has_mode(CUDAGraphMode.FULL)
+
+    def has_piecewise_cudagraphs(self) -> bool:
+        return self.has_mode(CUDAGraphMode.PIECEWISE)
+
+    @classmethod
+    def valid_runtime_modes(cls) -> frozenset[CUDAGraphMode]:
+        """What ``dispatch`` may return and what a wrapper may be bound to (plus NONE)."""
+        return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
+# --8<-- [end:modes]
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

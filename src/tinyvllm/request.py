@@ -102,6 +102,9 @@ class Request:
         self.stop_reason: int | None = None
         self.output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(prompt)
+        # Speculative decoding: the drafts proposed for the next step (not part of the
+        # sequence until the target model keeps them; ``LLMEngine`` sets them after a step).
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_prompt_tokens(self) -> int:

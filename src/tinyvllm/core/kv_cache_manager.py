@@ -35,7 +35,13 @@ cached during a step stay "uncommitted" until the scheduler calls ``commit_step`
 forward finished); ``rollback_step`` drops the uncommitted ones from the prefix cache
 after the failed step's requests were aborted. No later request can hit them.
 
-Left out: sliding windows, hybrid KV specs, speculative lookahead slots, KV offloading.
+NOTE 5 (lookahead slots for drafts): a verification step writes the KV of a request's
+drafts beside its real tokens, so ``allocate_slots`` reserves ``num_draft_tokens`` slots
+after them. A block is still cached only when full of the request's own tokens: a draft
+may be rejected, and its KV must never be found under a hash. A kept draft's slot holds
+the right KV (the target computed it for that very token), and its block is cached once
+the kept tokens fill it; a rejected draft's slot is written again by the next step.
+Left out: sliding windows, hybrid KV specs, KV offloading.
 """
 # --8<-- [end:header]
 
@@ -154,9 +160,11 @@ class KVCacheManager:
         request: Request,
         num_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_draft_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Grow ``request``'s blocks to hold ``num_tokens`` more tokens after its computed
-        ones and the ``new_computed_blocks`` prefix hits (seed 003's five steps).
+        ones and the ``new_computed_blocks`` prefix hits (seed 003's five steps), plus
+        ``num_draft_tokens`` lookahead slots for speculative drafts (NOTE 5).
 
         Returns the newly allocated blocks (possibly none), or None, changing nothing,
         when the pool cannot supply them.
@@ -178,7 +186,7 @@ class KVCacheManager:
         # Step 1: how many new blocks the computed, hit and scheduled tokens need.
         num_computed_tokens = request.num_computed_tokens + len(hits) * self.block_size
         total_tokens = num_computed_tokens + num_tokens
-        if total_tokens > self.max_model_len:
+        if total_tokens + num_draft_tokens > self.max_model_len:
             raise ValueError(
                 f"request {req_id!r}: {total_tokens} tokens exceed max_model_len {self.max_model_len}"
             )
@@ -187,7 +195,7 @@ class KVCacheManager:
                 f"request {req_id!r}: {num_tokens} tokens scheduled after {num_computed_tokens} computed, "
                 f"but it has only {request.num_tokens} tokens"
             )
-        num_required_blocks = num_blocks_needed(total_tokens, self.block_size)
+        num_required_blocks = num_blocks_needed(total_tokens + num_draft_tokens, self.block_size)
         num_new_blocks = num_required_blocks - len(req_blocks or ()) - len(hits)
         # --8<-- [end:allocate_step1]
 
@@ -222,6 +230,7 @@ class KVCacheManager:
 
         # --8<-- [start:allocate_step5]
         # Step 5: cache every block that is now full, for later requests of this very batch.
+        # Full of the request's own tokens: a draft's slot is never counted (NOTE 5).
         if self.enable_caching:
             num_cached = self.num_cached_block.get(req_id, len(hits))
             num_full = total_tokens // self.block_size

@@ -21,7 +21,7 @@ and several times cheaper to build (a frozen dataclass sets each field through
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
@@ -63,9 +63,13 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: frozenset[str]  # finished (or aborted) since the previous step
     preempted_req_ids: frozenset[str]  # preempted in this step
+    # Speculative decoding: each decoding request's drafts to verify this step (its
+    # num_scheduled_tokens count them: 1 + len(drafts)); empty without drafts.
+    scheduled_spec_decode_tokens: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_scheduled_tokens", MappingProxyType(dict(self.num_scheduled_tokens)))
+        object.__setattr__(self, "scheduled_spec_decode_tokens", MappingProxyType(dict(self.scheduled_spec_decode_tokens)))
         assert self.total_num_scheduled_tokens == sum(self.num_scheduled_tokens.values()), (
             f"total {self.total_num_scheduled_tokens} != sum {sum(self.num_scheduled_tokens.values())}"
         )

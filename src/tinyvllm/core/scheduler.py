@@ -40,8 +40,15 @@ blocks (their KV is now written). If the forward raises instead, ``abort_failed_
 aborts the step's requests and rolls the prefix cache back, so the engine can serve on
 (the offline counterpart of vLLM's engine-dead handling, which stops the engine).
 
-Left out: priorities, speculative decoding, structured output, encoder inputs, KV
-transfer, async scheduling.
+NOTE 4 (speculative decoding): a decoding request may carry drafts
+(``Request.spec_token_ids``, proposed after the previous step). They are scheduled with its
+one real token, count against the token budget (as many as it leaves), and get lookahead
+slots (``allocate_slots(num_draft_tokens=...)``); ``num_computed_tokens`` advances past
+them like any scheduled token. ``update_from_output`` then takes back the drafts the
+target did not keep: the runner returns the kept drafts plus one token, so
+``len(drafts) + 1 - len(sampled)`` were rejected. A preempted request drops its drafts.
+
+Left out: priorities, structured output, encoder inputs, KV transfer, async scheduling.
 """
 # --8<-- [end:header]
 
@@ -49,7 +56,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tinyvllm.config import CacheConfig, SchedulerConfig
 from tinyvllm.arith import cdiv
@@ -68,6 +75,8 @@ class SchedulerStats:
     kv_cache_usage: float
     prefix_cache_hit_rate: float
     num_preemptions: int
+    spec_acceptance_rate: float = 0.0  # drafts kept / drafts verified (speculative decoding)
+    spec_mean_accepted_length: float = 0.0  # tokens a verification step yields per request
 
 
 # --8<-- [start:check_stop]
@@ -102,6 +111,46 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         return True
     return False
 # --8<-- [end:check_stop]
+
+
+# --8<-- [start:spec]
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding since start, as vLLM's ``SpecDecodingStats`` counts it: steps that
+    verified drafts, drafts verified, drafts kept, and drafts kept at each position."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        while len(self.num_accepted_tokens_per_pos) < num_draft_tokens:
+            self.num_accepted_tokens_per_pos.append(0)
+        for position in range(num_accepted):
+            self.num_accepted_tokens_per_pos[position] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Drafts kept / drafts verified (0 before any)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verification step yields per request on average: kept drafts + 1."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+def draft_tokens_to_verify(request: Request, num_new: int, token_budget: int) -> tuple[int, ...]:
+    """The drafts a running request verifies this step: only when it decodes (one real
+    token left to compute), as many as the budget leaves after that token (NOTE 4)."""
+    if not request.spec_token_ids or request.num_tokens - request.num_computed_tokens != num_new or num_new != 1:
+        return ()
+    return tuple(request.spec_token_ids[: max(0, token_budget - num_new)])
+# --8<-- [end:spec]
 
 
 # --8<-- [start:prefill_chunk_size]
@@ -139,6 +188,7 @@ class Scheduler:
         # Finished since the last step; the next SchedulerOutput tells the runner.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.spec_stats = SpecDecodingStats()
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -201,6 +251,7 @@ class Scheduler:
         self.kv_cache_manager.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.spec_token_ids = []  # drafts belong to the next decode step; it will prefill again
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(victim)
@@ -221,6 +272,7 @@ class Scheduler:
         resumed_reqs: list[Request] = []
         running_reqs: list[Request] = []
         preempted: list[Request] = []
+        spec_tokens: dict[str, tuple[int, ...]] = {}
 
         # --8<-- [start:running_loop]
         # 1. Running requests first, in order.
@@ -231,7 +283,8 @@ class Scheduler:
                 request.num_tokens - request.num_computed_tokens, token_budget, config.long_prefill_token_threshold
             )
             assert num_new > 0, f"running request {request.request_id!r} has nothing to compute"
-            while (new_blocks := kv.allocate_slots(request, num_new)) is None:
+            drafts = draft_tokens_to_verify(request, num_new, token_budget)  # NOTE 4
+            while (new_blocks := kv.allocate_slots(request, num_new, num_draft_tokens=len(drafts))) is None:
                 preempted.append(self._preempt_last_running())
                 if preempted[-1] is request:
                     break
@@ -239,9 +292,11 @@ class Scheduler:
                 break
             running_reqs.append(request)
             new_block_ids[request.request_id] = tuple(b.block_id for b in new_blocks) if new_blocks else ()
-            num_scheduled[request.request_id] = num_new
+            num_scheduled[request.request_id] = num_new + len(drafts)
+            if drafts:
+                spec_tokens[request.request_id] = drafts
             start_tokens[request.request_id] = request.num_computed_tokens
-            token_budget -= num_new
+            token_budget -= num_new + len(drafts)
             index += 1
         # --8<-- [end:running_loop]
 
@@ -296,6 +351,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=frozenset(self.finished_req_ids),
             preempted_req_ids=frozenset(r.request_id for r in preempted),
+            scheduled_spec_decode_tokens=spec_tokens,
         )
         # --8<-- [start:advance]
         # 3. Advance at once: the runner and update_from_output see the step's end state.
@@ -321,6 +377,11 @@ class Scheduler:
                 continue  # finished from outside after this step was scheduled
             index = model_runner_output.req_id_to_index.get(rid)
             sampled = model_runner_output.sampled_token_ids[index] if index is not None else []
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            if drafts is not None and sampled:  # NOTE 4: the drafts the target did not keep are undone
+                num_rejected = len(drafts) + 1 - len(sampled)
+                request.num_computed_tokens -= num_rejected
+                self.spec_stats.record(len(drafts), len(sampled) - 1)
             if request.num_computed_tokens < request.num_tokens:
                 sampled = []  # a partial prefill produces no token (NOTE 2)
             new_token_ids: list[int] = []
@@ -377,6 +438,8 @@ class Scheduler:
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_hit_rate=stats.hit_rate if stats is not None else 0.0,
             num_preemptions=self.num_preemptions,
+            spec_acceptance_rate=self.spec_stats.acceptance_rate,
+            spec_mean_accepted_length=self.spec_stats.mean_accepted_length,
         )
 
     def check_invariants(self) -> None:

@@ -90,6 +90,10 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_cache_hits: int = 0  # of those, tokens found
     num_preemptions: int = 0
+    spec_num_drafts: int = 0  # speculative decoding since start (Scheduler.spec_stats)
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class AsyncLLM:
@@ -319,6 +323,10 @@ class AsyncLLM:
             prefix_cache_queries=prefix.queries if prefix is not None else 0,
             prefix_cache_hits=prefix.hits if prefix is not None else 0,
             num_preemptions=scheduler.num_preemptions,
+            spec_num_drafts=scheduler.spec_stats.num_drafts,
+            spec_num_draft_tokens=scheduler.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=scheduler.spec_stats.num_accepted_tokens,
+            spec_num_accepted_tokens_per_pos=tuple(scheduler.spec_stats.num_accepted_tokens_per_pos),
         )
 
 

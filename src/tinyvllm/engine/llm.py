@@ -62,6 +62,12 @@ the sampling defaults of the model's ``generation_config.json``, ``"vllm"`` none
 path that folder's file (``sampling_defaults.py``). They are read once, at start-up, into
 ``generation_defaults``; ``get_default_sampling_params()`` builds them and ``generate``
 uses them when it is given no ``SamplingParams``. EOS ids always come from the model folder.
+NOTE 11 (speculative decoding): ``speculative_config={"method": "ngram",
+"num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}`` turns on
+n-gram prompt lookup (``spec_decode/``): the engine proposes up to k drafts per decoding
+request after each step, and the next step verifies them (``sample/rejection_sampler.py``).
+As seed 001 ch. 11.4 says, only MinTokens is built then (custom processors are refused);
+requests asking for min_p, logit_bias, bad words, allowed ids or logprobs are refused.
 """
 
 from __future__ import annotations
@@ -77,7 +83,14 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from tinyvllm.attention.kv_cache_write import triton_can_run_on
-from tinyvllm.config import CacheConfig, CompilationConfig, EngineConfig, ReasoningConfig, SchedulerConfig
+from tinyvllm.config import (
+    CacheConfig,
+    CompilationConfig,
+    EngineConfig,
+    ReasoningConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from tinyvllm.arith import cdiv
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.llm_engine import LLMEngine
@@ -92,6 +105,7 @@ from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
+from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.sampling_defaults import check_generation_config, generation_defaults
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.validation import (
@@ -139,6 +153,15 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     if not (device == "cpu" or device.startswith("cuda")):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
     return torch.device(device)
+
+
+def _speculative_config(config: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
+    """vLLM's ``speculative_config``: a dict or a ``SpeculativeConfig`` (NOTE 11)."""
+    if config is None or isinstance(config, SpeculativeConfig):
+        return config
+    if isinstance(config, dict):
+        return SpeculativeConfig.from_dict(config)  # ValueError for a bad key or value
+    raise TypeError(f"speculative_config must be a dict, a SpeculativeConfig or None, got {config!r}")
 
 
 def _compilation_config(config: dict | CompilationConfig | None, enforce_eager: bool) -> CompilationConfig:
@@ -226,6 +249,7 @@ class LLM:
         *,
         revision: str | None = None,
         generation_config: str = "auto",
+        speculative_config: dict | SpeculativeConfig | None = None,
     ) -> None:
         # --8<-- [start:arguments]
         if not isinstance(model, (str, os.PathLike)):
@@ -252,6 +276,9 @@ class LLM:
         compilation = _compilation_config(compilation_config, enforce_eager)
         self.logits_processors = _checked_logits_processors(logits_processors)
         generation_config = check_generation_config(generation_config)  # NOTE 10
+        self.speculative_config = _speculative_config(speculative_config)  # NOTE 11
+        if self.speculative_config is not None and self.logits_processors:
+            raise ValueError("custom logits_processors cannot be combined with speculative decoding (seed 001 ch. 11.4)")
         # --8<-- [end:arguments]
         model = resolve_model(model, revision)  # NOTE 9: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
@@ -316,7 +343,7 @@ class LLM:
         cache_config = CacheConfig(
             block_size=block_size, num_gpu_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching
         )
-        self.config = EngineConfig(scheduler_config, cache_config, reasoning_config, compilation)
+        self.config = EngineConfig(scheduler_config, cache_config, reasoning_config, compilation, self.speculative_config)
         kv_caches = allocate_kv_caches(
             spec.num_hidden_layers, num_blocks, block_size, spec.num_key_value_heads, spec.head_dim,
             self.dtype, self.device,
@@ -329,9 +356,13 @@ class LLM:
         self.startup_report = self._startup_report(runner, per_block, measured, loaded - started, sized - loaded, sized)
         logger.info("tinyvllm start-up:\n  %s", "\n  ".join(self.startup_report.lines()))
         scheduler = Scheduler(scheduler_config, cache_config, log_stats=True)
+        spec_config = self.speculative_config
+        proposer = None if spec_config is None else NgramProposer(
+            spec_config.num_speculative_tokens, spec_config.prompt_lookup_min, spec_config.prompt_lookup_max, max_model_len
+        )  # fmt: skip
         self.engine = LLMEngine(
             scheduler, runner, self.tokenizer, self.eos_token_id,
-            vocab_size=spec.vocab_size, reasoning_config=reasoning_config,
+            vocab_size=spec.vocab_size, reasoning_config=reasoning_config, proposer=proposer,
         )  # fmt: skip
         self._ids = itertools.count()
 
@@ -364,9 +395,11 @@ class LLM:
     ) -> ModelRunner:
         """The persistent batch with its logits processors and block table, and the runner."""
         max_num_seqs = scheduler_config.max_num_seqs
-        config = EngineConfig(scheduler_config, CacheConfig(block_size=block_size), reasoning_config, compilation)
-        logitsprocs = build_logitsprocs(config, self.device, False, False, self.logits_processors)
-        thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, 0, self.device, False)
+        spec_config = self.speculative_config
+        num_spec = spec_config.num_speculative_tokens if spec_config is not None else 0
+        config = EngineConfig(scheduler_config, CacheConfig(block_size=block_size), reasoning_config, compilation, spec_config)
+        logitsprocs = build_logitsprocs(config, self.device, False, False, self.logits_processors)  # MinTokens alone with spec
+        thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, num_spec, self.device, False)
         blocks_per_req = cdiv(scheduler_config.max_model_len, block_size)
         input_batch = InputBatch(
             max_num_seqs, self.device, logitsprocs, thinking, max_num_blocks_per_req=blocks_per_req,
@@ -376,6 +409,7 @@ class LLM:
             self.model, kv_caches, block_size, input_batch, self.device, self.eos_token_id,
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             max_model_len=scheduler_config.max_model_len, compilation_config=compilation,
+            num_speculative_tokens=num_spec,
         )  # fmt: skip
 
     # --8<-- [start:graph_memory]
@@ -499,7 +533,8 @@ class LLM:
         if len(ids) > max_len:
             raise ValueError(f"prompt {index} has {len(ids)} tokens, more than max_model_len {max_len}")
         has_reasoning = self.config.reasoning_config is not None
-        check_request_against_model(label, params, self.spec.vocab_size, has_reasoning)  # ids in vocab, thinking
+        speculative = self.speculative_config is not None
+        check_request_against_model(label, params, self.spec.vocab_size, has_reasoning, speculative)  # ids, thinking
         validate_logits_processors_parameters(self.logits_processors, params)  # custom processors' own checks
         return text, ids, self._with_eos_stops(params), salt
     # --8<-- [end:prepare_request]

@@ -49,6 +49,14 @@ NOTE 7 (bad words): the engine has the tokenizer, so it turns a request's ``bad_
 into token sequences when the request is added (``sample/bad_words.py`` NOTE 1), checks
 them against the vocabulary, and hands them to the scheduler with the ``Request``; they
 reach the persistent batch with the request. An engine without a tokenizer refuses them.
+NOTE 8 (speculative decoding): with a proposer (``LLM(speculative_config=...)``), after
+each step every running request that decodes next gets its drafts
+(``Request.spec_token_ids``, from ``spec_decode/ngram_proposer.py``); the scheduler
+schedules them with its one real token, and the runner keeps those the target agrees with.
+NOTE 9 (an observer): ``observer`` (None by default) is called after every step, a failed
+one too (after the undo, with the error), and reads whatever state it wants; the step
+pays one ``is not None`` check (2 ns against a millisecond or more a step; the measurement
+is in ``tinyvllm/trace/recorder.py``). ``tinyvllm.trace.record`` installs one.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tinyvllm.config import ReasoningConfig
 from tinyvllm.core.sched_output import SchedulerOutput
@@ -77,6 +86,7 @@ from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.engine.request_checks import check_request_against_model
 from tinyvllm.validation import check_token_ids
+from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -104,6 +114,16 @@ class _Tracked:
     sent_prompt_logprobs: bool = False  # DELTA: sent once
 
 
+class StepObserver(Protocol):
+    """Called by ``LLMEngine.step`` after each step (NOTE 9); ``error`` is set when the step
+    raised and was undone, and then ``core_outputs`` is empty."""
+
+    def on_step(
+        self, engine: LLMEngine, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput],
+        error: BaseException | None,
+    ) -> None: ...  # fmt: skip
+
+
 class LLMEngine:
     """Schedule -> execute -> update, one step at a time."""
 
@@ -116,6 +136,7 @@ class LLMEngine:
         *,
         vocab_size: int | None = None,
         reasoning_config: ReasoningConfig | None = None,
+        proposer: NgramProposer | None = None,
     ):
         self.scheduler = scheduler
         self.model_runner = model_runner
@@ -123,9 +144,11 @@ class LLMEngine:
         self.eos_token_id = eos_token_id
         self.vocab_size = vocab_size  # None: unknown, token ids are not checked against a vocabulary
         self.reasoning_config = reasoning_config  # None: thinking_token_budget is refused
+        self.proposer = proposer  # None: no speculative decoding (NOTE 8)
         self._tracked: dict[str, _Tracked] = {}
         self._parents: dict[str, ParentRequest] = {}  # a request with n > 1, by its id (NOTE 6)
         self._parent_of: dict[str, tuple[ParentRequest, int]] = {}  # child id -> (parent, index)
+        self.observer: StepObserver | None = None  # NOTE 9
 
     # --8<-- [start:add_request]
     def add_request(
@@ -180,7 +203,10 @@ class LLMEngine:
             raise TypeError(f"request {request_id!r}: prompt must be a str or None, got {prompt!r}")
         label = f"request {request_id!r}"
         check_token_ids(f"{label}: prompt_token_ids", request.prompt_token_ids, self.vocab_size)
-        check_request_against_model(f"{label}: sampling_params", sampling_params, self.vocab_size, self.reasoning_config is not None)
+        check_request_against_model(
+            f"{label}: sampling_params", sampling_params, self.vocab_size, self.reasoning_config is not None,
+            speculative=self.proposer is not None,
+        )  # fmt: skip
         incremental = sampling_params.stop or sampling_params.output_kind != RequestOutputKind.FINAL_ONLY
         if sampling_params.stop and self.tokenizer is None:
             raise ValueError(f"{label}: stop={sampling_params.stop!r} needs text, but the engine has no tokenizer")
@@ -238,7 +264,11 @@ class LLMEngine:
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         except BaseException as error:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
             self._abort_failed_step(scheduler_output, error)
+            if self.observer is not None:  # NOTE 9
+                self.observer.on_step(self, scheduler_output, [], error)
             raise
+        if self.proposer is not None:
+            self._propose_drafts()  # NOTE 8: the next step verifies them
         now = time.perf_counter()
         outputs = []
         for out in core_outputs:
@@ -262,8 +292,18 @@ class LLMEngine:
             output = self._make_output(out.request_id, tracked, finish_reason, stop_reason, now)
             if output is not None and (output := self._to_parent(output)) is not None:  # NOTE 6
                 outputs.append(output)
+        if self.observer is not None:  # NOTE 9: off by default, one check per step
+            self.observer.on_step(self, scheduler_output, core_outputs, None)
         return outputs
     # --8<-- [end:step]
+
+    # --8<-- [start:propose]
+    def _propose_drafts(self) -> None:
+        """NOTE 8: drafts for every running request that decodes next (its one real token left)."""
+        for request in self.scheduler.running:
+            decoding = request.num_computed_tokens == request.num_tokens - 1
+            request.spec_token_ids = self.proposer.propose(request.all_token_ids) if decoding else []
+    # --8<-- [end:propose]
 
     # --8<-- [start:parents]
     def _sequences(self, request_id: str) -> list[str]:

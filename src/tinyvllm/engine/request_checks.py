@@ -18,15 +18,31 @@ from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_token_ids
 
 
+# Fields a speculative engine refuses, with the value that means "off": seed 001 ch. 11.4
+# builds only MinTokens under a speculative config ("min_p and logit_bias parameters won't
+# work with speculative decoding"); vLLM warns and ignores them, we refuse. Bad words,
+# allowed ids and logprobs are not built for draft rows here.
+NOT_WITH_SPECULATION = {"min_p": 0.0, "logit_bias": None, "bad_words": (), "allowed_token_ids": None,
+                        "logprobs": None, "prompt_logprobs": None}  # fmt: skip
+
+
 # --8<-- [start:request_against_model]
 def check_request_against_model(
-    label: str, params: SamplingParams, vocab_size: int | None, has_reasoning: bool
+    label: str, params: SamplingParams, vocab_size: int | None, has_reasoning: bool, speculative: bool = False
 ) -> None:
     """What one request's params ask of the model: token ids in the vocabulary, a reasoning config.
 
     ``label`` names the params in messages (``"sampling_params[2]"``). ``vocab_size`` None
-    skips the vocabulary checks (a caller that does not know the model).
+    skips the vocabulary checks (a caller that does not know the model). ``speculative``: the
+    engine verifies drafts, which the fields of ``NOT_WITH_SPECULATION`` do not work with.
     """
+    if speculative:
+        asked = [name for name, off in NOT_WITH_SPECULATION.items() if getattr(params, name) != off]
+        if asked:
+            raise ValueError(
+                f"{label}: {', '.join(asked)} cannot be used with speculative decoding (seed 001 ch. 11.4: "
+                "only MinTokens runs under a speculative config)"
+            )
     if vocab_size is not None:
         if params.logit_bias:
             check_token_ids(f"{label}.logit_bias", params.logit_bias, vocab_size)

@@ -43,6 +43,10 @@ METRICS = {  # name: (type, help)
     "vllm:time_to_first_token_seconds": ("histogram", "Seconds from a request's arrival to its first token."),
     "vllm:inter_token_latency_seconds": ("histogram", "Seconds between two successive output tokens of a request."),
     "vllm:e2e_request_latency_seconds": ("histogram", "Seconds from a request's arrival to its end."),
+    "vllm:spec_decode_num_drafts": ("counter", "Verification steps of requests that carried drafts."),
+    "vllm:spec_decode_num_draft_tokens": ("counter", "Draft tokens verified."),
+    "vllm:spec_decode_num_accepted_tokens": ("counter", "Draft tokens the target model kept."),
+    "vllm:spec_decode_num_accepted_tokens_per_pos": ("counter", "Draft tokens kept, by their position among the drafts."),
 }
 # --8<-- [end:metric_names]
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -67,6 +71,9 @@ class _EngineCollector:
             "vllm:prefix_cache_queries": stats.prefix_cache_queries,
             "vllm:prefix_cache_hits": stats.prefix_cache_hits,
             "vllm:num_preemptions": stats.num_preemptions,
+            "vllm:spec_decode_num_drafts": stats.spec_num_drafts,
+            "vllm:spec_decode_num_draft_tokens": stats.spec_num_draft_tokens,
+            "vllm:spec_decode_num_accepted_tokens": stats.spec_num_accepted_tokens,
         }
         for name, value in values.items():
             kind, documentation = METRICS[name]
@@ -75,6 +82,11 @@ class _EngineCollector:
             )
             family.add_metric([self.model_name], value)
             yield family
+        name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+        family = CounterMetricFamily(name, METRICS[name][1], labels=["model_name", "position"])
+        for position, value in enumerate(stats.spec_num_accepted_tokens_per_pos):
+            family.add_metric([self.model_name, str(position)], value)
+        yield family
 
 
 class ServerMetrics:

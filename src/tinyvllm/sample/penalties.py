@@ -47,8 +47,7 @@ NOTE 3 (where the sampler calls it): after the logits processors that can change
 argmax (MinTokens, LogitBias) and before the temperature, so greedy rows see the
 penalties too, as in vLLM V1's ``Sampler``; before the thinking budget's forcing, so that
 no penalty can undo a forced token (``sample/sampler.py``).
-Left out: vLLM's Triton kernel for the penalties, and speculative decoding (penalties per
-draft position).
+Left out: vLLM's Triton kernel for the penalties.
 """
 # --8<-- [end:header]
 
@@ -204,6 +203,37 @@ class PenaltyState:
         )  # [P, V]
         return logits.index_copy_(0, rows, penalised)
     # --8<-- [end:apply]
+
+    # --8<-- [start:apply_spec]
+    def apply_spec(self, logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Speculative decoding: batch row r owns ``len(drafts[r]) + 1`` rows of ``logits``,
+        and its row j sees the output so far plus drafts ``0 .. j - 1`` as if generated
+        (each position is penalised for the tokens before it). In place."""
+        if not self.rows:
+            return logits
+        offsets, rows, slots, extra_rows, extra_tokens, params = [0], [], [], [], [], []
+        for d in drafts:
+            offsets.append(offsets[-1] + len(d) + 1)
+        for row, entry in sorted(self.rows.items()):
+            if row >= len(drafts):
+                continue
+            for j in range(len(drafts[row]) + 1):
+                extra_rows.extend([len(rows)] * j)  # the drafts before position j
+                extra_tokens.extend(drafts[row][:j])
+                rows.append(offsets[row] + j)
+                slots.append(entry.slot)
+                params.append((entry.presence, entry.frequency, entry.repetition))
+        if not rows:
+            return logits
+        index, slot_index = self._ids(rows), self._ids(slots)
+        counts = self.output_counts[slot_index].clone()  # [M, V]
+        if extra_tokens:
+            ones = torch.ones(len(extra_tokens), dtype=counts.dtype, device=self.device)
+            counts.index_put_((self._ids(extra_rows), self._ids(extra_tokens)), ones, accumulate=True)
+        presence, frequency, repetition = torch.tensor(params, dtype=torch.float32, device=self.device).unbind(1)
+        penalised = apply_penalties(logits[index], self.prompt_mask[slot_index], counts, presence, frequency, repetition)
+        return logits.index_copy_(0, index, penalised)
+    # --8<-- [end:apply_spec]
 
     def output_counts_of(self, row: int) -> torch.Tensor:
         """Row ``row``'s output counts ``[V]`` (a view)."""

@@ -56,13 +56,20 @@ these steps costs nothing in a batch that does not use it: the metadata then hol
 mask, no bad words and no penalty state. The forcing comes after the penalties, so that
 no penalty can bring a forced logit down (a repetition penalty would divide it, the
 forced token being often in the prompt).
-Left out: speculative decoding's rejection sampler.
+NOTE 5 (speculative decoding, ``sample_spec``): a request verifying k drafts has k + 1
+rows. Under a speculative config only MinTokens is built (seed 001 ch. 11.4), and it
+judges each row by its position (``apply_with_spec_decode``); the penalties count the
+drafts before each row as generated; the thinking budget forces its end token at the row
+it predicts (``apply_to_spec_rows``); temperature, top-k and top-p are each request's, per
+row; ``sample/rejection_sampler.py`` then keeps the drafts the target agrees with. min_p,
+logit_bias, bad words, allowed ids and logprobs are refused for such an engine
+(``engine/request_checks.py``).
 """
 # --8<-- [end:header]
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +77,7 @@ import torch
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.bad_words import apply_bad_words
 from tinyvllm.sample.metadata import SamplingMetadata
+from tinyvllm.sample.rejection_sampler import rejection_sample
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,37 @@ class Sampler:
         num_top = max(md.num_logprobs.values())
         tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[rows], num_top)
         return SamplerOutput(sampled, tensors, tuple(rows))
+
+    # --8<-- [start:sample_spec]
+    def sample_spec(
+        self, logits: torch.Tensor, md: SamplingMetadata, drafts: Sequence[Sequence[int]]
+    ) -> list[list[int]]:
+        """Speculative decoding (NOTE 5): batch row r owns ``len(drafts[r]) + 1`` rows of
+        ``logits`` ``[N, V]``; returns the tokens each request keeps (``sample/rejection_sampler.py``)."""
+        rows_per_request = [len(d) + 1 for d in drafts]
+        if logits.shape[0] != sum(rows_per_request):
+            raise ValueError(f"logits have {logits.shape[0]} rows, the drafts need {sum(rows_per_request)}")
+        logits = logits.to(torch.float32, copy=True)  # [N, V]
+        for proc in md.logitsprocs.non_argmax_invariant:  # MinTokens alone under a speculative config
+            logits = proc.apply_with_spec_decode(logits, rows_per_request)
+        if md.penalties is not None:
+            logits = md.penalties.apply_spec(logits, drafts)
+        if md.thinking_budget is not None:
+            logits = md.thinking_budget.apply_to_spec_rows(logits, rows_per_request)
+        argmax = logits.argmax(dim=-1)  # [N]
+        probs = None
+        if not md.all_greedy:
+            repeat = torch.tensor(rows_per_request, device=logits.device)
+            temperature = md.temperature.to(logits.device).repeat_interleave(repeat)  # [N]
+            logits = logits / torch.where(temperature == 0, torch.ones_like(temperature), temperature).unsqueeze(1)
+            top_k = None if md.top_k is None else md.top_k.to(logits.device).repeat_interleave(repeat)
+            top_p = None if md.top_p is None else md.top_p.to(logits.device).repeat_interleave(repeat)
+            if top_k is not None or top_p is not None:
+                logits = apply_top_k_top_p(logits, top_k, top_p)
+            probs = logits.softmax(dim=-1)  # [N, V]
+        is_greedy = (md.temperature == 0).tolist()
+        return rejection_sample(probs, argmax, drafts, is_greedy, md.generators)
+    # --8<-- [end:sample_spec]
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Steps 1-8 of the module header: one token id per row, ``[R]``."""

@@ -28,8 +28,11 @@ NOTE 1: the document's ``_update_think_state`` is a "simplified version" (its va
 are partly undefined). We keep its fields and its three force_index cases and replace
 the position bookkeeping by the token-by-token machine above: rejected drafts simply
 never reach ``_advance``, so a forced token that was rolled back is forced again.
-NOTE 2: ``sync_batch`` pops both rows of a SWAP before writing (the listing writes
-``state1`` to i2 and leaves it at i1 when i2 was empty).
+NOTE 2: ``sync_batch`` pops both rows of every move before writing. For a SWAP the
+listing writes ``state1`` to i2 and leaves it at i1 when i2 was empty. For a one-way move
+the listing pops only i1, so a destination that still holds a departed request's state
+keeps it under the moved request. Our ``condense`` lists that destination in ``removed``;
+vLLM's pops it from ``removed``, so there only the move can drop that state.
 Left out: ``bonus_token_forced`` bookkeeping of the two-call spec path (kept as a field).
 """
 # --8<-- [end:header]
@@ -287,6 +290,30 @@ class ThinkingBudgetStateHolder:
         thinking = state["in_think"] or state["in_end"]
         state["check_count_down"] = budget - think_count if thinking else budget
     # --8<-- [end:machine]
+
+    # --8<-- [start:spec_rows]
+    def apply_to_spec_rows(self, logits: torch.Tensor, rows_per_request: Sequence[int]) -> torch.Tensor:
+        """Speculative decoding's one-call layout: request r owns ``rows_per_request[r]``
+        rows (its drafts' rows, then the bonus row). A forcing request's pending end token
+        is forced at its row ``force_index``: a draft row, or the bonus row when the budget
+        runs out after every draft (appendix O.3)."""
+        if not self.is_enabled or not self._state:
+            return logits
+        offsets = [0]
+        for n in rows_per_request:
+            offsets.append(offsets[-1] + n)
+        rows, tokens = [], []
+        for seq_idx, state in self._state.items():
+            if seq_idx >= len(rows_per_request) or not state["in_end"] or not state["force_index"]:
+                continue
+            force_idx = state["force_index"][0]
+            if force_idx < rows_per_request[seq_idx]:
+                rows.append(offsets[seq_idx] + force_idx)
+                tokens.append(self.think_end_token_ids[state["end_count"]])
+        if rows:
+            logits[torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device)] = FORCED_LOGIT
+        return logits
+    # --8<-- [end:spec_rows]
 
     def apply_to_logits(
         self,

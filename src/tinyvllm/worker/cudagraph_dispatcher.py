@@ -51,6 +51,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
+from tinyvllm.config import CUDAGraphMode  # the mode lives with the compilation config, as in vLLM
 
 __all__ = [
     "AttentionCGSupport",
@@ -65,48 +66,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-# --8<-- [start:modes]
-class CUDAGraphMode(enum.Enum):
-    """How the model may run under CUDA graphs. ``NONE``, ``PIECEWISE`` and ``FULL`` are
-    single modes (and the only runtime modes); the two tuple modes name a routine for
-    uniform decode batches first and one for every other batch second."""
-
-    NONE = 0
-    PIECEWISE = 1
-    FULL = 2
-    FULL_DECODE_ONLY = (FULL, NONE)
-    FULL_AND_PIECEWISE = (FULL, PIECEWISE)
-
-    def separate_routine(self) -> bool:
-        """True for the two-mode settings: decode and mixed batches go different ways."""
-        return isinstance(self.value, tuple)
-
-    def decode_mode(self) -> CUDAGraphMode:
-        """The runtime mode for uniform decode batches."""
-        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
-
-    def mixed_mode(self) -> CUDAGraphMode:
-        """The runtime mode for prefill and mixed batches."""
-        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
-
-    def has_mode(self, mode: CUDAGraphMode) -> bool:
-        """Whether this setting can ever dispatch to the single mode ``mode``."""
-        if mode.separate_routine():
-            raise ValueError(f"has_mode takes a single mode, got {mode.name}")
-        return mode in (self.decode_mode(), self.mixed_mode())
-
-    def has_full_cudagraphs(self) -> bool:
-        return self.has_mode(CUDAGraphMode.FULL)
-
-    def has_piecewise_cudagraphs(self) -> bool:
-        return self.has_mode(CUDAGraphMode.PIECEWISE)
-
-    @classmethod
-    def valid_runtime_modes(cls) -> frozenset[CUDAGraphMode]:
-        """What ``dispatch`` may return and what a wrapper may be bound to (plus NONE)."""
-        return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
-
-
+# --8<-- [start:batch_descriptor]
 class BatchDescriptor(NamedTuple):
     """The key of one CUDA graph: the fewest facts that tell padded batches apart."""
 
@@ -115,7 +75,9 @@ class BatchDescriptor(NamedTuple):
     uniform: bool = False  # every request has the same query length (uniform decode)
     has_lora: bool = False
 
-# --8<-- [end:modes]
+# --8<-- [end:batch_descriptor]
+
+
 
 
 # --8<-- [start:resolve]

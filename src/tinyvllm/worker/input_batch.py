@@ -112,6 +112,8 @@ class InputBatch:
             BlockTable(max_num_reqs, max_num_blocks_per_req, self.device) if max_num_blocks_per_req else None
         )
         self._sampling_metadata: SamplingMetadata | None = None  # NOTE 5: valid until the batch changes
+        self.last_batch_update: BatchUpdate | None = None  # what the last refresh() handed out (tinyvllm.trace reads it)
+        self._spec_token_ids: Sequence[Sequence[int]] | None = None  # this step's drafts per row (refresh)
 
     @property
     def num_reqs(self) -> int:
@@ -267,15 +269,17 @@ class InputBatch:
         self.refresh()
 
     # --8<-- [start:refresh]
-    def refresh(self) -> BatchUpdate | None:
+    def refresh(self, spec_token_ids: Sequence[Sequence[int]] | None = None) -> BatchUpdate | None:
         """Hand this step's BatchUpdate (None: no change) to the processors and the thinking budget.
 
         Call it every step, changed or not: MinTokens and the thinking budget re-read the
-        live output lists here.
+        live output lists here. ``spec_token_ids`` (speculative decoding): each row's drafts
+        of this step, which the thinking budget plans its forcing on.
         """
+        self._spec_token_ids = spec_token_ids
         if any(req_id is None for req_id in self.req_ids):
             raise RuntimeError(f"rows {[i for i, r in enumerate(self.req_ids) if r is None]} are holes: call condense() first")
-        batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
+        batch_update = self.last_batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
         if batch_update is not None:
             self._sampling_metadata = None  # NOTE 5
         if self.penalties is not None:
@@ -301,7 +305,13 @@ class InputBatch:
 
     def _update_thinking_budget(self, batch_update: BatchUpdate | None) -> None:
         self.thinking_budget.sync_batch(batch_update)
-        self.thinking_budget.update_state(self.output_token_ids)
+        drafts = self._spec_token_ids
+        if not drafts:
+            self.thinking_budget.update_state(self.output_token_ids)
+            return
+        # The holder reads each row's outputs followed by its drafts (seed 001 ch. 13).
+        with_drafts = [list(out) + list(d) if d else out for out, d in zip(self.output_token_ids, drafts)]
+        self.thinking_budget.update_state(with_drafts, spec_token_ids=drafts)
 
     # --8<-- [start:sampling_metadata]
     def make_sampling_metadata(self) -> SamplingMetadata:

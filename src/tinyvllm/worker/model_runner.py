@@ -59,6 +59,14 @@ sends the whole list once (a preemption later recomputes the prompt but sends no
 again; one before that overwrites the same positions with the same values). Such a
 request takes no prefix-cache hit (``KVCacheManager.get_computed_blocks``), as in vLLM:
 a cached block's positions would never be computed.
+NOTE 9 (speculative decoding): a decoding request may come with drafts
+(``scheduled_spec_decode_tokens``): its step computes its last real token and its k drafts
+at once, so the logits of those k + 1 positions say, in order, whether the target agrees
+with each draft, and what follows the last one. ``sample/rejection_sampler.py`` decides
+which drafts are kept; the request's ``num_computed_tokens`` then takes back the rejected
+ones (their KV slots are written again next step). With a speculative config every step
+samples this way, requests without drafts as one row each, so the thinking budget and
+MinTokens see one row layout (``Sampler.sample_spec``).
 """
 
 from __future__ import annotations
@@ -93,7 +101,6 @@ from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.input_buffers import PAD_TOKEN_ID, InputBuffers
 
 logger = logging.getLogger(__name__)
-UNIFORM_DECODE_QUERY_LEN = 1  # no speculative decoding: a decode step has one token per request
 
 
 @dataclass
@@ -188,6 +195,7 @@ class ModelRunner:
         max_num_batched_tokens: int,
         max_model_len: int,
         compilation_config: CompilationConfig | None = None,
+        num_speculative_tokens: int = 0,
     ) -> None:
         if input_batch.block_table is None:
             raise ValueError("the runner's InputBatch needs a block table: pass max_num_blocks_per_req")
@@ -203,6 +211,10 @@ class ModelRunner:
         self.buffers = InputBuffers(max_num_batched_tokens, input_batch.max_num_reqs, self.device)
         self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
         self.last_dispatch: StepDispatch | None = None
+        # NOTE 9: with speculative decoding every step samples through the rejection
+        # sampler, and a uniform decode batch has 1 + k tokens per request.
+        self.speculative = num_speculative_tokens > 0
+        self.uniform_decode_query_len = 1 + num_speculative_tokens
         self._init_cudagraphs(compilation_config or CompilationConfig(), max_num_batched_tokens)
 
     # --8<-- [start:init_cudagraphs]
@@ -212,7 +224,10 @@ class ModelRunner:
         requested = config.cudagraph_mode
         if requested is None:
             requested = CUDAGraphMode.FULL_AND_PIECEWISE if self.device.type == "cuda" else CUDAGraphMode.NONE
-        mode = resolve_cudagraph_mode(requested, self.model.cudagraph_support, piecewise_available=True)
+        mode = resolve_cudagraph_mode(
+            requested, self.model.cudagraph_support, piecewise_available=True,
+            uniform_decode_query_len=self.uniform_decode_query_len,
+        )  # fmt: skip
         sizes = []
         if mode != CUDAGraphMode.NONE:
             sizes = resolve_capture_sizes(config, max_num_seqs, max_num_batched_tokens, self.max_model_len)
@@ -224,7 +239,7 @@ class ModelRunner:
             logger.warning("cudagraph_mode %s on %s: CUDA graphs are emulated (no speed-up)", mode.name, self.device)
         self.cudagraph_mode = mode
         self.dispatcher = CudagraphDispatcher(sizes or [1], max_num_seqs)
-        self.dispatcher.initialize_cudagraph_keys(mode, UNIFORM_DECODE_QUERY_LEN)
+        self.dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
         pool = None if self.emulate_cudagraphs or mode == CUDAGraphMode.NONE else torch.cuda.graph_pool_handle()
         pieces = self._eager_pieces()
         if mode.has_piecewise_cudagraphs():
@@ -284,7 +299,8 @@ class ModelRunner:
                     bad_words_token_ids=state.bad_words_token_ids,
                 )  # fmt: skip
         batch.condense()
-        batch.refresh()
+        spec = out.scheduled_spec_decode_tokens
+        batch.refresh(spec_token_ids=[spec.get(r, ()) for r in batch.req_ids] if spec else None)
     # --8<-- [end:update_states]
 
     # -- (b)-(d) dispatch, inputs, forward -----------------------------------------------
@@ -301,7 +317,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, AttentionMetadata]:
         """One forward over the persistent buffers; returns hidden states [N_pad, hidden]."""
         num_tokens, num_reqs = sum(num_scheduled), len(num_scheduled)
-        uniform = all(n == UNIFORM_DECODE_QUERY_LEN for n in num_scheduled)
+        uniform = all(n == self.uniform_decode_query_len for n in num_scheduled)
         if dispatch is None:
             dispatch = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform)
         mode, desc = dispatch
@@ -314,7 +330,7 @@ class ModelRunner:
             step = dataclasses.replace(step, slot_mapping=[PAD_SLOT_ID] * desc.num_tokens)
         max_query_len, max_seq_len = step.max_query_len, step.max_seq_len
         if mode == CUDAGraphMode.FULL:  # frozen into the graph: the descriptor's bounds
-            max_query_len = UNIFORM_DECODE_QUERY_LEN if desc.uniform else desc.num_tokens
+            max_query_len = self.uniform_decode_query_len if desc.uniform else desc.num_tokens
             max_seq_len = self.max_model_len
         table = self.input_batch.block_table.commit(num_padded_reqs)  # [R_pad, B_max]
         input_ids, metadata = self.buffers.fill(
@@ -351,7 +367,7 @@ class ModelRunner:
     def _dummy_run(self, mode: CUDAGraphMode, desc: BatchDescriptor) -> None:
         """Run a dummy batch shaped like ``desc`` in runtime mode ``mode`` (NOTE 5)."""
         if desc.uniform:
-            lens = [UNIFORM_DECODE_QUERY_LEN] * desc.num_reqs
+            lens = [self.uniform_decode_query_len] * desc.num_reqs
         else:  # spread evenly: no dummy request is longer than max_model_len
             num_reqs = desc.num_reqs or min(desc.num_tokens, self.input_batch.max_num_reqs)
             base, extra = divmod(desc.num_tokens, num_reqs)
@@ -398,32 +414,53 @@ class ModelRunner:
         states = [self.requests[r] for r in req_ids]
         num_sched = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
         computed = [s.num_computed_tokens for s in states]
-        token_ids = [t for s, c, n in zip(states, computed, num_sched) for t in s.token_slice(c, c + n)]
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        drafts = [spec.get(r, ()) for r in req_ids]  # NOTE 9: a request's drafts follow its last token
+        token_ids = [t for s, c, n, d in zip(states, computed, num_sched, drafts)
+                     for t in (*s.token_slice(c, c + n - len(d)), *d)]  # fmt: skip
 
         # (b)-(d): dispatch, pad into the persistent buffers, run (graph replay or eager).
         hidden, metadata = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states])
-        logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
 
         # (e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2).
-        complete = [c + n >= s.num_tokens for s, c, n in zip(states, computed, num_sched)]
+        complete = [c + n - len(d) >= s.num_tokens for s, c, n, d in zip(states, computed, num_sched, drafts)]
         saved = {row: g.get_state() for row, g in self.input_batch.generators.items() if not complete[row]}
         sampling_metadata = self.input_batch.make_sampling_metadata()
-        sampler_output = self.sampler(logits, sampling_metadata)
-        sampled = sampler_output.sampled_token_ids.tolist()  # [R]
+        logprobs: dict[str, list[LogprobEntry]] = {}
+        if self.speculative:
+            tokens = self._verify_drafts(hidden, num_sched, drafts, sampling_metadata)  # NOTE 9
+        else:
+            logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
+            sampler_output = self.sampler(logits, sampling_metadata)
+            tokens = [[token] for token in sampler_output.sampled_token_ids.tolist()]  # [R]
+            logprobs = self._sample_logprobs(sampler_output, sampling_metadata, req_ids, complete)
         for row, rng_state in saved.items():
             self.input_batch.generators[row].set_state(rng_state)
-        logprobs = self._sample_logprobs(sampler_output, sampling_metadata, req_ids, complete)
         prompt_logprobs = self._prompt_logprobs(states, computed, num_sched, hidden)
-        tokens: list[list[int]] = []
-        for state, n, done, token in zip(states, num_sched, complete, sampled):
-            state.num_computed_tokens += n
-            if done:
-                state.output_token_ids.append(token)
-            tokens.append([token] if done else [])
+        for row, (state, n, done, d) in enumerate(zip(states, num_sched, complete, drafts)):
+            kept = tokens[row] if done else []
+            state.num_computed_tokens += n - (len(d) + 1 - len(kept) if d else 0)  # rejected drafts undone
+            state.output_token_ids.extend(kept)
+            tokens[row] = kept
         return ModelRunnerOutput(  # rows 0 .. R-1
             req_ids, dict(self.input_batch.req_id_to_index), tokens, logprobs, prompt_logprobs
         )
     # --8<-- [end:execute_model]
+
+    # --8<-- [start:verify]
+    def _verify_drafts(
+        self, hidden: torch.Tensor, num_sched: list[int], drafts: list[tuple[int, ...]], metadata
+    ) -> list[list[int]]:
+        """NOTE 9: the logits of each request's last ``len(drafts) + 1`` positions, through the
+        rejection sampler; the tokens each request keeps."""
+        rows: list[int] = []
+        end = 0
+        for n, d in zip(num_sched, drafts):
+            end += n
+            rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [sum(k_r + 1), V]
+        return self.sampler.sample_spec(logits, metadata, drafts)
+    # --8<-- [end:verify]
 
     # --8<-- [start:logprobs]
     @staticmethod

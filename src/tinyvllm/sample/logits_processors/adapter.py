@@ -9,8 +9,8 @@ gets (``new_req_logits_processor``); the adapter finds the arity with
 the request's LIVE list, so the partial always sees the newest tokens), keeps the
 partials per row with ``process_dict_updates``, and applies them row by row.
 
-Seed: 001 ch. 12, appendix P. Mirrors: ``vllm/v1/sample/logits_processor/interface.py``
-(``AdapterLogitsProcessor`` lives beside the builtins there).
+Seed: 001 ch. 12, appendix P. Mirrors: ``vllm/v1/sample/logits_processor/__init__.py``
+(``AdapterLogitsProcessor`` is defined there, beside ``build_logitsprocs``).
 
 NOTE 1: a callable may edit the row in place (it is a view of the batch's logits) or
 return a new tensor; in the second case the adapter writes it back.

@@ -1,0 +1,120 @@
+"""``tinyvllm trace``: record a run and write its viewer (and, if asked, stills and JSON).
+
+    tinyvllm trace --workload seed002-prefix-caching --out trace.html
+    tinyvllm trace --prompts prompts.txt --max-tokens 8 --block-size 16 \\
+        --max-num-batched-tokens 32 --num-gpu-blocks-override 24 --out trace.html
+
+``--workload NAME`` replays a built-in example (``workloads.py``; ``--list`` prints them).
+``--prompts FILE`` runs any prompts, one per line (blank lines skipped), through an engine
+built from the same flags as ``tinyvllm generate`` (``--model``, ``--cudagraph-mode``, ...)
+and three that shape the picture: ``--block-size``, ``--max-num-seqs`` and
+``--max-num-batched-tokens``; ``--max-tokens`` (default 16), ``--temperature`` (default 0,
+greedy) and ``--seed`` set the sampling. ``--out`` (default ``trace.html``) is the viewer;
+``--svg-dir DIR`` also writes every step's still (``step-NN.svg``) and the whole-run
+pictures that apply (``budget.svg``, ``tables.svg``, ``padding.svg``); ``--json PATH`` the
+trace itself.
+
+Errors follow ``tinyvllm/cli.py``: a bad value is one line on stderr and exit status 2.
+Torch is imported only for the workloads and runs that need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tinyvllm.trace.workloads import WORKLOADS
+
+DESCRIPTION = "record every engine step of a run and write a self-contained HTML viewer (inline SVG, no network)"
+
+
+def add_arguments(p: argparse.ArgumentParser, add_model_arg, add_engine_args) -> None:
+    """The ``trace`` subcommand's flags; the model and engine flags are ``generate``'s own."""
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--workload", choices=sorted(WORKLOADS), help="a built-in example (see --list)")
+    what.add_argument("--prompts", metavar="FILE", help="a text file of prompts, one per line")
+    what.add_argument("--list", action="store_true", help="list the built-in workloads and exit")
+    p.add_argument("--out", default="trace.html", help="the viewer to write (default: trace.html)")
+    p.add_argument("--svg-dir", default=None, metavar="DIR", help="also write every step's SVG into DIR")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the trace as JSON")
+    p.add_argument("--title", default=None, help="the viewer's title (--prompts)")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate per prompt (default: 16)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="the most requests in a step (default: 256)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="the token budget of a step")
+    add_model_arg(p)
+    add_engine_args(p)
+
+
+def read_prompts(path: str) -> list[str]:
+    """The non-blank lines of ``path`` (ValueError when there is none)."""
+    lines = [line.rstrip("\r") for line in Path(path).read_text(encoding="utf-8").split("\n")]
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise ValueError(f"--prompts {path}: the file holds no prompt (one per line)")
+    return prompts
+
+
+def record_prompts(args, llm_from_args):
+    """Run ``--prompts`` through the engine the flags describe, recording every step."""
+    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.trace.recorder import record
+
+    prompts = read_prompts(args.prompts)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    llm = llm_from_args(args)
+    title = args.title or f"{len(prompts)} prompts on {Path(args.model).name}, block size {args.block_size}"
+    description = f"tinyvllm trace --prompts {args.prompts}: max_tokens {args.max_tokens}, temperature {args.temperature}"
+    with record(llm, title=title, description=description) as recorder:
+        llm.generate(prompts, params, use_tqdm=False)
+    return recorder.trace
+
+
+def write_outputs(trace, args) -> list[Path]:
+    from tinyvllm.trace.svg_runs import RUN_FIGURES
+    from tinyvllm.trace.viewer import write_html, write_svgs
+
+    written = [write_html(trace, args.out)]
+    if args.svg_dir:
+        written += write_svgs(trace, args.svg_dir)
+        for name, draw in RUN_FIGURES.items():
+            try:
+                svg = draw(trace)
+            except ValueError:  # nothing of that kind in this trace
+                continue
+            path = Path(args.svg_dir) / f"{name}.svg"
+            path.write_text(svg, encoding="utf-8")
+            written.append(path)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(trace.to_json(), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def run(args, check_engine_args, llm_from_args) -> int:
+    """``tinyvllm trace``; the two functions are ``cli.py``'s (checks without torch, the engine)."""
+    if args.list:
+        for name, workload in WORKLOADS.items():
+            print(f"{name:24} {workload.title}")
+        return 0
+    for flag, value in (("--max-tokens", args.max_tokens), ("--block-size", args.block_size), ("--max-num-seqs", args.max_num_seqs)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
+        raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
+    if args.workload:
+        from tinyvllm.trace.workloads import run_workload
+
+        trace = run_workload(args.workload)
+    else:
+        read_prompts(args.prompts)  # a missing or empty file fails before torch is imported
+        check_engine_args(args)
+        trace = record_prompts(args, llm_from_args)
+    written = write_outputs(trace, args)
+    print(f"[tinyvllm] {len(trace.steps)} steps of {trace.title!r}: wrote {', '.join(map(str, written[:3]))}"
+          + (f" and {len(written) - 3} more files" if len(written) > 3 else ""))  # fmt: skip
+    return 0

@@ -1,0 +1,213 @@
+"""What every snapshot of a trace must satisfy, checked the way ``check_invariants()`` is.
+
+Concept: a snapshot is a copy of the engine's state, so the engine's own invariants hold
+in it, and the parts must agree with one another: the free queue with the blocks'
+``free_position``, each block's ``ref_cnt`` with the block tables that hold it, the
+prefix cache map with the blocks' hashes, the scheduler's decisions with the requests'
+progress, the persistent batch's update with its rows, the dispatch's padding with the
+capture sizes, and every slot written with the block table of its request. The recorder
+runs ``check_snapshot`` on every snapshot it takes (``Recorder(check=True)``, the default);
+a broken one raises ``AssertionError`` naming the step and the values involved.
+
+Follows: the invariants stated in ``core/block_pool.py``, ``core/kv_cache_manager.py``,
+``core/scheduler.py``, ``worker/input_batch.py``, ``worker/cudagraph_dispatcher.py`` and
+``worker/attention_metadata.py`` (slots), restated over the snapshot's plain values.
+Mirrors: nothing in vLLM.
+
+NOTE 1 (what is not checked): a request's status is only checked when the trace has
+scheduler decisions: a trace that drives the KV cache manager by hand (seed 002 §3.2)
+never moves its requests out of WAITING. A finished request has left the snapshot, so the
+slots it wrote in its last step are checked against the slot arithmetic only.
+"""
+
+from __future__ import annotations
+
+from tinyvllm.trace.snapshot import KINDS, StepSnapshot, Trace
+
+RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
+
+
+def check_trace(trace: Trace) -> None:
+    """Every snapshot's invariants, and step indices 0, 1, 2, ..."""
+    for index, snapshot in enumerate(trace.steps):
+        assert snapshot.index == index, f"step {index} carries index {snapshot.index}"
+        check_snapshot(snapshot, trace.block_size, trace.num_blocks)
+
+
+def check_snapshot(snapshot: StepSnapshot, block_size: int, num_blocks: int) -> None:
+    """Assert the invariants of one snapshot (module header); AssertionError names the step."""
+    where = f"step {snapshot.index} ({snapshot.label!r})"
+    _check_pool(snapshot, block_size, num_blocks, where)
+    _check_requests(snapshot, block_size, where)
+    if snapshot.scheduler is not None:
+        _check_scheduler(snapshot, block_size, where)
+    if snapshot.batch is not None:
+        _check_batch(snapshot, where)
+    if snapshot.dispatch is not None:
+        _check_dispatch(snapshot, where)
+    _check_slots(snapshot, block_size, num_blocks, where)
+
+
+def _check_pool(s: StepSnapshot, block_size: int, num_blocks: int, where: str) -> None:
+    assert len(s.blocks) == num_blocks, f"{where}: {len(s.blocks)} blocks in a pool of {num_blocks}"
+    assert [b.block_id for b in s.blocks] == list(range(num_blocks)), f"{where}: block ids are not 0..{num_blocks - 1}"
+    assert len(set(s.free_queue)) == len(s.free_queue), f"{where}: a block is twice in the free queue {s.free_queue}"
+    for block in s.blocks:
+        free = block.free_position is not None
+        assert block.ref_cnt >= 0, f"{where}: block {block.block_id} has ref_cnt {block.ref_cnt}"
+        assert free == (block.ref_cnt == 0), (
+            f"{where}: block {block.block_id} has ref_cnt {block.ref_cnt} and free_position {block.free_position}"
+        )
+        if free:
+            assert s.free_queue[block.free_position] == block.block_id, (
+                f"{where}: block {block.block_id} says free_position {block.free_position}, the queue is {s.free_queue}"
+            )
+        assert (block.block_hash is None) == (not block.hash_tokens), f"{where}: block {block.block_id}: hash without tokens"
+        if block.hash_tokens:
+            assert len(block.hash_tokens) == block_size, (
+                f"{where}: block {block.block_id} is cached with {len(block.hash_tokens)} tokens, not {block_size}"
+            )
+    assert len(s.free_queue) == sum(b.free_position is not None for b in s.blocks), (
+        f"{where}: the free queue has {len(s.free_queue)} blocks, {sum(b.ref_cnt == 0 for b in s.blocks)} have ref_cnt 0"
+    )
+    listed: dict[int, str] = {}
+    assert len({h for h, _ in s.hash_map}) == len(s.hash_map), f"{where}: a hash is listed twice in the map"
+    for block_hash, ids in s.hash_map:
+        assert ids, f"{where}: hash {block_hash} maps to no block"
+        for block_id in ids:
+            assert block_id not in listed, f"{where}: block {block_id} is listed under two hashes"
+            listed[block_id] = block_hash
+            assert s.blocks[block_id].block_hash == block_hash, (
+                f"{where}: the map lists block {block_id} under {block_hash}, it carries {s.blocks[block_id].block_hash}"
+            )
+    orphans = [b.block_id for b in s.blocks if b.block_hash is not None and b.block_id not in listed]
+    assert not orphans, f"{where}: blocks {orphans} carry a hash the map does not list"
+    holders: dict[int, int] = {}
+    for request in s.requests:
+        for block_id in request.block_ids:
+            holders[block_id] = holders.get(block_id, 0) + 1
+    for block in s.blocks:
+        assert block.ref_cnt == holders.get(block.block_id, 0), (
+            f"{where}: block {block.block_id} has ref_cnt {block.ref_cnt} but "
+            f"{holders.get(block.block_id, 0)} block tables hold it"
+        )
+
+
+def _check_requests(s: StepSnapshot, block_size: int, where: str) -> None:
+    ids = [r.request_id for r in s.requests]
+    assert len(ids) == len(set(ids)), f"{where}: a request is listed twice: {ids}"
+    for r in s.requests:
+        label = f"{where}: request {r.request_id!r}"
+        assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{label}: {r.num_computed_tokens} of {r.num_tokens} computed"
+        assert 0 < r.num_prompt_tokens <= r.num_tokens, f"{label}: prompt of {r.num_prompt_tokens} of {r.num_tokens} tokens"
+        assert len(set(r.block_ids)) == len(r.block_ids), f"{label}: a block twice in its table {r.block_ids}"
+        if block_size:
+            assert len(r.block_ids) * block_size >= r.num_computed_tokens, (
+                f"{label}: {len(r.block_ids)} blocks of {block_size} hold {r.num_computed_tokens} computed tokens"
+            )
+        assert 0 <= r.num_cached_blocks <= len(r.block_ids), f"{label}: {r.num_cached_blocks} cached of {len(r.block_ids)}"
+        for block_id in r.block_ids[: r.num_cached_blocks]:
+            assert s.blocks[block_id].block_hash is not None, f"{label}: cached block {block_id} carries no hash"
+
+
+def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
+    d = s.scheduler
+    assert d.tokens_used <= d.token_budget, f"{where}: {d.tokens_used} tokens scheduled > budget {d.token_budget}"
+    scheduled = [x.request_id for x in d.scheduled]
+    assert len(scheduled) == len(set(scheduled)), f"{where}: a request is scheduled twice: {scheduled}"
+    assert not set(d.waiting) & set(d.running), f"{where}: in both queues: {set(d.waiting) & set(d.running)}"
+    queued = set(d.waiting) | set(d.running)
+    assert queued == {r.request_id for r in s.requests}, (
+        f"{where}: queued {sorted(queued)} != unfinished {sorted(r.request_id for r in s.requests)}"
+    )
+    assert not set(d.preempted) & set(scheduled), f"{where}: preempted and scheduled: {set(d.preempted) & set(scheduled)}"
+    assert set(d.preempted) <= set(d.waiting) | set(d.finished), f"{where}: preempted {d.preempted} are not waiting"
+    for r in s.requests:
+        if r.request_id in d.running:
+            assert r.status == "RUNNING", f"{where}: running request {r.request_id!r} has status {r.status}"
+        else:
+            assert r.status in ("WAITING", "PREEMPTED"), f"{where}: waiting request {r.request_id!r} has status {r.status}"
+            assert not r.block_ids and r.num_computed_tokens == 0, (
+                f"{where}: waiting request {r.request_id!r} holds blocks {r.block_ids}, {r.num_computed_tokens} computed"
+            )
+    for x in d.scheduled:
+        label = f"{where}: scheduled {x.request_id!r}"
+        assert x.num_tokens > 0 and x.start >= 0, f"{label}: {x.num_tokens} tokens from {x.start}"
+        assert x.kind in KINDS, f"{label}: kind {x.kind!r}"
+        assert 0 <= x.num_draft_tokens < x.num_tokens, f"{label}: {x.num_draft_tokens} drafts of {x.num_tokens} tokens"
+        assert x.kind != "decode" or x.num_tokens - x.num_draft_tokens == 1, (
+            f"{label}: a decode of {x.num_tokens} tokens with {x.num_draft_tokens} drafts"
+        )
+        assert x.kind != "chunk" or not x.new_token_ids, f"{label}: a partial prefill sampled {x.new_token_ids}"
+        if x.admitted is not None:
+            assert x.admitted in ("new", "resumed") and x.start == x.num_hit_tokens, (
+                f"{label}: admitted {x.admitted!r} at {x.start} with {x.num_hit_tokens} hit tokens"
+            )
+            assert not block_size or x.num_hit_tokens % block_size == 0, f"{label}: {x.num_hit_tokens} hit tokens"
+        request = s.request(x.request_id)
+        if request is not None and x.request_id in d.running:  # rejected drafts are not computed
+            end = x.start + x.num_tokens
+            assert end - x.num_draft_tokens <= request.num_computed_tokens <= end, (
+                f"{label}: {request.num_computed_tokens} computed after a step of {x.num_tokens} from {x.start}"
+            )
+
+
+def _check_batch(s: StepSnapshot, where: str) -> None:
+    b = s.batch
+    assert len(set(b.rows)) == len(b.rows), f"{where}: a request holds two rows: {b.rows}"
+    assert b.replay() == b.rows, (
+        f"{where}: rows {b.previous_rows} with removed {b.removed}, added {b.added}, moved {b.moved} "
+        f"give {b.replay()}, not {b.rows}"
+    )
+    if not b.changed:
+        assert not (b.removed or b.added or b.moved), f"{where}: an unchanged batch with an update"
+    if s.scheduler is not None and (s.scheduler.scheduled or b.rows):
+        want = {x.request_id for x in s.scheduler.scheduled}
+        assert set(b.rows) == want, f"{where}: batch rows {b.rows} != the step's requests {sorted(want)}"
+
+
+def _check_dispatch(s: StepSnapshot, where: str) -> None:
+    d = s.dispatch
+    assert d.runtime_mode in RUNTIME_MODES, f"{where}: runtime mode {d.runtime_mode!r}"
+    assert d.padded_num_tokens >= d.num_tokens, f"{where}: {d.num_tokens} tokens padded to {d.padded_num_tokens}"
+    if d.runtime_mode == "NONE":
+        assert d.num_padding_tokens == 0, f"{where}: an eager step padded {d.num_padding_tokens} tokens"
+    else:
+        assert d.padded_num_tokens in d.capture_sizes, (
+            f"{where}: {d.runtime_mode} replays {d.padded_num_tokens} tokens, not a capture size of {d.capture_sizes}"
+        )
+    if d.runtime_mode == "FULL":
+        assert d.padded_num_reqs is not None and d.padded_num_reqs >= d.num_reqs, (
+            f"{where}: a FULL graph for {d.padded_num_reqs} requests runs {d.num_reqs}"
+        )
+    if d.runtime_mode == "PIECEWISE":
+        assert d.padded_num_reqs is None, f"{where}: a PIECEWISE key names {d.padded_num_reqs} requests"
+    if s.scheduler is not None:
+        assert (d.num_tokens, d.num_reqs) == (s.scheduler.tokens_used, len(s.scheduler.scheduled)), (
+            f"{where}: dispatch of {d.num_tokens} tokens, {d.num_reqs} requests; the scheduler ran "
+            f"{s.scheduler.tokens_used} tokens of {len(s.scheduler.scheduled)} requests"
+        )
+
+
+def _check_slots(s: StepSnapshot, block_size: int, num_blocks: int, where: str) -> None:
+    if not s.slots:
+        return
+    assert block_size > 0, f"{where}: slots written without a KV cache"
+    slots = [w.slot for w in s.slots]
+    assert len(set(slots)) == len(slots), f"{where}: a slot is written twice: {sorted(slots)}"
+    positions = [(w.request_id, w.position) for w in s.slots]
+    assert len(set(positions)) == len(positions), f"{where}: a position is written twice"
+    for w in s.slots:
+        assert 0 <= w.slot < num_blocks * block_size, f"{where}: slot {w.slot} outside {num_blocks} blocks of {block_size}"
+        request = s.request(w.request_id)
+        if request is not None and request.block_ids:  # NOTE 1
+            index = w.position // block_size
+            assert index < len(request.block_ids), f"{where}: {w.request_id!r} position {w.position} past its blocks"
+            want = request.block_ids[index] * block_size + w.position % block_size
+            assert w.slot == want, f"{where}: {w.request_id!r} position {w.position} wrote slot {w.slot}, its table says {want}"
+    if s.scheduler is not None:
+        for x in s.scheduler.scheduled:
+            got = sorted(w.position for w in s.slots if w.request_id == x.request_id)
+            assert got == list(range(x.start, x.start + x.num_tokens)), (
+                f"{where}: {x.request_id!r} wrote positions {got}, it was scheduled {x.start}..{x.start + x.num_tokens - 1}"
+            )

@@ -1,0 +1,273 @@
+"""The trace schema: one frozen snapshot per engine step, and the trace that holds them.
+
+Concept: everything a picture of one step needs, copied out of the live objects into plain
+frozen dataclasses of ints, strs, bools, tuples and None, so that a snapshot can never
+change after it was taken and turns into JSON (and back) with no custom encoder. A
+``StepSnapshot`` has up to seven parts; a part is empty (or None) when the recorded object
+has no such state (a trace of a lone ``KVCacheManager`` has no scheduler decisions, one of
+an ``InputBatch`` no blocks):
+
+- the block pool: every block's ``ref_cnt``, content hash and place in the free queue, the
+  free queue from head to tail, and the prefix cache map (hash -> block ids, caching order);
+- the requests: status, tokens, ``num_computed_tokens``, block table;
+- the scheduler's decisions (``SchedulerStep``): who ran, how many tokens, prefill, chunk
+  or decode, prefix hits at admission, the token budget, preemptions, the two queues;
+- the persistent batch (``BatchState``): its rows before and after, and the step's
+  ``BatchUpdate`` (removed, added, moved);
+- the CUDA-graph dispatch (``DispatchState``): runtime mode, ``BatchDescriptor``, padding;
+- the slots the step wrote (``SlotWrite``: request, position, slot of the paged cache).
+
+Follows: seed 002 §3.2 (the figures: orange block tables, yellow prefix cache, blue free
+queue), seed 004 "Duplication", seed 003 "KV cache物理内存分配" (the cache tensor and its
+slots), seed 001 appendix U2 (rows and holes), seed 000 (``BatchDescriptor``, padding).
+Mirrors: nothing in vLLM (its state is read in a debugger or in logs).
+
+Invariants: every field is a plain value (``to_dict`` is ``dataclasses.asdict``; a
+``Trace`` read back with ``Trace.from_json`` equals the one written). What the values must
+satisfy among themselves is checked by ``tinyvllm/trace/invariants.py``.
+
+NOTE 1 (hashes as text): a block's ``BlockHash`` is a tuple of a large int, the block's
+tokens and extra keys. A snapshot keeps the hash value as 16 hex digits (the low 64 bits,
+enough to tell the blocks of a trace apart in a picture) and the tokens separately.
+NOTE 2 (``kind``): a step's tokens of one request are a ``"decode"`` (one token past the
+prompt), a ``"prefill"`` (the tokens up to the end of what the request has, so a token is
+sampled: a whole prompt, the last chunk of one, or a recomputation after preemption) or a
+``"chunk"`` (a partial prefill: the step stops inside the prompt and samples nothing,
+seed 002's R3). A decode that verifies speculative drafts schedules them too
+(``num_draft_tokens``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA_VERSION = 1
+PANELS = ("scheduler", "block_tables", "block_pool", "free_queue", "prefix_cache", "batch", "dispatch", "kv_cache")
+KINDS = ("prefill", "chunk", "decode")  # NOTE 2
+
+
+# --8<-- [start:schema]
+@dataclass(frozen=True)
+class BlockState:
+    """One KV-cache block as the pool sees it."""
+
+    block_id: int
+    ref_cnt: int
+    block_hash: str | None  # 16 hex digits of the content hash (NOTE 1); None: not in the prefix cache
+    hash_tokens: tuple[int, ...]  # the tokens the hash covers; () when not cached
+    free_position: int | None  # 0 = the head of the free queue (reused first); None: in use
+
+
+@dataclass(frozen=True)
+class RequestState:
+    """One unfinished request: its tokens, progress and block table."""
+
+    request_id: str
+    status: str  # "WAITING", "RUNNING" or "PREEMPTED"
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    token_ids: tuple[int, ...]  # prompt + outputs so far
+    block_ids: tuple[int, ...]  # the block table, in order
+    num_cached_blocks: int  # leading blocks that are in the prefix cache
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """What one request did in the step."""
+
+    request_id: str
+    start: int  # the position of the step's first token (num_computed_tokens before the step)
+    num_tokens: int  # tokens scheduled (speculative drafts included)
+    num_draft_tokens: int  # of those, drafts to verify (speculative decoding; 0 without)
+    kind: str  # "prefill", "chunk" or "decode" (NOTE 2)
+    admitted: str | None  # "new" or "resumed" when it left the waiting queue this step, else None
+    num_hit_tokens: int  # prefix-cache tokens found at admission (0 when not admitted this step)
+    new_block_ids: tuple[int, ...]  # blocks it got this step (its whole table when admitted)
+    new_token_ids: tuple[int, ...]  # tokens sampled and kept this step
+    finish_reason: str | None  # "stop", "length" or "abort" when it finished this step
+
+
+@dataclass(frozen=True)
+class SchedulerStep:
+    """The scheduler's decisions in one step, and its queues after it."""
+
+    token_budget: int  # max_num_batched_tokens
+    scheduled: tuple[ScheduledRequest, ...]  # in scheduling order: running first, then admitted
+    preempted: tuple[str, ...]  # preempted in this step (they went to the front of waiting)
+    finished: tuple[str, ...]  # finished in this step, in any way
+    waiting: tuple[str, ...]  # after the step, front first
+    running: tuple[str, ...]  # after the step, in order
+
+    @property
+    def tokens_used(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+@dataclass(frozen=True)
+class BatchMove:
+    """One move of a ``BatchUpdate``: ``src -> dst`` (UNIDIRECTIONAL) or ``src <-> dst`` (SWAP)."""
+
+    src: int
+    dst: int
+    direction: str  # "UNIDIRECTIONAL" or "SWAP"
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """The persistent batch's rows around one step and the step's ``BatchUpdate``."""
+
+    previous_rows: tuple[str, ...]  # row -> request id after the previous step
+    rows: tuple[str, ...]  # row -> request id after this step (no holes: condensed)
+    removed: tuple[int, ...]  # rows left empty by removals (highest first), as the update says
+    added: tuple[tuple[int, str], ...]  # (row, request id) per new arrival
+    moved: tuple[BatchMove, ...]
+    changed: bool  # False: ``refresh`` found no change (its BatchUpdate was None)
+
+    def rows_before_moves(self) -> tuple[str | None, ...]:
+        """The rows once removals and additions are applied, before the moves (None: a hole).
+        A removed row that a newcomer filled is not in ``removed``: the newcomer overwrites it."""
+        rows: list[str | None] = list(self.previous_rows)
+        for row in self.removed:
+            if row < len(rows):
+                rows[row] = None
+        for row, request_id in self.added:
+            rows.extend([None] * (row + 1 - len(rows)))
+            rows[row] = request_id
+        return tuple(rows)
+
+    def replay(self) -> tuple[str | None, ...]:
+        """``previous_rows`` with the update applied (removed -> added -> moved), trailing holes
+        dropped: equal to ``rows`` for every update the persistent batch makes."""
+        rows = list(self.rows_before_moves())
+        for move in self.moved:
+            if move.direction == "SWAP":
+                rows[move.src], rows[move.dst] = rows[move.dst], rows[move.src]
+            else:
+                rows[move.dst], rows[move.src] = rows[move.src], None
+        while rows and rows[-1] is None:
+            rows.pop()
+        return tuple(rows)
+
+
+@dataclass(frozen=True)
+class DispatchState:
+    """How the step ran under CUDA graphs (``ModelRunner.last_dispatch``)."""
+
+    runtime_mode: str  # "NONE", "PIECEWISE" or "FULL"
+    num_tokens: int  # real tokens
+    num_reqs: int  # real requests
+    uniform_decode: bool
+    padded_num_tokens: int  # BatchDescriptor.num_tokens
+    padded_num_reqs: int | None  # BatchDescriptor.num_reqs (None: the graph ignores it)
+    descriptor_uniform: bool  # BatchDescriptor.uniform
+    capture_sizes: tuple[int, ...]
+
+    @property
+    def num_padding_tokens(self) -> int:
+        return self.padded_num_tokens - self.num_tokens
+
+
+@dataclass(frozen=True)
+class SlotWrite:
+    """One token's key and value written into the paged cache."""
+
+    request_id: str
+    position: int
+    slot: int  # block_id * block_size + offset
+
+
+@dataclass(frozen=True)
+class StepSnapshot:
+    """Everything drawn for one step (see the module header)."""
+
+    index: int
+    label: str
+    note: str
+    blocks: tuple[BlockState, ...]
+    free_queue: tuple[int, ...]  # block ids, head (reused first) -> tail
+    hash_map: tuple[tuple[str, tuple[int, ...]], ...]  # (hash, block ids in caching order)
+    requests: tuple[RequestState, ...]
+    scheduler: SchedulerStep | None
+    batch: BatchState | None
+    dispatch: DispatchState | None
+    slots: tuple[SlotWrite, ...]
+
+    def request(self, request_id: str) -> RequestState | None:
+        return next((r for r in self.requests if r.request_id == request_id), None)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+# --8<-- [end:schema]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A recorded run: what was recorded, how to draw it, and one snapshot per step."""
+
+    title: str
+    description: str
+    source: str  # the recorded object's class: "LLMEngine", "Scheduler", "KVCacheManager", "InputBatch"
+    block_size: int  # 0: no KV cache was recorded
+    num_blocks: int
+    panels: tuple[str, ...]  # which parts the pictures draw, in PANELS order
+    token_text: tuple[tuple[int, str], ...]  # how to print a token id (ids missing here print as numbers)
+    steps: tuple[StepSnapshot, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, **dataclasses.asdict(self)}
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trace:
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"trace schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
+        return _build(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Trace:
+        return cls.from_dict(json.loads(text))
+
+    def token_label(self, token_id: int) -> str:
+        return dict(self.token_text).get(token_id, str(token_id))
+
+
+# The dataclass of each nested field (and of the items of tuple fields), for from_dict.
+_NESTED: dict[str, type] = {
+    "steps": StepSnapshot,
+    "blocks": BlockState,
+    "requests": RequestState,
+    "scheduler": SchedulerStep,
+    "scheduled": ScheduledRequest,
+    "batch": BatchState,
+    "moved": BatchMove,
+    "dispatch": DispatchState,
+    "slots": SlotWrite,
+}
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists back to (nested) tuples."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = data[f.name]
+        nested = _NESTED.get(f.name)
+        if nested is not None and value is not None:
+            value = tuple(_build(nested, v) for v in value) if isinstance(value, list) else _build(nested, value)
+        else:
+            value = _tuples(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)

@@ -1,0 +1,310 @@
+"""Speculative decoding through the engine (n-gram prompt lookup): greedy output equals greedy
+output without it, token for token, under chunked prefill, preemption, prefix hits, aborts
+and every cudagraph_mode; seeded sampling is reproducible; MinTokens and the thinking
+budget act on draft positions as they would one token at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.config import SpeculativeConfig
+
+SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+LOOP = [5, 6, 7, 8, 9, 10] * 3  # repeats itself: the proposer finds drafts at once
+PROMPTS = [LOOP, list(range(20, 40)) * 2, [7, 300, 12, 44, 7, 300], LOOP[:9] + [99, 98, 97]]
+
+
+def greedy(max_tokens: int = 16, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def make_llm(folder, spec: dict | None = SPEC, **kw) -> LLM:
+    kw = {"device": "cpu", "max_model_len": 96, "block_size": 4, **kw}
+    return LLM(str(folder), speculative_config=spec, **kw)
+
+
+def run(llm: LLM, prompts, params) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+def test_greedy_with_speculation_equals_greedy_without(tiny_model_dirs, family):
+    folder = tiny_model_dirs[family]
+    expected = run(make_llm(folder, None), PROMPTS, greedy())
+    spec = make_llm(folder)
+    assert run(spec, PROMPTS, greedy()) == expected
+    stats = spec.engine.scheduler.spec_stats
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0  # drafts were verified and kept
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"max_num_batched_tokens": 7},  # chunked prefills, and drafts cut to what the budget leaves
+        {"num_gpu_blocks_override": 26, "max_num_seqs": 4},  # preemption with drafts in flight
+        {"enable_prefix_caching": True},  # the second round hits the first round's blocks
+    ],
+    ids=["chunked", "preemption", "prefix_hits"],
+)
+def test_greedy_equivalence_under_the_schedulers_corner_cases(tiny_model_dirs, kw):
+    folder = tiny_model_dirs["qwen3"]
+    expected = run(make_llm(folder, None), PROMPTS, greedy(24))
+    spec = make_llm(folder, **kw)
+    for _ in range(2):
+        assert run(spec, PROMPTS, greedy(24)) == expected
+    scheduler = spec.engine.scheduler
+    if "num_gpu_blocks_override" in kw:
+        assert scheduler.num_preemptions > 0
+    if kw.get("enable_prefix_caching"):
+        assert scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
+    kv = scheduler.kv_cache_manager
+    assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks
+
+
+def test_an_abort_with_drafts_in_flight_frees_everything_and_the_rest_carry_on(tiny_model_dirs):
+    folder = tiny_model_dirs["qwen3"]
+    expected = run(make_llm(folder, None), PROMPTS[1:], greedy(20))
+    spec = make_llm(folder)
+    engine = spec.engine
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, greedy(20))
+    for _ in range(3):
+        engine.step()
+    assert engine.scheduler.requests["0"].spec_token_ids  # the aborted one carries drafts
+    engine.abort_request("0")
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
+    assert [finished[str(i)] for i in range(1, 4)] == expected
+    kv = engine.scheduler.kv_cache_manager
+    assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_greedy_equivalence_under_every_cudagraph_mode(tiny_model_dirs, mode):
+    """Emulated graphs on the CPU, the Triton backend (ALWAYS): a batch in which every request
+    verifies k drafts is a uniform decode of 1 + k tokens per request, served by FULL graphs."""
+    folder = tiny_model_dirs["qwen3"]
+    common = dict(block_size=16, attention_backend="triton", max_num_seqs=2)
+    prompts = [LOOP]  # alone, so that every step with 3 drafts is a uniform batch
+    expected = run(make_llm(folder, None, **common), prompts, greedy(16))
+    config = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8]}
+    spec = make_llm(folder, compilation_config=config, **common)
+    runner = spec.engine.model_runner
+    assert runner.uniform_decode_query_len == 4
+    assert run(spec, prompts, greedy(16)) == expected
+    if mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        assert runner.cudagraph_stats[runner.cudagraph_mode.decode_mode()] > 0
+
+
+@pytest.mark.seed("000:cgsupport")
+@pytest.mark.parametrize(
+    "support, mode",
+    [("UNIFORM_BATCH", "FULL_AND_PIECEWISE"), ("UNIFORM_SINGLE_TOKEN_DECODE", "PIECEWISE")],
+)
+def test_a_backend_without_uniform_batch_gets_no_full_graph_for_verification(tiny_model_dirs, monkeypatch, caplog, support, mode):
+    """Seed 000's UNIFORM_BATCH: a verification batch has 1 + k tokens per request, so a
+    backend that captures only single-token decodes loses its FULL decode graphs (downgraded
+    to PIECEWISE, one line logged); one that declares UNIFORM_BATCH keeps them and serves the
+    drafts from them. Greedy output is the same either way."""
+    import dataclasses
+    import logging
+
+    from tinyvllm.attention.cudagraph_support import AttentionCGSupport
+    from tinyvllm.config import CUDAGraphMode
+    from tinyvllm.models import llama
+
+    backend = llama.ATTENTION_BACKENDS["triton"]
+    declared = dataclasses.replace(backend, cudagraph_support=AttentionCGSupport[support])
+    monkeypatch.setitem(llama.ATTENTION_BACKENDS, "triton", declared)
+    folder = tiny_model_dirs["qwen3"]
+    common = dict(block_size=16, attention_backend="triton", max_num_seqs=2)
+    expected = run(make_llm(folder, None, **common), [LOOP], greedy(12))
+    config = {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]}
+    with caplog.at_level(logging.WARNING):
+        spec = make_llm(folder, compilation_config=config, **common)
+    runner = spec.engine.model_runner
+    assert runner.cudagraph_mode == CUDAGraphMode[mode]
+    downgraded = "decode batches of 4 tokens per request need UNIFORM_BATCH, not UNIFORM_SINGLE_TOKEN_DECODE"
+    assert (downgraded in caplog.text) == (mode == "PIECEWISE")
+    assert run(spec, [LOOP], greedy(12)) == expected
+    assert spec.engine.scheduler.spec_stats.num_drafts > 0
+    assert (runner.cudagraph_stats[CUDAGraphMode.FULL] > 0) == (mode == "FULL_AND_PIECEWISE")
+
+
+def test_a_seeded_stream_is_reproducible_under_speculation(tiny_model_dirs):
+    folder = tiny_model_dirs["qwen3"]
+    params = SamplingParams(temperature=1.0, top_k=8, max_tokens=20, ignore_eos=True, seed=11)
+    first = run(make_llm(folder), [LOOP], params)
+    crowded = make_llm(folder, max_model_len=48, num_gpu_blocks_override=14, max_num_seqs=4)
+    again = run(crowded, [LOOP, PROMPTS[2], PROMPTS[3]], params)[0]
+    assert crowded.engine.scheduler.num_preemptions > 0
+    assert first == [again]
+
+
+def test_min_tokens_masks_the_stop_token_on_each_draft_position(tiny_model_dirs):
+    """Seed 001 ch. 10's ``apply_with_spec_decode``, reached by a real step: the EOS id that
+    greedy would pick first is masked until ``min_tokens`` outputs, draft rows included."""
+    folder = tiny_model_dirs["qwen3"]
+    plain = make_llm(folder, None)
+    [free] = run(plain, [LOOP], greedy(12))
+    stop = free[0]  # what greedy writes first: MinTokens must hold it back for 6 tokens
+    params = SamplingParams(temperature=0, max_tokens=12, min_tokens=6, stop_token_ids=[stop])
+    expected = run(plain, [LOOP], params)
+    spec = make_llm(folder)
+    calls = []
+    proc = spec.engine.model_runner.input_batch.logitsprocs.non_argmax_invariant[0]
+    original = proc.apply_with_spec_decode
+    proc.apply_with_spec_decode = lambda logits, rows: calls.append(list(rows)) or original(logits, rows)
+    got = run(spec, [LOOP], params)
+    assert got == expected and stop not in got[0][:6] and len(got[0]) >= 6
+    assert any(rows[0] > 1 for rows in calls)  # steps with drafts went through the per-position mask
+
+
+def test_the_thinking_budget_forces_on_draft_positions(tiny_model_dirs):
+    """Seed 001 ch. 13 / appendix T2: with drafts in flight the budget runs out at a draft
+    position, which is forced there; the tokens equal those of a run without speculation."""
+    folder = tiny_model_dirs["qwen3"]
+    prompt = [1] + LOOP  # <think> (id 1) opens a section: the loop is thinking
+    params = greedy(16, thinking_token_budget=5)
+    expected = run(make_llm(folder, None), [prompt], params)
+    spec = make_llm(folder)
+    got = run(spec, [prompt], params)
+    assert got == expected
+    assert got[0][5] == 2  # </think> (id 2) forced as the sixth token: after exactly 5 thinking tokens
+    assert spec.engine.scheduler.spec_stats.num_draft_tokens > 0
+
+
+class ScriptedProposer:
+    """Drafts as a script says: request ``prompt -> (its greedy continuation, how many drafts)``,
+    so one step can hold exactly the layout a document draws."""
+
+    def __init__(self, script: dict[tuple[int, ...], tuple[list[int], int]]) -> None:
+        self.script = script
+
+    def propose(self, token_ids):
+        for prompt, (continuation, n) in self.script.items():
+            if tuple(token_ids[: len(prompt)]) == prompt:
+                done = len(token_ids) - len(prompt)
+                return continuation[done : done + n]
+        return []
+
+
+def test_seed001_layout_2_3_1_and_forcing_on_a_draft_row_in_real_steps(tiny_model_dirs):
+    """Seed 001 ch. 10's ``[2, 3, 1]`` and appendix T2's layout, reached by engine steps:
+    three decoding requests verify 1, 2 and 0 drafts, so MinTokens and the thinking budget
+    see rows ``[2, 3, 1]`` (request 1 owns rows 2-4). Request 1 is thinking with a budget,
+    so its end token is forced at a row inside its block, ``cu_num_tokens[1] + force_index``;
+    every request's tokens equal those of a run without speculation."""
+    from tinyvllm.sample.thinking_budget import FORCED_LOGIT
+
+    folder = tiny_model_dirs["qwen3"]
+    prompts = [[30, 31, 32, 33], [1, 40, 41, 42, 43], [50, 51, 52]]  # request 1 opens <think> (id 1)
+    params = [greedy(10, min_tokens=4), greedy(10, thinking_token_budget=6), greedy(10)]
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    plain = [o.outputs[0].token_ids for o in make_llm(folder, None).generate(inputs, params, use_tqdm=False)]
+    assert 2 in plain[1], "the budget must end request 1's thinking with </think> (id 2)"
+    spec = make_llm(folder)
+    spec.engine.proposer = ScriptedProposer({tuple(p): (out, n) for p, out, n in zip(prompts, plain, (1, 2, 0))})
+    batch = spec.engine.model_runner.input_batch
+    layouts, forced = [], []
+    min_tokens = batch.logitsprocs.non_argmax_invariant[0]
+    apply_min = min_tokens.apply_with_spec_decode
+    min_tokens.apply_with_spec_decode = lambda logits, rows: layouts.append(list(rows)) or apply_min(logits, rows)
+    budget = batch.thinking_budget
+    apply_budget = budget.apply_to_spec_rows
+
+    def spy(logits, rows):
+        out = apply_budget(logits, rows)
+        forced.append((list(rows), (out.max(dim=-1).values >= FORCED_LOGIT).nonzero().flatten().tolist()))
+        return out
+
+    budget.apply_to_spec_rows = spy
+    got = [o.outputs[0].token_ids for o in spec.generate(inputs, params, use_tqdm=False)]
+    assert got == plain
+    assert [2, 3, 1] in layouts, layouts
+    # 4 thinking tokens in the prompt + 2 outputs use the budget of 6: </think> is request 1's
+    # third output, its second draft position in the first [2, 3, 1] step. T2's row:
+    # cu_num_tokens[1] (2) + force_index (1) = 3, and no other row is forced in the run.
+    assert plain[1][2] == 2
+    assert [(rows, hits) for rows, hits in forced if hits] == [([2, 3, 1], [3])], forced
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("min_p", 0.1), ("logit_bias", {5: 1.0}), ("bad_words", ["x"]), ("allowed_token_ids", [5]), ("logprobs", 1)],
+)
+def test_what_drafts_cannot_honour_is_refused(tiny_model_dirs, field, value):
+    spec = make_llm(tiny_model_dirs["qwen3"])
+    with pytest.raises(ValueError, match=f"{field}.*speculative decoding"):
+        spec.generate({"prompt_token_ids": LOOP}, SamplingParams(max_tokens=2, **{field: value}), use_tqdm=False)
+    assert not spec.engine.has_unfinished_requests()
+
+
+def test_the_configuration_is_checked_up_front(tiny_model_dirs):
+    folder = tiny_model_dirs["qwen3"]
+    for bad, words in [
+        ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"num_speculative_tokens": 2, "method": "eagle"}, "'eagle'"),
+        ({"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "4 > prompt_lookup_max 2"),
+        ({"num_speculative_tokens": 2, "lookahead": 1}, "'lookahead'"),
+        ({"method": "ngram"}, "needs num_speculative_tokens"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            make_llm(folder, bad)
+    with pytest.raises(TypeError, match="speculative_config"):
+        make_llm(folder, "ngram")
+    assert make_llm(folder, SpeculativeConfig(2)).speculative_config.prompt_lookup_max == 5
+
+
+def test_stats_and_metrics_report_the_acceptance(tiny_model_dirs):
+    """The scheduler's stats and ``/metrics`` (vLLM's ``vllm:spec_decode_*`` names) agree with
+    the drafts verified and kept."""
+    from serve_fixtures import require_serve_extra, running_server
+
+    require_serve_extra()
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    spec = make_llm(tiny_model_dirs["qwen3"])
+    with running_server(spec, "tiny") as (url, _app):
+        response = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": LOOP, "max_tokens": 20,
+                                                             "temperature": 0, "ignore_eos": True}, timeout=60)  # fmt: skip
+        assert response.status_code == 200, response.text
+        text = httpx.get(url + "/metrics").text
+    samples = {(s.name, s.labels.get("position")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    stats = spec.engine.scheduler.spec_stats
+    assert stats.num_draft_tokens > 0
+    assert samples[("vllm:spec_decode_num_drafts_total", None)] == stats.num_drafts
+    assert samples[("vllm:spec_decode_num_draft_tokens_total", None)] == stats.num_draft_tokens
+    assert samples[("vllm:spec_decode_num_accepted_tokens_total", None)] == stats.num_accepted_tokens
+    per_pos = [samples[("vllm:spec_decode_num_accepted_tokens_per_pos_total", str(i))]
+               for i in range(len(stats.num_accepted_tokens_per_pos))]  # fmt: skip
+    assert per_pos == stats.num_accepted_tokens_per_pos and sum(per_pos) == stats.num_accepted_tokens
+    report = spec.engine.scheduler.get_stats()
+    assert report.spec_acceptance_rate == pytest.approx(stats.num_accepted_tokens / stats.num_draft_tokens)
+    assert report.spec_mean_accepted_length == pytest.approx(1 + stats.num_accepted_tokens / stats.num_drafts)
+
+
+def test_bench_spec_decode_dry_run_writes_its_record(tmp_path):
+    """``bench/spec_decode.py --dry-run``: both workloads at both batch sizes, the same greedy
+    tokens with speculation on and off (the script refuses otherwise); figures mean nothing."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "spec.json"
+    proc = subprocess.run([sys.executable, str(root / "bench" / "spec_decode.py"), "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["dry_run"] is True and record["torch_threads"] == 1
+    assert set(record["workloads"]) == {"repeat", "random"}
+    for by_batch in record["workloads"].values():
+        assert set(by_batch) == {"batch_1", "batch_16"}
+        for r in by_batch.values():
+            assert r["output_tokens"] > 0 and r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1
+            assert r["accepted_tokens"] <= r["draft_tokens"]

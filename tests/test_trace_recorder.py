@@ -1,0 +1,170 @@
+"""The step recorder: how it attaches to an engine, what it refuses, and what breaks a snapshot.
+
+- ``record(llm)`` sets ``LLMEngine.observer`` inside its block only (also when the block
+  raises), refuses a second recorder, and takes one snapshot per step, a failed step too;
+- ``record`` refuses what it cannot read, panels with nothing to draw, and a hand-driven
+  manager snapshot that leaves out a request holding blocks;
+- ``check_snapshot`` rejects snapshots whose parts disagree (a tampered copy of a real
+  one, one fault at a time), naming the values;
+- importing ``tinyvllm.trace`` (and its command, viewer and workloads) imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from trace_fixtures import workload_trace
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.core.kv_cache_manager import KVCacheManager
+from tinyvllm.request import Request
+from tinyvllm.trace import check_snapshot, check_trace, record
+from tinyvllm.trace.snapshot import BatchMove, Trace
+from tinyvllm.trace.workloads import tiny_model_folder
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(tiny_model_folder(), device="cpu", max_model_len=32, block_size=4, num_gpu_blocks_override=16,
+               max_num_batched_tokens=8)  # fmt: skip
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def test_record_observes_the_engine_only_inside_its_block(llm):
+    engine = llm.engine
+    assert engine.observer is None, "an engine must start unobserved"
+    with record(llm, title="two prompts") as t:
+        assert engine.observer is t
+        with pytest.raises(ValueError, match="already has an observer"):
+            with record(llm):
+                pass
+        assert engine.observer is t, "a refused second recorder must not detach the first"
+        outs = llm.generate([{"prompt_token_ids": [5, 6, 7, 8, 9, 10]}, {"prompt_token_ids": [11, 12]}], _greedy(3), use_tqdm=False)
+    assert engine.observer is None
+    trace = t.trace
+    # 6 + 2 tokens fit the budget of 8 in step 0; two more steps of decodes finish both.
+    assert len(trace.steps) == 3 and [s.label for s in trace.steps] == ["step 0", "step 1", "step 2"]
+    assert trace.source == "LLMEngine" and trace.title == "two prompts"
+    tokens = {}
+    for s in trace.steps:
+        for x in s.scheduler.scheduled:
+            tokens.setdefault(x.request_id, []).extend(x.new_token_ids)
+    assert sorted(tokens.values()) == sorted(o.outputs[0].token_ids for o in outs)
+    assert trace.steps[-1].scheduler.finished == tuple(sorted(o.request_id for o in outs)) and trace.steps[-1].requests == ()
+    llm.generate("more", _greedy(2), use_tqdm=False)  # outside the block: nothing recorded
+    assert len(t.trace.steps) == 3
+    with pytest.raises(RuntimeError, match="inside"):
+        with record(llm):
+            raise RuntimeError("inside")
+    assert engine.observer is None, "an exception in the block must still detach the recorder"
+
+
+def test_a_failed_step_is_recorded_after_its_undo(llm):
+    runner = llm.engine.model_runner
+    sampler = runner.sampler
+    calls = []
+
+    def failing_once(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        return sampler(*args)
+
+    runner.sampler = failing_once
+    try:
+        with record(llm) as t:
+            with pytest.raises(RuntimeError, match="injected"):
+                llm.generate({"prompt_token_ids": [3, 4, 5, 6, 7]}, _greedy(4), use_tqdm=False)
+            llm.generate({"prompt_token_ids": [8, 9, 10]}, _greedy(2), use_tqdm=False)
+    finally:
+        runner.sampler = sampler
+    steps = t.trace.steps
+    (first,) = steps[0].scheduler.running  # the failing call's request
+    failed = steps[1]
+    assert failed.label == "step 1: failed" and "RuntimeError: injected" in failed.note
+    assert failed.scheduler.scheduled == () and failed.scheduler.finished == (first,)
+    assert failed.batch.previous_rows == (first,) and failed.batch.rows == () and failed.batch.removed == (0,)
+    assert failed.dispatch is None and failed.slots == () and failed.num_free_blocks == 16
+    after = steps[2]  # the next call starts from the emptied batch
+    (second,) = after.scheduler.running
+    assert second != first and after.batch.previous_rows == () and after.batch.rows == (second,)
+    check_trace(t.trace)
+
+
+def test_record_refuses_what_it_cannot_draw():
+    with pytest.raises(TypeError, match="record\\(\\) takes an LLM"):
+        with record(object()):
+            pass
+    manager = KVCacheManager(block_size=4, num_gpu_blocks=4, max_model_len=16)
+    with pytest.raises(ValueError, match=r"panels \['batch'\] have nothing to draw"):
+        record(manager, panels=["block_pool", "batch"]).__enter__()
+    with record(manager, panels=["block_pool", "free_queue"]) as t:
+        request = Request("r", [1, 2, 3, 4, 5], SamplingParams())
+        manager.allocate_slots(request, 5)
+        with pytest.raises(ValueError, match=r"missing \['r'\]"):
+            t.capture("r left out")
+        request.num_computed_tokens = 5
+        snapshot = t.capture("r", requests=[request], scheduled={"r": 5})
+    assert t.trace.panels == ("block_pool", "free_queue")
+    assert snapshot.request("r").block_ids == (0, 1) and snapshot.free_queue == (2, 3)
+    assert [(w.position, w.slot) for w in snapshot.slots] == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+
+
+def _broken(name: str, index: int, **changes):
+    trace = workload_trace(name)
+    return trace, dataclasses.replace(trace.steps[index], **changes)
+
+
+def _assert_rejected(trace: Trace, snapshot, *phrases: str) -> None:
+    with pytest.raises(AssertionError) as info:
+        check_snapshot(snapshot, trace.block_size, trace.num_blocks)
+    for phrase in phrases:
+        assert phrase in str(info.value), str(info.value)
+
+
+def test_check_snapshot_rejects_a_pool_whose_parts_disagree():
+    trace = workload_trace("seed002-prefix-caching")
+    step6 = trace.steps[-1]  # free queue (6, 5)
+    _assert_rejected(trace, dataclasses.replace(step6, free_queue=(5, 6)), "block 5 says free_position 1")
+    blocks = list(step6.blocks)
+    blocks[0] = dataclasses.replace(blocks[0], ref_cnt=2)
+    _assert_rejected(trace, dataclasses.replace(step6, blocks=tuple(blocks)), "block 0 has ref_cnt 2 but 1 block tables hold it")
+    _assert_rejected(trace, dataclasses.replace(step6, hash_map=step6.hash_map[1:]), "carry a hash the map does not list")
+    last = dataclasses.replace(step6.slots[-1], slot=13)  # position 28 lies in block 3: slot 12
+    _assert_rejected(trace, dataclasses.replace(step6, slots=(*step6.slots[:-1], last)), "'req2' position 28 wrote slot 13, its table says 12")
+
+
+def test_check_snapshot_rejects_decisions_batches_and_dispatches_that_do_not_add_up():
+    trace = workload_trace("scheduler-preemption")
+    step = trace.steps[0]
+    over = dataclasses.replace(step.scheduler, token_budget=9)
+    _assert_rejected(trace, dataclasses.replace(step, scheduler=over), "10 tokens scheduled > budget 9")
+    swapped = dataclasses.replace(step.scheduler, waiting=(), running=("A", "B"))
+    _assert_rejected(trace, dataclasses.replace(step, scheduler=swapped), "running request 'B' has status WAITING")
+    condense = workload_trace("seed001-condense")
+    one = condense.steps[1]
+    lost = dataclasses.replace(one.batch, moved=(BatchMove(6, 4, "UNIDIRECTIONAL"),))
+    _assert_rejected(condense, dataclasses.replace(one, batch=lost), "give ('r0', 'r1', 'r2', 'A', 'r6'")
+    graphs = workload_trace("cuda-graphs-padding")
+    three = graphs.steps[3]
+    odd = dataclasses.replace(three.dispatch, padded_num_tokens=3)
+    _assert_rejected(graphs, dataclasses.replace(three, dispatch=odd), "FULL replays 3 tokens, not a capture size")
+
+
+def test_importing_the_trace_package_does_not_import_torch():
+    code = (
+        "import sys, tinyvllm.trace, tinyvllm.trace.workloads, tinyvllm.trace.viewer, tinyvllm.trace.command, "
+        "tinyvllm.trace.svg_runs\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+        "from tinyvllm.trace.workloads import run_workload\n"
+        "run_workload('seed002-prefix-caching'); run_workload('scheduler-preemption')\n"
+        "assert 'torch' not in sys.modules, 'a workload without a model imported torch'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

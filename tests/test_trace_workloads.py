@@ -1,0 +1,167 @@
+"""The built-in trace workloads draw the documents' own examples, with the documents' values.
+
+Each workload's snapshots are compared with what its source says: seed 002 §3.2 (as
+``tutorials/01_prefix_caching.py`` prints it), seed 004 "Duplication", seed 001 appendix
+U2, tutorial 02's table (``docs/generated/02_scheduler.txt``), tutorial 07's dispatch
+(padding to a capture size), and seed 003's slot arithmetic. Every trace also passes
+``check_trace`` and survives a JSON round trip.
+"""
+
+from __future__ import annotations
+
+import pytest
+from trace_fixtures import workload_trace
+
+from tinyvllm.trace import check_trace
+from tinyvllm.trace.snapshot import BatchMove, Trace
+from tinyvllm.trace.svg_parts import tokens_text
+from tinyvllm.trace.workloads import WORKLOADS
+
+
+def _by_label(trace: Trace):
+    return {s.label: s for s in trace.steps}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_every_workload_passes_its_invariants_and_round_trips_through_json(name):
+    trace = workload_trace(name)
+    assert len(trace.steps) >= 4, f"{name}: only {len(trace.steps)} steps"
+    check_trace(trace)
+    assert Trace.from_json(trace.to_json()) == trace
+
+
+@pytest.mark.seed("002:3.2")
+def test_seed002_trace_shows_the_documents_figures_step_by_step():
+    trace = workload_trace("seed002-prefix-caching")
+    steps = _by_label(trace)
+    assert list(steps) == ["before step 0", "step 0", "step 3", "step 4", "step 5", "step 5 (cont.)", "step 6"]
+    assert (trace.block_size, trace.num_blocks) == (4, 10)
+    assert steps["before step 0"].free_queue == tuple(range(10))
+
+    def table(step: str, rid: str) -> tuple[int, ...]:
+        return steps[step].request(rid).block_ids
+
+    def cache(step: str) -> dict[str, tuple[int, ...]]:
+        s = steps[step]
+        return {tokens_text(trace, s.blocks[ids[0]].hash_tokens): ids for _, ids in s.hash_map}
+
+    assert table("step 0", "req0") == (0, 1, 2, 3) and steps["step 0"].free_queue == (4, 5, 6, 7, 8, 9)
+    assert cache("step 0") == {"ABCD": (0,), "EFGH": (1,), "IJKL": (2,)}
+    assert [(w.position, w.slot) for w in steps["step 0"].slots] == [(p, p) for p in range(15)]
+    assert table("step 3", "req0") == (0, 1, 2, 3, 4) and cache("step 3")["MNOP"] == (3,)
+    assert [(w.position, w.slot) for w in steps["step 3"].slots] == [(15, 15), (16, 16)]  # P into block 3, Q into 4
+    assert table("step 4", "req1") == (0, 1, 5, 6)
+    assert [steps["step 4"].blocks[i].ref_cnt for i in (0, 1)] == [2, 2]
+    assert steps["step 5"].free_queue == (7, 8, 9, 4, 3, 2)
+    assert steps["step 5 (cont.)"].free_queue == (7, 8, 9, 4, 3, 2, 6, 5, 1, 0)
+    assert table("step 6", "req2") == (0, 1, 2, 7, 8, 9, 4, 3)
+    assert steps["step 6"].free_queue == (6, 5)
+    assert cache("step 6") == {
+        "ABCD": (0,), "EFGH": (1,), "IJKL": (2,), "IJkl": (5,),
+        "0 1 2 3": (7,), "4 5 6 7": (8,), "8 9 10 11": (9,), "12 13 14 15": (4,),
+    }  # fmt: skip
+    # req2 wrote its 17 new tokens, positions 12..28, into blocks 7 8 9 4 3
+    assert [w.slot for w in steps["step 6"].slots] == [*range(28, 40), *range(16, 20), 12]
+
+
+@pytest.mark.seed("004:duplication")
+def test_seed004_trace_caches_one_content_in_blocks_3_and_4():
+    steps = _by_label(workload_trace("seed004-duplication"))
+    assert list(steps) == ["Time 1", "Time 2", "Time 3", "Time 4", "Time 5", "Time 6"]
+
+    def tables(time: str) -> dict[str, tuple[tuple[int, ...], int]]:
+        return {r.request_id: (r.block_ids, r.num_computed_tokens) for r in steps[time].requests}
+
+    assert tables("Time 1") == {"req1": ((0, 1, 2, 3), 62)}  # block 3: 14/16
+    assert tables("Time 2") == {"req1": ((0, 1, 2, 3), 63), "req2": ((0, 1, 2, 4), 62)}
+    admitted = steps["Time 2"].scheduler.scheduled[-1]
+    assert (admitted.request_id, admitted.num_hit_tokens, admitted.new_block_ids) == ("req2", 48, (0, 1, 2, 4))
+    assert tables("Time 3") == {"req2": ((0, 1, 2, 4), 63)}
+    assert steps["Time 3"].scheduler.finished == ("req1",) and steps["Time 3"].free_queue[-1] == 3
+    four = steps["Time 4"]
+    assert tables("Time 4") == {"req2": ((0, 1, 2, 4), 64)}
+    duplicates = [ids for _, ids in four.hash_map if len(ids) > 1]
+    assert duplicates == [(3, 4)], four.hash_map
+    assert four.blocks[3].block_hash == four.blocks[4].block_hash and four.blocks[3].hash_tokens == four.blocks[4].hash_tokens
+    five = steps["Time 5"]
+    req3 = next(x for x in five.scheduler.scheduled if x.request_id == "req3")
+    assert (req3.num_hit_tokens, five.request("req3").block_ids[:4]) == (64, (0, 1, 2, 3))  # the first: block 3
+    assert five.request("req2").block_ids[:4] == (0, 1, 2, 4)
+    assert 4 in steps["Time 6"].free_queue and dict(steps["Time 6"].hash_map)[four.blocks[3].block_hash] == (3, 4)
+
+
+@pytest.mark.seed("001:U2")
+def test_seed001_trace_fills_the_lowest_hole_then_condenses():
+    trace = workload_trace("seed001-condense")
+    batches = [s.batch for s in trace.steps]
+    assert batches[0].rows == tuple(f"r{i}" for i in range(8)) and len(batches[0].added) == 8
+    one = batches[1]  # U2.2: rows 7, 3, 5 leave; A takes hole 3; condense moves 6 -> 5
+    assert one.removed == (7, 5) and one.added == ((3, "A"),)
+    assert one.moved == (BatchMove(6, 5, "UNIDIRECTIONAL"),)
+    assert one.rows_before_moves() == ("r0", "r1", "r2", "A", "r4", None, "r6", None)
+    assert one.rows == ("r0", "r1", "r2", "A", "r4", "r6")
+    two = batches[2]
+    assert two.removed == (2, 1) and not two.added
+    assert two.moved == (BatchMove(5, 1, "UNIDIRECTIONAL"), BatchMove(4, 2, "UNIDIRECTIONAL"))
+    assert two.rows == ("r0", "r6", "r4", "A")
+    assert batches[3].added == ((4, "B"), (5, "C")) and not batches[3].moved
+    assert batches[4].moved == (BatchMove(0, 3, "SWAP"),) and batches[4].rows == ("A", "r6", "r4", "r0", "B", "C")
+    assert not batches[5].changed and batches[5].rows == batches[4].rows
+
+
+@pytest.mark.seed("002:opening")
+def test_scheduler_trace_matches_tutorial_02s_table():
+    trace = workload_trace("scheduler-preemption")
+    rows = []
+    for s in trace.steps:
+        d = s.scheduler
+        tokens = " ".join(f"{x.request_id}:{x.num_tokens}{'*' if x.kind == 'chunk' else ''}" for x in d.scheduled)
+        hits = " ".join(f"{x.request_id}:{x.num_hit_tokens}" + (" resumed" if x.admitted == "resumed" else "")
+                        for x in d.scheduled if x.admitted)  # fmt: skip
+        rows.append((tokens, " ".join(d.running) or "-", " ".join(d.waiting) or "-", s.num_free_blocks, hits or "-",
+                     " ".join(d.preempted) or "-", " ".join(d.finished) or "-"))  # fmt: skip
+    assert rows == [  # docs/generated/02_scheduler.txt, column by column
+        ("A:10*", "A", "B", 7, "A:0", "-", "-"),
+        ("A:2 B:8*", "A B", "-", 5, "B:0", "-", "-"),
+        ("A:1 B:2 C:3", "A B C", "-", 2, "C:8", "-", "-"),
+        ("A:1 B:1 C:1", "A B C", "-", 2, "-", "-", "-"),
+        ("A:1 B:1 C:1", "A B C", "-", 1, "-", "-", "-"),
+        ("A:1 B:1 C:1", "A B C", "-", 0, "-", "-", "-"),
+        ("A:1 B:1", "B", "C", 6, "-", "C", "A"),
+        ("B:1 C:3", "C", "-", 6, "C:12 resumed", "-", "B"),
+        ("C:1", "-", "-", 10, "-", "-", "C"),
+    ]
+    assert all(s.scheduler.tokens_used <= 10 for s in trace.steps)
+    assert [x.kind for x in trace.steps[2].scheduler.scheduled] == ["decode", "prefill", "prefill"]
+
+
+@pytest.mark.seed("000:dispatcher")
+def test_cuda_graphs_trace_pads_prefills_piecewise_and_decodes_full():
+    trace = workload_trace("cuda-graphs-padding")
+    got = [
+        (d.runtime_mode, d.num_tokens, d.num_reqs, d.padded_num_tokens, d.padded_num_reqs, d.num_padding_tokens)
+        for d in (s.dispatch for s in trace.steps)
+    ]
+    assert got == [
+        ("PIECEWISE", 8, 1, 8, None, 0),  # A's first chunk
+        ("PIECEWISE", 8, 2, 8, None, 0),  # A's last 3 and B's 5
+        ("PIECEWISE", 5, 3, 8, None, 3),  # two decodes and C's 3: padded to 8
+        ("FULL", 3, 3, 4, 4, 1),  # three decodes: the uniform key (4, 4), one padded request
+        ("FULL", 2, 2, 2, 2, 0),
+        ("FULL", 2, 2, 2, 2, 0),
+    ]
+    assert all(s.dispatch.capture_sizes == (1, 2, 4, 8) for s in trace.steps)
+    assert trace.steps[4].batch.rows == ("C", "B")  # A left: condense moved C into row 0
+
+
+@pytest.mark.seed("003:memory")
+def test_kv_slots_trace_writes_each_token_at_block_times_size_plus_offset():
+    trace = workload_trace("seed003-kv-slots")
+    s0, s1, s2 = trace.steps[:3]
+    assert {r.request_id: r.block_ids for r in s0.requests} == {"A": (0, 1), "B": (2,)}
+    assert [(w.request_id, w.position, w.slot) for w in s0.slots] == [("A", p, p) for p in range(6)] + [("B", 0, 8), ("B", 1, 9)]
+    assert sorted((w.request_id, w.slot) for w in s1.slots) == [("A", 6), ("B", 10), ("B", 11), ("B", 12)]
+    c = next(x for x in s2.scheduler.scheduled if x.request_id == "C")
+    assert (c.admitted, c.num_hit_tokens, s2.request("C").block_ids) == ("new", 4, (0, 4))  # A's block 0 is a hit
+    assert [(w.position, w.slot) for w in s2.slots if w.request_id == "C"] == [(4, 16)]  # nothing into the hit block
+    assert s2.blocks[0].ref_cnt == 1 and s2.request("C").num_cached_blocks == 1

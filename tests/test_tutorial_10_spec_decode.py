@@ -1,0 +1,52 @@
+"""Tutorial 10 replays one request's drafts step by step: this test pins the facts its page
+relies on.
+
+``tests/test_tutorial_pages.py`` compares the whole output with
+``docs/generated/10_spec_decode.txt``; here each row of the step table is checked against
+the rules of speculative decoding: what is kept is a prefix of the drafts, one token is
+added after it, and ``num_computed_tokens`` advances by the sampled token plus the kept
+drafts only (the scheduler counted every draft, ``update_from_output`` took the rejected
+ones back). The script runs once per session: the output is shared with that test.
+"""
+
+import re
+
+from tutorial_runner import tutorial_output
+
+K = 3  # num_speculative_tokens in the script
+
+
+def _tokens(cell: str) -> list[str]:
+    return [] if cell == "-" else cell.split("|")
+
+
+def test_tutorial_10_spec_decode_steps_follow_the_rules():
+    out = tutorial_output("10_spec_decode.py")
+    # the cells join tokens with "|", so each row is cut at the table's fixed column widths
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("step |")) + 2
+    rows = [line for line in lines[start:] if line[:4].strip().isdigit()]
+    prompt_len = int(re.search(r"prompt \((\d+) tokens\)", out).group(1))
+    total_drafts = total_kept = 0
+    for line in rows:
+        step, drafts, kept, added, computed = (line[0:4], line[7:28], line[31:45], line[48:54], line[57:])
+        drafts, kept, added = _tokens(drafts.strip()), _tokens(kept.strip()), _tokens(added.strip())
+        before, after = (int(x) for x in computed.split("->"))
+        assert len(drafts) <= K and len(added) == 1, line
+        assert kept == drafts[: len(kept)], f"step {step}: the kept tokens are not a prefix of the drafts: {line}"
+        if int(step) == 1:
+            assert (before, after) == (0, prompt_len), line  # the whole prompt in one step, no drafts yet
+        else:
+            # scheduled: the last sampled token and every draft; kept: that token and the accepted drafts
+            assert after == before + 1 + len(kept), f"step {step}: computed tokens not rolled back: {line}"
+        total_drafts += len(drafts)
+        total_kept += len(kept)
+    assert total_kept > 0 and total_drafts > total_kept, "the page needs steps with kept and with rejected drafts"
+    stats = re.search(r"drafts verified (\d+), kept (\d+) \(acceptance (\d+)%\), kept by position \[([\d, ]+)\]", out)
+    assert stats, out
+    assert (int(stats.group(1)), int(stats.group(2))) == (total_drafts, total_kept)
+    per_pos = [int(x) for x in stats.group(4).split(",")]
+    assert len(per_pos) == K and sum(per_pos) == total_kept and per_pos == sorted(per_pos, reverse=True)
+    steps = int(re.search(r"(\d+) tokens in (\d+) steps", out).group(2))
+    assert steps == len(rows) and steps < int(re.search(r"(\d+) tokens in", out).group(1))
+    assert "same tokens as without speculation: yes" in out
