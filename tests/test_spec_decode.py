@@ -62,6 +62,42 @@ def test_greedy_equivalence_under_the_schedulers_corner_cases(tiny_model_dirs, k
     assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks
 
 
+@pytest.mark.parametrize("where", ["forward", "sampler"])
+def test_a_failed_verification_step_leaves_the_engine_serving(tiny_model_dirs, where):
+    """A step that raises while it verifies drafts: its requests are aborted, no block leaks,
+    and nothing it wrote (drafts' KV included) is found later; the engine answers the same
+    prompts as a fresh one, with speculation still on."""
+    from test_engine_failures import Boom, Fault, assert_clean
+
+    folder = tiny_model_dirs["qwen3"]
+    expected = run(make_llm(folder, None), PROMPTS, greedy(12))
+    spec = make_llm(folder)
+    runner, fault, in_flight = spec.engine.model_runner, Fault(at=1), []
+    schedule = spec.engine.scheduler.schedule
+
+    def watch():
+        out = schedule()
+        in_flight.append(sum(map(len, out.scheduled_spec_decode_tokens.values())))
+        return out
+
+    spec.engine.scheduler.schedule = watch
+    # the fault fires in the first step that verifies drafts
+    if where == "forward":
+        forward = spec.model.forward
+        spec.model.forward = lambda *a, **kw: (in_flight[-1] and fault.trigger()) or forward(*a, **kw)
+    else:  # with a speculative config the runner samples through sample_spec
+        sample_spec = runner.sampler.sample_spec
+        runner.sampler.sample_spec = lambda *a: (in_flight[-1] and fault.trigger()) or sample_spec(*a)
+    with pytest.raises(Boom):
+        run(spec, PROMPTS, greedy(12))
+    assert in_flight[-1] > 0, "the failed step verified no drafts"
+    spec.engine.scheduler.schedule = schedule
+    assert_clean(spec)
+    assert run(spec, PROMPTS, greedy(12)) == expected
+    assert spec.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    assert_clean(spec)
+
+
 def test_an_abort_with_drafts_in_flight_frees_everything_and_the_rest_carry_on(tiny_model_dirs):
     folder = tiny_model_dirs["qwen3"]
     expected = run(make_llm(folder, None), PROMPTS[1:], greedy(20))
