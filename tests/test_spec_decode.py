@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.config import SpeculativeConfig
+from tinyvllm.config import CUDAGraphMode, SpeculativeConfig
 
 SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 LOOP = [5, 6, 7, 8, 9, 10] * 3  # repeats itself: the proposer finds drafts at once
@@ -115,6 +115,42 @@ def test_an_abort_with_drafts_in_flight_frees_everything_and_the_rest_carry_on(t
     assert [finished[str(i)] for i in range(1, 4)] == expected
     kv = engine.scheduler.kv_cache_manager
     assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks
+
+
+@pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tiny_model_dirs, mode):
+    """Chunked prefill, preemption, prefix hits and an abort with drafts in flight, together,
+    with emulated CUDA graphs over the Triton backend: the tokens of every request that is not
+    aborted equal those of an engine without speculation and without graphs."""
+    folder = tiny_model_dirs["qwen3"]
+    common = dict(attention_backend="triton", block_size=16, max_num_seqs=4, max_num_batched_tokens=12,
+                  num_gpu_blocks_override=6, max_model_len=96, enable_prefix_caching=True)  # fmt: skip
+    expected = run(make_llm(folder, None, **common), PROMPTS[1:], greedy(12))
+    config = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 12]}
+    spec = make_llm(folder, compilation_config=config, **common)
+    engine = spec.engine
+    for round_ in range(2):  # the second round hits the first round's blocks
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(f"{round_}-{i}", prompt, greedy(12))
+        victim, aborted = engine.scheduler.requests[f"{round_}-0"], False
+        finished = {}
+        while engine.has_unfinished_requests():
+            finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
+            if victim.spec_token_ids and not aborted:
+                engine.abort_request(victim.request_id)  # drafts in flight
+                aborted = True
+        assert aborted
+        assert [finished[f"{round_}-{i}"] for i in range(1, 4)] == expected
+    scheduler = engine.scheduler
+    assert scheduler.num_preemptions > 0 and scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
+    assert scheduler.spec_stats.num_accepted_tokens > 0
+    kv = scheduler.kv_cache_manager
+    assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks
+    # Few steps here are uniform (every request verifying 3 drafts): the mixed routine serves
+    # the rest. The FULL decode routine on drafts is test_greedy_equivalence_under_every_cudagraph_mode's.
+    mixed = CUDAGraphMode[mode].mixed_mode()
+    if mixed != CUDAGraphMode.NONE:
+        assert engine.model_runner.cudagraph_stats[mixed] > 0, engine.model_runner.cudagraph_stats
 
 
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])

@@ -22,8 +22,9 @@ queue), seed 004 "Duplication", seed 003 "KV cache物理内存分配" (the cache
 slots), seed 001 appendix U2 (rows and holes), seed 000 (``BatchDescriptor``, padding).
 Mirrors: nothing in vLLM (its state is read in a debugger or in logs).
 
-Invariants: every field is a plain value (``to_dict`` is ``dataclasses.asdict``; a
-``Trace`` read back with ``Trace.from_json`` equals the one written). What the values must
+Invariants: every field is a plain value (``to_dict`` is ``dataclasses.asdict``, less the
+plain free blocks of NOTE 3; a ``Trace`` read back with ``Trace.from_json`` equals the one
+written). What the values must
 satisfy among themselves is checked by ``tinyvllm/trace/invariants.py``.
 
 NOTE 1 (hashes as text): a block's ``BlockHash`` is a tuple of a large int, the block's
@@ -35,6 +36,12 @@ sampled: a whole prompt, the last chunk of one, or a recomputation after preempt
 ``"chunk"`` (a partial prefill: the step stops inside the prompt and samples nothing,
 seed 002's R3). A decode that verifies speculative drafts schedules them too
 (``num_draft_tokens``).
+NOTE 3 (plain free blocks are not written out): an engine on a real model has thousands of
+blocks, most of them free, uncached and alike: ``ref_cnt`` 0, no hash, and a
+``free_position`` that is their place in ``free_queue``. ``to_dict`` leaves those out of each
+step's ``blocks`` (0.8 MB a step with 8192 blocks, before) and ``from_dict`` rebuilds them
+from ``free_queue`` and ``num_blocks``, so the round trip is exact. The free queue itself is
+written as runs of consecutive ids, ``[first, count]`` (a fresh pool's queue is one run).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: plain free blocks left out of the JSON (NOTE 3)
 PANELS = ("scheduler", "block_tables", "block_pool", "free_queue", "prefix_cache", "batch", "dispatch", "kv_cache")
 KINDS = ("prefill", "chunk", "decode")  # NOTE 2
 
@@ -222,7 +229,11 @@ class Trace:
     steps: tuple[StepSnapshot, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        data = {"schema": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        for step in data["steps"]:  # NOTE 3
+            step["blocks"] = [b for b in step["blocks"] if not _plain_free(b, step["free_queue"])]
+            step["free_queue"] = _runs(step["free_queue"])
+        return data
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
@@ -231,6 +242,8 @@ class Trace:
     def from_dict(cls, data: dict[str, Any]) -> Trace:
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"trace schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
+        steps = [{**step, "free_queue": _unrun(step["free_queue"])} for step in data["steps"]]
+        data = {**data, "steps": [_with_free_blocks(step, data["num_blocks"]) for step in steps]}
         return _build(cls, data)
 
     @classmethod
@@ -253,6 +266,43 @@ _NESTED: dict[str, type] = {
     "dispatch": DispatchState,
     "slots": SlotWrite,
 }
+
+
+def _runs(ids: list[int] | tuple[int, ...]) -> list[list[int]]:
+    """``[3, 4, 5, 9, 1, 2]`` -> ``[[3, 3], [9, 1], [1, 2]]``: runs of consecutive ids (NOTE 3)."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, 1])
+    return runs
+
+
+def _unrun(runs: list[list[int]]) -> list[int]:
+    return [i for first, count in runs for i in range(first, first + count)]
+
+
+def _plain_free(block: dict[str, Any], free_queue: list[int] | tuple[int, ...]) -> bool:
+    """A free, uncached block that nothing distinguishes (NOTE 3)."""
+    position = block["free_position"]
+    return (
+        block["ref_cnt"] == 0 and block["block_hash"] is None and not block["hash_tokens"]
+        and position is not None and position < len(free_queue) and free_queue[position] == block["block_id"]
+    )  # fmt: skip
+
+
+def _with_free_blocks(step: dict[str, Any], num_blocks: int) -> dict[str, Any]:
+    """``step`` with every block of the pool, the plain free ones rebuilt (NOTE 3)."""
+    if not num_blocks or len(step["blocks"]) == num_blocks:
+        return step
+    given = {b["block_id"]: b for b in step["blocks"]}
+    place = {block_id: i for i, block_id in enumerate(step["free_queue"])}
+    blocks = [
+        given.get(i) or {"block_id": i, "ref_cnt": 0, "block_hash": None, "hash_tokens": [], "free_position": place[i]}
+        for i in range(num_blocks)
+    ]  # fmt: skip
+    return {**step, "blocks": blocks}
 
 
 def _tuples(value: Any) -> Any:
