@@ -43,18 +43,25 @@ def _columns(c: Canvas, n: int, max_w: float = 70) -> tuple[float, float]:
     return MARGIN + AXIS_W, width
 
 
+def _titled(uid: str, title: str, subtitle: str, gap: float) -> Canvas:
+    """A canvas that starts with a whole-run picture's title and its one-line subtitle."""
+    c = Canvas(uid)
+    c.y = MARGIN
+    c.text(MARGIN, c.y + 14, title, 16, font_weight="bold")
+    c.y += 24
+    c.text(MARGIN, c.y + 10, subtitle, 11, fill=MUTED)
+    c.y += gap
+    return c
+
+
 def budget_timeline_svg(trace: Trace) -> str:
     """Each step's token budget, filled by the requests it scheduled (module header)."""
     steps = [s for s in trace.steps if s.scheduler is not None]
     if not steps:
         raise ValueError(f"the trace {trace.title!r} has no scheduler decisions to draw")
     colours = request_colours(trace)
-    c = Canvas("budget")
-    c.y = MARGIN
-    c.text(MARGIN, c.y + 14, "Token budget, step by step", 16, font_weight="bold")
-    c.y += 24
-    c.text(MARGIN, c.y + 10, f"{trace.title}. A bar is one step's budget; * = a chunk (a partial prefill: no token).", 11, fill=MUTED)
-    c.y += 18
+    c = _titled("budget", "Token budget, step by step",
+                f"{trace.title}. A bar is one step's budget; * = a chunk (a partial prefill: no token).", 18)  # fmt: skip
     _legend(c, colours)
     budget = max(s.scheduler.token_budget for s in steps)
     height, top = 180.0, c.y + 8
@@ -95,13 +102,9 @@ def block_tables_timeline_svg(trace: Trace) -> str:
         raise ValueError(f"the trace {trace.title!r} has no block tables to draw")
     colours = request_colours(trace)
     bs = trace.block_size
-    c = Canvas("tables")
-    c.y = MARGIN
-    c.text(MARGIN, c.y + 14, "Block tables, step by step", 16, font_weight="bold")
-    c.y += 24
-    c.text(MARGIN, c.y + 10, f"A box is a block: its id and how many of its {bs} slots hold computed tokens; bold = cached. "
-           "Right: the prefix cache entries that list two blocks.", 11, fill=MUTED)  # fmt: skip
-    c.y += 22
+    c = _titled("tables", "Block tables, step by step",
+                f"A box is a block: its id and how many of its {bs} slots hold computed tokens; bold = cached. "
+                "Right: the prefix cache entries that list two blocks.", 22)  # fmt: skip
     label_w, box_w, gap, cache_x = 90, 74, 5, c.width - MARGIN - 230
     for s in trace.steps:
         c.line(MARGIN, c.y, c.width - MARGIN, c.y, "#dddddd")
@@ -141,14 +144,9 @@ def padding_timeline_svg(trace: Trace) -> str:
     if not steps:
         raise ValueError(f"the trace {trace.title!r} has no CUDA-graph dispatch to draw")
     colours = request_colours(trace)
-    c = Canvas("padding")
-    c.y = MARGIN
-    c.text(MARGIN, c.y + 14, "CUDA-graph dispatch and padding, step by step", 16, font_weight="bold")
-    c.y += 24
     sizes = steps[0].dispatch.capture_sizes
-    c.text(MARGIN, c.y + 10, f"{trace.title}. Hatched = padding up to the captured size; capture sizes {list(sizes)}.",
-           11, fill=MUTED)  # fmt: skip
-    c.y += 18
+    c = _titled("padding", "CUDA-graph dispatch and padding, step by step",
+                f"{trace.title}. Hatched = padding up to the captured size; capture sizes {list(sizes)}.", 18)  # fmt: skip
     _legend(c, colours)
     top_size = max([*sizes, *(s.dispatch.padded_num_tokens for s in steps)])
     height, top = 170.0, c.y + 22
