@@ -9,6 +9,8 @@ U2, tutorial 02's table (``docs/generated/02_scheduler.txt``), tutorial 07's dis
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from trace_fixtures import workload_trace
 
@@ -165,3 +167,27 @@ def test_kv_slots_trace_writes_each_token_at_block_times_size_plus_offset():
     assert (c.admitted, c.num_hit_tokens, s2.request("C").block_ids) == ("new", 4, (0, 4))  # A's block 0 is a hit
     assert [(w.position, w.slot) for w in s2.slots if w.request_id == "C"] == [(4, 16)]  # nothing into the hit block
     assert s2.blocks[0].ref_cnt == 1 and s2.request("C").num_cached_blocks == 1
+
+
+def test_spec_decode_trace_draws_drafts_kept_and_rejected():
+    """Tutorial 10's request: each verification step schedules 1 + 3 tokens and writes 4 KV
+    slots; the next step starts where the kept tokens end, so a rejected draft's slot is
+    written again; the picture says how many drafts were kept and hatches the rejected slot."""
+    from tinyvllm.trace.svg_step import step_svg
+
+    trace = workload_trace("spec-decode-drafts")
+    rows = [(x.num_tokens, x.num_draft_tokens, len(x.new_token_ids)) for s in trace.steps for x in s.scheduler.scheduled]
+    assert rows[0] == (11, 0, 1) and (4, 3, 4) in rows and (4, 3, 3) in rows  # a prefill; all kept; one rejected
+    for before, after in zip(trace.steps, trace.steps[1:]):
+        [x] = after.scheduler.scheduled
+        assert len(after.slots) == x.num_tokens  # every draft's KV is written, kept or not
+        assert x.start == before.request("R").num_computed_tokens  # rejected drafts were taken back
+    index = next(i for i, s in enumerate(trace.steps) for x in s.scheduler.scheduled if (x.num_draft_tokens, len(x.new_token_ids)) == (3, 3))
+    svg = step_svg(trace, index)
+    assert "R verified 3 drafts: kept 2, then 1 token of the target&#x27;s (1 rejected" in svg.replace("'", "&#x27;")
+    assert "R: 4 = 1 + 3 drafts" in svg
+    r = trace.steps[index].request("R")
+    position = r.num_computed_tokens  # the rejected draft's position: the first not computed
+    slot = r.block_ids[position // trace.block_size] * trace.block_size + position % trace.block_size
+    hatched = {int(m) for m in re.findall(r'<rect [^>]*fill="url\(#[\w-]*hatch\)"[^>]*data-slot="(\d+)"', svg)}
+    assert hatched == {slot}, (hatched, slot)

@@ -37,7 +37,8 @@ NOTE 3 (sizes): a snapshot copies every unfinished request's tokens and every bl
 trace is for runs of tens of steps and requests of hundreds of tokens, not for serving.
 
 Left out: recording ``AsyncLLM``'s engine from another thread while it steps (record
-before serving starts instead), speculative drafts in the pictures (they are counted).
+before serving starts instead), the draft token ids themselves (a snapshot counts a
+step's drafts and keeps the tokens it kept).
 """
 
 from __future__ import annotations

@@ -124,6 +124,8 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
         c.rect(x, c.y + 4, w, 26, lighten(colours[r.request_id], 0.35), colours[r.request_id], rx=3,
                data_role="budget-segment", data_request=r.request_id, data_tokens=r.num_tokens)  # fmt: skip
         mark = {"chunk": " chunk (no token)", "prefill": " prefill", "decode": " decode"}[r.kind]
+        if r.num_draft_tokens:
+            mark = f" = 1 + {r.num_draft_tokens} drafts"
         for label in (f"{r.request_id}: {r.num_tokens}{mark}", f"{r.request_id}: {r.num_tokens}", r.request_id):
             if len(label) * 6.6 + 6 <= w:
                 c.text(x + w / 2, c.y + 21, label, 11, text_anchor="middle")
@@ -138,12 +140,24 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
         c.y += 26
     notes = [f"{x.request_id} admitted ({x.admitted}): {x.num_hit_tokens} tokens from the prefix cache"
              for x in d.scheduled if x.admitted]  # fmt: skip
+    notes += [_drafts_note(x) for x in d.scheduled if x.num_draft_tokens and x.new_token_ids]
     notes += [f"{rid} preempted: its blocks are freed, it waits at the front" for rid in d.preempted]
     reasons = {x.request_id: x.finish_reason for x in d.scheduled}
     notes += [f"{rid} finished ({reasons.get(rid) or 'aborted'})" for rid in d.finished]
     for line in wrap("; ".join(notes), 150):
         c.text(MARGIN, c.y + 12, line, 11)
         c.y += 16
+
+
+def _drafts_note(x) -> str:
+    """What a verification step did with one request's drafts (speculative decoding)."""
+    kept = len(x.new_token_ids) - 1
+    note = f"{x.request_id} verified {x.num_draft_tokens} drafts: kept {kept}, then 1 token of the target's"
+    rejected = x.num_draft_tokens - kept
+    if rejected:
+        what = "its KV slot, hatched, is" if rejected == 1 else "their KV slots, hatched, are"
+        note += f" ({rejected} rejected: {what} written again next step)"
+    return note
 
 
 def _owners(s: StepSnapshot) -> dict[int, list[str]]:
@@ -376,6 +390,7 @@ def _kv_cache(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str])
                 if i * bs + offset < r.num_computed_tokens:
                     holds.setdefault(block_id * bs + offset, r.request_id)
     written = {w.slot: w for w in s.slots}
+    present = {r.request_id for r in s.requests}
     for place, b in enumerate(blocks):
         col, row = divmod(place, per_col)
         x0, y = MARGIN + col * col_w, c.y + row * (cell + 3)
@@ -385,6 +400,8 @@ def _kv_cache(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str])
             w = written.get(slot)
             rid = holds.get(slot) or (w.request_id if w else None)  # a finished request's last write too
             fill = lighten(colours[rid], 0.45) if rid else (CACHED_GREY if b.block_hash else "#ffffff")
+            if w and slot not in holds and w.request_id in present:
+                fill = c.hatch  # written for a draft the target rejected: not computed, written again next step
             c.rect(x0 + 66 + offset * cell, y, cell - 1, cell, fill, "#222222" if w else "#c8c8c8",
                    stroke_width=2 if w else 0.6, data_role="slot", data_slot=slot, data_written=1 if w else None,
                    data_request=w.request_id if w else None)  # fmt: skip

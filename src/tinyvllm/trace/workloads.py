@@ -16,7 +16,10 @@ returns its ``Trace``; ``tinyvllm trace --workload NAME`` and the docs hook draw
   (FULL_AND_PIECEWISE, capture sizes 1, 2, 4, 8): prefills run PIECEWISE padded to a
   capture size, decodes FULL with padded requests;
 - ``seed003-kv-slots``: seed 003's KV tensor: the engine (block size 4) writes each step's
-  keys and values into slots ``block_id * 4 + offset``; a prefix hit writes none.
+  keys and values into slots ``block_id * 4 + offset``; a prefix hit writes none;
+- ``spec-decode-drafts``: tutorial 10's request (the shipped model continues a list of
+  imports, n-gram drafts, k 3): each step's drafts, how many the target kept, and the
+  KV slots the verification writes, rejected drafts' included.
 
 Follows: the sections named above. Mirrors: nothing in vLLM.
 
@@ -26,8 +29,10 @@ the same code draws the same pictures, which is what lets the docs hook cache th
 NOTE 1 (no model where none is needed): the first four use no model. Where the scheduler
 runs, a fake model makes each next token a fixed function of the request's whole token
 sequence (as in tutorial 02), so identical prompts give identical outputs (seed 004's
-"same prompt with greedy sampling") whatever the batching. The last two build a tiny random
-Qwen3 (one layer) once per process and need torch.
+"same prompt with greedy sampling") whatever the batching. ``cuda-graphs-padding`` and
+``seed003-kv-slots`` build a tiny random Qwen3 (one layer) once per process and need torch;
+``spec-decode-drafts`` runs the shipped model, whose text repeats itself as a random model's
+does not.
 """
 
 from __future__ import annotations
@@ -299,6 +304,25 @@ def seed003_kv_slots() -> Trace:
     return _engine_trace(llm, options, arrivals)
 
 
+def spec_decode_drafts() -> Trace:
+    from tinyvllm import LLM
+    from tinyvllm.models import STDLIB_TINY
+
+    spec = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    llm = LLM(STDLIB_TINY, device="cpu", max_model_len=64, max_num_batched_tokens=16, enable_prefix_caching=False,
+              seed=0, speculative_config=spec)  # fmt: skip
+    options = dict(
+        title="Speculative decoding: one request's drafts, kept and rejected (tutorial 10)",
+        description="The shipped model continues 'import os / import sys / import re / import ', greedily, with "
+        "n-gram drafts (k 3, lookup 2-4). A decode step computes the last real token and every draft; the target "
+        "keeps the drafts it agrees with and adds one token. The KV slots of rejected drafts are written, then "
+        "written again by the next step.",
+        panels=("scheduler", "block_tables", "kv_cache"),
+    )
+    prompt = llm.get_tokenizer()("import os\nimport sys\nimport re\nimport ").input_ids
+    return _engine_trace(llm, options, {0: [("R", prompt, 16)]})
+
+
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
@@ -308,6 +332,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("scheduler-preemption", "tutorial 02: chunked prefill, preemption and the re-hit", False, scheduler_preemption),
         Workload("cuda-graphs-padding", "CUDA graphs: padding to capture sizes (emulated)", True, cuda_graphs_padding),
         Workload("seed003-kv-slots", "seed 003: the KV cache tensor and its slots", True, seed003_kv_slots),
+        Workload("spec-decode-drafts", "speculative decoding: drafts kept and rejected", True, spec_decode_drafts),
     )
 }  # fmt: skip
 
