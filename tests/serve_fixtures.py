@@ -65,6 +65,18 @@ def imports_serve_packages(script: Path) -> bool:
     return False
 
 
+def slow_steps(monkeypatch, llm, seconds: float) -> None:
+    """Make every engine step last at least ``seconds``, so a request is still running when the test looks."""
+    runner = llm.engine.model_runner
+    execute = runner.execute_model
+
+    def slow(scheduler_output):
+        time.sleep(seconds)
+        return execute(scheduler_output)
+
+    monkeypatch.setattr(runner, "execute_model", slow)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

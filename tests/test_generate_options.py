@@ -5,7 +5,6 @@ processors passed as classes or as ``"module:QualName"`` strings."""
 from __future__ import annotations
 
 import importlib
-import textwrap
 
 import pytest
 
@@ -130,48 +129,12 @@ def test_thinking_budget_forces_the_end_token_with_the_tokenizer_config(folder):
 
 # -- custom logits processors -------------------------------------------------------------------
 
-PROCS_MODULE = "tinyvllm_test_force_procs"
-PROCS_SOURCE = '''
-import torch
-
-from tinyvllm.sample.logits_processors.interface import LogitsProcessor
-from tinyvllm.sample.logits_processors.state import process_dict_updates
-
-
-class Outer:
-    class ForceToken(LogitsProcessor):
-        """Forces ``extra_args["force_token"]`` for the requests that set it."""
-
-        @classmethod
-        def validate_params(cls, params):
-            token = (params.extra_args or {}).get("force_token")
-            if token is not None and (not isinstance(token, int) or token < 0):
-                raise ValueError(f"extra_args['force_token'] must be a token id >= 0, got {token!r}")
-
-        def __init__(self, config, device, is_pin_memory):
-            self.rows = {}
-
-        def is_argmax_invariant(self):
-            return False
-
-        def update_state(self, batch_update):
-            process_dict_updates(self.rows, batch_update, lambda params, _p, _o: (params.extra_args or {}).get("force_token"))
-
-        def apply(self, logits):
-            for row, token in self.rows.items():
-                logits[row] = float("-inf")
-                logits[row, token] = 0.0
-            return logits
-'''
+PROCS_MODULE = "force_token_procs"  # tests/force_token_procs.py: Outer.ForceToken
 
 
 @pytest.fixture(scope="module")
-def procs_module(tmp_path_factory):
-    path = tmp_path_factory.mktemp("procs")
-    (path / f"{PROCS_MODULE}.py").write_text(textwrap.dedent(PROCS_SOURCE), encoding="utf-8")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(path))
-        yield importlib.import_module(PROCS_MODULE)
+def procs_module():
+    return importlib.import_module(PROCS_MODULE)
 
 
 @pytest.mark.seed("001:11")

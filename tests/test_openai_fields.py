@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from force_token_procs import Outer
 from serve_fixtures import CHAT_TEMPLATE, require_serve_extra, running_server
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
@@ -36,8 +37,6 @@ from openai.types.chat import completion_create_params as chat_create_params  # 
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.entrypoints.protocol import INFORMATIONAL, REFUSED, ChatCompletionRequest, CompletionRequest  # noqa: E402
-from tinyvllm.sample.logits_processors.interface import LogitsProcessor  # noqa: E402
-from tinyvllm.sample.logits_processors.state import process_dict_updates  # noqa: E402
 
 NAME = "tiny-qwen3"
 ENGINE = dict(device="cpu", max_model_len=128, block_size=4)
@@ -45,33 +44,9 @@ PROMPT = "def main():\n    return"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Write a loop."}]
 BASE = {"completions": {"model": NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0},
         "chat": {"model": NAME, "messages": MESSAGES, "max_tokens": 8, "temperature": 0}}  # fmt: skip
+ForceToken = Outer.ForceToken  # vllm_xargs' effect
 EOS = {"0": 100}  # logit_bias that makes <|endoftext|> (id 0, the EOS) win every step
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class ForceToken(LogitsProcessor):
-    """Forces ``extra_args["force_token"]`` (``vllm_xargs`` over HTTP) for the requests that set it."""
-
-    @classmethod
-    def validate_params(cls, params):
-        token = (params.extra_args or {}).get("force_token")
-        if token is not None and (not isinstance(token, int) or token < 0):
-            raise ValueError(f"extra_args['force_token'] must be a token id >= 0, got {token!r}")
-
-    def __init__(self, config, device, is_pin_memory):
-        self.rows = {}
-
-    def is_argmax_invariant(self):
-        return False
-
-    def update_state(self, batch_update):
-        process_dict_updates(self.rows, batch_update, lambda params, _p, _o: (params.extra_args or {}).get("force_token"))
-
-    def apply(self, logits):
-        for row, token in self.rows.items():
-            logits[row] = float("-inf")
-            logits[row, token] = 0.0
-        return logits
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import random
 import time
 
 import pytest
-from serve_fixtures import CHAT_TEMPLATE, require_serve_extra, running_server
+from serve_fixtures import CHAT_TEMPLATE, require_serve_extra, running_server, slow_steps
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
@@ -276,18 +276,6 @@ def test_waiting_bound_gets_503(folder):
 
 
 # -- disconnects, metrics, load -----------------------------------------------------------
-
-
-def slow_steps(monkeypatch, llm, seconds: float) -> None:
-    """Make every engine step last at least ``seconds``, so a request is still running when the test looks."""
-    runner = llm.engine.model_runner
-    execute = runner.execute_model
-
-    def slow(scheduler_output):
-        time.sleep(seconds)
-        return execute(scheduler_output)
-
-    monkeypatch.setattr(runner, "execute_model", slow)
 
 
 def test_client_disconnect_aborts_the_stream(server, monkeypatch):

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from serve_fixtures import CHAT_TEMPLATE, require_serve_extra, running_server
+from serve_fixtures import CHAT_TEMPLATE, require_serve_extra, running_server, slow_steps
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
@@ -48,17 +48,6 @@ def locked(folder):
     with running_server(LLM(folder, **ENGINE), NAME, api_key="sekrit", allowed_origins=["http://ok.example"],
                         max_request_body_bytes=2000) as (url, _):  # fmt: skip
         yield url
-
-
-def slow_steps(monkeypatch, llm, seconds: float) -> None:
-    runner = llm.engine.model_runner
-    execute = runner.execute_model
-
-    def slow(scheduler_output):
-        time.sleep(seconds)
-        return execute(scheduler_output)
-
-    monkeypatch.setattr(runner, "execute_model", slow)
 
 
 def error_of(response: httpx.Response, status: int) -> dict:

@@ -113,7 +113,6 @@ class InputBatch:
         )
         self._sampling_metadata: SamplingMetadata | None = None  # NOTE 5: valid until the batch changes
         self.last_batch_update: BatchUpdate | None = None  # what the last refresh() handed out (tinyvllm.trace reads it)
-        self._spec_token_ids: Sequence[Sequence[int]] | None = None  # this step's drafts per row (refresh)
 
     @property
     def num_reqs(self) -> int:
@@ -276,7 +275,6 @@ class InputBatch:
         live output lists here. ``spec_token_ids`` (speculative decoding): each row's drafts
         of this step, which the thinking budget plans its forcing on.
         """
-        self._spec_token_ids = spec_token_ids
         if any(req_id is None for req_id in self.req_ids):
             raise RuntimeError(f"rows {[i for i, r in enumerate(self.req_ids) if r is None]} are holes: call condense() first")
         batch_update = self.last_batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
@@ -284,16 +282,18 @@ class InputBatch:
             self._sampling_metadata = None  # NOTE 5
         if self.penalties is not None:
             self.penalties.count_new_tokens()  # the tokens sampled last step (NOTE 7)
-        self._hand_over(batch_update)
+        self._hand_over(batch_update, spec_token_ids)
         return batch_update
     # --8<-- [end:refresh]
 
-    def _hand_over(self, batch_update: BatchUpdate | None) -> None:
+    def _hand_over(
+        self, batch_update: BatchUpdate | None, spec_token_ids: Sequence[Sequence[int]] | None = None
+    ) -> None:
         """Give the update to every processor and the thinking budget, even when one of
         them raises (NOTE 6); then raise the first error."""
         receivers = [proc.update_state for proc in self.logitsprocs.all]
         if self.thinking_budget is not None:
-            receivers.append(self._update_thinking_budget)
+            receivers.append(lambda update: self._update_thinking_budget(update, spec_token_ids))
         first: Exception | None = None
         for receive in receivers:
             try:
@@ -303,9 +303,10 @@ class InputBatch:
         if first is not None:
             raise first
 
-    def _update_thinking_budget(self, batch_update: BatchUpdate | None) -> None:
+    def _update_thinking_budget(
+        self, batch_update: BatchUpdate | None, drafts: Sequence[Sequence[int]] | None
+    ) -> None:
         self.thinking_budget.sync_batch(batch_update)
-        drafts = self._spec_token_ids
         if not drafts:
             self.thinking_budget.update_state(self.output_token_ids)
             return

@@ -1,0 +1,37 @@
+"""A custom logits processor for the tests that load one: ``Outer.ForceToken`` forces
+``extra_args["force_token"]`` for the requests that set it (``vllm_xargs`` over HTTP).
+
+Nested in ``Outer`` so that loading it by name exercises a dotted qualname
+(``force_token_procs:Outer.ForceToken``, seed 001 ch. 11's FQCN form).
+"""
+
+from __future__ import annotations
+
+from tinyvllm.sample.logits_processors.interface import LogitsProcessor
+from tinyvllm.sample.logits_processors.state import process_dict_updates
+
+
+class Outer:
+    class ForceToken(LogitsProcessor):
+        """Forces ``extra_args["force_token"]`` for the requests that set it."""
+
+        @classmethod
+        def validate_params(cls, params):
+            token = (params.extra_args or {}).get("force_token")
+            if token is not None and (not isinstance(token, int) or token < 0):
+                raise ValueError(f"extra_args['force_token'] must be a token id >= 0, got {token!r}")
+
+        def __init__(self, config, device, is_pin_memory):
+            self.rows = {}
+
+        def is_argmax_invariant(self):
+            return False
+
+        def update_state(self, batch_update):
+            process_dict_updates(self.rows, batch_update, lambda params, _p, _o: (params.extra_args or {}).get("force_token"))
+
+        def apply(self, logits):
+            for row, token in self.rows.items():
+                logits[row] = float("-inf")
+                logits[row, token] = 0.0
+            return logits
