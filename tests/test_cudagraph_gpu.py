@@ -100,3 +100,63 @@ def test_gpu_cudagraph_memory_is_counted_in_the_kv_budget(tiny_model_dirs):
     assert graphs.engine.model_runner.cudagraph_mode == M.FULL_AND_PIECEWISE
     assert graphs.cudagraph_memory_bytes > 0, "graph memory was not measured"
     assert graphs.engine.scheduler.kv_cache_manager.num_gpu_blocks <= eager_blocks
+
+
+@pytest.mark.seed("000:capture")
+@torch.inference_mode()
+def test_gpu_cudagraph_capture_sizes_share_the_pool_and_replays_stay_right():
+    """``cuda_graph.py`` NOTE 5 on a real GPU, on a chain shaped like the model's pieces (each
+    piece allocates the buffer an eager op between pieces writes): captured at 32 sizes, the
+    pool holds about what the largest size needs, not every piece's outputs of every size;
+    and replaying the sizes in a shuffled order afterwards still gives eager's results."""
+    from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
+    from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor
+
+    torch.manual_seed(0)
+    width, sizes = 1024, list(range(64, 2049, 64))  # 32 sizes, 33,792 tokens in all
+    weights = [torch.randn(width, width, device="cuda") / width**0.5 for _ in range(3)]
+    pool = torch.cuda.graph_pool_handle()
+
+    def first(inp):
+        h = inp @ weights[0]  # [S, width]
+        return h, torch.empty_like(h)
+
+    def middle(i, h, out):
+        h = h + torch.tanh(out @ weights[i])
+        return h, torch.empty_like(h)
+
+    def last(h, out):
+        return h + out
+
+    runnables = [first, lambda h, out: middle(1, h, out), lambda h, out: middle(2, h, out), last]
+    pieces = [CUDAGraphWrapper(r, M.PIECEWISE, pool=pool) for r in runnables]
+    owned_bytes_per_token = (2 + 2 + 2 + 1) * width * 4  # every piece's outputs, float32
+
+    def forward(inp):
+        h, out = pieces[0](inp)
+        for piece in pieces[1:-1]:
+            torch.mul(h, 0.5, out=out)  # eager between pieces, like attention writing its output
+            h, out = piece(h, out)
+        torch.mul(h, 0.5, out=out)
+        return pieces[-1](h, out)
+
+    inputs = torch.randn(sizes[-1], width, device="cuda")  # the static input buffer
+    for size in sizes:
+        forward(inputs[:size])  # warm-up: eager (no context), as the runner does
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    for size in reversed(sizes):  # largest first, as the runner captures
+        with set_forward_context(M.PIECEWISE, BatchDescriptor(size)):
+            forward(inputs[:size])
+    torch.cuda.synchronize()
+    pool_bytes = torch.cuda.memory_reserved() - before
+    owned_bytes = owned_bytes_per_token * sum(sizes)  # about 968 MB had the entries owned them
+    assert pool_bytes < owned_bytes / 4, f"the graphs hold {pool_bytes / 2**20:.0f} MiB"
+
+    shuffled = torch.randperm(len(sizes), generator=torch.Generator().manual_seed(1)).tolist()
+    for size in (sizes[i] for i in shuffled):
+        inputs.copy_(torch.randn_like(inputs))
+        expected = forward(inputs[:size]).clone()  # eager
+        with set_forward_context(M.PIECEWISE, BatchDescriptor(size)):
+            replayed = forward(inputs[:size])
+        torch.testing.assert_close(replayed, expected, rtol=1e-5, atol=1e-5)

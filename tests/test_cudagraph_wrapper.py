@@ -2,10 +2,12 @@
 "嵌套 Wrapper 设计"), emulated on the CPU: pass-through, capture then replay on the captured
 buffers, every check a real graph silently assumes, and the nested FULL/PIECEWISE design."""
 
+import contextlib
 from dataclasses import dataclass
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from tinyvllm.worker.cuda_graph import (
     CUDAGraphWrapper,
@@ -13,6 +15,7 @@ from tinyvllm.worker.cuda_graph import (
     forbid_host_reads,
     get_forward_context,
     set_forward_context,
+    weak_ref_tensors,
 )
 from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode
 
@@ -192,3 +195,75 @@ def test_cudagraph_an_unchanged_nan_scalar_is_no_change():
         assert wrapper(x, float("nan")).tolist() == [2.0, 2.0]  # another NaN object: equal here
         with pytest.raises(RuntimeError, match=r"argument s changed"):
             wrapper(x, 1.0)
+
+
+# -- NOTE 5: on CUDA a captured graph's outputs are not kept alive by the wrapper ---------
+
+
+@pytest.mark.seed("000:capture")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_cudagraph_weak_ref_tensors_alias_without_owning(dtype):
+    base = torch.arange(24).to(dtype)
+    qkv = base.view(4, 6)
+    q, v = qkv[:, :2], qkv[:, 4:]  # views at offsets 0 and 4 of one storage, like llama's q and v
+    weak_q, (weak_v, n), weak_d = weak_ref_tensors(q), weak_ref_tensors((v, 3)), weak_ref_tensors({"v": v})
+    for weak, strong in ((weak_q, q), (weak_v, v), (weak_d["v"], v)):
+        assert weak.data_ptr() == strong.data_ptr() and weak.untyped_storage().data_ptr() == base.data_ptr()
+        assert (weak.shape, weak.stride(), weak.storage_offset(), weak.dtype) == (
+            strong.shape, strong.stride(), strong.storage_offset(), strong.dtype
+        )  # fmt: skip
+        assert torch.equal(weak, strong)
+    assert n == 3
+    base[5] = 99  # one memory: a write through either name is seen through the other
+    assert weak_v[0, 1].item() == 99
+    weak_q[1, 0] = 7
+    assert qkv[1, 0].item() == 7
+    owner = StorageWeakRef(base.untyped_storage())
+    del base, qkv, q, v, strong  # (the loop kept the last view)
+    assert owner.expired(), "a weak reference kept the memory alive"
+
+
+@pytest.fixture
+def fake_cuda_graphs(monkeypatch):
+    """The wrapper's CUDA path on the CPU: a graph whose capture runs the callable eagerly
+    and whose replay does nothing (enough to see what the wrapper keeps alive)."""
+
+    class FakeGraph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+
+
+@pytest.mark.seed("000:capture")
+def test_cudagraph_cuda_entry_keeps_no_output_alive(fake_cuda_graphs):
+    piece = CUDAGraphWrapper(lambda x: (x * 2, x + 1), M.PIECEWISE, pool=object())
+    x = torch.arange(4.0)
+    with set_forward_context(M.PIECEWISE, D4):
+        doubled, plus_one = piece(x)  # the capture call: the caller owns what it returns
+    assert torch.equal(doubled, x * 2) and torch.equal(plus_one, x + 1)
+    with set_forward_context(M.PIECEWISE, D4):
+        replayed = piece(x)  # a replay: the same addresses, so the next piece's check holds
+    assert [t.data_ptr() for t in replayed] == [doubled.data_ptr(), plus_one.data_ptr()]
+    owners = [StorageWeakRef(t.untyped_storage()) for t in (doubled, plus_one)]
+    del doubled, plus_one, replayed
+    # Only the caller held them: the memory goes back to the shared pool for the next capture.
+    assert all(o.expired() for o in owners), "the wrapper kept a captured output alive"
+
+
+@pytest.mark.seed("000:capture")
+def test_cudagraph_emulated_entry_keeps_its_outputs():
+    # Emulation has no pool: a replay copies into the captured outputs, so they must stay alive.
+    piece = CUDAGraphWrapper(lambda x: x * 2, M.PIECEWISE, emulate=True)
+    x = torch.arange(4.0)
+    with set_forward_context(M.PIECEWISE, D4):
+        first = piece(x)
+    owner, address = StorageWeakRef(first.untyped_storage()), first.data_ptr()
+    del first
+    assert not owner.expired()
+    x += 1
+    with set_forward_context(M.PIECEWISE, D4):
+        again = piece(x)
+    assert again.data_ptr() == address and torch.equal(again, x * 2)

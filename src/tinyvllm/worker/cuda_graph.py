@@ -15,7 +15,7 @@ Mirrors: ``vllm/compilation/cuda_graph.py`` (``CUDAGraphWrapper``) and
 ``vllm/forward_context.py`` (``set_forward_context``, ``get_forward_context``).
 
 Invariants: ``entries`` has one entry per descriptor ever captured by this wrapper; a
-replay returns the very tensor objects the capture returned, overwritten in place.
+replay returns tensors at the very addresses the capture returned, overwritten in place.
 
 NOTE 1 (what a replay checks): a real graph reads its inputs from the addresses it was
 captured with and bakes every Python value into its kernels. Passing a new tensor, a
@@ -35,9 +35,24 @@ NOTE 4 (one memory pool): all graphs allocate from one pool (``torch.cuda.graph_
 so that graphs of different sizes share memory; only one graph runs at a time. The runner
 passes the pool; without one, a wrapper creates its own.
 
-Left out: garbage-collection tricks and weak references to outputs during capture (vLLM
-drops them to save memory; we keep the outputs alive, which costs memory, not correctness),
-debug-mode address logging, graphs on several streams.
+NOTE 5 (outputs the wrapper does not own): on CUDA an entry keeps only *weak* references
+to the capture's outputs (``weak_ref_tensors``: tensors at the same addresses that do not
+own the memory), as vLLM's wrapper does. The capture call itself returns the owning
+tensors, so while the dummy forward of a capture size runs, each piece's outputs stay
+alive exactly as long as the model's Python code holds them, and the next piece's capture
+allocates around them. Once that forward ends the memory goes back to the shared pool
+(NOTE 4) and the next capture size reuses it. A replay of size ``S`` then writes the same
+addresses in the same order as ``S``'s capture forward did, so nothing a later piece still
+reads is overwritten; other sizes may share those addresses, which is safe because only
+one graph runs at a time and a forward's outputs are used before the next forward. Were
+the outputs owned, every piece of every size would hold its own: for the Qwen3-0.6B shape
+(29 pieces, 51 sizes, 10,503 tokens in all) about 20 KiB per token per piece, some 6 GB
+taken from the KV cache; shared, about what the largest size's one forward needs. So the
+tensors a replay returns must be used before the next forward, and must never be kept. An
+emulated entry (NOTE 2) keeps its outputs: there is no pool, and a replay copies into them.
+
+Left out: garbage-collection tricks during capture, debug-mode address logging, graphs on
+several streams.
 """
 
 from __future__ import annotations
@@ -199,13 +214,34 @@ def _copy_into(target: Any, source: Any) -> None:
             _copy_into(getattr(target, f.name), getattr(source, f.name))
 
 
+# --8<-- [start:weak_ref]
+def weak_ref_tensors(value: Any) -> Any:
+    """``value`` with every tensor (also inside lists, tuples and dicts) replaced by one at
+    the same address, shape, stride, offset and dtype that does not own its memory (NOTE 5).
+
+    The caller must keep the memory alive some other way (here: the graph pool) for as
+    long as the alias is read; torch's own CUDA-graph trees build their aliases the same way.
+    """
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), value.device, storage.nbytes())
+        empty = torch.empty(0, dtype=value.dtype, device=value.device)
+        return empty.set_(alias, value.storage_offset(), value.shape, value.stride())
+    if isinstance(value, (list, tuple)):
+        return type(value)(weak_ref_tensors(item) for item in value)
+    if isinstance(value, dict):
+        return {key: weak_ref_tensors(item) for key, item in value.items()}
+    return value
+# --8<-- [end:weak_ref]
+
+
 @dataclass
 class CUDAGraphEntry:
     """One captured graph: what it was captured with, what it returns."""
 
     batch_descriptor: BatchDescriptor
     signature: dict[str, tuple]  # NOTE 1
-    output: Any  # the tensors a replay overwrites and returns
+    output: Any  # the tensors a replay overwrites and returns (CUDA: weak references, NOTE 5)
     graph: Any = None  # torch.cuda.CUDAGraph; None when emulated
     args: tuple = ()  # emulated: the captured arguments (NOTE 2)
     kwargs: dict = dataclasses.field(default_factory=dict)
@@ -242,12 +278,13 @@ class CUDAGraphWrapper:
         signature = self._signature(args, kwargs)
         entry = self.entries.get(key)
         if entry is None:
-            entry = self._capture(key, signature, args, kwargs)
+            entry, owned = self._capture(key, signature, args, kwargs)
             self.entries[key] = entry
-        else:
-            problem = first_difference(entry.signature, signature)
-            if problem is not None:
-                raise RuntimeError(f"{self.runtime_mode.name} graph for {key}: {problem}")
+            self._replay(entry)  # NOTE 3
+            return owned  # the caller owns the capture's outputs; the entry does not (NOTE 5)
+        problem = first_difference(entry.signature, signature)
+        if problem is not None:
+            raise RuntimeError(f"{self.runtime_mode.name} graph for {key}: {problem}")
         self._replay(entry)
         return entry.output
     # --8<-- [end:call]
@@ -264,15 +301,18 @@ class CUDAGraphWrapper:
             signature |= describe_arguments(value, name)
         return signature
 
-    def _capture(self, key: BatchDescriptor, signature: dict, args: tuple, kwargs: dict) -> CUDAGraphEntry:
+    def _capture(
+        self, key: BatchDescriptor, signature: dict, args: tuple, kwargs: dict
+    ) -> tuple[CUDAGraphEntry, Any]:
+        """The new entry and the capture's owning outputs (NOTE 5); replayed next (NOTE 3)."""
         if self.emulate:
             with forbid_host_reads():
                 output = self.runnable(*args, **kwargs)
-            return CUDAGraphEntry(key, signature, output, args=args, kwargs=kwargs, num_replays=-1)
+            return CUDAGraphEntry(key, signature, output, args=args, kwargs=kwargs, num_replays=-1), output
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             output = self.runnable(*args, **kwargs)
-        return CUDAGraphEntry(key, signature, output, graph=graph, num_replays=-1)  # replayed next (NOTE 3)
+        return CUDAGraphEntry(key, signature, weak_ref_tensors(output), graph=graph, num_replays=-1), output
 
     def _replay(self, entry: CUDAGraphEntry) -> None:
         entry.num_replays += 1
