@@ -174,6 +174,9 @@ def engine_config(llm, requested_backend: str) -> dict:
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "enable_chunked_prefill": config.scheduler_config.enable_chunked_prefill,
         "cudagraph_mode": getattr(mode, "name", str(mode)),
+        # What the graphs hold (None: not measured, as on the CPU) and the capture's time.
+        "cudagraph_memory_bytes": llm.startup_report.cudagraph_memory_bytes,
+        "capture_s": round(llm.startup_report.capture_s, 2),
     }
 
 

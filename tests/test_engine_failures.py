@@ -83,8 +83,7 @@ def assert_clean(llm):
     assert not engine.has_unfinished_requests(), "a request of the failed call is left"
     assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks, "a block leaked"
     assert kv.uncommitted_blocks == []
-    engine.scheduler.check_invariants()
-    engine.model_runner.input_batch.check_invariants()
+    engine.check_invariants()  # the scheduler, the runner, and their copies of each request
     # Finished requests' runner states go when the next step tells the runner; nothing else stays.
     assert set(engine.model_runner.requests) <= engine.scheduler.finished_req_ids
     assert engine._tracked == {}

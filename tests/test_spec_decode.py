@@ -136,6 +136,7 @@ def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tin
         finished = {}
         while engine.has_unfinished_requests():
             finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
+            engine.check_invariants()  # after each rollback the runner's copies equal the scheduler's
             if victim.spec_token_ids and not aborted:
                 engine.abort_request(victim.request_id)  # drafts in flight
                 aborted = True

@@ -13,7 +13,13 @@ Mirrors: ``vllm/v1/engine/llm_engine.py`` and ``vllm/v1/engine/core.py`` (``Engi
 with the output processor folded in; nano-vllm's ``LLMEngine.step``.
 
 Invariants: every request added is either unfinished in the scheduler or has been
-returned exactly once as a finished ``RequestOutput`` (or aborted).
+returned exactly once as a finished ``RequestOutput`` (or aborted). ``check_invariants()``
+checks, between steps, what holds at every one: the engine tracks exactly the scheduler's
+unfinished requests; the runner holds state only for those and for the finished ones the
+next step reports; and for every request that ran this step and still runs, the runner's
+copy (its block ids, its output tokens) equals the scheduler's, as vLLM's worker and
+scheduler must agree although only ``SchedulerOutput`` and ``ModelRunnerOutput`` pass
+between them.
 
 NOTE 1 (a step that raises): if the forward, the sampler, a logits processor or the
 output update raises anything (``KeyboardInterrupt`` included), the step's requests are
@@ -395,6 +401,36 @@ class LLMEngine:
                 self._tracked.pop(child, None)
                 self._parent_of.pop(child, None)
             del self._parents[parent.request_id]
+
+    # --8<-- [start:check_invariants]
+    def check_invariants(self) -> None:
+        """The scheduler and the runner check themselves, then their two copies of each
+        request are compared (module header). Call it between steps."""
+        scheduler, runner = self.scheduler, self.model_runner
+        scheduler.check_invariants()
+        runner.check_invariants()
+        unfinished, tracked = set(scheduler.requests), set(self._tracked)
+        assert tracked == unfinished, (
+            f"the engine tracks {sorted(tracked - unfinished)} that the scheduler has not, "
+            f"and not {sorted(unfinished - tracked)} that it has"
+        )
+        stale = set(runner.requests) - unfinished - scheduler.finished_req_ids
+        assert not stale, f"the runner holds states of {sorted(stale)}, neither unfinished nor about to be reported finished"
+        kv = scheduler.kv_cache_manager
+        for req_id in runner.input_batch.req_id_to_index:
+            request = scheduler.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # finished or aborted since it ran: the next step removes it from the batch
+            state = runner.requests[req_id]
+            blocks = kv.get_block_ids(req_id)
+            assert state.block_ids == blocks, (
+                f"request {req_id!r}: the runner's block ids {state.block_ids} != the scheduler's {blocks}"
+            )
+            assert state.output_token_ids == request.output_token_ids, (
+                f"request {req_id!r}: the runner's output tokens {state.output_token_ids} != "
+                f"the scheduler's {request.output_token_ids}"
+            )
+    # --8<-- [end:check_invariants]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

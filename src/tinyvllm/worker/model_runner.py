@@ -22,6 +22,10 @@ Invariants: after ``_update_states`` the batch holds exactly this step's schedul
 requests, rows ``0 .. R-1``, and block-table row r holds row r's block ids; each
 ``RunnerRequestState`` has the prompt, the outputs so far and the block ids the scheduler
 gave it; ``cudagraph_stats`` counts every executed step once, by runtime mode.
+``check_invariants()`` checks the batch against the states between steps (every row's
+request has a state, reads that state's live output list, and its block-table row holds
+the state's block ids, enough of them for its computed tokens); ``LLMEngine.check_invariants``
+checks the states against the scheduler's copies.
 
 NOTE 1 (a request not scheduled this step leaves the batch): a running request can be
 skipped when the budget runs out, or preempted. It leaves the persistent batch (its
@@ -376,6 +380,34 @@ class ModelRunner:
         self._forward([PAD_TOKEN_ID] * sum(lens), [0] * len(lens), lens, block_ids, dispatch=(mode, desc), dummy=True)
         if self.device.type == "cuda":  # the next dummy rewrites the pinned host buffers (input_buffers NOTE 2)
             torch.cuda.synchronize(self.device)
+
+    # --8<-- [start:check_invariants]
+    def check_invariants(self) -> None:
+        """The persistent batch against the request states (module header), then the batch,
+        the dispatcher and every graph wrapper check themselves. Call it between steps."""
+        batch = self.input_batch
+        batch.check_invariants()
+        for row, req_id in enumerate(batch.req_ids):
+            if req_id is None:
+                continue
+            state = self.requests.get(req_id)
+            assert state is not None, f"row {row} holds request {req_id!r}, which has no state in the runner"
+            assert batch.output_token_ids[row] is state.output_token_ids, (
+                f"row {row}: request {req_id!r} does not read its state's live output list"
+            )
+            table_row = batch.block_table.row(row)
+            assert table_row == state.block_ids, (
+                f"row {row}: request {req_id!r}'s block table row {table_row} != its block ids {state.block_ids}"
+            )
+            assert cdiv(state.num_computed_tokens, self.block_size) <= len(state.block_ids), (
+                f"request {req_id!r}: {state.num_computed_tokens} computed tokens in {len(state.block_ids)} blocks"
+            )
+        self.dispatcher.check_invariants()
+        wrappers = [self.full_graph, *self.model.pieces]
+        for wrapper in wrappers:
+            if isinstance(wrapper, CUDAGraphWrapper):
+                wrapper.check_invariants()
+    # --8<-- [end:check_invariants]
 
     def _eager_pieces(self) -> list:
         """The model's pieces without any wrapper (a runner before this one may have wrapped them)."""
