@@ -19,7 +19,7 @@ require_serve_extra()  # without the serve extra (the GPU machine) this module s
 import pydantic  # noqa: E402
 
 from tinyvllm.engine.prompt_tokenizer import PromptTokenizer, max_token_bytes  # noqa: E402
-from tinyvllm.entrypoints.chat import load_chat_template  # noqa: E402
+from tinyvllm.engine.chat_template import load_chat_template  # noqa: E402
 from tinyvllm.entrypoints.choices import ChoiceBuilder, PromptState  # noqa: E402
 from tinyvllm.entrypoints.logprobs_format import chat_logprobs, completion_logprobs, prompt_logprobs_json  # noqa: E402
 from tinyvllm.entrypoints.openai_server import invalid_body  # noqa: E402

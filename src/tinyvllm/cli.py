@@ -269,7 +269,7 @@ def _serve(args) -> int:
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
     try:
-        from tinyvllm.entrypoints.chat import load_chat_template
+        from tinyvllm.engine.chat_template import load_chat_template
         from tinyvllm.entrypoints.openai_server import run_server
     except ImportError as error:
         print(f"tinyvllm: error: serve needs the serve extra (pip install 'tinyvllm[serve]'): {error}", file=sys.stderr)

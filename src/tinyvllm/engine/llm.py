@@ -68,6 +68,11 @@ n-gram prompt lookup (``spec_decode/``): the engine proposes up to k drafts per 
 request after each step, and the next step verifies them (``sample/rejection_sampler.py``).
 As seed 001 ch. 11.4 says, only MinTokens is built then (custom processors are refused);
 requests asking for min_p, logit_bias, bad words, allowed ids or logprobs are refused.
+NOTE 12 (chat): ``chat(messages)`` takes one conversation (a list of message dicts) or a
+list of them, renders each through the chat template (``chat_template.py``: the given one,
+else the tokenizer's), tokenizes the text without special tokens (the template writes
+them), and generates as ``generate`` does: conversation i is then checked as prompt i, and
+every conversation is rendered and checked before the first request is queued.
 """
 
 from __future__ import annotations
@@ -78,7 +83,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -93,6 +99,7 @@ from tinyvllm.config import (
 )
 from tinyvllm.arith import cdiv
 from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.request_checks import check_request_against_model
 from tinyvllm.engine.startup_report import StartupReport
@@ -588,6 +595,57 @@ class LLM:
         # --8<-- [end:validation]
         return self._run(added, use_tqdm)
 
+    # --8<-- [start:chat]
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """The assistant's reply to each conversation, in order (NOTE 12); each output's
+        ``prompt`` is the rendered text. ``chat_template``: a Jinja template or a file
+        holding one, instead of the tokenizer's; ``chat_template_kwargs``: extra variables
+        for it; ``continue_final_message=True`` (with ``add_generation_prompt=False``)
+        continues the last message instead of opening a new assistant turn."""
+        check_bool("use_tqdm", use_tqdm)
+        check_bool("add_generation_prompt", add_generation_prompt)
+        check_bool("continue_final_message", continue_final_message)
+        if add_generation_prompt and continue_final_message:
+            raise ValueError(
+                "continue_final_message=True continues the last message, so it needs add_generation_prompt=False "
+                "(which would open a new assistant turn)"
+            )
+        if chat_template is not None:
+            template = load_chat_template(chat_template, "chat_template")
+        else:
+            template = getattr(self.tokenizer, "chat_template", None)
+            if not template:
+                raise ValueError(
+                    "the model has no chat template: pass chat_template= (a Jinja template or a file holding one)"
+                )
+        kwargs = check_template_kwargs(chat_template_kwargs)
+        prompts = []
+        for i, conversation in enumerate(_conversations(messages)):
+            try:
+                flat = flatten_messages(conversation)
+                if not flat:
+                    raise ValueError("holds no message")
+                text = render_chat(
+                    self.tokenizer, template, flat, add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message, template_kwargs=kwargs,
+                )  # fmt: skip
+            except (TypeError, ValueError) as error:
+                sep = " " if str(error) == "holds no message" else ": "
+                raise type(error)(f"conversation {i}{sep}{error}") from None
+            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer(text, add_special_tokens=False).input_ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
+    # --8<-- [end:chat]
+
     def _next_request_id(self, in_use: set[str]) -> str:
         """``generate``'s next id, counting "0", "1", ...: a number not in ``in_use``, the ids of
         the engine's unfinished requests (a caller may have queued one through
@@ -612,3 +670,13 @@ class LLM:
                 raise
         return [finished[r] for r in req_ids]
     # --8<-- [end:run_loop]
+
+
+def _conversations(messages: Any) -> list[Any]:
+    """``LLM.chat``'s ``messages`` as a list of conversations: one list of message dicts, or
+    a list of such lists (an empty list is one empty conversation, refused by the caller)."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a list of message dicts, or a list of such lists, got {messages!r}")
+    if messages and all(isinstance(m, Sequence) and not isinstance(m, (str, bytes)) for m in messages):
+        return list(messages)
+    return [messages]

@@ -12,6 +12,10 @@ Which template, first match: the request's ``chat_template``, the server's
 ``chat_template.jinja``; the shipped model has one, see its model card). None at all is
 a 400 naming ``messages``.
 
+The rendering itself (loading and checking templates, joining text parts, the reserved
+``chat_template_kwargs``, ``apply_chat_template``) is ``engine/chat_template.py``, shared with
+the offline ``LLM.chat``; this module turns its ValueErrors into 400s naming the field.
+
 Mirrors: ``vllm/entrypoints/chat_utils.py`` (``apply_hf_chat_template``,
 ``load_chat_template``, content parts flattened to a string) and ``serving_chat.py``
 (``echo`` of the last message).
@@ -22,74 +26,27 @@ text, joined with newlines; any other part type is a 400 naming its place.
 
 NOTE 1 (chat_template_kwargs): extra variables for the template (``enable_thinking`` is
 Qwen3's). A name that ``apply_chat_template`` itself takes (``tools``, ``tokenize``, ...)
-is a 400, so it cannot change how the server renders.
+is a 400, so it cannot change how the server renders (``engine/chat_template.py`` NOTE 2).
 NOTE 2 (echo): as vLLM's, ``echo`` prepends the last message's content to the answer
 when that message is the assistant's (the model continues it); otherwise it adds nothing.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, render_chat
 from tinyvllm.entrypoints.protocol import ChatCompletionRequest, RequestError
-
-# apply_chat_template's own parameters, which chat_template_kwargs may not set (NOTE 1)
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})  # fmt: skip
-
-
-def load_chat_template(value: str) -> str:
-    """``--chat-template``: a file's text, or the template itself (it has a ``{``), checked by
-    Jinja's parser; ValueError naming the flag otherwise (vLLM's ``load_chat_template``)."""
-    path = Path(value)
-    try:
-        is_file = path.is_file()
-    except OSError:  # a template too long to be a path name
-        is_file = False
-    if is_file:
-        template = path.read_text(encoding="utf-8")
-    elif "{" in value:
-        template = value
-    else:
-        raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template (no '{{')")
-    check_template(template, "--chat-template")
-    return template
-
-
-def check_template(template: str, where: str) -> None:
-    """A Jinja syntax error in ``template`` becomes a ValueError naming ``where``."""
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    try:
-        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
-    except jinja2.TemplateSyntaxError as error:
-        raise ValueError(f"{where}: the chat template is not valid Jinja: {error} (line {error.lineno})") from None
 
 
 def messages_as_dicts(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     """The messages as the template reads them: content parts joined into one string."""
-    out = []
-    for i, message in enumerate(request.messages):
-        item = message.model_dump(exclude_none=True)
-        if isinstance(message.content, list):
-            texts = []
-            for j, part in enumerate(message.content):
-                if part.type != "text" or part.text is None:
-                    what = f"type {part.type!r}" if part.type != "text" else "a text part without 'text'"
-                    raise RequestError(
-                        f"messages[{i}].content[{j}]: {what} is not supported (text parts only)", "messages"
-                    )
-                texts.append(part.text)
-            item["content"] = "\n".join(texts)
-        out.append(item)
-    if not out:
+    if not request.messages:
         raise RequestError("`messages` must hold at least one message", "messages")
-    return out
+    try:
+        return flatten_messages([message.model_dump(exclude_none=True) for message in request.messages])
+    except (TypeError, ValueError) as error:
+        raise RequestError(str(error), "messages") from None
 
 
 def echo_text(request: ChatCompletionRequest, messages: list[dict[str, Any]]) -> str:
@@ -100,11 +57,10 @@ def echo_text(request: ChatCompletionRequest, messages: list[dict[str, Any]]) ->
 
 
 def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
-    kwargs = dict(request.chat_template_kwargs or {})
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
-    if reserved:
-        raise RequestError(f"chat_template_kwargs may not set {reserved[0]!r} (NOTE 1 of chat.py)", "chat_template_kwargs")
-    return kwargs
+    try:
+        return check_template_kwargs(request.chat_template_kwargs)
+    except ValueError as error:
+        raise RequestError(str(error), "chat_template_kwargs") from None
 
 
 # --8<-- [start:render]
@@ -112,14 +68,12 @@ def render(tokenizer, template: str, messages: list[dict[str, Any]], request: Ch
     """The prompt text of ``messages`` (in the tokenizer thread); a template that raises is a 400."""
     continue_final = bool(request.continue_final_message)
     add_generation_prompt = not continue_final if request.add_generation_prompt is None else request.add_generation_prompt
+    kwargs = template_kwargs(request)
     try:
-        return tokenizer.apply_chat_template(
-            messages, chat_template=template, documents=request.documents, tokenize=False,
-            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
-            **template_kwargs(request),
+        return render_chat(
+            tokenizer, template, messages, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final, template_kwargs=kwargs, documents=request.documents,
         )  # fmt: skip
-    except RequestError:
-        raise
-    except Exception as error:  # a template that raises on these messages, or does not parse
-        raise RequestError(f"the chat template failed on these messages: {error}", "messages") from None
+    except ValueError as error:
+        raise RequestError(str(error), "messages") from None
 # --8<-- [end:render]

@@ -51,7 +51,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tinyvllm.engine.async_llm import AsyncLLM, EngineDeadError, TooManyWaitingRequestsError
-from tinyvllm.entrypoints.chat import check_template, echo_text, messages_as_dicts, render
+from tinyvllm.engine.chat_template import check_template
+from tinyvllm.entrypoints.chat import echo_text, messages_as_dicts, render
 from tinyvllm.entrypoints.choices import ChoiceBuilder, PromptState
 from tinyvllm.entrypoints.metrics import RequestTracker, ServerMetrics
 from tinyvllm.entrypoints.streams import MergedOutputs, first_outputs
