@@ -46,7 +46,13 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, forbid_host_reads, get_forward_context, set_forward_context
+from tinyvllm.worker.cuda_graph import (
+    CUDAGraphWrapper,
+    EmulatedPool,
+    forbid_host_reads,
+    get_forward_context,
+    set_forward_context,
+)
 from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode
 
 NONE, PIECEWISE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
@@ -322,9 +328,10 @@ def cudagraph_eager_two_piece(x: torch.Tensor) -> torch.Tensor:
 def test_cudagraph_nested_wrappers_pass_through_each_others_steps():
     n = 4
     model = CudagraphTwoPieceModel(n)
-    inner = [CUDAGraphWrapper(p, PIECEWISE, emulate=True) for p in model.pieces]
+    pool = EmulatedPool()  # one pool, as the runner's: a step of one mode poisons the other's outputs
+    inner = [CUDAGraphWrapper(p, PIECEWISE, emulate=True, pool=pool) for p in model.pieces]
     model.pieces = inner
-    outer = CUDAGraphWrapper(model, FULL, emulate=True)
+    outer = CUDAGraphWrapper(model, FULL, emulate=True, pool=pool)
     x = torch.arange(n * H, dtype=torch.float32).view(n, H) / 7.0  # the persistent input buffer
     pw_desc, full_desc = BatchDescriptor(n), BatchDescriptor(n, n)
 

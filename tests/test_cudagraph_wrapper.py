@@ -11,6 +11,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from tinyvllm.worker.cuda_graph import (
     CUDAGraphWrapper,
+    EmulatedPool,
     describe_arguments,
     forbid_host_reads,
     get_forward_context,
@@ -267,3 +268,40 @@ def test_cudagraph_emulated_entry_keeps_its_outputs():
     with set_forward_context(M.PIECEWISE, D4):
         again = piece(x)
     assert again.data_ptr() == address and torch.equal(again, x * 2)
+
+
+@pytest.mark.seed("000:capture")
+def test_cudagraph_emulated_pool_overwrites_what_other_shapes_returned():
+    """NOTE 5 under emulation: on CUDA the graphs of every size share one pool and own none of
+    their outputs, so replaying one shape may overwrite what another shape's replay
+    returned. The emulated pool does that visibly (NaN), so a caller that keeps a graph's
+    output past a forward of another shape fails in a CPU test, not silently on a GPU."""
+    pool = EmulatedPool()
+    first = CUDAGraphWrapper(lambda x: (x * 2, torch.arange(len(x))), M.PIECEWISE, emulate=True, pool=pool)
+    second = CUDAGraphWrapper(lambda h, i: h + i, M.PIECEWISE, emulate=True, pool=pool)
+    full = CUDAGraphWrapper(lambda x: x + 1, M.FULL, emulate=True, pool=pool)
+    x4, x8 = torch.arange(4.0), torch.arange(8.0)
+    D8 = BatchDescriptor(8)
+
+    def pieces(x):  # two pieces of one forward: the second reads the first's outputs
+        h, i = first(x)
+        return h, i, second(h, i)
+
+    with set_forward_context(M.PIECEWISE, D4):
+        h4, i4, out4 = pieces(x4)
+    assert torch.equal(out4, x4 * 2 + torch.arange(4)) and torch.equal(h4, x4 * 2)  # one shape: nothing lost
+    with set_forward_context(M.PIECEWISE, D8):
+        out8 = pieces(x8)[2]
+    assert out4.isnan().all() and h4.isnan().all(), "another shape ran: its memory may hold anything"
+    assert (i4 == torch.iinfo(torch.int64).min).all()
+    with set_forward_context(M.PIECEWISE, D8):
+        again = pieces(x8)[2]  # the same shape again: rewritten with real values, not poisoned
+    assert torch.equal(again, x8 * 3) and again.data_ptr() == out8.data_ptr()
+    with set_forward_context(M.FULL, D8):
+        plus_one = full(x8)
+    assert out8.isnan().all() and torch.equal(plus_one, x8 + 1)
+    with set_forward_context(M.PIECEWISE, D4):
+        assert torch.equal(pieces(x4)[2], x4 * 3)
+    assert plus_one.isnan().all()
+    for wrapper in (first, second, full):
+        wrapper.check_invariants()

@@ -49,7 +49,11 @@ the outputs owned, every piece of every size would hold its own: for the Qwen3-0
 (29 pieces, 51 sizes, 10,503 tokens in all) about 20 KiB per token per piece, some 6 GB
 taken from the KV cache; shared, about what the largest size's one forward needs. So the
 tensors a replay returns must be used before the next forward, and must never be kept. An
-emulated entry (NOTE 2) keeps its outputs: there is no pool, and a replay copies into them.
+emulated entry (NOTE 2) keeps its outputs, since a replay copies into them; instead an
+``EmulatedPool`` shared by the emulated wrappers makes the hazard visible: when a graph of
+another shape (another runtime mode or descriptor) captures or replays, every output of
+the other shapes is overwritten with NaN (the lowest value for integers), so code that
+keeps a graph's output past the next forward of another shape fails in a CPU test.
 
 Left out: garbage-collection tricks during capture, debug-mode address logging, graphs on
 several streams.
@@ -214,6 +218,43 @@ def _copy_into(target: Any, source: Any) -> None:
             _copy_into(getattr(target, f.name), getattr(source, f.name))
 
 
+# --8<-- [start:emulated_pool]
+class EmulatedPool:
+    """The emulated stand-in for the graph pool (NOTE 5): the wrappers sharing it, and the
+    shape whose graphs ran last. A capture or replay of another shape poisons every output
+    the pool's entries returned for other shapes, as reusing their memory would."""
+
+    def __init__(self) -> None:
+        self.wrappers: list[CUDAGraphWrapper] = []
+        self.current: tuple[CUDAGraphMode, BatchDescriptor] | None = None
+
+    def enter(self, shape: tuple[CUDAGraphMode, BatchDescriptor]) -> None:
+        """A graph of ``shape`` is about to capture or replay."""
+        if shape == self.current:
+            return
+        for wrapper in self.wrappers:
+            for key, entry in wrapper.entries.items():
+                if (wrapper.runtime_mode, key) != shape:
+                    _poison(entry.output)
+        self.current = shape
+# --8<-- [end:emulated_pool]
+
+
+def _poison(value: Any) -> None:
+    """Overwrite every tensor in ``value`` with NaN, or its dtype's lowest value (integers)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex():
+            value.fill_(float("nan"))
+        elif value.dtype != torch.bool:
+            value.fill_(torch.iinfo(value.dtype).min)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _poison(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _poison(item)
+
+
 # --8<-- [start:weak_ref]
 def weak_ref_tensors(value: Any) -> Any:
     """``value`` with every tensor (also inside lists, tuples and dicts) replaced by one at
@@ -266,7 +307,12 @@ class CUDAGraphWrapper:
         self.runnable = runnable
         self.runtime_mode = runtime_mode
         self.emulate = emulate
-        self.pool = pool if pool is not None or emulate else torch.cuda.graph_pool_handle()  # NOTE 4
+        if emulate:
+            if pool is not None and not isinstance(pool, EmulatedPool):
+                raise ValueError(f"an emulated wrapper takes an EmulatedPool or None, got {pool!r}")
+            pool = pool if pool is not None else EmulatedPool()
+            pool.wrappers.append(self)  # NOTE 5
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()  # NOTE 4
         self.entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
 
     # --8<-- [start:call]
@@ -276,6 +322,8 @@ class CUDAGraphWrapper:
             return self.runnable(*args, **kwargs)  # NONE, or the other wrapper's step: pass through
         key = context.batch_descriptor
         signature = self._signature(args, kwargs)
+        if self.emulate:
+            self.pool.enter((self.runtime_mode, key))  # other shapes' outputs are gone (NOTE 5)
         entry = self.entries.get(key)
         if entry is None:
             entry, owned = self._capture(key, signature, args, kwargs)

@@ -93,7 +93,7 @@ from tinyvllm.sample.sampler import Sampler
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.attention_metadata import build_step_inputs
 from tinyvllm.worker.block_table import PAD_BLOCK_ID
-from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
+from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, EmulatedPool, set_forward_context
 from tinyvllm.worker.cudagraph_dispatcher import (
     BatchDescriptor,
     CUDAGraphMode,
@@ -244,7 +244,10 @@ class ModelRunner:
         self.cudagraph_mode = mode
         self.dispatcher = CudagraphDispatcher(sizes or [1], max_num_seqs)
         self.dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
-        pool = None if self.emulate_cudagraphs or mode == CUDAGraphMode.NONE else torch.cuda.graph_pool_handle()
+        if mode == CUDAGraphMode.NONE:
+            pool = None
+        else:  # one pool for every graph (cuda_graph.py NOTES 4 and 5)
+            pool = EmulatedPool() if self.emulate_cudagraphs else torch.cuda.graph_pool_handle()
         pieces = self._eager_pieces()
         if mode.has_piecewise_cudagraphs():
             pieces = [CUDAGraphWrapper(p, CUDAGraphMode.PIECEWISE, self.emulate_cudagraphs, pool=pool) for p in pieces]
