@@ -283,3 +283,19 @@ def test_cli_traceback_switch_reraises_user_errors(monkeypatch):
     monkeypatch.setenv("TINYVLLM_TRACEBACK", "1")
     with pytest.raises(ValueError, match="bad value"):
         cli.main(ARGV)
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("{bad", "--speculative-config must be a JSON object, got '{bad'"),
+        ("[3]", "--speculative-config must be a JSON object, got '[3]'"),
+        ('{"num_speculative_tokens": 3, "window": 9}', "'window'"),
+        ('{"num_speculative_tokens": 0}', "num_speculative_tokens"),
+    ],
+)  # fmt: skip
+def test_cli_speculative_config_is_checked_before_the_model_loads(monkeypatch, capsys, value, fragment):
+    monkeypatch.setattr(cli, "llm_from_args", lambda args: pytest.fail("the model was loaded before the flag was checked"))
+    assert cli.main(["generate", "--prompt", "p", "--speculative-config", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tinyvllm: error: ") and fragment in err and err.count("\n") == 1, err

@@ -113,3 +113,32 @@ def test_chat_checks_each_rendered_prompt_as_generate_does(llm):
     with pytest.raises(ValueError, match="prompt 1 has .* tokens, more than max_model_len 256"):
         llm.chat([HELLO, long], GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_cli_generate_chat_sends_the_prompt_as_a_user_message(capsys):
+    from transformers import AutoTokenizer
+
+    from tinyvllm.cli import main
+
+    argv = ["generate", "--prompt", "sort a list", "--chat", "--max-tokens", "3", "--temperature", "0"]
+    assert main([*argv, "--device", "cpu", "--max-model-len", "256"]) == 0
+    ids = AutoTokenizer.from_pretrained(STDLIB_TINY)("# user: sort a list\n# assistant:\n", add_special_tokens=False)
+    assert f"prompt {len(ids.input_ids)} tokens, generated 3 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--chat-template-kwargs", "{}"], "--chat-template-kwargs needs --chat"),
+        (["--chat", "--chat-template-kwargs", "[1]"], "--chat-template-kwargs must be a JSON object, got '[1]'"),
+        (["--chat", "--chat-template-kwargs", "{bad"], "--chat-template-kwargs must be a JSON object"),
+        (["--chat", "--chat-template-kwargs", '{"tokenize": true}'], "chat_template_kwargs may not set 'tokenize'"),
+    ],
+)  # fmt: skip
+def test_cli_generate_chat_flags_are_checked_first(capsys, monkeypatch, flags, message):
+    from tinyvllm import cli
+
+    monkeypatch.setattr(cli, "llm_from_args", lambda args: pytest.fail("the model was loaded before the flags were checked"))
+    assert cli.main(["generate", "--prompt", "hi", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tinyvllm: error: ") and message in err and err.count("\n") == 1

@@ -10,7 +10,9 @@ flags as ``generate`` (``add_engine_args``). ``--served-model-name`` defaults to
 it), ``--max-waiting-requests`` (503 past it); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
-tokens per second, and prompt tokens served from the prefix cache. ``--cudagraph-mode``
+tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
+prompt is one user message, rendered by the model's chat template (``LLM.chat``;
+``--chat-template-kwargs JSON`` passes variables to it, such as Qwen3's ``enable_thinking``). ``--cudagraph-mode``
 and ``--enforce-eager`` choose how the model runs under CUDA graphs, as vLLM's
 ``--compilation-config`` and ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a
 tiny random-weight model folder (for trying the engine with no download). ``tinyvllm trace``
@@ -122,6 +124,14 @@ def _add_generate(sub) -> None:
     p.add_argument("--top-k", type=int, default=None, help="0 = off" + unset % "off")
     p.add_argument("--min-p", type=float, default=None, help="0 = off" + unset % "off")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--chat", action="store_true",
+        help="send --prompt as one user message through the model's chat template (LLM.chat)",
+    )  # fmt: skip
+    p.add_argument(
+        "--chat-template-kwargs", default=None, metavar="JSON",
+        help="with --chat: extra variables for the template, e.g. '{\"enable_thinking\": false}' for Qwen3",
+    )  # fmt: skip
     add_engine_args(p)
 
 
@@ -183,18 +193,37 @@ def _check_engine_args(args):
         )
 
 
+def _json_object_arg(flag: str, text: str) -> dict:
+    """A flag whose value is a JSON object; ValueError naming the flag otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{flag} must be a JSON object, got {text!r} ({error.msg})") from error
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
 def _speculative_config_arg(text: str | None) -> dict | None:
     """``--speculative-config``: a JSON object, checked (``SpeculativeConfig``) before torch."""
     if text is None:
         return None
     from tinyvllm.config import SpeculativeConfig
 
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--speculative-config must be a JSON object, got {text!r} ({error.msg})") from error
+    config = _json_object_arg("--speculative-config", text)
     SpeculativeConfig.from_dict(config)  # ValueError naming the key or the value
     return config
+
+
+def _chat_template_kwargs_arg(args) -> dict | None:
+    """``generate --chat-template-kwargs``: a JSON object, only with ``--chat``, checked before torch."""
+    if args.chat_template_kwargs is None:
+        return None
+    if not args.chat:
+        raise ValueError("--chat-template-kwargs needs --chat")
+    from tinyvllm.engine.chat_template import check_template_kwargs
+
+    return check_template_kwargs(_json_object_arg("--chat-template-kwargs", args.chat_template_kwargs))
 
 
 def _check_counts(args) -> None:
@@ -303,10 +332,15 @@ def _allowed_origins(value: str | None) -> list[str] | None:
 
 def _generate(args) -> int:
     explicit = _check_args(args)
+    chat_kwargs = _chat_template_kwargs_arg(args)
     llm = llm_from_args(args)
     params = cli_sampling_params(llm.generation_defaults, explicit)
     start = time.perf_counter()
-    [out] = llm.generate(args.prompt, params, use_tqdm=False)
+    if args.chat:
+        messages = [{"role": "user", "content": args.prompt}]
+        [out] = llm.chat(messages, params, use_tqdm=False, chat_template_kwargs=chat_kwargs)
+    else:
+        [out] = llm.generate(args.prompt, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     completion = out.outputs[0]
     print(completion.text)
