@@ -8,7 +8,8 @@ compiler produced, the PTX ``.target`` line, the cubin size, or the error.
 The cases are the constexpr configurations the launchers really use (read from
 ``choose_query_tile`` and the launchers' own rules), cut to a matrix that compiles in about
 a minute on two cores: every dtype x GQA group x tile x split at sm_90 (head size 128, block
-16), the other head size and block size at sm_90 for bf16, and bf16/fp32 at sm_80.
+16), the other head size and block size at sm_90 for bf16, bf16/fp32 at sm_80, and the tiny
+test models' shape (head size 16, GQA 2) at sm_90 for bf16/fp32.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 DTYPES = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
+# models/tiny.py's models (4 heads, 2 KV heads of size 16) at the engine's default block size:
+# the shapes every engine-level `gpu` test compiles first.
+TINY_SHAPE = {"group": 2, "kv_heads": 2, "head": 16, "block": 16}
 
 
 def attention_cases() -> list[dict]:
@@ -48,6 +52,10 @@ def attention_cases() -> list[dict]:
             for decode in (True, False):
                 for segments in (1, SPLIT_KV_SEGMENTS):
                     add(80, dtype, group, decode, segments, 128, 16)
+    for dtype in ("bfloat16", "float32"):  # the tiny test models the `gpu` tests run (TINY_SHAPE)
+        for decode in (True, False):
+            for segments in (1, SPLIT_KV_SEGMENTS):
+                add(90, dtype, TINY_SHAPE["group"], decode, segments, TINY_SHAPE["head"], TINY_SHAPE["block"])
     return cases
 
 
@@ -58,6 +66,10 @@ def merge_cases() -> list[dict]:
         dict(id=f"merge-sm{cc}-{dtype}-d{head}", kernel="merge", cc=cc, dtype=dtype,
              consts=dict(NUM_SEGMENTS=SPLIT_KV_SEGMENTS, HEAD_SIZE=head))  # fmt: skip
         for cc in (80, 90) for dtype in DTYPES for head in (64, 128)
+    ] + [
+        dict(id=f"merge-sm90-{dtype}-d{TINY_SHAPE['head']}", kernel="merge", cc=90, dtype=dtype,
+             consts=dict(NUM_SEGMENTS=SPLIT_KV_SEGMENTS, HEAD_SIZE=TINY_SHAPE["head"]))  # fmt: skip
+        for dtype in ("bfloat16", "float32")
     ]
 
 
@@ -71,6 +83,11 @@ def write_cases() -> list[dict]:
              consts=dict(NUM_KV_HEADS=heads, HEAD_SIZE=head, BLOCK_SIZE=block, HEADS_PADDED=next_power_of_2(heads),
                          PAD_SLOT=PAD_SLOT_ID))  # fmt: skip
         for cc in (80, 90) for dtype in DTYPES for heads, head, block in ((8, 128, 16), (3, 64, 32))
+    ] + [
+        dict(id=f"kv_write-sm90-{dtype}-h{t['kv_heads']}-d{t['head']}-s{t['block']}-tiny", kernel="kv_write", cc=90,
+             dtype=dtype, consts=dict(NUM_KV_HEADS=t["kv_heads"], HEAD_SIZE=t["head"], BLOCK_SIZE=t["block"],
+                                      HEADS_PADDED=next_power_of_2(t["kv_heads"]), PAD_SLOT=PAD_SLOT_ID))
+        for dtype in ("bfloat16", "float32") for t in (TINY_SHAPE,)
     ]
 
 
