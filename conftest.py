@@ -5,10 +5,17 @@
   ``HYPOTHESIS_PROFILE=dev|ci``.
 - With no CUDA device, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1``
   is set here, before any test module imports a kernel.
+- A time budget: when ``TINYVLLM_TEST_DEADLINE`` (seconds since the epoch) is set and has
+  passed, every test not yet started is skipped with a reason that starts "out of time".
+  ``bench/gpu_check.py`` sets it for its ``pytest -m gpu`` step, so a run that would outlast
+  its budget ends normally, writes its report, and names the tests it did not run, instead
+  of being killed with nothing said.
 """
 
 import os
+import time
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -41,3 +48,13 @@ def _cuda_available() -> bool:
 
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"
+OUT_OF_TIME = "out of time: the time budget of this run had passed before the test started"
+
+
+def pytest_runtest_setup(item):
+    deadline = os.environ.get(DEADLINE_ENV)
+    if deadline is not None and time.time() > float(deadline):
+        pytest.skip(f"{OUT_OF_TIME} ({DEADLINE_ENV})")

@@ -20,7 +20,10 @@ warm-up included):
 
 Each step is ``passed``, ``failed`` (its exit status, or a timeout, with the last lines of
 its output) or ``skipped`` with the reason (``time``: the time left was under its budget
-floor). A failed step never stops the next one. The model is built once, by the first
+floor). The ``gpu_tests`` step gets a deadline inside its budget (``TINYVLLM_TEST_DEADLINE``,
+``TEST_DEADLINE_MARGIN_S`` before the budget ends; the root ``conftest.py`` reads it): tests
+not started by then are skipped as "out of time", pytest still writes its report, and the
+step is ``incomplete``, with the tests it did not run named in its figures. A failed step never stops the next one. The model is built once, by the first
 step that needs it, into a folder every later step reuses (``--model-folder``).
 
 What it leaves in ``--out`` (default ``bench/results/``): ``gpu_summary.json`` (every step:
@@ -85,6 +88,8 @@ STEPS = (
     Step("prefix_caching", 75, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
 )
 MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
+TEST_DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"  # read by the root conftest.py
+TEST_DEADLINE_MARGIN_S = 20  # the longest gpu test (an engine built, graphs captured) and pytest's report
 
 
 def step_timeout(step: Step, elapsed_s: float, total_s: float = TOTAL_BUDGET_S) -> float | None:
@@ -147,8 +152,11 @@ def pytest_figures(junit: Path, output: str) -> dict:
     suite = ET.parse(junit).getroot()
     suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
-    failing = []
+    failing, not_run = [], []
     for case in suite.iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is not None and "out of time" in (skipped.get("message") or ""):
+            not_run.append(f"{case.get('classname')}::{case.get('name')}")
         problem = case.find("failure")
         problem = problem if problem is not None else case.find("error")
         if problem is not None:
@@ -157,7 +165,7 @@ def pytest_figures(junit: Path, output: str) -> dict:
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     if collected:
         counts["collected"] = int(collected.group(1))
-    return {**counts, "failing": failing}
+    return {**counts, "failing": failing, "skipped_for_time": len(not_run), "not_run_for_time": not_run[:40]}
 
 
 def throughput_figures(record: dict) -> dict:
@@ -234,12 +242,12 @@ def environment() -> dict:
 # -- running the steps ----------------------------------------------------------------------------
 
 
-def run_step(cmd: list[str], timeout: float, log) -> tuple[int | None, str]:
+def run_step(cmd: list[str], timeout: float, log, extra_env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """Run ``cmd`` from the repository root; its output goes to ``log`` and is returned.
     Returns ``(exit status, output)``, the status None when it ran out of time (its whole
     process group is killed, so no child outlives it)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+           "PYTHONUNBUFFERED": "1", **(extra_env or {})}  # fmt: skip
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -302,14 +310,21 @@ def run_check(
                 log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
                 log.flush()
                 began = time.perf_counter()
-                status, output = run_step(cmd, timeout, log)
+                extra_env = {}
+                if step.name == "gpu_tests":  # tests not started by then are skipped, and said so
+                    extra_env[TEST_DEADLINE_ENV] = f"{time.time() + timeout - TEST_DEADLINE_MARGIN_S:.1f}"
+                status, output = run_step(cmd, timeout, log, extra_env)
                 record["seconds"] = round(time.perf_counter() - began, 1)
                 record["exit_status"] = status
                 try:
                     record["figures"] = figures(step, work, output)
                 except (OSError, ValueError, KeyError, TypeError) as error:  # a record cut short or malformed
                     record["figures"] = {"error": f"{type(error).__name__}: {error}"}
-                if status == 0:
+                not_run = record.get("figures", {}).get("skipped_for_time", 0)
+                if status == 0 and not_run:
+                    record["status"] = "incomplete"
+                    record["reason"] = f"time: {not_run} tests not run"
+                elif status == 0:
                     record["status"] = "passed"
                 else:
                     record["status"] = "failed"

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,45 @@ def test_the_full_workload_is_nano_vllms_draw_for_draw():
     prompts, max_tokens = make_workload(256, 1024, 1024)
     assert sum(max_tokens) == gpu_check.NANO_VLLM_PUBLISHED["output_tokens"] == 133966
     assert len(prompts) == 256 and sum(map(len, prompts)) == 142827
+
+
+def test_tests_not_started_by_the_deadline_are_skipped_and_named(tmp_path):
+    """The root conftest's deadline: past it, pytest skips what has not started ("out of time")
+    and still writes its report, which ``pytest_figures`` counts and names."""
+    selected = ["tests/test_cudagraph_wrapper.py::test_cudagraph_forward_context_nests_and_validates",
+                "tests/test_cudagraph_wrapper.py::test_cudagraph_wrapper_binds_a_single_graph_mode"]  # fmt: skip
+
+    def run(deadline: float) -> dict:
+        junit = tmp_path / f"junit-{deadline:.0f}.xml"
+        env = {**os.environ, gpu_check.TEST_DEADLINE_ENV: f"{deadline:.1f}"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selected,
+                               f"--junitxml={junit}"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        return gpu_check.pytest_figures(junit, proc.stdout)
+
+    late = run(time.time() - 1)
+    assert (late["tests"], late["skipped"], late["passed"], late["skipped_for_time"]) == (2, 2, 0, 2)
+    assert [name.rsplit("::", 1)[1] for name in late["not_run_for_time"]] == [s.rsplit("::", 1)[1] for s in selected]
+    early = run(time.time() + 600)
+    assert (early["passed"], early["skipped_for_time"], early["not_run_for_time"]) == (2, 0, [])
+
+
+def test_the_gpu_tests_step_gets_a_deadline_and_is_incomplete_when_tests_ran_out_of_time(tmp_path):
+    steps = (gpu_check.Step("gpu_tests", 60, "pytest"),)
+    report = """<testsuites><testsuite tests="2" failures="0" errors="0" skipped="1">
+<testcase classname="tests.test_a" name="test_ran"/>
+<testcase classname="tests.test_a" name="test_late"><skipped message="out of time: ... (TINYVLLM_TEST_DEADLINE)"/></testcase>
+</testsuite></testsuites>"""
+
+    def command(step, python, work, dry_run, quick):
+        (work / "junit.xml").write_text(report)
+        return [python, "-c", f"import os; print('deadline', os.environ['{gpu_check.TEST_DEADLINE_ENV}'])"]
+
+    began = time.time()
+    summary = gpu_check.run_check(tmp_path, dry_run=True, quick=False, steps=steps, total_s=60, command=command)
+    [step] = summary["steps"]
+    assert (step["status"], step["reason"]) == ("incomplete", "time: 1 tests not run")
+    assert step["figures"]["not_run_for_time"] == ["tests.test_a::test_late"] and summary["passed"] is False
+    deadline = float((tmp_path / gpu_check.LOG).read_text().split("deadline ")[1].split()[0])
+    margin = gpu_check.TEST_DEADLINE_MARGIN_S  # (the deadline is written to a tenth of a second)
+    assert began + 60 - margin - 1 <= deadline <= time.time() + 60 - margin + 0.1
