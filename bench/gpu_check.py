@@ -108,7 +108,10 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
     if step.name == "environment":
         return [python, str(Path(__file__)), "--environment-json", str(work / "environment.json")]
     if step.name == "gpu_tests":
-        cmd = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={work / 'junit.xml'}"]
+        # -v: each test's id is logged as it starts, so even a hang names its test; --durations: the
+        # slowest tests, to size this step's budget from a real run
+        cmd = [python, "-m", "pytest", "-m", "gpu", "-v", "--durations=15", "-p", "no:cacheprovider",
+               f"--junitxml={work / 'junit.xml'}"]  # fmt: skip
         return cmd + (["--collect-only"] if dry_run else [])
     if step.name == "throughput":
         seqs = ["--num-seqs", "128" if quick else "256"]
