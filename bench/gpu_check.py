@@ -172,18 +172,24 @@ def pytest_figures(junit: Path, output: str) -> dict:
 
 
 def throughput_figures(record: dict) -> dict:
-    full, hf = record["tinyvllm_full_workload"], record["transformers_on_hf_subset"]
-    result = {
-        "device": record["device"],
+    """The headline figures; a record cut short (``complete`` false) gives what it has."""
+    result = {"device": record["device"], "complete": record.get("complete", True), "engine": record["engine"]}
+    full = record.get("tinyvllm_full_workload")
+    if full is None:
+        return result
+    result |= {
         "requests": full["requests"],
         "output_tokens": full["output_tokens"],
         "tinyvllm_tok_per_s": round(full["tok_per_s"], 1),
         "tinyvllm_seconds": round(full["seconds"], 2),
-        "transformers_subset_requests": hf["requests"],
-        "transformers_subset_tok_per_s": round(hf["tok_per_s"], 1),
-        "speedup_vs_transformers_same_subset": round(record["speedup_vs_transformers_same_subset"], 2),
-        "engine": record["engine"],
     }
+    hf = record.get("transformers_on_hf_subset")
+    if hf is not None and "speedup_vs_transformers_same_subset" in record:
+        result |= {
+            "transformers_subset_requests": hf["requests"],
+            "transformers_subset_tok_per_s": round(hf["tok_per_s"], 1),
+            "speedup_vs_transformers_same_subset": round(record["speedup_vs_transformers_same_subset"], 2),
+        }
     if full["output_tokens"] == NANO_VLLM_PUBLISHED["output_tokens"]:  # the same workload, draw for draw
         result["ratio_vs_nano_vllm_published"] = round(full["tok_per_s"] / NANO_VLLM_PUBLISHED["tok_per_s"], 2)
         result["nano_vllm_published"] = NANO_VLLM_PUBLISHED
@@ -205,8 +211,9 @@ def cudagraph_figures(record: dict) -> dict:
 
 
 def prefix_caching_figures(record: dict) -> dict:
-    ratios = next(iter(record["ratios"].values()))
-    return {"device": record["machine"]["device"], "repeats": record["repeats"],
+    """The ratios of the cases measured (all of them unless ``complete`` is false)."""
+    ratios = next(iter(record["ratios"].values()), {})
+    return {"device": record["machine"]["device"], "repeats": record["repeats"], "complete": record.get("complete", True),
             "ratios": ratios, "seed_004_reference": record["seed_004_reference"]}  # fmt: skip
 
 

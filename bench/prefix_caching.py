@@ -235,39 +235,47 @@ def main(argv: list[str] | None = None) -> int:
         engines = {"caching_off": LLM(str(folder), enable_prefix_caching=False, **common),
                    "caching_on": LLM(str(folder), enable_prefix_caching=True, **common)}  # fmt: skip
         params = num_params(folder)
-        per_threads = {}
+        config = {name: engine_config(llm, args.attention_backend) for name, llm in engines.items()}
+        out = args.out or ROOT / "bench" / "results" / {"cpu": "prefix_caching.json", "gpu": "prefix_caching-gpu.json",
+                                                        "dry": "prefix_caching-dry.json"}[mode]  # fmt: skip
+        per_threads: dict[str, dict] = {}
+
+        def record(complete: bool) -> dict:
+            """What is measured so far; written after every case, so a run cut short keeps it."""
+            result = {
+                "benchmark": "prefix_caching",
+                "mode": mode,
+                "dry_run": args.dry_run,
+                "complete": complete,
+                **run_header("prefix_caching.py", argv, device),
+                "model": {"family": "qwen3", "config": {"dry": "tiny test model (tinyvllm.models.tiny)", "cpu": CPU_MODEL,
+                          "gpu": "Qwen3-0.6B shape (bench/throughput.py QWEN3_0_6B)"}[mode],
+                          "dtype": "bfloat16" if mode == "gpu" else "float32", "params": params},  # fmt: skip
+                "engine": config,
+                "workload": {"temperature": TEMPERATURE, "ignore_eos": True,
+                             "request_rate": args.request_rate or "all at once",
+                             "token_ids": f"uniform in [0, {vocab})", "cases": cases},  # fmt: skip
+                "repeats": repeats,
+                "seed_004_reference": SEED_004,
+                "threads": per_threads,
+                "ratios": {t: {c: r["ratios"] for c, r in per["cases"].items()} for t, per in per_threads.items()},
+            }
+            write_json(out, result)
+            return result
+
         for i, n in enumerate(threads):
             actual = set_threads(n)
             for name, llm in engines.items():  # warm-up: the first case at full size, on prompts of its own
                 warm = next(iter(cases.values()))
                 warm_prompts = make_prompts(warm["num_seqs"], warm["shared"], warm["unique"], vocab, seed=10_000 + i)
                 run_engine(llm, warm_prompts, warm["output"], 0.0, 0, ids)
-            per_threads[str(n)] = {"torch_threads": actual, "cases": {
-                name: bench_case(engines, case, vocab, repeats, args.request_rate, 1000 * (i + 1) + 100 * j, ids)
-                for j, (name, case) in enumerate(cases.items())
-            }}  # fmt: skip
-        config = {name: engine_config(llm, args.attention_backend) for name, llm in engines.items()}
-
-    result = {
-        "benchmark": "prefix_caching",
-        "mode": mode,
-        "dry_run": args.dry_run,
-        **run_header("prefix_caching.py", argv, device),
-        "model": {"family": "qwen3", "config": {"dry": "tiny test model (tinyvllm.models.tiny)", "cpu": CPU_MODEL,
-                  "gpu": "Qwen3-0.6B shape (bench/throughput.py QWEN3_0_6B)"}[mode],
-                  "dtype": "bfloat16" if mode == "gpu" else "float32", "params": params},  # fmt: skip
-        "engine": config,
-        "workload": {"temperature": TEMPERATURE, "ignore_eos": True, "request_rate": args.request_rate or "all at once",
-                     "token_ids": f"uniform in [0, {vocab})", "cases": cases},  # fmt: skip
-        "repeats": repeats,
-        "seed_004_reference": SEED_004,
-        "threads": per_threads,
-        "ratios": {t: {c: per["cases"][c]["ratios"] for c in cases} for t, per in per_threads.items()},
-    }
-    out = args.out or ROOT / "bench" / "results" / {"cpu": "prefix_caching.json", "gpu": "prefix_caching-gpu.json",
-                                                    "dry": "prefix_caching-dry.json"}[mode]  # fmt: skip
+            per_threads[str(n)] = {"torch_threads": actual, "cases": {}}
+            for j, (name, case) in enumerate(cases.items()):
+                seed = 1000 * (i + 1) + 100 * j
+                per_threads[str(n)]["cases"][name] = bench_case(engines, case, vocab, repeats, args.request_rate, seed, ids)
+                record(complete=False)
+    result = record(complete=True)
     print_table(result)
-    write_json(out, result)
     return 0
 
 

@@ -16,7 +16,8 @@ tinyvllm runs with prefix caching off: the random prompts share no prefix, and w
 caching on every repeat after the first (and the subset after the full workload) would
 find its prompts in the cache. Both sides get a warm-up; then ``--repeats`` rounds (default
 3) run interleaved (tinyvllm full, tinyvllm subset, transformers subset, again ...) and
-the medians count.
+the medians count. The record is written after every timed run (``"complete": false`` until
+the last), the full workload first: a run cut short by its time budget keeps the headline.
 
 Run on a GPU: ``python3 bench/throughput.py`` (writes ``bench/results/throughput-*.json``).
 ``--dry-run`` runs every code path on the CPU with a tiny model and a tiny workload; the
@@ -171,39 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     sub_prompts, sub_tokens = prompts[:hf_n], max_tokens[:hf_n]
     temperature = 0.6
     dtype = torch.float32 if args.dry_run else torch.bfloat16
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = shared_model_folder(args.model_folder, Path(tmp), lambda f: build_model_folder(f, args.dry_run))
-        kwargs = dict(max_model_len=64, block_size=4) if args.dry_run else dict(max_model_len=4096, block_size=16)
-        if device == "cuda":  # transformers, alive at the same time, needs ~10 GB for its batch of 32
-            kwargs["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
-        llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend, **kwargs)
-        hf = load_transformers(folder, device, dtype)
-        llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-ups
-        warm = sub_prompts[:2]
-        run_transformers(hf, warm, [4] * len(warm), temperature, args.hf_batch_size, device)
-        runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": []}
-        for r in range(args.repeats):
-            torch.manual_seed(r)
-            runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
-            torch.manual_seed(r)
-            runs["subset"].append(run_tinyvllm(llm, sub_prompts, sub_tokens, temperature))
-            torch.manual_seed(r)
-            runs["hf"].append(run_transformers(hf, sub_prompts, sub_tokens, temperature, args.hf_batch_size, device))
-        engine = engine_config(llm, args.attention_backend)
-        if device == "cuda":
-            engine["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
-        del llm, hf
-    full = summarise(runs["full"], prompts, max_tokens)
-    subset = summarise(runs["subset"], sub_prompts, sub_tokens)
-    hf_result = summarise(runs["hf"], sub_prompts, sub_tokens)
+    out = args.out or ROOT / "bench" / "results" / f"throughput-{'dry' if args.dry_run else 'gpu'}.json"
     batches = [range(i, min(i + args.hf_batch_size, hf_n)) for i in range(0, hf_n, args.hf_batch_size)]
-    token_counts = {
-        "full_prompt": full["prompt_tokens"], "full_output": full["output_tokens"],
-        "subset_prompt": subset["prompt_tokens"], "subset_output": subset["output_tokens"],
-        "hf_padded_prompt": sum(len(b) * max(len(sub_prompts[i]) for i in b) for b in batches),
-        "hf_generated": sum(len(b) * max(sub_tokens[i] for i in b) for b in batches),
-    }  # fmt: skip
-    result = {
+    header = {
         "benchmark": "throughput (nano-vllm bench.py workload)",
         "dry_run": args.dry_run,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -211,19 +182,61 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(device),
         "torch_threads": torch.get_num_threads(),
         "versions": versions(),
-        "engine": engine,
         "transformers": {"batch_size": args.hf_batch_size, "dtype": str(dtype).removeprefix("torch."),
                          "cache": "default (dynamic)", "padding": "left"},  # fmt: skip
         "repeats": args.repeats,
-        "token_counts": token_counts,
-        "tinyvllm_full_workload": full,
-        "tinyvllm_on_hf_subset": subset,
-        "transformers_on_hf_subset": hf_result,
-        "speedup_vs_transformers_same_subset": subset["tok_per_s"] / hf_result["tok_per_s"],
     }
-    out = args.out or ROOT / "bench" / "results" / f"throughput-{'dry' if args.dry_run else 'gpu'}.json"
+    runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": []}
+    engine: dict = {}
+
+    def record(complete: bool) -> dict:
+        """What is measured so far; written after every timed run, so a run cut short keeps it."""
+        result = {**header, "complete": complete, "engine": engine}
+        parts = {"full": (prompts, max_tokens), "subset": (sub_prompts, sub_tokens), "hf": (sub_prompts, sub_tokens)}
+        names = {"full": "tinyvllm_full_workload", "subset": "tinyvllm_on_hf_subset", "hf": "transformers_on_hf_subset"}
+        for key, (ps, ms) in parts.items():
+            if runs[key]:
+                result[names[key]] = summarise(runs[key], ps, ms)
+        if runs["subset"] and runs["hf"]:
+            ratio = result["tinyvllm_on_hf_subset"]["tok_per_s"] / result["transformers_on_hf_subset"]["tok_per_s"]
+            result["speedup_vs_transformers_same_subset"] = ratio
+        result["token_counts"] = {
+            "full_prompt": sum(map(len, prompts)), "full_output": sum(max_tokens),
+            "subset_prompt": sum(map(len, sub_prompts)), "subset_output": sum(sub_tokens),
+            "hf_padded_prompt": sum(len(b) * max(len(sub_prompts[i]) for i in b) for b in batches),
+            "hf_generated": sum(len(b) * max(sub_tokens[i] for i in b) for b in batches),
+        }  # fmt: skip
+        write_json(out, result)
+        return result
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = shared_model_folder(args.model_folder, Path(tmp), lambda f: build_model_folder(f, args.dry_run))
+        kwargs = dict(max_model_len=64, block_size=4) if args.dry_run else dict(max_model_len=4096, block_size=16)
+        if device == "cuda":  # transformers, alive at the same time, needs ~10 GB for its batch of 32
+            kwargs["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
+        llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend, **kwargs)
+        engine.update(engine_config(llm, args.attention_backend))
+        if device == "cuda":
+            engine["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
+        llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+        torch.manual_seed(0)
+        runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))  # the headline, first
+        record(complete=False)
+        hf = load_transformers(folder, device, dtype)
+        warm = sub_prompts[:2]
+        run_transformers(hf, warm, [4] * len(warm), temperature, args.hf_batch_size, device)  # warm-up
+        for r in range(args.repeats):
+            if r:
+                torch.manual_seed(r)
+                runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
+            torch.manual_seed(r)
+            runs["subset"].append(run_tinyvllm(llm, sub_prompts, sub_tokens, temperature))
+            torch.manual_seed(r)
+            runs["hf"].append(run_transformers(hf, sub_prompts, sub_tokens, temperature, args.hf_batch_size, device))
+            record(complete=False)
+        del llm, hf
+    result = record(complete=True)
     print(json.dumps(result, indent=2))
-    write_json(out, result)
     return 0
 
 

@@ -51,7 +51,38 @@ def test_throughput_bench_dry_run(tmp_path):
     assert counts["full_output"] == full["output_tokens"] and counts["subset_prompt"] == subset["prompt_tokens"]
     assert counts["hf_padded_prompt"] >= counts["subset_prompt"] and hf["generated_tokens"] == [counts["hf_generated"]] * 2
     assert counts["hf_generated"] >= counts["subset_output"]
-    assert result["speedup_vs_transformers_same_subset"] > 0
+    assert result["speedup_vs_transformers_same_subset"] > 0 and result["complete"] is True
+
+
+def test_throughput_bench_cut_short_keeps_the_full_workload(tmp_path, monkeypatch):
+    """The record is written after every timed run, the full workload first: a run that dies
+    while loading transformers (as a time budget would cut it) still leaves the headline."""
+    import pytest
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+    import throughput
+
+    def out_of_time(*args, **kwargs):
+        raise KeyboardInterrupt("the time budget ran out")
+
+    import torch
+
+    monkeypatch.setattr(throughput, "load_transformers", out_of_time)
+    out = tmp_path / "throughput.json"
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            throughput.main(["--dry-run", "--repeats", "1", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)  # the dry run sets one thread; the tests after this one keep theirs
+    record = json.loads(out.read_text())
+    assert record["complete"] is False and "transformers_on_hf_subset" not in record
+    assert record["tinyvllm_full_workload"]["requests"] == 4
+    figures = gpu_check.throughput_figures(record)
+    assert figures["complete"] is False and figures["tinyvllm_tok_per_s"] > 0
+    assert "speedup_vs_transformers_same_subset" not in figures
+    check_engine_record(record["engine"], caching=False)
 
 
 def test_cpu_throughput_bench_dry_run(tmp_path):
@@ -87,9 +118,40 @@ def test_cpu_throughput_bench_dry_run(tmp_path):
     }  # fmt: skip
 
 
+def test_prefix_caching_bench_cut_short_keeps_the_cases_it_measured(tmp_path, monkeypatch):
+    """The record is written after every case: a run cut short in the second case keeps the first."""
+    import pytest
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+    import prefix_caching
+
+    measure, calls = prefix_caching.bench_case, []
+
+    def second_case_runs_out_of_time(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("the time budget ran out")
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(prefix_caching, "bench_case", second_case_runs_out_of_time)
+    out = tmp_path / "prefix.json"
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            prefix_caching.main(["--dry-run", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)  # the dry run sets one thread; the tests after this one keep theirs
+    record = json.loads(out.read_text())
+    assert record["complete"] is False and list(record["threads"]["1"]["cases"]) == ["hit_49"]
+    figures = gpu_check.prefix_caching_figures(record)
+    assert figures["complete"] is False and list(figures["ratios"]) == ["hit_49"]
+
+
 def test_prefix_caching_bench_dry_run(tmp_path):
     result = run_bench("prefix_caching.py", tmp_path / "prefix.json")
-    assert result["mode"] == "dry" and set(result["threads"]) == {"1"}
+    assert result["mode"] == "dry" and set(result["threads"]) == {"1"} and result["complete"] is True
     check_engine_record(result["engine"]["caching_off"], caching=False)
     check_engine_record(result["engine"]["caching_on"], caching=True)
     cases = result["threads"]["1"]["cases"]
