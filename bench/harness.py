@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -58,13 +59,20 @@ def build_cpu_model(folder: Path, dry_run: bool, seed: int = 0) -> Path:
 def shared_model_folder(requested: Path | None, tmp: Path, build) -> Path:
     """The model folder a script runs on. With ``--model-folder``: the folder a script before
     it built there (``bench/gpu_check.py`` gives every step the same one, so the model is
-    built once), or, when it holds no model yet, ``build(requested)``. Without: ``build``
-    into the script's own temporary folder."""
+    built once), or, when it holds no model yet, ``build`` into a sibling ``.partial`` folder
+    renamed into place only once complete, so a step killed while building (its time budget)
+    never leaves the next step a folder with a config and half its weights. Without:
+    ``build`` into the script's own temporary folder."""
     if requested is None:
         return build(tmp / "model")
     if (requested / "config.json").is_file():
         return requested
-    return build(requested)
+    partial = requested.with_name(requested.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what a killed build left
+    build(partial)
+    shutil.rmtree(requested, ignore_errors=True)  # an empty folder, or one without a config
+    partial.rename(requested)
+    return requested
 
 
 def num_params(folder: Path) -> int:

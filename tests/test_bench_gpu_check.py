@@ -163,3 +163,30 @@ def test_the_gpu_tests_step_gets_a_deadline_and_is_incomplete_when_tests_ran_out
     deadline = float((tmp_path / gpu_check.LOG).read_text().split("deadline ")[1].split()[0])
     margin = gpu_check.TEST_DEADLINE_MARGIN_S  # (the deadline is written to a tenth of a second)
     assert began + 60 - margin - 1 <= deadline <= time.time() + 60 - margin + 0.1
+
+
+def test_the_shared_model_folder_appears_only_when_complete(tmp_path):
+    """A step killed while building the model (its time budget) leaves no folder with a config
+    and half its weights: the next step builds again instead of failing on the broken one."""
+    import harness
+
+    requested = tmp_path / "model"
+
+    def killed(folder: Path) -> Path:
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")  # save_pretrained writes the config first
+        raise KeyboardInterrupt("the time budget ran out while the weights were being written")
+
+    def complete(folder: Path) -> Path:
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_text("weights")
+        return folder
+
+    with pytest.raises(KeyboardInterrupt):
+        harness.shared_model_folder(requested, tmp_path, killed)
+    assert not requested.exists()
+    assert harness.shared_model_folder(requested, tmp_path, complete) == requested
+    assert sorted(p.name for p in requested.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no .partial left behind
+    assert harness.shared_model_folder(requested, tmp_path, killed) == requested  # built once, reused
