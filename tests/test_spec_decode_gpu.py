@@ -1,0 +1,80 @@
+"""Speculative decoding on a GPU (``gpu`` marker; skipped without CUDA): the twin of
+``test_spec_decode.py``'s whole-workload test with real ``torch.cuda.CUDAGraph`` capture and
+the compiled Triton kernels. Nothing of speculative decoding has run on a GPU before.
+
+Criterion: float32, greedy: every request that is not aborted gets exactly the tokens of
+an engine without speculation and without graphs, through chunked prefill, preemption,
+prefix hits and an abort with drafts in flight; the engine's copies of each request agree
+after every step (``LLMEngine.check_invariants``); and a verification step of 1 + k tokens
+per request replays a FULL graph under FULL_DECODE_ONLY and FULL_AND_PIECEWISE.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.config import CUDAGraphMode
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+LOOP = [5, 6, 7, 8, 9, 10] * 3  # repeats itself: the proposer finds drafts at once
+PROMPTS = [LOOP, list(range(20, 40)) * 2, [7, 300, 12, 44, 7, 300], LOOP[:9] + [99, 98, 97]]
+COMMON = dict(device="cuda", dtype="float32", attention_backend="triton", block_size=16, max_num_seqs=4,
+              max_num_batched_tokens=12, num_gpu_blocks_override=6, max_model_len=96, enable_prefix_caching=True)  # fmt: skip
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model_dirs):
+    llm = LLM(str(tiny_model_dirs["qwen3"]), enforce_eager=True, **COMMON)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[1:]], GREEDY, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_gpu_spec_decode_whole_workload_equals_greedy_without(tiny_model_dirs, expected, mode):
+    config = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 12, 16]}
+    llm = LLM(str(tiny_model_dirs["qwen3"]), speculative_config=SPEC, compilation_config=config, **COMMON)
+    engine, runner = llm.engine, llm.engine.model_runner
+    assert runner.cudagraph_mode == CUDAGraphMode[mode] and not runner.emulate_cudagraphs
+    for round_ in range(2):  # the second round hits the first round's blocks
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(f"{round_}-{i}", prompt, GREEDY)
+        victim, aborted, finished = engine.scheduler.requests[f"{round_}-0"], False, {}
+        while engine.has_unfinished_requests():
+            finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
+            engine.check_invariants()
+            if victim.spec_token_ids and not aborted:
+                engine.abort_request(victim.request_id)  # drafts in flight
+                aborted = True
+        assert aborted
+        assert [finished[f"{round_}-{i}"] for i in range(1, 4)] == expected
+    scheduler = engine.scheduler
+    assert scheduler.spec_stats.num_accepted_tokens > 0, "no draft was ever kept"
+    assert scheduler.num_preemptions > 0 and scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_gpu_spec_decode_verification_steps_replay_full_graphs(tiny_model_dirs, mode):
+    """One request whose text loops: after its prefill every step verifies 3 drafts, a
+    uniform batch of 1 + 3 tokens, which must replay the FULL graph of that key."""
+    folder = str(tiny_model_dirs["qwen3"])
+    common = {**COMMON, "max_num_batched_tokens": 64}  # one request: the 6 blocks of COMMON hold it
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(folder, enforce_eager=True, **common).generate({"prompt_token_ids": LOOP}, params, use_tqdm=False)
+    config = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}
+    llm = LLM(folder, speculative_config=SPEC, compilation_config=config, **common)
+    spec = llm.generate({"prompt_token_ids": LOOP}, params, use_tqdm=False)
+    assert spec[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+    runner = llm.engine.model_runner
+    replayed = {key: e.num_replays for key, e in runner.full_graph.entries.items() if e.num_replays > 0}
+    assert any(key.uniform and key.num_tokens == key.num_reqs * 4 for key in replayed), (
+        f"no FULL graph of uniform 1 + 3 token queries was replayed: {replayed}"
+    )
+    assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
