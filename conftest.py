@@ -9,7 +9,8 @@
   passed, every test not yet started is skipped with a reason that starts "out of time".
   ``bench/gpu_check.py`` sets it for its ``pytest -m gpu`` step, so a run that would outlast
   its budget ends normally, writes its report, and names the tests it did not run, instead
-  of being killed with nothing said.
+  of being killed with nothing said. Under a deadline the Triton kernel tests run first:
+  every engine test stands on the kernels, so if the budget runs out it cuts the others.
 """
 
 import os
@@ -58,3 +59,8 @@ def pytest_runtest_setup(item):
     deadline = os.environ.get(DEADLINE_ENV)
     if deadline is not None and time.time() > float(deadline):
         pytest.skip(f"{OUT_OF_TIME} ({DEADLINE_ENV})")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get(DEADLINE_ENV) is not None:  # stable: files keep their order otherwise
+        items.sort(key=lambda item: 0 if "triton" in item.nodeid.split("::")[0] else 1)

@@ -190,3 +190,17 @@ def test_the_shared_model_folder_appears_only_when_complete(tmp_path):
     assert sorted(p.name for p in requested.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no .partial left behind
     assert harness.shared_model_folder(requested, tmp_path, killed) == requested  # built once, reused
+
+
+def test_under_a_deadline_the_kernel_tests_run_first():
+    files = ["tests/test_cudagraph_wrapper.py", "tests/test_triton_attention.py"]
+
+    def first_file(env_extra: dict) -> str:
+        env = {k: v for k, v in os.environ.items() if k != gpu_check.TEST_DEADLINE_ENV} | env_extra
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *files],
+                              cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        return next(line for line in proc.stdout.splitlines() if "::" in line).split("::")[0]
+
+    assert first_file({}) == "tests/test_cudagraph_wrapper.py"  # the order given, without a deadline
+    assert first_file({gpu_check.TEST_DEADLINE_ENV: f"{time.time() + 600:.1f}"}) == "tests/test_triton_attention.py"
