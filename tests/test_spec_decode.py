@@ -10,9 +10,7 @@ import pytest
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import CUDAGraphMode, SpeculativeConfig
 
-SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-LOOP = [5, 6, 7, 8, 9, 10] * 3  # repeats itself: the proposer finds drafts at once
-PROMPTS = [LOOP, list(range(20, 40)) * 2, [7, 300, 12, 44, 7, 300], LOOP[:9] + [99, 98, 97]]
+from spec_workload import LOOP, PROMPTS, SPEC, run_rounds_with_an_abort
 
 
 def greedy(max_tokens: int = 16, **kw) -> SamplingParams:
@@ -129,19 +127,7 @@ def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tin
     config = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 12]}
     spec = make_llm(folder, compilation_config=config, **common)
     engine = spec.engine
-    for round_ in range(2):  # the second round hits the first round's blocks
-        for i, prompt in enumerate(PROMPTS):
-            engine.add_request(f"{round_}-{i}", prompt, greedy(12))
-        victim, aborted = engine.scheduler.requests[f"{round_}-0"], False
-        finished = {}
-        while engine.has_unfinished_requests():
-            finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
-            engine.check_invariants()  # after each rollback the runner's copies equal the scheduler's
-            if victim.spec_token_ids and not aborted:
-                engine.abort_request(victim.request_id)  # drafts in flight
-                aborted = True
-        assert aborted
-        assert [finished[f"{round_}-{i}"] for i in range(1, 4)] == expected
+    run_rounds_with_an_abort(engine, greedy(12), expected)
     scheduler = engine.scheduler
     assert scheduler.num_preemptions > 0 and scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
     assert scheduler.spec_stats.num_accepted_tokens > 0

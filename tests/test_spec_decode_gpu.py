@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spec_workload import LOOP, PROMPTS, SPEC, run_rounds_with_an_abort
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import CUDAGraphMode
 
@@ -22,9 +23,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-LOOP = [5, 6, 7, 8, 9, 10] * 3  # repeats itself: the proposer finds drafts at once
-PROMPTS = [LOOP, list(range(20, 40)) * 2, [7, 300, 12, 44, 7, 300], LOOP[:9] + [99, 98, 97]]
 COMMON = dict(device="cuda", dtype="float32", attention_backend="triton", block_size=16, max_num_seqs=4,
               max_num_batched_tokens=12, num_gpu_blocks_override=6, max_model_len=96, enable_prefix_caching=True)  # fmt: skip
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -43,18 +41,7 @@ def test_gpu_spec_decode_whole_workload_equals_greedy_without(tiny_model_dirs, e
     llm = LLM(str(tiny_model_dirs["qwen3"]), speculative_config=SPEC, compilation_config=config, **COMMON)
     engine, runner = llm.engine, llm.engine.model_runner
     assert runner.cudagraph_mode == CUDAGraphMode[mode] and not runner.emulate_cudagraphs
-    for round_ in range(2):  # the second round hits the first round's blocks
-        for i, prompt in enumerate(PROMPTS):
-            engine.add_request(f"{round_}-{i}", prompt, GREEDY)
-        victim, aborted, finished = engine.scheduler.requests[f"{round_}-0"], False, {}
-        while engine.has_unfinished_requests():
-            finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
-            engine.check_invariants()
-            if victim.spec_token_ids and not aborted:
-                engine.abort_request(victim.request_id)  # drafts in flight
-                aborted = True
-        assert aborted
-        assert [finished[f"{round_}-{i}"] for i in range(1, 4)] == expected
+    run_rounds_with_an_abort(engine, GREEDY, expected)
     scheduler = engine.scheduler
     assert scheduler.spec_stats.num_accepted_tokens > 0, "no draft was ever kept"
     assert scheduler.num_preemptions > 0 and scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
