@@ -54,11 +54,23 @@ def test_throughput_bench_dry_run(tmp_path):
     assert result["speedup_vs_transformers_same_subset"] > 0 and result["complete"] is True
 
 
+def cut_short(main, argv: list[str]) -> None:
+    """Run a bench script's ``main`` in this process until the patched-in KeyboardInterrupt
+    (its time budget) stops it; the dry run's one torch thread is undone for later tests."""
+    import pytest
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_throughput_bench_cut_short_keeps_the_full_workload(tmp_path, monkeypatch):
     """The record is written after every timed run, the full workload first: a run that dies
     while loading transformers (as a time budget would cut it) still leaves the headline."""
-    import pytest
-
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_check
     import throughput
@@ -66,16 +78,9 @@ def test_throughput_bench_cut_short_keeps_the_full_workload(tmp_path, monkeypatc
     def out_of_time(*args, **kwargs):
         raise KeyboardInterrupt("the time budget ran out")
 
-    import torch
-
     monkeypatch.setattr(throughput, "load_transformers", out_of_time)
     out = tmp_path / "throughput.json"
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            throughput.main(["--dry-run", "--repeats", "1", "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)  # the dry run sets one thread; the tests after this one keep theirs
+    cut_short(throughput.main, ["--dry-run", "--repeats", "1", "--out", str(out)])
     record = json.loads(out.read_text())
     assert record["complete"] is False and "transformers_on_hf_subset" not in record
     assert record["tinyvllm_full_workload"]["requests"] == 4
@@ -120,9 +125,6 @@ def test_cpu_throughput_bench_dry_run(tmp_path):
 
 def test_prefix_caching_bench_cut_short_keeps_the_cases_it_measured(tmp_path, monkeypatch):
     """The record is written after every case: a run cut short in the second case keeps the first."""
-    import pytest
-    import torch
-
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_check
     import prefix_caching
@@ -137,12 +139,7 @@ def test_prefix_caching_bench_cut_short_keeps_the_cases_it_measured(tmp_path, mo
 
     monkeypatch.setattr(prefix_caching, "bench_case", second_case_runs_out_of_time)
     out = tmp_path / "prefix.json"
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            prefix_caching.main(["--dry-run", "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)  # the dry run sets one thread; the tests after this one keep theirs
+    cut_short(prefix_caching.main, ["--dry-run", "--out", str(out)])
     record = json.loads(out.read_text())
     assert record["complete"] is False and list(record["threads"]["1"]["cases"]) == ["hit_49"]
     figures = gpu_check.prefix_caching_figures(record)

@@ -631,17 +631,16 @@ class LLM:
         kwargs = check_template_kwargs(chat_template_kwargs)
         prompts = []
         for i, conversation in enumerate(_conversations(messages)):
+            if isinstance(conversation, Sequence) and not conversation:
+                raise ValueError(f"conversation {i} holds no message")
             try:
-                flat = flatten_messages(conversation)
-                if not flat:
-                    raise ValueError("holds no message")
                 text = render_chat(
-                    self.tokenizer, template, flat, add_generation_prompt=add_generation_prompt,
-                    continue_final_message=continue_final_message, template_kwargs=kwargs,
+                    self.tokenizer, template, flatten_messages(conversation),
+                    add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                    template_kwargs=kwargs,
                 )  # fmt: skip
             except (TypeError, ValueError) as error:
-                sep = " " if str(error) == "holds no message" else ": "
-                raise type(error)(f"conversation {i}{sep}{error}") from None
+                raise type(error)(f"conversation {i}: {error}") from None
             prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer(text, add_special_tokens=False).input_ids})
         return self.generate(prompts, sampling_params, use_tqdm)
     # --8<-- [end:chat]
