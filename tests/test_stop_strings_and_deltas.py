@@ -85,6 +85,62 @@ def test_stop_strings_wait_for_min_tokens(llm, reference):
         assert out.outputs[0].text == reference.text and out.outputs[0].finish_reason == "length"
 
 
+# -- a stop token's text (vLLM's detokenizer: ``update(..., stop_terminated)``) ----------------
+
+
+def stop_token(reference) -> tuple[int, int]:
+    """A token of the greedy output, after its first, whose first occurrence is where it
+    stops; and how many tokens the output then has."""
+    ids = reference.token_ids
+    token = next(t for t in ids[2:] if t != ids[0] and t != ids[1])
+    return token, ids.index(token) + 1
+
+
+def text_of(llm, token_ids) -> str:
+    from tinyvllm.engine.detokenizer import decode_text
+
+    return decode_text(llm.get_tokenizer(), token_ids, True)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["decoded-at-the-end", "incremental"])
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_token_keeps_its_id_but_not_its_text(llm, reference, stream, include):
+    """As vLLM: a request stopped by one of its ``stop_token_ids`` reports the token's id,
+    but its text leaves the token out unless ``include_stop_str_in_output``. Both ways the
+    engine detokenises: once at the end, and every step (stop strings, streaming)."""
+    token, num_tokens = stop_token(reference)
+    extra = dict(stop=["\x00never\x00"]) if stream else {}
+    [out] = llm.generate(PROMPT, greedy(stop_token_ids=[token], include_stop_str_in_output=include, **extra),
+                         use_tqdm=False)
+    completion = out.outputs[0]
+    ids = reference.token_ids[:num_tokens]
+    assert completion.token_ids == ids
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", token)
+    assert completion.text == text_of(llm, ids if include else ids[:-1])
+    assert text_of(llm, ids) != text_of(llm, ids[:-1])  # the token has text to leave out
+
+
+def test_streamed_deltas_never_send_a_stop_tokens_text(llm, reference):
+    token, num_tokens = stop_token(reference)
+    outputs = _run_engine(llm, greedy(stop_token_ids=[token], output_kind=RequestOutputKind.DELTA), "delta-stop-token")
+    ids = reference.token_ids[:num_tokens]
+    assert "".join(o.outputs[0].text for o in outputs) == text_of(llm, ids[:-1])
+    assert [t for o in outputs for t in o.outputs[0].token_ids] == ids
+
+
+def test_eos_text_is_left_out_even_with_special_tokens_shown(llm):
+    """``skip_special_tokens=False`` shows special tokens in the text, but not the EOS that
+    ended the request (vLLM's ``stop_terminated``); with ``ignore_eos`` it is an ordinary token."""
+    tok = llm.get_tokenizer()
+    eos = llm.engine.eos_token_id
+    forced = dict(temperature=0, max_tokens=3, logit_bias={eos: 100.0}, skip_special_tokens=False)
+    [stopped] = llm.generate(PROMPT, SamplingParams(**forced), use_tqdm=False)
+    assert (stopped.outputs[0].token_ids, stopped.outputs[0].finish_reason) == ([eos], "stop")
+    assert stopped.outputs[0].text == ""
+    [kept] = llm.generate(PROMPT, SamplingParams(**forced, ignore_eos=True), use_tqdm=False)
+    assert kept.outputs[0].text == tok.decode([eos] * 3, skip_special_tokens=False) != ""
+
+
 def test_stopped_request_frees_its_blocks(llm, reference):
     stop, _ = split_stop(llm, reference)
     llm.generate(PROMPT, greedy(stop=[stop]), use_tqdm=False)

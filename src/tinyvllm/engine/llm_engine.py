@@ -37,6 +37,9 @@ the scheduler finishes the request (``finish_requests`` frees its blocks at once
 the output says ``finish_reason="stop"`` and ``stop_reason=<the string>``. While a request
 without ``include_stop_str_in_output`` streams, its last ``len(longest stop) - 1``
 characters are held back: they might be the start of a stop string that must not be sent.
+A request stopped by a token (EOS, or one of its ``stop_token_ids``) keeps that token's id
+but not its text, unless ``include_stop_str_in_output``: vLLM's detokenizer leaves out the
+last token when ``stop_terminated``, so a stop token is treated as a stop string is.
 NOTE 4 (an undo that fails too): the undo runs every part whatever another part raised
 (``try``/``finally``): the scheduler frees the step's requests, the runner empties its
 batch, and the engine forgets them. A second exception on the way (a logits processor
@@ -111,6 +114,7 @@ class _Tracked:
     first_token_time: float | None = None
     num_cached_tokens: int = 0
     text_end: int | None = None  # where a stop string cut the text (NOTE 3)
+    stop_token_hidden: bool = False  # the last token stopped the request and has no text (NOTE 3)
     stop_checked_chars: int = 0  # text already searched for stop strings
     sent_chars: int = 0  # DELTA: text and tokens already reported
     sent_tokens: int = 0
@@ -285,8 +289,11 @@ class LLMEngine:
             tracked.token_ids.extend(out.new_token_ids)
             self._update_logprobs(tracked, out)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            text_ids = out.new_token_ids
+            if finish_reason == "stop" and not tracked.params.include_stop_str_in_output:
+                tracked.stop_token_hidden, text_ids = True, text_ids[:-1]  # EOS or a stop token (NOTE 3)
             if tracked.detokenizer is not None:
-                stop = self._update_text(tracked, out.new_token_ids, out.finished)
+                stop = self._update_text(tracked, text_ids, out.finished)
                 if stop is not None:  # NOTE 3
                     if not out.finished:
                         self.scheduler.finish_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
@@ -480,8 +487,8 @@ class LLMEngine:
     def _visible_text(self, tracked: _Tracked, finished: bool) -> str:
         """The text a client may see now: cut at a stop string, less what is held back (NOTE 3)."""
         if tracked.detokenizer is None:  # decoded once, at the end (NOTE 2)
-            skip = tracked.params.skip_special_tokens
-            return decode_text(self.tokenizer, tracked.token_ids, skip) if self.tokenizer else ""
+            skip, ids = tracked.params.skip_special_tokens, tracked.token_ids
+            return decode_text(self.tokenizer, ids[:-1] if tracked.stop_token_hidden else ids, skip) if self.tokenizer else ""
         text = tracked.detokenizer.text
         if tracked.text_end is not None:
             return text[: tracked.text_end]
