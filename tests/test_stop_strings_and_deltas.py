@@ -75,9 +75,12 @@ def test_a_stop_string_that_never_appears_changes_nothing(llm, reference):
     assert (out.outputs[0].finish_reason, out.outputs[0].stop_reason) == ("length", None)
 
 
-def test_stop_strings_wait_for_min_tokens(llm, reference):
+@pytest.mark.parametrize("after", [0, 1], ids=["min-tokens-ends-at-the-stop", "min-tokens-ends-after-it"])
+def test_stop_strings_wait_for_min_tokens(llm, reference, after):
+    """As vLLM: a stop string counts only if it ends in the text of an output token after
+    the first ``min_tokens``; one that the ``min_tokens``-th token completes does not."""
     stop, num_tokens = split_stop(llm, reference)
-    [out] = llm.generate(PROMPT, greedy(stop=[stop], min_tokens=num_tokens + 1), use_tqdm=False)
+    [out] = llm.generate(PROMPT, greedy(stop=[stop], min_tokens=num_tokens + after), use_tqdm=False)
     first_end = reference.text.find(stop) + len(stop)
     assert out.outputs[0].text.startswith(reference.text[:first_end])  # the first occurrence was not searched
     assert len(out.outputs[0].token_ids) > num_tokens
@@ -139,6 +142,25 @@ def test_eos_text_is_left_out_even_with_special_tokens_shown(llm):
     assert stopped.outputs[0].text == ""
     [kept] = llm.generate(PROMPT, SamplingParams(**forced, ignore_eos=True), use_tqdm=False)
     assert kept.outputs[0].text == tok.decode([eos] * 3, skip_special_tokens=False) != ""
+
+
+def test_a_short_stop_string_inside_the_min_tokens_text_is_not_found(llm, reference):
+    """Each stop string looks back ``len(stop) - 1`` characters into text already searched
+    (or held back by ``min_tokens``), not the longest stop string's: a short one that lies
+    wholly in the first ``min_tokens`` tokens' text is not found when a long one is given too."""
+    from tinyvllm.engine.detokenizer import decode_text
+
+    tok, ids, text = llm.get_tokenizer(), reference.token_ids, reference.text
+    long_stop = "\x00" * 12  # never in the text; it only lengthens the look-back
+    for m in range(2, len(ids) - 1):
+        head = decode_text(tok, ids[:m], True)
+        short = head[-3:-1]  # ends one character before the min_tokens text does
+        if len(short) == 2 and "\ufffd" not in head and text.startswith(head) and text.rfind(short) + 2 < len(head):
+            break
+    else:
+        raise AssertionError(f"the greedy text {text!r} has no short string to test with")
+    [out] = llm.generate(PROMPT, greedy(stop=[short, long_stop], min_tokens=m), use_tqdm=False)
+    assert (out.outputs[0].text, out.outputs[0].finish_reason) == (text, "length")
 
 
 def test_stopped_request_frees_its_blocks(llm, reference):

@@ -30,9 +30,11 @@ reports itself dead; an offline engine can do better, because nothing else share
 NOTE 2 (streaming): a request that streams (DELTA or CUMULATIVE) or has stop strings is
 detokenised every step by an ``IncrementalDetokenizer``, so its text never ends in half a
 character. Other requests are decoded once, when they finish, which costs nothing per step.
-NOTE 3 (stop strings): after a step, the new text (plus the last ``len(stop) - 1``
-characters before it, for a stop string split across tokens) is searched for the
-request's stop strings, once it has ``min_tokens`` outputs. On a hit the text is cut,
+NOTE 3 (stop strings): after a step, the new text (plus, for each stop string, the last
+``len(stop) - 1`` characters before it, for one split across tokens) is searched for the
+request's stop strings; as in vLLM, a stop string counts only if it ends in the text of an
+output after the first ``min_tokens``. If several end in the new text, the one that starts
+first wins (vLLM takes the first in the list). On a hit the text is cut,
 the scheduler finishes the request (``finish_requests`` frees its blocks at once), and
 the output says ``finish_reason="stop"`` and ``stop_reason=<the string>``. While a request
 without ``include_stop_str_in_output`` streams, its last ``len(longest stop) - 1``
@@ -286,6 +288,7 @@ class LLMEngine:
             if out.new_token_ids and tracked.first_token_time is None:
                 tracked.first_token_time = now
                 tracked.num_cached_tokens = out.num_cached_tokens
+            num_before = len(tracked.token_ids)
             tracked.token_ids.extend(out.new_token_ids)
             self._update_logprobs(tracked, out)
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
@@ -293,7 +296,7 @@ class LLMEngine:
             if finish_reason == "stop" and not tracked.params.include_stop_str_in_output:
                 tracked.stop_token_hidden, text_ids = True, text_ids[:-1]  # EOS or a stop token (NOTE 3)
             if tracked.detokenizer is not None:
-                stop = self._update_text(tracked, text_ids, out.finished)
+                stop = self._update_text(tracked, text_ids, num_before, out.finished)
                 if stop is not None:  # NOTE 3
                     if not out.finished:
                         self.scheduler.finish_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
@@ -358,23 +361,26 @@ class LLMEngine:
     # --8<-- [end:update_logprobs]
 
     # --8<-- [start:update_text]
-    def _update_text(self, tracked: _Tracked, new_token_ids: list[int], finished: bool) -> str | None:
-        """Detokenise the new tokens; return the stop string found in the new text, if any (NOTE 3)."""
-        detokenizer = tracked.detokenizer
-        detokenizer.update(new_token_ids)
+    def _update_text(self, tracked: _Tracked, new_token_ids: list[int], num_before: int, finished: bool) -> str | None:
+        """Detokenise the new tokens (the request had ``num_before`` outputs before them);
+        return the stop string found in the new text, if any (NOTE 3)."""
+        detokenizer, params = tracked.detokenizer, tracked.params
+        held = min(len(new_token_ids), max(0, params.min_tokens - num_before))  # inside the first min_tokens
+        if held:
+            detokenizer.update(new_token_ids[:held])
+            tracked.stop_checked_chars = len(detokenizer.text)  # never searched
+        detokenizer.update(new_token_ids[held:])
         if finished:
             detokenizer.finish()
-        params = tracked.params
-        if not params.stop or len(tracked.token_ids) < params.min_tokens:
-            tracked.stop_checked_chars = len(detokenizer.text)
-            return None
-        text = detokenizer.text
-        start = max(0, tracked.stop_checked_chars - max(map(len, params.stop)) + 1)
+        text, checked = detokenizer.text, tracked.stop_checked_chars
         tracked.stop_checked_chars = len(text)
-        hits = [(index, stop) for stop in params.stop if (index := text.find(stop, start)) >= 0]
+        if not params.stop or held == len(new_token_ids):
+            return None
+        # each stop string may begin up to len(stop) - 1 characters before the new text
+        hits = [(i, stop) for stop in params.stop if (i := text.find(stop, max(0, checked - len(stop) + 1))) >= 0]
         if not hits:
             return None
-        index, stop = min(hits)  # the earliest stop string in the text wins
+        index, stop = min(hits)  # the earliest stop string in the text wins (vLLM: the first listed)
         tracked.text_end = index + len(stop) if params.include_stop_str_in_output else index
         return stop
     # --8<-- [end:update_text]
