@@ -1,5 +1,6 @@
-"""bench/sampler_cpu.py, bench/hashing.py and bench/bookkeeping.py: their --quick runs go
-through every code path and write the JSON the README describes (timings mean nothing)."""
+"""bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py and bench/ngram_proposer.py:
+their --quick runs go through every code path and write the JSON the README describes
+(timings mean nothing)."""
 
 import json
 import os
@@ -128,3 +129,16 @@ def test_cascade_dry_run_times_both_engines_on_the_same_prompts(tmp_path):
     assert {k: len(v) for k, v in w["seconds"].items()} == {"cascade": 2, "one_group": 2}
     assert w["ratio_one_group_over_cascade"] == w["median_s"]["one_group"] / w["median_s"]["cascade"]
     assert w["split_decode_groups"]["cascade"] > 0 and w["split_decode_groups"]["one_group"] == 0
+
+
+def test_ngram_proposer_quick_checks_both_ways_agree_and_writes_ratios(tmp_path):
+    out = tmp_path / "ngram_proposer.json"
+    result = _run("ngram_proposer.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["workload"]["tokens"] > 10_000
+    assert [(c["num_reqs"], c["tokens_per_request"]) for c in record["cases"]] == [(1, 64), (4, 128)]
+    for case in record["cases"]:
+        assert set(case["us_per_request_step"]) == {"one_by_one", "batch"}
+        assert all(len(v) == 2 for v in case["rounds_us_per_request_step"].values())
+        assert case["one_by_one_over_batch"] > 0

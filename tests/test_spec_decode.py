@@ -249,6 +249,12 @@ class ScriptedProposer:
                 return continuation[done : done + n]
         return []
 
+    def propose_batch(self, requests):  # what the engine calls, for every decoding request
+        return [self.propose(request.all_token_ids) for request in requests]
+
+    def check_invariants(self):  # it keeps no state between steps
+        return None
+
 
 def test_seed001_layout_2_3_1_and_forcing_on_a_draft_row_in_real_steps(tiny_model_dirs):
     """Seed 001 ch. 10's ``[2, 3, 1]`` and appendix T2's layout, reached by engine steps:

@@ -315,10 +315,15 @@ class LLMEngine:
 
     # --8<-- [start:propose]
     def _propose_drafts(self) -> None:
-        """NOTE 8: drafts for every running request that decodes next (its one real token left)."""
+        """NOTE 8: drafts for every running request that decodes next (its one real token
+        left), searched for all of them at once (``ngram_proposer.py`` NOTE 2)."""
+        decoding = []
         for request in self.scheduler.running:
-            decoding = request.num_computed_tokens == request.num_tokens - 1
-            request.spec_token_ids = self.proposer.propose(request.all_token_ids) if decoding else []
+            request.spec_token_ids = []
+            if request.num_computed_tokens == request.num_tokens - 1:
+                decoding.append(request)
+        for request, drafts in zip(decoding, self.proposer.propose_batch(decoding)):
+            request.spec_token_ids = drafts
     # --8<-- [end:propose]
 
     # --8<-- [start:parents]
@@ -422,6 +427,8 @@ class LLMEngine:
         scheduler, runner = self.scheduler, self.model_runner
         scheduler.check_invariants()
         runner.check_invariants()
+        if self.proposer is not None:
+            self.proposer.check_invariants()
         unfinished, tracked = set(scheduler.requests), set(self._tracked)
         assert tracked == unfinished, (
             f"the engine tracks {sorted(tracked - unfinished)} that the scheduler has not, "
