@@ -296,9 +296,37 @@ def test_seed001_layout_2_3_1_and_forcing_on_a_draft_row_in_real_steps(tiny_mode
     assert [(rows, hits) for rows, hits in forced if hits] == [([2, 3, 1], [3])], forced
 
 
+def same_logprobs(mine, theirs, tol=1e-4) -> bool:
+    """Two positions' ``{token: Logprob}`` agree: the same tokens, ranks and (within ``tol``) values."""
+    return mine.keys() == theirs.keys() and all(
+        mine[t].rank == theirs[t].rank and abs(mine[t].logprob - theirs[t].logprob) <= tol for t in mine
+    )
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_logprobs_with_speculation_equal_logprobs_without(tiny_model_dirs, family):
+    """As vLLM since its PR #26060: the logprobs of every kept token (a draft the target
+    agreed with, or the token it sampled) are the target's raw logprobs at that position, so
+    they equal a run without speculation; prompt logprobs too. Run with drafts kept (looping
+    prompts), chunked prefills and a ``max_tokens`` that cuts a step's kept tokens short."""
+    folder = tiny_model_dirs[family]
+    params = [greedy(n, logprobs=3, prompt_logprobs=2) for n in (16, 11, 13, 5)]
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS[:4]]
+    plain = make_llm(folder, None).generate(prompts, params, use_tqdm=False)
+    spec = make_llm(folder, max_num_batched_tokens=9)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    assert spec.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    for mine, theirs in zip(got, plain):
+        a, b = mine.outputs[0], theirs.outputs[0]
+        assert a.token_ids == b.token_ids and len(a.logprobs) == len(a.token_ids)
+        assert all(same_logprobs(x, y) for x, y in zip(a.logprobs, b.logprobs))
+        assert abs(a.cumulative_logprob - b.cumulative_logprob) <= 1e-3
+        assert mine.prompt_logprobs[0] is None and len(mine.prompt_logprobs) == len(theirs.prompt_logprobs)
+        assert all(same_logprobs(x, y) for x, y in zip(mine.prompt_logprobs[1:], theirs.prompt_logprobs[1:]))
+
+
 @pytest.mark.parametrize(
-    "field, value",
-    [("min_p", 0.1), ("logit_bias", {5: 1.0}), ("bad_words", ["x"]), ("allowed_token_ids", [5]), ("logprobs", 1)],
+    "field, value", [("min_p", 0.1), ("logit_bias", {5: 1.0}), ("bad_words", ["x"]), ("allowed_token_ids", [5])]
 )
 def test_what_drafts_cannot_honour_is_refused(tiny_model_dirs, field, value):
     spec = make_llm(tiny_model_dirs["qwen3"])

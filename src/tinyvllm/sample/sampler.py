@@ -62,8 +62,9 @@ judges each row by its position (``apply_with_spec_decode``); the penalties coun
 drafts before each row as generated; the thinking budget forces its end token at the row
 it predicts (``apply_to_spec_rows``); temperature, top-k and top-p are each request's, per
 row; ``sample/rejection_sampler.py`` then keeps the drafts the target agrees with. min_p,
-logit_bias, bad words, allowed ids and logprobs are refused for such an engine
-(``engine/request_checks.py``).
+logit_bias, bad words and allowed ids are refused for such an engine
+(``engine/request_checks.py``). It works on a copy of the logits: the runner computes the
+kept tokens' logprobs from the raw ones (``worker/model_runner.py`` NOTE 10).
 """
 # --8<-- [end:header]
 

@@ -71,6 +71,12 @@ which drafts are kept; the request's ``num_computed_tokens`` then takes back the
 ones (their KV slots are written again next step). With a speculative config every step
 samples this way, requests without drafts as one row each, so the thinking budget and
 MinTokens see one row layout (``Sampler.sample_spec``).
+NOTE 10 (logprobs with drafts): kept token ``i`` of a request (an accepted draft, or the
+token sampled after the last one) was predicted by the request's row ``i`` of the verified
+logits, so its logprobs are that row's raw logprobs, exactly those a step without
+speculation computes at the same position (vLLM's PR #26060 does the same). Rows of
+rejected drafts are not reported; the scheduler cuts the list to the tokens it keeps.
+Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
 """
 
 from __future__ import annotations
@@ -463,7 +469,7 @@ class ModelRunner:
         sampling_metadata = self.input_batch.make_sampling_metadata()
         logprobs: dict[str, list[LogprobEntry]] = {}
         if self.speculative:
-            tokens = self._verify_drafts(hidden, num_sched, drafts, sampling_metadata)  # NOTE 9
+            tokens, logprobs = self._verify_drafts(hidden, num_sched, drafts, sampling_metadata, req_ids, complete)
         else:
             logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
             sampler_output = self.sampler(logits, sampling_metadata)
@@ -484,17 +490,31 @@ class ModelRunner:
 
     # --8<-- [start:verify]
     def _verify_drafts(
-        self, hidden: torch.Tensor, num_sched: list[int], drafts: list[tuple[int, ...]], metadata
-    ) -> list[list[int]]:
+        self, hidden: torch.Tensor, num_sched: list[int], drafts: list[tuple[int, ...]], metadata,
+        req_ids: list[str], complete: list[bool],
+    ) -> tuple[list[list[int]], dict[str, list[LogprobEntry]]]:
         """NOTE 9: the logits of each request's last ``len(drafts) + 1`` positions, through the
-        rejection sampler; the tokens each request keeps."""
+        rejection sampler; the tokens each request keeps, and the logprobs of the kept tokens
+        of the requests that ask (NOTE 10)."""
         rows: list[int] = []
         end = 0
         for n, d in zip(num_sched, drafts):
             end += n
             rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [sum(k_r + 1), V]
-        return self.sampler.sample_spec(logits, metadata, drafts)
+        tokens = self.sampler.sample_spec(logits, metadata, drafts)  # it edits a copy: logits stay raw
+        logprobs: dict[str, list[LogprobEntry]] = {}
+        firsts = [0]
+        for d in drafts:
+            firsts.append(firsts[-1] + len(d) + 1)  # where each request's rows begin in ``logits``
+        for row, k in sorted(metadata.num_logprobs.items()):
+            kept = tokens[row]
+            if not complete[row] or not kept:
+                continue
+            raw = logprob_ops.compute_logprobs(logits[firsts[row] : firsts[row] + len(kept)])  # [kept, V]
+            chosen = torch.tensor(kept, device=raw.device)
+            logprobs[req_ids[row]] = logprob_ops.row_entries(logprob_ops.gather_logprobs(raw, chosen, k), [k] * len(kept))
+        return tokens, logprobs
     # --8<-- [end:verify]
 
     # --8<-- [start:logprobs]
