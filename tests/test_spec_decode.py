@@ -325,9 +325,69 @@ def test_logprobs_with_speculation_equal_logprobs_without(tiny_model_dirs, famil
         assert all(same_logprobs(x, y) for x, y in zip(mine.prompt_logprobs[1:], theirs.prompt_logprobs[1:]))
 
 
-@pytest.mark.parametrize(
-    "field, value", [("min_p", 0.1), ("logit_bias", {5: 1.0}), ("bad_words", ["x"]), ("allowed_token_ids", [5])]
-)
+def one_token_words(llm, token_ids) -> list[str]:
+    """Words of the output that the engine's bad-words tokenization bans as that one token."""
+    from tinyvllm.sample.bad_words import tokenize_bad_words
+
+    tok = llm.get_tokenizer()
+    words = [tok.decode([t]) for t in dict.fromkeys(token_ids)]
+    return [w for w, t in zip(words, dict.fromkeys(token_ids)) if w.strip() and (t,) in tokenize_bad_words(tok, [w])]
+
+
+@pytest.mark.parametrize("field", ["bad_words", "allowed_token_ids"])
+def test_bad_words_and_allowed_ids_act_on_every_draft_row(tiny_model_dirs, field):
+    """As vLLM's rejection sampler: a draft row is masked as the token after the drafts
+    before it would be, so greedy output with speculation equals greedy output without, for
+    a ban that changes the output and for allowed ids that keep the looping prompt's tokens."""
+    folder = tiny_model_dirs["qwen3"]
+    plain = make_llm(folder, None)
+    free = run(plain, [LOOP], greedy(16))[0]
+    if field == "bad_words":
+        words = one_token_words(plain, free[2:])
+        assert words, f"the greedy output {free} has no one-token word"
+        value = words[:1]
+    else:
+        value = sorted(set(LOOP) | {free[0]})[:-1]  # the loop's tokens, less the largest one
+    params = greedy(16, **{field: value})
+    expected = run(plain, [LOOP, PROMPTS[3]], params)
+    assert expected[0] != free  # the field changed the output
+    spec = make_llm(folder)
+    assert run(spec, [LOOP, PROMPTS[3]], params) == expected
+    assert spec.engine.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_a_bad_word_that_drafts_would_complete_is_rejected(tiny_model_dirs):
+    """Drafts ``a b`` in one step, where ``a b`` is a bad word: the row after draft ``a`` must
+    ban ``b`` (the output alone does not end in ``a``), so ``b`` is rejected and the target's
+    next choice kept, as without speculation. The drafts are scripted to be the unbanned
+    greedy continuation, so each step keeps 3 drafts and a bonus token: drafts at output
+    positions 1-3, 5-7, ...; the bad word is a pair of the continuation inside one step."""
+    from tinyvllm.sample.bad_words import tokenize_bad_words
+
+    folder = tiny_model_dirs["qwen3"]
+    plain = make_llm(folder, None)
+    tok = plain.get_tokenizer()
+    free = run(plain, PROMPTS, greedy(16))
+    pairs = [
+        (prompt, out, i, tok.decode(out[i : i + 2]))
+        for prompt, out in zip(PROMPTS, free)
+        for i in range(1, len(out) - 1)
+        if i % 4 in (1, 2) and out[i - 1] != out[i] and tuple(out[i : i + 2]) not in zip(out[:i], out[1:i])
+    ]
+    cases = [(p, out, i, word) for p, out, i, word in pairs if tuple(out[i : i + 2]) in tokenize_bad_words(tok, [word])]
+    assert cases, "no pair of the greedy outputs is a two-token bad word"
+    prompt, out, i, word = cases[0]
+    params = greedy(16, bad_words=[word])
+    [expected] = run(plain, [prompt], params)
+    assert expected[: i + 1] == out[: i + 1] and expected[i + 1] != out[i + 1]  # the ban acts at i + 1
+    spec = make_llm(folder)
+    spec.engine.proposer = ScriptedProposer({tuple(prompt): (out, 3)})
+    assert run(spec, [prompt], params) == [expected]
+    # every draft up to position i was kept (a included), b and all after it rejected
+    assert spec.engine.scheduler.spec_stats.num_accepted_tokens == sum(1 for j in range(1, i + 1) if j % 4)
+
+
+@pytest.mark.parametrize("field, value", [("min_p", 0.1), ("logit_bias", {5: 1.0})])
 def test_what_drafts_cannot_honour_is_refused(tiny_model_dirs, field, value):
     spec = make_llm(tiny_model_dirs["qwen3"])
     with pytest.raises(ValueError, match=f"{field}.*speculative decoding"):

@@ -20,9 +20,9 @@ from tinyvllm.validation import check_token_ids
 
 # Fields a speculative engine refuses, with the value that means "off": seed 001 ch. 11.4
 # builds only MinTokens under a speculative config ("min_p and logit_bias parameters won't
-# work with speculative decoding"); vLLM warns and ignores them, we refuse. Bad words and
-# allowed ids are not built for draft rows here. (Logprobs are: ``model_runner.py`` NOTE 10.)
-NOT_WITH_SPECULATION = {"min_p": 0.0, "logit_bias": None, "bad_words": (), "allowed_token_ids": None}
+# work with speculative decoding"); vLLM warns and ignores them, we refuse. (Bad words,
+# allowed ids and logprobs work on draft rows, as in vLLM: ``Sampler.sample_spec``.)
+NOT_WITH_SPECULATION = {"min_p": 0.0, "logit_bias": None}
 
 
 # --8<-- [start:request_against_model]

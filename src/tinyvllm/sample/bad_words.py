@@ -21,8 +21,11 @@ tokenizer is; the token ids then travel with the request to the persistent batch
 NOTE 2 (the prompt does not count): with the word ``(a, b)`` and a prompt that ends in
 ``a``, the first output may be ``b``; vLLM compares with the output tokens only, and so
 do we.
-Left out: vLLM's special case for Mistral tokenizers, and speculative decoding (a ban per
-draft position).
+NOTE 3 (speculative decoding): a request verifying k drafts owns k + 1 rows, and row j
+predicts the token after drafts ``0 .. j - 1``; so row j bans what the output would ban if
+those drafts had been generated (``apply_bad_words_with_drafts``, vLLM's function of the
+same name). A draft the ban hits is then rejected, as it must be.
+Left out: vLLM's special case for Mistral tokenizers.
 """
 # --8<-- [end:header]
 
@@ -76,14 +79,38 @@ def apply_bad_words(
     ``logits`` ``[R, V]``; ``bad_words`` row -> its sequences; ``output_token_ids`` every
     row's live output list. One indexed write for the whole batch.
     """
-    rows: list[int] = []
-    tokens: list[int] = []
-    for row, sequences in bad_words.items():
-        banned = banned_tokens(sequences, output_token_ids[row])
-        rows.extend([row] * len(banned))
-        tokens.extend(banned)
+    bans = [(row, banned_tokens(sequences, output_token_ids[row])) for row, sequences in bad_words.items()]
+    return _ban(logits, bans)
+# --8<-- [end:ban]
+
+
+# --8<-- [start:ban_drafts]
+def apply_bad_words_with_drafts(
+    logits: torch.Tensor,
+    bad_words: Mapping[int, BadWordsTokenIds],
+    output_token_ids: Sequence[Sequence[int]],
+    drafts: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """``apply_bad_words`` for speculative decoding (NOTE 3): batch row r owns
+    ``len(drafts[r]) + 1`` rows of ``logits`` ``[N, V]``, and its row j bans what the output
+    plus drafts ``0 .. j - 1`` would. In place."""
+    firsts = [0]
+    for d in drafts:
+        firsts.append(firsts[-1] + len(d) + 1)  # where each request's rows begin
+    bans = [
+        (firsts[row] + j, banned_tokens(sequences, [*output_token_ids[row], *drafts[row][:j]]))
+        for row, sequences in bad_words.items()
+        for j in range(len(drafts[row]) + 1)
+    ]
+    return _ban(logits, bans)
+# --8<-- [end:ban_drafts]
+
+
+def _ban(logits: torch.Tensor, bans: list[tuple[int, list[int]]]) -> torch.Tensor:
+    """Set ``logits[row, token]`` to -inf for each row's banned tokens: one indexed write."""
+    rows = [row for row, banned in bans for _ in banned]
+    tokens = [token for _, banned in bans for token in banned]
     if tokens:
         index = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
         logits.index_put_(index, torch.tensor(float("-inf"), device=logits.device))
     return logits
-# --8<-- [end:ban]

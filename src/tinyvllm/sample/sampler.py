@@ -61,22 +61,24 @@ rows. Under a speculative config only MinTokens is built (seed 001 ch. 11.4), an
 judges each row by its position (``apply_with_spec_decode``); the penalties count the
 drafts before each row as generated; the thinking budget forces its end token at the row
 it predicts (``apply_to_spec_rows``); temperature, top-k and top-p are each request's, per
-row; ``sample/rejection_sampler.py`` then keeps the drafts the target agrees with. min_p,
-logit_bias, bad words and allowed ids are refused for such an engine
-(``engine/request_checks.py``). It works on a copy of the logits: the runner computes the
+row; allowed ids mask every row of their request, and bad words ban per row what the
+drafts before it would complete (``bad_words.py`` NOTE 3), as vLLM's rejection sampler
+does; ``sample/rejection_sampler.py`` then keeps the drafts the target agrees with. min_p
+and logit_bias are refused for such an engine (``engine/request_checks.py``). It works on a copy of the logits: the runner computes the
 kept tokens' logprobs from the raw ones (``worker/model_runner.py`` NOTE 10).
 """
 # --8<-- [end:header]
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tinyvllm.sample import logprobs as logprob_ops
-from tinyvllm.sample.bad_words import apply_bad_words
+from tinyvllm.sample.bad_words import apply_bad_words, apply_bad_words_with_drafts
 from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.rejection_sampler import rejection_sample
 
@@ -169,6 +171,13 @@ class Sampler:
         if logits.shape[0] != sum(rows_per_request):
             raise ValueError(f"logits have {logits.shape[0]} rows, the drafts need {sum(rows_per_request)}")
         logits = logits.to(torch.float32, copy=True)  # [N, V]
+        if md.allowed_token_ids_mask is not None:  # each request's mask on each of its rows
+            firsts = list(itertools.accumulate(rows_per_request, initial=0))
+            for p, request in enumerate(md.allowed_token_ids_rows.tolist()):
+                mine = slice(firsts[request], firsts[request + 1])
+                logits[mine] = logits[mine].masked_fill(md.allowed_token_ids_mask[p], float("-inf"))
+        if md.bad_words_token_ids:
+            logits = apply_bad_words_with_drafts(logits, md.bad_words_token_ids, md.output_token_ids, drafts)
         for proc in md.logitsprocs.non_argmax_invariant:  # MinTokens alone under a speculative config
             logits = proc.apply_with_spec_decode(logits, rows_per_request)
         if md.penalties is not None:
