@@ -11,7 +11,9 @@ speculative-decoding run, for R decoding requests of n tokens each, two ways:
 
 Workload: real text, as the proposer meets it in use: the Python sources of a few
 standard-library modules, tokenized by the shipped model's tokenizer (``stdlib_tiny``), cut
-into R windows of n tokens at seeded random offsets; ``num_speculative_tokens`` 3,
+into R windows of n tokens at seeded random offsets, and one mixed batch (one request of
+16,384 tokens among 255 of 512: a padded ``[R, W]`` search would pay for 256 long rows);
+``num_speculative_tokens`` 3,
 ``prompt_lookup_min`` 2, ``prompt_lookup_max`` 5 (vLLM's defaults when both are unset are
 5 and 5; the spread makes the search longer, not shorter). Each timed step first appends
 one token to every request (the token the step before kept), so the batch pays for its
@@ -24,8 +26,8 @@ medians of the same run. Both ways return the same drafts (checked every step).
 ``torch`` is not involved; numpy's own threads do not apply to these calls.
 
 Run: ``python3 bench/ngram_proposer.py`` (about half a minute) writes
-``bench/results/ngram_proposer.json``; ``--quick`` runs two small cases (the test suite
-runs it; its timings mean nothing).
+``bench/results/ngram_proposer.json``; ``--quick`` runs two small cases, one of them
+mixed (the test suite runs it; its timings mean nothing).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from pathlib import Path
 
 from harness import ROOT, run_header, write_json
 
-CASES = [(1, 128), (1, 2048), (8, 512), (32, 1024), (64, 512), (256, 1024), (256, 2048)]
-QUICK_CASES = [(1, 64), (4, 128)]
+CASES = [[128], [2048], [512] * 8, [1024] * 32, [512] * 64, [1024] * 256, [2048] * 256, [16384] + [512] * 255]
+QUICK_CASES = [[64], [128] * 3 + [256]]
 MODULES = ("json/decoder.py", "json/encoder.py", "inspect.py", "email/message.py", "http/server.py", "argparse.py")
 
 
@@ -63,15 +65,16 @@ class Seq:
         self.all_token_ids = tokens
 
 
-def run_case(ids: list[int], num_reqs: int, length: int, steps: int, repeats: int, seed: int) -> dict:
+def run_case(ids: list[int], lengths: list[int], steps: int, repeats: int, seed: int) -> dict:
     from tinyvllm.spec_decode.ngram_proposer import NgramProposer, find_ngram_drafts
 
     rng = random.Random(seed)
     k, min_n, max_n = 3, 2, 5
-    starts = [rng.randrange(len(ids) - length - steps * repeats * 2 - 2) for _ in range(num_reqs)]
+    num_reqs, longest = len(lengths), max(lengths)
+    starts = [rng.randrange(len(ids) - n - steps - repeats - 2) for n in lengths]
 
     def fresh(start_offset: int) -> list[Seq]:
-        return [Seq(ids[s + start_offset : s + start_offset + length]) for s in starts]
+        return [Seq(ids[s + start_offset : s + start_offset + n]) for s, n in zip(starts, lengths)]
 
     def one_by_one(seqs: list[Seq], proposer: NgramProposer) -> list[list[int]]:
         return [find_ngram_drafts(seq.all_token_ids, min_n, max_n, k) for seq in seqs]
@@ -85,12 +88,12 @@ def run_case(ids: list[int], num_reqs: int, length: int, steps: int, repeats: in
         order = list(ways) if rnd % 2 == 0 else list(reversed(ways))
         for name in order:
             seqs = fresh(rnd)
-            proposer = NgramProposer(k, min_n, max_n, max_model_len=length + steps + 8)
+            proposer = NgramProposer(k, min_n, max_n, max_model_len=longest + steps + 8)
             ways[name](seqs, proposer)  # the first step fills the table: not timed
             elapsed = 0.0
             for step in range(steps):
-                for seq, s in zip(seqs, starts):
-                    seq.all_token_ids.append(ids[s + rnd + length + step])
+                for seq, s, n in zip(seqs, starts, lengths):
+                    seq.all_token_ids.append(ids[s + rnd + n + step])
                 begin = time.perf_counter()
                 drafts = ways[name](seqs, proposer)
                 elapsed += time.perf_counter() - begin
@@ -99,7 +102,7 @@ def run_case(ids: list[int], num_reqs: int, length: int, steps: int, repeats: in
     medians = {name: statistics.median(values) for name, values in per_round.items()}
     return {
         "num_reqs": num_reqs,
-        "tokens_per_request": length,
+        "tokens_per_request": sorted(set(lengths), reverse=True) if len(set(lengths)) > 1 else lengths[0],
         "us_per_request_step": medians,
         "rounds_us_per_request_step": per_round,
         "one_by_one_over_batch": medians["one_by_one"] / medians["batch"],
@@ -117,12 +120,12 @@ def main(argv: list[str] | None = None) -> dict:
     cases, steps, repeats = (QUICK_CASES, 3, 2) if args.quick else (CASES, args.steps, args.repeats)
     ids = stdlib_token_ids()
     results = []
-    for num_reqs, length in cases:
-        result = run_case(ids, num_reqs, length, steps, repeats, args.seed)
+    for lengths in cases:
+        result = run_case(ids, lengths, steps, repeats, args.seed)
         results.append(result)
         times = result["us_per_request_step"]
         print(
-            f"R={num_reqs:4d} n={length:5d}: one by one {times['one_by_one']:7.2f} us, "
+            f"R={len(lengths):4d} n={result['tokens_per_request']}: one by one {times['one_by_one']:7.2f} us, "
             f"batch {times['batch']:7.2f} us per request per step: x{result['one_by_one_over_batch']:.2f}"
         )
     record = {
