@@ -162,6 +162,7 @@ def test_new_fields_keep_valid_values():
         ("allowed_token_ids", "abc", TypeError, "'abc'"),
         ("logprobs", -1, ValueError, "-1"), ("logprobs", True, TypeError, "True"), ("logprobs", 1.0, TypeError, "1.0"),
         ("prompt_logprobs", -2, ValueError, "-2"), ("n", 0, ValueError, "0"), ("n", "2", TypeError, "'2'"),
+        ("n", 16385, ValueError, "16385"), ("n", 2**63, ValueError, "9223372036854775808"),  # vLLM's cap
         ("skip_special_tokens", 1, TypeError, "1"), ("max_tokens", 0, ValueError, "0"),
     ],
 )  # fmt: skip
@@ -169,3 +170,9 @@ def test_new_fields_refuse_bad_values_naming_field_and_value(field, value, exc, 
     with pytest.raises(exc) as info:
         SamplingParams(**{field: value})
     assert field in str(info.value) and shown in str(info.value), str(info.value)
+
+
+def test_n_up_to_vllms_cap_is_accepted():
+    """``n`` is capped as vLLM caps it (``VLLM_MAX_N_SEQUENCES``, 16384 by default): one
+    request may not ask for so many children that adding them exhausts the memory."""
+    assert SamplingParams(n=16384).n == 16384

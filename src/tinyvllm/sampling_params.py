@@ -60,7 +60,9 @@ before any processor or penalty (vLLM's default ``logprobs_mode``). The engine c
 its ``max_logprobs`` (20, as vLLM).
 NOTE 7 (n): ``n`` completions of one prompt. The engine adds one child request per
 completion; they share the prompt's blocks through the prefix cache, and a seeded parent
-gives child ``i`` the seed ``seed + i``.
+gives child ``i`` the seed ``seed + i``. ``n`` is at most 16384, vLLM's default
+``VLLM_MAX_N_SEQUENCES``: one request must not ask for more children than the process can
+hold (``n=2**63`` used to be accepted, and the engine was killed for memory adding them).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ from tinyvllm.validation import (
 )
 
 MIN_TEMPERATURE = 1e-2  # NOTE 1
+MAX_N = 16384  # NOTE 7: vLLM's VLLM_MAX_N_SEQUENCES default
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_LOGIT_BIAS = 100.0  # NOTE 2
 
@@ -188,7 +191,7 @@ class SamplingParams:
         checked["seed"] = check_optional_int("seed", self.seed, INT64_MIN, INT64_MAX)  # a torch.Generator's range
         checked["logprobs"] = check_optional_int("logprobs", self.logprobs, 0)  # NOTE 6
         checked["prompt_logprobs"] = check_optional_int("prompt_logprobs", self.prompt_logprobs, 0)
-        checked["n"] = check_int("n", self.n, 1)  # NOTE 7
+        checked["n"] = check_int("n", self.n, 1, MAX_N)  # NOTE 7
         checked["skip_special_tokens"] = check_bool("skip_special_tokens", self.skip_special_tokens)
         checked["thinking_token_budget"] = check_optional_int("thinking_token_budget", self.thinking_token_budget, 0)
         checked["output_kind"] = _checked_output_kind(self.output_kind)
