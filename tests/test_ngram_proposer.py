@@ -114,7 +114,7 @@ def test_propose_batch_equals_propose_step_after_step(data):
     finished one. Each step ``propose_batch`` equals ``propose`` request by request, and the
     table's invariants hold."""
     k, min_n = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3))
-    proposer = NgramProposer(k, min_n, min_n + data.draw(st.integers(0, 3)), max_model_len=48)
+    proposer = NgramProposer(k, min_n, min_n + data.draw(st.integers(0, 3)), max_model_len=48, min_batch_tokens=0)
     tokens = st.integers(0, 3)
     pool = [Seq(data.draw(st.lists(tokens, min_size=1, max_size=20))) for _ in range(6)]
     for _ in range(data.draw(st.integers(1, 12))):
@@ -169,3 +169,23 @@ def test_a_row_that_does_not_match_its_request_is_caught():
     table.tokens[0, 1] = 5
     with pytest.raises(AssertionError, match="does not hold its request's first 3 tokens"):
         table.check_invariants()
+
+
+def test_a_small_batch_is_searched_one_request_at_a_time(monkeypatch):
+    """Below ``min_batch_tokens`` tokens in all, ``propose_batch`` runs the Python search per
+    request (quicker than numpy's call overheads there); at or above, the batched search.
+    The drafts are the same either way, and the table is kept in step both ways."""
+    import tinyvllm.spec_decode.ngram_proposer as ngram
+
+    batched = []
+    monkeypatch.setattr(ngram, "batch_ngram_drafts", lambda *a: batched.append(1) or _real_batch(*a))
+    seqs = [Seq([A, B, C, D, E, A, B, C]), Seq([A, B, A, B])]  # 12 tokens
+    proposer = NgramProposer(3, 2, 5, max_model_len=64, min_batch_tokens=13)
+    assert proposer.propose_batch(seqs) == [[D, E, A], [A, B]] and batched == []
+    proposer.check_invariants()
+    seqs[1].all_token_ids.append(A)  # 13 tokens
+    assert proposer.propose_batch(seqs) == [[D, E, A], [B, A]] and batched == [1]
+    proposer.check_invariants()
+
+
+_real_batch = batch_ngram_drafts

@@ -34,11 +34,13 @@ instead searches every decoding request together with numpy, over the requests' 
 kept in a ``TokenTable`` (``token_table.py``): one vectorised compare of each row (over its
 own length, not the longest row's) with its last token finds where a match can end; the
 (few) candidates of all rows are then extended backwards together, one token at a time
-up to ``max_n``; per row the longest match wins, then the earliest. Same result as ``find_ngram_drafts`` (a Hypothesis test compares them),
-9.7x faster at 256 requests of 2,048 tokens, 1.8x at 8 of 512, and slower only for a
-single short request (about 20 us a step, some twenty numpy calls, against 4 us;
-``bench/ngram_proposer.py``). vLLM runs the KMP search
-compiled with numba, over its batch's token matrix, in threads.
+up to ``max_n``; per row the longest match wins, then the earliest. Same result as
+``find_ngram_drafts`` (a Hypothesis test compares them), 10x faster at 256 requests of
+2,048 tokens and 1.8x at 8 of 512 (``bench/ngram_proposer.py``). The numpy calls cost
+about 20 us a step whatever the batch, which the Python search beats below about 1,000
+tokens in all (4 us for one request of 128), so a batch of fewer than
+``MIN_BATCH_TOKENS`` tokens is searched one request at a time, with the same result.
+vLLM runs the KMP search compiled with numba, over its batch's token matrix, in threads.
 Left out: vLLM's search window.
 """
 
@@ -51,6 +53,7 @@ import numpy as np
 from tinyvllm.spec_decode.token_table import HasTokens, TokenTable
 
 _NONE = np.zeros(0, dtype=np.int64)  # a row with no candidates
+MIN_BATCH_TOKENS = 1024  # NOTE 2: below this many tokens in all, the one-request search is quicker
 
 
 # --8<-- [start:find]
@@ -137,11 +140,15 @@ def batch_ngram_drafts(
 class NgramProposer:
     """Proposes drafts for each running request from its own tokens (see the module header)."""
 
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int, max_model_len: int) -> None:
+    def __init__(
+        self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int, max_model_len: int,
+        min_batch_tokens: int = MIN_BATCH_TOKENS,
+    ) -> None:  # fmt: skip
         self.k = num_speculative_tokens
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
         self.max_model_len = max_model_len
         self.table = TokenTable(max_model_len)  # the decoding requests' tokens, kept between steps (NOTE 2)
+        self.min_batch_tokens = min_batch_tokens  # fewer tokens in all: one request at a time (NOTE 2)
 
     def propose(self, token_ids: Sequence[int]) -> list[int]:
         """Drafts for one request whose tokens (prompt and output) are ``token_ids``: never
@@ -154,6 +161,8 @@ class NgramProposer:
         """Drafts for each of ``requests`` (every request that decodes next), as ``propose``
         gives them one by one, searched together (NOTE 2)."""
         rows = self.table.sync(requests)
+        if sum(self.table.lengths[row] for row in rows) < self.min_batch_tokens:  # a small batch: Python is quicker
+            return [self.propose(request.all_token_ids) for request in requests]
         used = max(rows, default=-1) + 1  # rows go lowest first: the search stops at the last held
         lengths = np.asarray(self.table.lengths[:used], dtype=np.int64)  # [used]; 0 for a free row
         ks = np.minimum(self.max_model_len - lengths, self.k)  # [used]: never past max_model_len
