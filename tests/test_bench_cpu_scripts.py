@@ -1,6 +1,6 @@
-"""bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py and bench/ngram_proposer.py:
-their --quick runs go through every code path and write the JSON the README describes
-(timings mean nothing)."""
+"""bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py, bench/ngram_proposer.py and
+bench/rejection_sampler.py: their --quick runs go through every code path and write the
+JSON the README describes (timings mean nothing)."""
 
 import json
 import os
@@ -142,3 +142,15 @@ def test_ngram_proposer_quick_checks_both_ways_agree_and_writes_ratios(tmp_path)
         assert set(case["us_per_request_step"]) == {"one_by_one", "batch"}
         assert all(len(v) == 2 for v in case["rounds_us_per_request_step"].values())
         assert case["one_by_one_over_batch"] > 0
+
+
+def test_rejection_sampler_quick_times_old_and_new(tmp_path):
+    out = tmp_path / "rejection_sampler.json"
+    result = _run("rejection_sampler.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["threads"] == 1 and record["k"] == 3
+    assert [(c["num_reqs"], c["vocab"]) for c in record["cases"]] == [(1, 512), (4, 512)]
+    for case in record["cases"]:
+        assert set(case["ms_per_step"]) == {"old", "new"} and case["old_over_new"] > 0
+        assert all(1 <= n <= 4 for n in case["tokens_kept_per_request_step"].values())  # 1 to k + 1 tokens a step

@@ -71,3 +71,45 @@ def test_a_seeded_request_draws_the_same_tokens_every_time():
         for _ in range(3)
     ]  # fmt: skip
     assert runs[0] == runs[1] == runs[2]
+
+
+def test_two_drafts_give_the_targets_joint_distribution():
+    """NOTE 4: every draft's uniform is drawn up front and compared at once; the first two
+    tokens are still distributed as the target's rows chained (row 1 applies after draft 1 is
+    kept), whichever drafts were proposed: P(a, b) = p0(a) * p1(b) when a is the first draft,
+    and the second token is drawn from the bonus-free row 1 only through the kept draft."""
+    p0 = torch.tensor([0.5, 0.3, 0.2])  # the token after the confirmed ones
+    p1 = torch.tensor([0.2, 0.2, 0.6])  # the token after draft 0 (used only when draft 0 = token 0 is kept)
+    bonus = torch.tensor([1.0, 0.0, 0.0])
+    probs = torch.stack([p0, p1, bonus])
+    trials = 6000
+    counts = torch.zeros(3, 3)
+    for seed in range(trials):
+        [tokens] = rejection_sample(probs, probs.argmax(-1), [[0, 2]], [False], {0: torch.Generator().manual_seed(seed)})
+        if tokens[0] == 0:
+            counts[0, tokens[1]] += 1
+        else:
+            assert len(tokens) == 1  # a rejected first draft ends the step
+            counts[tokens[0], 0] += 1
+    freq = counts / trials
+    want = torch.zeros(3, 3)
+    want[0] = p0[0] * p1  # draft 0 kept, then row 1: draft 2 kept with 0.6, else 0 or 1 drawn from the rest
+    want[1, 0], want[2, 0] = p0[1], p0[2]
+    assert torch.allclose(freq, want, atol=0.03), freq.tolist()
+
+
+def test_a_seeded_requests_tokens_do_not_depend_on_the_others_in_the_step():
+    """NOTE 2: a seeded request draws from its own generator only, so the requests beside it
+    (unseeded, seeded, greedy, with drafts or without) change nothing of its tokens."""
+    probs = torch.softmax(torch.randn(9, 6, generator=torch.Generator().manual_seed(3)), dim=-1)
+
+    def alone(seed: int) -> list[int]:
+        return rejection_sample(probs[:3], probs[:3].argmax(-1), [[1, 4]], [False], {0: torch.Generator().manual_seed(seed)})[0]
+
+    for seed in range(30):
+        together = rejection_sample(
+            torch.cat([probs[3:5], probs[:3], probs[5:]]), torch.cat([probs[3:5], probs[:3], probs[5:]]).argmax(-1),
+            [[2], [1, 4], [0, 3], []], [False, False, True, False],
+            {1: torch.Generator().manual_seed(seed), 3: torch.Generator().manual_seed(99)},
+        )  # fmt: skip
+        assert together[1] == alone(seed)

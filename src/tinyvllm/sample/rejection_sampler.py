@@ -29,19 +29,27 @@ probability p(d) (kept), and any other x with probability (1 - p(d)) * p(x) / (1
 p(x) (rejected, then drawn from the rest). Each later row repeats the argument given the
 tokens before it. ``test_rejection_sampling_draws_from_the_target`` checks it by counting.
 NOTE 2 (seeded requests): the uniform draws and the replacement draws of a seeded request
-come from its own ``torch.Generator``, in a fixed order (one uniform per draft examined,
-then one draw), so the same seed and config give the same tokens whatever else runs.
-NOTE 3 (the bonus draws in one batch): with random sampling most rows of a step are bonus
-rows (every request without drafts has only that row), so they are drawn together by the
-plain sampler's ``random_sample``, one batched race instead of one ``multinomial`` per
-request (which cost 0.09 ms each on the CPU, 12% of a batch-16 step of the shipped model).
-A seeded request's bonus draw still comes after its draft draws, from its own generator.
+come from its own ``torch.Generator``, in a fixed order (one uniform per draft, then one
+draw), so the same seed and config give the same tokens whatever else runs.
+NOTE 3 (one draw per request, in one batch): a random request draws exactly one token a
+step: the replacement at its first rejected draft, or the bonus when it kept them all
+(every request without drafts has only that row). All of them are drawn together by the
+plain sampler's ``random_sample``, the rejected draft's probability set to 0 in its row
+(the race ``argmax(p / q)`` needs no renormalising): one batched race instead of one
+``clone`` and ``multinomial`` over the vocabulary per request, which cost 0.09 ms each for
+the bonus rows alone on the CPU (12% of a batch-16 step of the shipped model).
+NOTE 4 (every uniform at once): each draft's test ``u < p(draft)`` uses its own uniform,
+independent of the others, so drawing all of them first and comparing them in one tensor
+operation keeps the distribution of NOTE 1 (a uniform after the first rejection is drawn
+and not used). One ``tolist`` then brings every verdict to the host: on a GPU, one
+synchronisation a step, not one per draft.
 Left out: draft models with their own distribution (EAGLE, a small draft model), vLLM's
-Triton kernels (a loop over requests here: a step has few requests and k is small).
+Triton kernels (the walk over each request's drafts is a Python loop over host lists).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -62,40 +70,65 @@ def rejection_sample(
     rows, in order; ``generators`` maps a request to its own generator (seeded requests).
     """
     argmax_ids = argmax.tolist()  # [N]
+    firsts = list(itertools.accumulate((len(d) + 1 for d in draft_token_ids), initial=0))  # each request's first row
+    kept_draft = _accept_random_drafts(probs, draft_token_ids, is_greedy, generators, firsts)  # NOTE 1, NOTE 4
     tokens: list[list[int]] = []
-    bonus_rows: list[tuple[int, int]] = []  # (request, row) of the random requests that keep every draft
-    offset = 0
+    draws: list[tuple[int, int, int | None]] = []  # (request, row, the rejected draft or None for the bonus)
     for r, drafts in enumerate(draft_token_ids):
-        generator = generators.get(r)
         kept: list[int] = []
         for j, draft in enumerate(drafts):
-            row = offset + j
+            row = firsts[r] + j
             if is_greedy[r]:
                 if argmax_ids[row] != draft:
                     kept.append(argmax_ids[row])  # the target's own token replaces the draft
                     break
-            else:
-                u = torch.rand((), generator=generator, device=probs.device)
-                if u >= probs[row, draft]:  # kept with probability p(draft) (NOTE 1)
-                    rest = probs[row].clone()
-                    rest[draft] = 0.0
-                    kept.append(int(torch.multinomial(rest, 1, generator=generator)))  # (p - q)+, renormalised
-                    break
+            elif not kept_draft[row]:
+                draws.append((r, row, draft))  # replaced by a draw from p without the draft
+                break
             kept.append(draft)
         else:  # every draft kept: the bonus row adds one more
-            bonus = offset + len(drafts)
+            bonus = firsts[r] + len(drafts)
             if is_greedy[r]:
                 kept.append(argmax_ids[bonus])
             else:
-                bonus_rows.append((r, bonus))  # drawn below, all in one batch (NOTE 3)
+                draws.append((r, bonus, None))
         tokens.append(kept)
-        offset += len(drafts) + 1
-    if bonus_rows:
+    if draws:  # one token for each random request, all in one batch (NOTE 3)
         from tinyvllm.sample.sampler import random_sample  # here: sampler.py imports this module
 
-        rows = torch.tensor([row for _, row in bonus_rows], device=probs.device)
-        own = {i: generators[r] for i, (r, _) in enumerate(bonus_rows) if r in generators}
-        for (r, _), token in zip(bonus_rows, random_sample(probs[rows], own).tolist()):
+        rows = torch.tensor([row for _, row, _ in draws], device=probs.device)
+        dist = probs[rows]  # [D, V], a copy
+        rejected = [(i, draft) for i, (_, _, draft) in enumerate(draws) if draft is not None]
+        if rejected:  # (p - q)+: the rejected draft removed; the race needs no renormalising
+            at, drafts_out = zip(*rejected)
+            dist[torch.tensor(at, device=dist.device), torch.tensor(drafts_out, device=dist.device)] = 0.0
+        own = {i: generators[r] for i, (r, _, _) in enumerate(draws) if r in generators}
+        for (r, _, _), token in zip(draws, random_sample(dist, own).tolist()):
             tokens[r].append(token)
     return tokens
+
+
+def _accept_random_drafts(
+    probs: torch.Tensor | None,
+    draft_token_ids: Sequence[Sequence[int]],
+    is_greedy: Sequence[bool],
+    generators: Mapping[int, torch.Generator],
+    firsts: list[int],
+) -> dict[int, bool]:
+    """Row -> whether the random request's draft on it passes ``u < p(draft)`` (NOTE 1): one
+    uniform per draft row, all compared at once; a seeded request's from its generator (NOTE 2)."""
+    spans = [(r, firsts[r], len(d)) for r, d in enumerate(draft_token_ids) if d and not is_greedy[r]]
+    if not spans:
+        return {}
+    rows = [first + j for _, first, k in spans for j in range(k)]
+    drafts = [t for r, _, _ in spans for t in draft_token_ids[r]]
+    device = probs.device
+    u = torch.rand(len(rows), device=device)  # [M]: the unseeded requests' draws
+    at = 0
+    for r, _, k in spans:
+        if r in generators:
+            u[at : at + k] = torch.rand(k, generator=generators[r], device=device)
+        at += k
+    p = probs[torch.tensor(rows, device=device), torch.tensor(drafts, device=device)]  # [M]: p(draft) on its row
+    return dict(zip(rows, (u < p).tolist()))  # one transfer for the whole step
 # --8<-- [end:rejection]
