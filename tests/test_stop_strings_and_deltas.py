@@ -163,6 +163,33 @@ def test_a_short_stop_string_inside_the_min_tokens_text_is_not_found(llm, refere
     assert (out.outputs[0].text, out.outputs[0].finish_reason) == (text, "length")
 
 
+# -- detokenize=False (vLLM's SamplingParams.detokenize) -----------------------------------
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA])
+def test_detokenize_false_returns_the_tokens_and_no_text(llm, reference, monkeypatch, kind):
+    """As vLLM: the same token ids, an empty text, logprobs without their tokens' text, and
+    no call to the tokenizer's decode at all (what a throughput benchmark wants)."""
+    engine = llm.engine
+    monkeypatch.setattr(engine.tokenizer, "decode", lambda *a, **k: pytest.fail("decode was called"))
+    engine.add_request(f"no-text-{kind.name}", llm.get_tokenizer()(PROMPT).input_ids,
+                       greedy(detokenize=False, logprobs=1, output_kind=kind))  # fmt: skip
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [t for o in outputs for t in o.outputs[0].token_ids] == reference.token_ids
+    assert all(o.outputs[0].text == "" for o in outputs)
+    entries = [lp for o in outputs for lp in o.outputs[0].logprobs]
+    assert len(entries) == MAX_TOKENS and all(x.decoded_token is None for e in entries for x in e.values())
+
+
+def test_detokenize_false_refuses_stop_strings():
+    with pytest.raises(ValueError, match=r"stop=\('x',\) needs detokenize=True"):
+        SamplingParams(stop="x", detokenize=False)
+    with pytest.raises(TypeError, match="detokenize must be a bool, got 0"):
+        SamplingParams(detokenize=0)
+
+
 def test_stopped_request_frees_its_blocks(llm, reference):
     stop, _ = split_stop(llm, reference)
     llm.generate(PROMPT, greedy(stop=[stop]), use_tqdm=False)

@@ -14,7 +14,7 @@ up to the context), ``stop_token_ids``, ``stop`` (stop strings),
 ``include_stop_str_in_output``, ``ignore_eos``, ``seed``, ``logprobs`` and
 ``prompt_logprobs`` (NOTE 6), ``n`` (NOTE 7), ``skip_special_tokens``,
 ``thinking_token_budget`` (None = no limit), ``output_kind`` (NOTE 3), ``extra_args``
-(free-form, for custom logits processors).
+(free-form, for custom logits processors), ``detokenize`` (NOTE 8).
 
 Invariants: an instance is frozen; ``stop_token_ids`` is a tuple of non-negative ints;
 ``stop`` and ``bad_words`` are tuples of non-empty strings (a single str becomes a
@@ -63,6 +63,10 @@ completion; they share the prompt's blocks through the prefix cache, and a seede
 gives child ``i`` the seed ``seed + i``. ``n`` is at most 16384, vLLM's default
 ``VLLM_MAX_N_SEQUENCES``: one request must not ask for more children than the process can
 hold (``n=2**63`` used to be accepted, and the engine was killed for memory adding them).
+NOTE 8 (detokenize): ``detokenize=False`` returns the token ids with an empty text, and
+logprobs without their tokens' text: the tokenizer's ``decode`` is never called for the
+request (vLLM's throughput benchmark turns it off). Stop strings are found in the text, so
+they need ``detokenize=True`` (vLLM refuses them too).
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class SamplingParams:
         thinking_token_budget: the most tokens a think section may last (>= 0), None = no limit.
         output_kind: what ``LLMEngine.step()`` reports for the request (NOTE 3).
         extra_args: free-form arguments for custom logits processors.
+        detokenize: False returns no text, only token ids (NOTE 8).
     """
 
     temperature: float = 1.0
@@ -151,6 +156,7 @@ class SamplingParams:
     thinking_token_budget: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     extra_args: dict[str, Any] | None = None
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {}  # field -> the value to store (numpy scalars become Python numbers)
@@ -196,6 +202,9 @@ class SamplingParams:
         checked["thinking_token_budget"] = check_optional_int("thinking_token_budget", self.thinking_token_budget, 0)
         checked["output_kind"] = _checked_output_kind(self.output_kind)
         checked["extra_args"] = _checked_extra_args(self.extra_args)
+        checked["detokenize"] = check_bool("detokenize", self.detokenize)
+        if checked["stop"] and not checked["detokenize"]:  # NOTE 8
+            raise ValueError(f"stop={checked['stop']!r} needs detokenize=True: stop strings are found in the text")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 

@@ -29,7 +29,8 @@ on to the caller. Requests the step did not schedule carry on. vLLM's engine ins
 reports itself dead; an offline engine can do better, because nothing else shares it.
 NOTE 2 (streaming): a request that streams (DELTA or CUMULATIVE) or has stop strings is
 detokenised every step by an ``IncrementalDetokenizer``, so its text never ends in half a
-character. Other requests are decoded once, when they finish, which costs nothing per step.
+character. Other requests are decoded once, when they finish, which costs nothing per step;
+one with ``detokenize=False`` never (``SamplingParams`` NOTE 8).
 NOTE 3 (stop strings): after a step, the new text (plus, for each stop string, the last
 ``len(stop) - 1`` characters before it, for one split across tokens) is searched for the
 request's stop strings; as in vLLM, a stop string counts only if it ends in the text of an
@@ -226,7 +227,7 @@ class LLMEngine:
         self.scheduler.add_request(request)
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, sampling_params.skip_special_tokens)
-            if incremental and self.tokenizer
+            if incremental and self.tokenizer and sampling_params.detokenize
             else None
         )
         self._tracked[request_id] = _Tracked(
@@ -349,18 +350,20 @@ class LLMEngine:
     # --8<-- [start:update_logprobs]
     def _update_logprobs(self, tracked: _Tracked, out: EngineCoreOutput) -> None:
         """The step's logprob entries as ``Logprob``s with their text (NOTE 5)."""
+        text = self.tokenizer is not None and tracked.params.detokenize  # each token's text too
         for entry in out.new_logprobs or ():
-            tracked.logprobs.append(self._position_logprobs(entry))
+            tracked.logprobs.append(self._position_logprobs(entry, text))
             tracked.cumulative_logprob += entry[1][0]  # the chosen token's logprob comes first
         if out.prompt_logprobs is not None:  # nothing predicts the first prompt token
-            tracked.prompt_logprobs = [None] + [self._position_logprobs(entry) for entry in out.prompt_logprobs]
+            tracked.prompt_logprobs = [None] + [self._position_logprobs(entry, text) for entry in out.prompt_logprobs]
 
-    def _position_logprobs(self, entry: LogprobEntry) -> PositionLogprobs:
-        """``{token_id: Logprob}``: the chosen token with its rank, then the top k with ranks 1..k."""
+    def _position_logprobs(self, entry: LogprobEntry, text: bool) -> PositionLogprobs:
+        """``{token_id: Logprob}``: the chosen token with its rank, then the top k with ranks
+        1..k; each with its text when ``text``."""
         token_ids, logprobs, rank = entry
         ranks = [rank, *range(1, len(token_ids))]
         return {
-            token: Logprob(logprob, r, decode_text(self.tokenizer, [token], False) if self.tokenizer else None)
+            token: Logprob(logprob, r, decode_text(self.tokenizer, [token], False) if text else None)
             for token, logprob, r in zip(token_ids, logprobs, ranks)
         }
     # --8<-- [end:update_logprobs]
@@ -500,8 +503,10 @@ class LLMEngine:
     def _visible_text(self, tracked: _Tracked, finished: bool) -> str:
         """The text a client may see now: cut at a stop string, less what is held back (NOTE 3)."""
         if tracked.detokenizer is None:  # decoded once, at the end (NOTE 2)
+            if self.tokenizer is None or not tracked.params.detokenize:
+                return ""
             skip, ids = tracked.params.skip_special_tokens, tracked.token_ids
-            return decode_text(self.tokenizer, ids[:-1] if tracked.stop_token_hidden else ids, skip) if self.tokenizer else ""
+            return decode_text(self.tokenizer, ids[:-1] if tracked.stop_token_hidden else ids, skip)
         text = tracked.detokenizer.text
         if tracked.text_end is not None:
             return text[: tracked.text_end]
