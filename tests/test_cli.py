@@ -299,3 +299,16 @@ def test_cli_speculative_config_is_checked_before_the_model_loads(monkeypatch, c
     assert cli.main(["generate", "--prompt", "p", "--speculative-config", value]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tinyvllm: error: ") and fragment in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags, want", [([], 20), (["--max-logprobs", "50"], 50), (["--max-logprobs", "-1"], -1)])
+def test_cli_max_logprobs_reaches_the_engine(tiny_model_dirs, flags, want):
+    """``--max-logprobs`` (``generate`` and ``serve``), vLLM's engine flag: the LLM it builds
+    lets a request ask for that many logprobs."""
+    parser = cli.build_parser()
+    args = parser.parse_args(["generate", "--model", str(tiny_model_dirs["qwen3"]), "--prompt", "p", "--device", "cpu",
+                              "--max-model-len", "64", *flags])  # fmt: skip
+    llm = cli.llm_from_args(args)
+    assert llm.max_logprobs == llm.engine.max_logprobs == want
+    serve_args = parser.parse_args(["serve", *flags])
+    assert serve_args.max_logprobs == want

@@ -154,6 +154,29 @@ def test_too_many_logprobs_are_refused(folder):
     assert not llm.engine.has_unfinished_requests()
 
 
+@pytest.mark.parametrize("cap, asked", [(30, 30), (-1, 100)])
+def test_max_logprobs_raises_the_cap_as_vllms_engine_argument(folder, cap, asked):
+    """``LLM(max_logprobs=...)``, vLLM's engine argument (20 by default, -1 for no cap): a
+    request may ask for that many, and gets them; the engine-level check follows it too."""
+    llm = LLM(folder, device="cpu", max_model_len=64, block_size=4, max_logprobs=cap)
+    params = SamplingParams(temperature=0, max_tokens=2, logprobs=asked, prompt_logprobs=asked)
+    [out] = llm.generate({"prompt_token_ids": PROMPTS[1]}, params, use_tqdm=False)
+    assert all(asked <= len(entry) <= asked + 1 for entry in out.outputs[0].logprobs)
+    assert all(asked <= len(entry) <= asked + 1 for entry in out.prompt_logprobs[1:])
+    llm.engine.add_request("direct", PROMPTS[0], params)  # LLMEngine.add_request checks it the same way
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    if cap != -1:
+        with pytest.raises(ValueError, match=f"logprobs={cap + 1}, more than this engine's max_logprobs {cap}"):
+            llm.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(logprobs=cap + 1), use_tqdm=False)
+
+
+@pytest.mark.parametrize("bad, error", [(-2, ValueError), (True, TypeError), (1.5, TypeError)])
+def test_max_logprobs_is_checked_at_start_up(folder, bad, error):
+    with pytest.raises(error, match=f"max_logprobs must be an int.*{bad}"):
+        LLM(folder, device="cpu", max_model_len=64, block_size=4, max_logprobs=bad)
+
+
 def test_a_batch_that_asks_no_logprobs_computes_none(folder, monkeypatch):
     """NOTE 1 of ``sample/logprobs.py``: no log_softmax, no top-k, no prompt logits."""
     import tinyvllm.sample.logprobs as module

@@ -91,6 +91,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="sampling defaults: the model's generation_config.json (auto), none (vllm), or a folder's",
     )  # fmt: skip
     p.add_argument(
+        "--max-logprobs", type=int, default=20,
+        help="the most logprobs (or prompt logprobs) a request may ask for; -1: no cap (vLLM's engine argument)",
+    )  # fmt: skip
+    p.add_argument(
         "--speculative-config", default=None, metavar="JSON",
         help='speculative decoding, as vLLM\'s: \'{"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
@@ -277,7 +281,7 @@ def llm_from_args(args):
         generation_config=getattr(args, "generation_config", "auto"),
         block_size=getattr(args, "block_size", 16), max_num_seqs=getattr(args, "max_num_seqs", 256),
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),  # tinyvllm trace's own flags
-        speculative_config=getattr(args, "speculative", None),
+        speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", 20),
     )  # fmt: skip
     if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
         print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)
@@ -357,7 +361,8 @@ def _one_line(error: BaseException) -> str:
     return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags (nothing is imported that needs torch)."""
     parser = argparse.ArgumentParser(prog="tinyvllm", description="tinyvllm: a teaching implementation of vLLM V1")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
@@ -372,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
 
     trace_parser = sub.add_parser("trace", help="record every engine step and write an HTML viewer", description=trace_command.DESCRIPTION)
     trace_command.add_arguments(trace_parser, _add_model_arg, add_engine_args)
-    args = parser.parse_args(argv)  # argparse errors: usage, message, exit status 2
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # argparse errors: usage, message, exit status 2
     debug = os.environ.get("TINYVLLM_TRACEBACK", "") not in ("", "0")
     try:
         if args.command == "generate":

@@ -57,7 +57,7 @@ NOTE 6 (logprobs): ``logprobs=k`` returns, per output token, the sampled token's
 and rank plus the k most likely tokens (0: the sampled token alone); ``prompt_logprobs=k``
 the same for every prompt token after the first. Both come from the model's raw logits,
 before any processor or penalty (vLLM's default ``logprobs_mode``). The engine caps k at
-its ``max_logprobs`` (20, as vLLM).
+its ``max_logprobs`` (``LLM(max_logprobs=...)``: 20 by default, as vLLM; -1 for no cap).
 NOTE 7 (n): ``n`` completions of one prompt. The engine adds one child request per
 completion; they share the prompt's blocks through the prefix cache, and a seeded parent
 gives child ``i`` the seed ``seed + i``. ``n`` is at most 16384, vLLM's default

@@ -102,6 +102,7 @@ from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.request_checks import check_request_against_model
+from tinyvllm.sample.logprobs import MAX_LOGPROBS
 from tinyvllm.engine.startup_report import StartupReport
 from tinyvllm.models import STDLIB_TINY
 from tinyvllm.models.hub import check_revision, resolve_model
@@ -257,6 +258,7 @@ class LLM:
         revision: str | None = None,
         generation_config: str = "auto",
         speculative_config: dict | SpeculativeConfig | None = None,
+        max_logprobs: int = MAX_LOGPROBS,
     ) -> None:
         # --8<-- [start:arguments]
         if not isinstance(model, (str, os.PathLike)):
@@ -278,6 +280,7 @@ class LLM:
         max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         max_num_batched_tokens = check_optional_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         seed = check_int("seed", seed, INT64_MIN, INT64_MAX)
+        self.max_logprobs = check_int("max_logprobs", max_logprobs, -1)  # -1: no cap, as vLLM
         if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
             raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
         compilation = _compilation_config(compilation_config, enforce_eager)
@@ -370,6 +373,7 @@ class LLM:
         self.engine = LLMEngine(
             scheduler, runner, self.tokenizer, self.eos_token_id,
             vocab_size=spec.vocab_size, reasoning_config=reasoning_config, proposer=proposer,
+            max_logprobs=self.max_logprobs,
         )  # fmt: skip
         self._ids = itertools.count()
 
@@ -541,7 +545,9 @@ class LLM:
             raise ValueError(f"prompt {index} has {len(ids)} tokens, more than max_model_len {max_len}")
         has_reasoning = self.config.reasoning_config is not None
         speculative = self.speculative_config is not None
-        check_request_against_model(label, params, self.spec.vocab_size, has_reasoning, speculative)  # ids, thinking
+        check_request_against_model(  # ids, thinking, logprobs
+            label, params, self.spec.vocab_size, has_reasoning, speculative, self.max_logprobs
+        )
         validate_logits_processors_parameters(self.logits_processors, params)  # custom processors' own checks
         return text, ids, self._with_eos_stops(params), salt
     # --8<-- [end:prepare_request]

@@ -97,6 +97,7 @@ from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.engine.request_checks import check_request_against_model
+from tinyvllm.sample.logprobs import MAX_LOGPROBS
 from tinyvllm.validation import check_token_ids
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.worker.model_runner import ModelRunner
@@ -150,6 +151,7 @@ class LLMEngine:
         vocab_size: int | None = None,
         reasoning_config: ReasoningConfig | None = None,
         proposer: NgramProposer | None = None,
+        max_logprobs: int = MAX_LOGPROBS,
     ):
         self.scheduler = scheduler
         self.model_runner = model_runner
@@ -158,6 +160,7 @@ class LLMEngine:
         self.vocab_size = vocab_size  # None: unknown, token ids are not checked against a vocabulary
         self.reasoning_config = reasoning_config  # None: thinking_token_budget is refused
         self.proposer = proposer  # None: no speculative decoding (NOTE 8)
+        self.max_logprobs = max_logprobs  # the most logprobs a request may ask for; -1: no cap
         self._tracked: dict[str, _Tracked] = {}
         self._parents: dict[str, ParentRequest] = {}  # a request with n > 1, by its id (NOTE 6)
         self._parent_of: dict[str, tuple[ParentRequest, int]] = {}  # child id -> (parent, index)
@@ -218,7 +221,7 @@ class LLMEngine:
         check_token_ids(f"{label}: prompt_token_ids", request.prompt_token_ids, self.vocab_size)
         check_request_against_model(
             f"{label}: sampling_params", sampling_params, self.vocab_size, self.reasoning_config is not None,
-            speculative=self.proposer is not None,
+            speculative=self.proposer is not None, max_logprobs=self.max_logprobs,
         )  # fmt: skip
         incremental = sampling_params.stop or sampling_params.output_kind != RequestOutputKind.FINAL_ONLY
         if sampling_params.stop and self.tokenizer is None:

@@ -27,13 +27,15 @@ NOT_WITH_SPECULATION = {"min_p": 0.0, "logit_bias": None}
 
 # --8<-- [start:request_against_model]
 def check_request_against_model(
-    label: str, params: SamplingParams, vocab_size: int | None, has_reasoning: bool, speculative: bool = False
-) -> None:
+    label: str, params: SamplingParams, vocab_size: int | None, has_reasoning: bool, speculative: bool = False,
+    max_logprobs: int = MAX_LOGPROBS,
+) -> None:  # fmt: skip
     """What one request's params ask of the model: token ids in the vocabulary, a reasoning config.
 
     ``label`` names the params in messages (``"sampling_params[2]"``). ``vocab_size`` None
     skips the vocabulary checks (a caller that does not know the model). ``speculative``: the
     engine verifies drafts, which the fields of ``NOT_WITH_SPECULATION`` do not work with.
+    ``max_logprobs``: the most logprobs a request may ask for (``LLM(max_logprobs=...)``, -1: no cap).
     """
     if speculative:
         asked = [name for name, off in NOT_WITH_SPECULATION.items() if getattr(params, name) != off]
@@ -50,8 +52,8 @@ def check_request_against_model(
             check_token_ids(f"{label}.allowed_token_ids", params.allowed_token_ids, vocab_size)
     for name in ("logprobs", "prompt_logprobs"):
         asked = getattr(params, name)
-        if asked is not None and asked > MAX_LOGPROBS:
-            raise ValueError(f"{label}.{name}={asked}, more than this engine's max_logprobs {MAX_LOGPROBS}")
+        if asked is not None and max_logprobs != -1 and asked > max_logprobs:
+            raise ValueError(f"{label}.{name}={asked}, more than this engine's max_logprobs {max_logprobs}")
     if params.thinking_token_budget is not None and not has_reasoning:
         raise ValueError(
             f"{label}.thinking_token_budget={params.thinking_token_budget!r}, but the engine has no "
