@@ -390,6 +390,27 @@ def test_a_bad_word_that_drafts_would_complete_is_rejected(tiny_model_dirs):
     assert spec.engine.scheduler.spec_stats.num_accepted_tokens == sum(1 for j in range(1, i + 1) if j % 4)
 
 
+def test_stop_strings_and_min_tokens_give_the_same_text_with_several_tokens_a_step(tiny_model_dirs):
+    """A verification step keeps up to 4 tokens, so the ``min_tokens`` boundary often falls
+    inside one step's tokens: the engine then detokenises the step in two parts
+    (``LLMEngine._update_text``), and a stop string counts only if it ends after the first
+    ``min_tokens`` outputs, as one token at a time. Text, finish reason and stop reason
+    equal a run without speculation for every boundary (the token ids may run past the
+    stop string to the end of the step, as in vLLM)."""
+    folder = tiny_model_dirs["qwen3"]
+    plain, spec = make_llm(folder, None), make_llm(folder)
+    prompts = [LOOP, PROMPTS[3]]  # greedy: " 1 1 1 ..." and 'ZZZZ"ateateate...', drafts kept 3 at a time
+    for stop in (" 1 1", "1 1 1 1", "teat"):
+        for min_tokens in range(9):
+            params = greedy(24, stop=[stop], min_tokens=min_tokens)
+            want = [(o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+                    for o in plain.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]  # fmt: skip
+            got = [(o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
+                   for o in spec.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]  # fmt: skip
+            assert got == want, (stop, min_tokens)
+    assert spec.engine.scheduler.spec_stats.num_accepted_tokens > 0
+
+
 @pytest.mark.parametrize("field, value", [("min_p", 0.1), ("logit_bias", {5: 1.0})])
 def test_what_drafts_cannot_honour_is_refused(tiny_model_dirs, field, value):
     spec = make_llm(tiny_model_dirs["qwen3"])
