@@ -503,18 +503,22 @@ class ModelRunner:
             rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [sum(k_r + 1), V]
         tokens = self.sampler.sample_spec(logits, metadata, drafts)  # it edits a copy: logits stay raw
-        logprobs: dict[str, list[LogprobEntry]] = {}
         firsts = [0]
         for d in drafts:
             firsts.append(firsts[-1] + len(d) + 1)  # where each request's rows begin in ``logits``
+        rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
         for row, k in sorted(metadata.num_logprobs.items()):
-            kept = tokens[row]
-            if not complete[row] or not kept:
-                continue
-            raw = logprob_ops.compute_logprobs(logits[firsts[row] : firsts[row] + len(kept)])  # [kept, V]
-            chosen = torch.tensor(kept, device=raw.device)
-            logprobs[req_ids[row]] = logprob_ops.row_entries(logprob_ops.gather_logprobs(raw, chosen, k), [k] * len(kept))
-        return tokens, logprobs
+            kept = tokens[row] if complete[row] else []
+            rows.extend(range(firsts[row], firsts[row] + len(kept)))
+            chosen.extend(kept)
+            ks.extend([k] * len(kept))
+            owners.append((req_ids[row], len(kept)))
+        if not rows:
+            return tokens, {}
+        raw = logprob_ops.compute_logprobs(logits[torch.tensor(rows, device=logits.device)])  # [M, V], one pass
+        gathered = logprob_ops.gather_logprobs(raw, torch.tensor(chosen, device=logits.device), max(ks))
+        entries = iter(logprob_ops.row_entries(gathered, ks))
+        return tokens, {req_id: [next(entries) for _ in range(n)] for req_id, n in owners if n}
     # --8<-- [end:verify]
 
     # --8<-- [start:logprobs]
