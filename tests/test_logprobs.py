@@ -171,6 +171,20 @@ def test_max_logprobs_raises_the_cap_as_vllms_engine_argument(folder, cap, asked
             llm.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(logprobs=cap + 1), use_tqdm=False)
 
 
+def test_minus_one_asks_for_the_whole_vocabulary(folder):
+    """As vLLM: ``logprobs=-1`` (and ``prompt_logprobs=-1``) is every token of the
+    vocabulary, which the default cap of 20 refuses and ``max_logprobs=-1`` allows."""
+    params = SamplingParams(temperature=0, max_tokens=2, logprobs=-1, prompt_logprobs=-1)
+    with pytest.raises(ValueError, match=r"logprobs=-1 \(the whole vocabulary, 512 tokens\), more than this engine's max_logprobs 20"):
+        make_llm(folder).generate({"prompt_token_ids": PROMPTS[0]}, params, use_tqdm=False)
+    llm = make_llm(folder, max_logprobs=-1)
+    [out] = llm.generate({"prompt_token_ids": PROMPTS[0]}, params, use_tqdm=False)
+    vocab = llm.spec.vocab_size
+    for entry in [*out.outputs[0].logprobs, *out.prompt_logprobs[1:]]:
+        assert len(entry) == vocab and sorted(x.rank for x in entry.values()) == list(range(1, vocab + 1))
+        assert math.isclose(sum(math.exp(x.logprob) for x in entry.values()), 1.0, rel_tol=1e-4)
+
+
 @pytest.mark.parametrize("bad, error", [(-2, ValueError), (True, TypeError), (1.5, TypeError)])
 def test_max_logprobs_is_checked_at_start_up(folder, bad, error):
     with pytest.raises(error, match=f"max_logprobs must be an int.*{bad}"):

@@ -160,7 +160,7 @@ def test_new_fields_keep_valid_values():
         ("bad_words", [""], ValueError, "''"), ("bad_words", [5], TypeError, "5"), ("bad_words", 5, TypeError, "5"),
         ("allowed_token_ids", [], ValueError, "[]"), ("allowed_token_ids", [-1], ValueError, "-1"),
         ("allowed_token_ids", "abc", TypeError, "'abc'"),
-        ("logprobs", -1, ValueError, "-1"), ("logprobs", True, TypeError, "True"), ("logprobs", 1.0, TypeError, "1.0"),
+        ("logprobs", -2, ValueError, "-2"), ("logprobs", True, TypeError, "True"), ("logprobs", 1.0, TypeError, "1.0"),
         ("prompt_logprobs", -2, ValueError, "-2"), ("n", 0, ValueError, "0"), ("n", "2", TypeError, "'2'"),
         ("n", 16385, ValueError, "16385"), ("n", 2**63, ValueError, "9223372036854775808"),  # vLLM's cap
         ("skip_special_tokens", 1, TypeError, "1"), ("max_tokens", 0, ValueError, "0"),

@@ -56,8 +56,9 @@ one, for every token of the prompt or the output (``sample/penalties.py``).
 NOTE 6 (logprobs): ``logprobs=k`` returns, per output token, the sampled token's logprob
 and rank plus the k most likely tokens (0: the sampled token alone); ``prompt_logprobs=k``
 the same for every prompt token after the first. Both come from the model's raw logits,
-before any processor or penalty (vLLM's default ``logprobs_mode``). The engine caps k at
-its ``max_logprobs`` (``LLM(max_logprobs=...)``: 20 by default, as vLLM; -1 for no cap).
+before any processor or penalty (vLLM's default ``logprobs_mode``); k = -1 is the whole
+vocabulary, as in vLLM. The engine caps k at its ``max_logprobs`` (``LLM(max_logprobs=...)``:
+20 by default, as vLLM; -1 for no cap).
 NOTE 7 (n): ``n`` completions of one prompt. The engine adds one child request per
 completion; they share the prompt's blocks through the prefix cache, and a seeded parent
 gives child ``i`` the seed ``seed + i``. ``n`` is at most 16384, vLLM's default
@@ -195,8 +196,8 @@ class SamplingParams:
         checked["include_stop_str_in_output"] = check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         checked["ignore_eos"] = check_bool("ignore_eos", self.ignore_eos)
         checked["seed"] = check_optional_int("seed", self.seed, INT64_MIN, INT64_MAX)  # a torch.Generator's range
-        checked["logprobs"] = check_optional_int("logprobs", self.logprobs, 0)  # NOTE 6
-        checked["prompt_logprobs"] = check_optional_int("prompt_logprobs", self.prompt_logprobs, 0)
+        checked["logprobs"] = check_optional_int("logprobs", self.logprobs, -1)  # NOTE 6
+        checked["prompt_logprobs"] = check_optional_int("prompt_logprobs", self.prompt_logprobs, -1)
         checked["n"] = check_int("n", self.n, 1, MAX_N)  # NOTE 7
         checked["skip_special_tokens"] = check_bool("skip_special_tokens", self.skip_special_tokens)
         checked["thinking_token_budget"] = check_optional_int("thinking_token_budget", self.thinking_token_budget, 0)

@@ -52,7 +52,15 @@ def check_request_against_model(
             check_token_ids(f"{label}.allowed_token_ids", params.allowed_token_ids, vocab_size)
     for name in ("logprobs", "prompt_logprobs"):
         asked = getattr(params, name)
-        if asked is not None and max_logprobs != -1 and asked > max_logprobs:
+        if asked is None or max_logprobs == -1:
+            continue
+        if asked == -1:  # the whole vocabulary, as vLLM
+            size = "" if vocab_size is None else f", {vocab_size} tokens"
+            if vocab_size is None or vocab_size > max_logprobs:
+                raise ValueError(
+                    f"{label}.{name}=-1 (the whole vocabulary{size}), more than this engine's max_logprobs {max_logprobs}"
+                )
+        elif asked > max_logprobs:
             raise ValueError(f"{label}.{name}={asked}, more than this engine's max_logprobs {max_logprobs}")
     if params.thinking_token_budget is not None and not has_reasoning:
         raise ValueError(

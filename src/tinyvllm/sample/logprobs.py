@@ -23,8 +23,10 @@ that asked for prompt logprobs, so a batch that asks none pays nothing.
 NOTE 2 (one K per batch): the rows of one call may ask different k; the top K is taken with
 the largest, and each row keeps its first ``k + 1`` columns when it is turned into Python
 lists (``row_entries``).
-Left out: ``logprobs_mode`` other than raw logprobs (processed logits, processed logprobs),
-``logprobs=-1`` (the whole vocabulary).
+``logprobs=-1`` asks for the whole vocabulary (the input batch turns it into the vocabulary's
+size; ``LLM(max_logprobs=-1)`` must allow it), and then every position's text is decoded
+for every token, as vLLM does: slow on a large vocabulary.
+Left out: ``logprobs_mode`` other than raw logprobs (processed logits, processed logprobs).
 """
 
 from __future__ import annotations

@@ -146,9 +146,9 @@ class InputBatch:
                 f"request {req_id!r}: bad_words={params.bad_words!r} with bad_words_token_ids={bad_words!r}: "
                 "a request with bad words needs their token ids, and only such a request"
             )
-        if self.vocab_size is None and (uses_penalties(params) or params.allowed_token_ids is not None):
+        if self.vocab_size is None and (uses_penalties(params) or params.allowed_token_ids is not None or params.logprobs == -1):
             raise ValueError(
-                f"request {req_id!r} uses penalties or allowed_token_ids, which need the batch's vocab_size"
+                f"request {req_id!r} uses penalties, allowed_token_ids or logprobs=-1, which need the batch's vocab_size"
             )
         row = self.batch_update_builder.pop_removed()  # NOTE 1
         if row is None:
@@ -163,8 +163,8 @@ class InputBatch:
         self.top_k[row] = params.top_k
         if params.seed is not None:
             self.generators[row] = generator or torch.Generator(device=self.device).manual_seed(params.seed)
-        if params.logprobs is not None:
-            self.num_logprobs[row] = params.logprobs
+        if params.logprobs is not None:  # -1: the whole vocabulary (SamplingParams NOTE 6)
+            self.num_logprobs[row] = self.vocab_size if params.logprobs == -1 else params.logprobs
         if bad_words:
             self.bad_words_token_ids[row] = bad_words
         if self.penalties is not None and uses_penalties(params):

@@ -549,6 +549,7 @@ class ModelRunner:
             end = min(c + n, num_prompt - 1)  # positions c .. end - 1 predict prompt tokens c + 1 .. end
             if end > c:
                 logprobs = logprob_ops.compute_logprobs(self.model.compute_logits(hidden[first : first + end - c]))
+                k = logprobs.shape[-1] if k == -1 else k  # -1: the whole vocabulary
                 targets = torch.tensor(state.prompt_token_ids[c + 1 : end + 1], device=logprobs.device)  # [end - c]
                 tensors = logprob_ops.gather_logprobs(logprobs, targets, k)
                 state.prompt_logprobs[c:end] = logprob_ops.row_entries(tensors, [k] * (end - c))
