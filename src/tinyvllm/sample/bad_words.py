@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from tinyvllm.arith import spec_row_starts
+
 BadWordsTokenIds = tuple[tuple[int, ...], ...]  # the token sequences of one request's bad words
 
 
@@ -94,9 +96,7 @@ def apply_bad_words_with_drafts(
     """``apply_bad_words`` for speculative decoding (NOTE 3): batch row r owns
     ``len(drafts[r]) + 1`` rows of ``logits`` ``[N, V]``, and its row j bans what the output
     plus drafts ``0 .. j - 1`` would. In place."""
-    firsts = [0]
-    for d in drafts:
-        firsts.append(firsts[-1] + len(d) + 1)  # where each request's rows begin
+    firsts = spec_row_starts(drafts)  # where each request's rows begin
     bans = [
         (firsts[row] + j, banned_tokens(sequences, [*output_token_ids[row], *drafts[row][:j]]))
         for row, sequences in bad_words.items()

@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tinyvllm.arith import spec_row_starts
+
 if TYPE_CHECKING:
     from tinyvllm.sampling_params import SamplingParams
 
@@ -211,9 +213,8 @@ class PenaltyState:
         (each position is penalised for the tokens before it). In place."""
         if not self.rows:
             return logits
-        offsets, rows, slots, extra_rows, extra_tokens, params = [0], [], [], [], [], []
-        for d in drafts:
-            offsets.append(offsets[-1] + len(d) + 1)
+        offsets = spec_row_starts(drafts)
+        rows, slots, extra_rows, extra_tokens, params = [], [], [], [], []
         for row, entry in sorted(self.rows.items()):
             if row >= len(drafts):
                 continue

@@ -49,10 +49,11 @@ Triton kernels (the walk over each request's drafts is a Python loop over host l
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 
 import torch
+
+from tinyvllm.arith import spec_row_starts
 
 
 # --8<-- [start:rejection]
@@ -70,7 +71,7 @@ def rejection_sample(
     rows, in order; ``generators`` maps a request to its own generator (seeded requests).
     """
     argmax_ids = argmax.tolist()  # [N]
-    firsts = list(itertools.accumulate((len(d) + 1 for d in draft_token_ids), initial=0))  # each request's first row
+    firsts = spec_row_starts(draft_token_ids)  # each request's first row
     kept_draft = _accept_random_drafts(probs, draft_token_ids, is_greedy, generators, firsts)  # NOTE 1, NOTE 4
     tokens: list[list[int]] = []
     draws: list[tuple[int, int, int | None]] = []  # (request, row, the rejected draft or None for the bonus)

@@ -64,19 +64,20 @@ it predicts (``apply_to_spec_rows``); temperature, top-k and top-p are each requ
 row; allowed ids mask every row of their request, and bad words ban per row what the
 drafts before it would complete (``bad_words.py`` NOTE 3), as vLLM's rejection sampler
 does; ``sample/rejection_sampler.py`` then keeps the drafts the target agrees with. min_p
-and logit_bias are refused for such an engine (``engine/request_checks.py``). It works on a copy of the logits: the runner computes the
-kept tokens' logprobs from the raw ones (``worker/model_runner.py`` NOTE 10).
+and logit_bias are refused for such an engine (``engine/request_checks.py``). It works on
+a copy of the logits: the runner computes the kept tokens' logprobs from the raw ones
+(``worker/model_runner.py`` NOTE 10).
 """
 # --8<-- [end:header]
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from tinyvllm.arith import spec_row_starts
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.bad_words import apply_bad_words, apply_bad_words_with_drafts
 from tinyvllm.sample.metadata import SamplingMetadata
@@ -172,7 +173,7 @@ class Sampler:
             raise ValueError(f"logits have {logits.shape[0]} rows, the drafts need {sum(rows_per_request)}")
         logits = logits.to(torch.float32, copy=True)  # [N, V]
         if md.allowed_token_ids_mask is not None:  # each request's mask on each of its rows
-            firsts = list(itertools.accumulate(rows_per_request, initial=0))
+            firsts = spec_row_starts(drafts)
             for p, request in enumerate(md.allowed_token_ids_rows.tolist()):
                 mine = slice(firsts[request], firsts[request + 1])
                 logits[mine] = logits[mine].masked_fill(md.allowed_token_ids_mask[p], float("-inf"))

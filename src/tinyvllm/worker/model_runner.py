@@ -88,6 +88,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tinyvllm.arith import spec_row_starts
 from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
 from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.config import CompilationConfig
@@ -503,9 +504,7 @@ class ModelRunner:
             rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [sum(k_r + 1), V]
         tokens = self.sampler.sample_spec(logits, metadata, drafts)  # it edits a copy: logits stay raw
-        firsts = [0]
-        for d in drafts:
-            firsts.append(firsts[-1] + len(d) + 1)  # where each request's rows begin in ``logits``
+        firsts = spec_row_starts(drafts)  # where each request's rows begin in ``logits``
         rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
         for row, k in sorted(metadata.num_logprobs.items()):
             kept = tokens[row] if complete[row] else []
