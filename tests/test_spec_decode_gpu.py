@@ -50,7 +50,8 @@ def test_gpu_spec_decode_whole_workload_equals_greedy_without(tiny_model_dirs, e
 @pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
 def test_gpu_spec_decode_verification_steps_replay_full_graphs(tiny_model_dirs, mode):
     """One request whose text loops: after its prefill every step verifies 3 drafts, a
-    uniform batch of 1 + 3 tokens, which must replay the FULL graph of that key."""
+    uniform batch of 1 + 3 tokens, which must replay the FULL graph of that key; then the
+    same request sampled with a seed, twice: the same tokens, and a logprob for each."""
     folder = str(tiny_model_dirs["qwen3"])
     common = {**COMMON, "max_num_batched_tokens": 64}  # one request: the 6 blocks of COMMON hold it
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -64,4 +65,13 @@ def test_gpu_spec_decode_verification_steps_replay_full_graphs(tiny_model_dirs, 
     assert any(key.uniform and key.num_tokens == key.num_reqs * 4 for key in replayed), (
         f"no FULL graph of uniform 1 + 3 token queries was replayed: {replayed}"
     )
-    assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    stats = llm.engine.scheduler.spec_stats
+    assert stats.num_accepted_tokens > 0
+    # What only a GPU can break in the sampler: seeded random verification on the device (each
+    # request's generator draws its uniforms and its token there) and the kept drafts' logprobs.
+    # At temperature 0.2 the text still loops often enough for drafts (10 on the CPU, 6 kept).
+    drafts_before = stats.num_drafts
+    sampled = SamplingParams(temperature=0.2, seed=7, max_tokens=24, ignore_eos=True, logprobs=2)
+    first, again = (llm.generate({"prompt_token_ids": LOOP}, sampled, use_tqdm=False)[0].outputs[0] for _ in range(2))
+    assert first.token_ids == again.token_ids and len(first.logprobs) == len(first.token_ids) == 24
+    assert stats.num_drafts > drafts_before, "no draft was verified while sampling"
