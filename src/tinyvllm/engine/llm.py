@@ -67,7 +67,8 @@ NOTE 11 (speculative decoding): ``speculative_config={"method": "ngram",
 n-gram prompt lookup (``spec_decode/``): the engine proposes up to k drafts per decoding
 request after each step, and the next step verifies them (``sample/rejection_sampler.py``).
 As seed 001 ch. 11.4 says, only MinTokens is built then (custom processors are refused);
-requests asking for min_p, logit_bias, bad words, allowed ids or logprobs are refused.
+requests asking for min_p or logit_bias are refused (``engine/request_checks.py``); bad
+words, allowed ids and logprobs act on every draft row, as in vLLM.
 NOTE 12 (chat): ``chat(messages)`` takes one conversation (a list of message dicts) or a
 list of them, renders each through the chat template (``chat_template.py``: the given one,
 else the tokenizer's), tokenizes the text without special tokens (the template writes
@@ -102,7 +103,6 @@ from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.request_checks import check_request_against_model
-from tinyvllm.sample.logprobs import MAX_LOGPROBS
 from tinyvllm.engine.startup_report import StartupReport
 from tinyvllm.models import STDLIB_TINY
 from tinyvllm.models.hub import check_revision, resolve_model
@@ -112,6 +112,7 @@ from tinyvllm.outputs import RequestOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
+from tinyvllm.sample.logprobs import MAX_LOGPROBS
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.sampling_defaults import check_generation_config, generation_defaults

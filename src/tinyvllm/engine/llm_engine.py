@@ -95,9 +95,9 @@ from tinyvllm.outputs import (
 )
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sample.bad_words import tokenize_bad_words
+from tinyvllm.sample.logprobs import MAX_LOGPROBS
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 from tinyvllm.engine.request_checks import check_request_against_model
-from tinyvllm.sample.logprobs import MAX_LOGPROBS
 from tinyvllm.validation import check_token_ids
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.worker.model_runner import ModelRunner
@@ -353,20 +353,20 @@ class LLMEngine:
     # --8<-- [start:update_logprobs]
     def _update_logprobs(self, tracked: _Tracked, out: EngineCoreOutput) -> None:
         """The step's logprob entries as ``Logprob``s with their text (NOTE 5)."""
-        text = self.tokenizer is not None and tracked.params.detokenize  # each token's text too
+        with_text = self.tokenizer is not None and tracked.params.detokenize  # each token's text too
         for entry in out.new_logprobs or ():
-            tracked.logprobs.append(self._position_logprobs(entry, text))
+            tracked.logprobs.append(self._position_logprobs(entry, with_text))
             tracked.cumulative_logprob += entry[1][0]  # the chosen token's logprob comes first
         if out.prompt_logprobs is not None:  # nothing predicts the first prompt token
-            tracked.prompt_logprobs = [None] + [self._position_logprobs(entry, text) for entry in out.prompt_logprobs]
+            tracked.prompt_logprobs = [None] + [self._position_logprobs(entry, with_text) for entry in out.prompt_logprobs]
 
-    def _position_logprobs(self, entry: LogprobEntry, text: bool) -> PositionLogprobs:
+    def _position_logprobs(self, entry: LogprobEntry, with_text: bool) -> PositionLogprobs:
         """``{token_id: Logprob}``: the chosen token with its rank, then the top k with ranks
-        1..k; each with its text when ``text``."""
+        1..k; each with its text when ``with_text``."""
         token_ids, logprobs, rank = entry
         ranks = [rank, *range(1, len(token_ids))]
         return {
-            token: Logprob(logprob, r, decode_text(self.tokenizer, [token], False) if text else None)
+            token: Logprob(logprob, r, decode_text(self.tokenizer, [token], False) if with_text else None)
             for token, logprob, r in zip(token_ids, logprobs, ranks)
         }
     # --8<-- [end:update_logprobs]

@@ -50,6 +50,11 @@ class LogprobsTensors:
     ranks: torch.Tensor  # [M] int64, the chosen token's rank (1 = the most likely)
 
 
+def num_top(k: int, vocab_size: int) -> int:
+    """How many top logprobs ``logprobs=k`` asks for: ``k``, or the whole vocabulary for -1."""
+    return vocab_size if k == -1 else k
+
+
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     """``log_softmax`` over the vocabulary, in float32: ``[M, V]`` -> ``[M, V]``."""
     return torch.log_softmax(logits.to(torch.float32), dim=-1)

@@ -70,6 +70,7 @@ import torch
 from tinyvllm.sample.bad_words import BadWordsTokenIds
 from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
+from tinyvllm.sample.logprobs import num_top
 from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.penalties import PenaltyState, uses_penalties
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
@@ -164,7 +165,7 @@ class InputBatch:
         if params.seed is not None:
             self.generators[row] = generator or torch.Generator(device=self.device).manual_seed(params.seed)
         if params.logprobs is not None:  # -1: the whole vocabulary (SamplingParams NOTE 6)
-            self.num_logprobs[row] = self.vocab_size if params.logprobs == -1 else params.logprobs
+            self.num_logprobs[row] = num_top(params.logprobs, self.vocab_size)
         if bad_words:
             self.bad_words_token_ids[row] = bad_words
         if self.penalties is not None and uses_penalties(params):

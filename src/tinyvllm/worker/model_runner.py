@@ -505,16 +505,16 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [sum(k_r + 1), V]
         tokens = self.sampler.sample_spec(logits, metadata, drafts)  # it edits a copy: logits stay raw
         firsts = spec_row_starts(drafts)  # where each request's rows begin in ``logits``
-        rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
+        kept_rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
         for row, k in sorted(metadata.num_logprobs.items()):
             kept = tokens[row] if complete[row] else []
-            rows.extend(range(firsts[row], firsts[row] + len(kept)))
+            kept_rows.extend(range(firsts[row], firsts[row] + len(kept)))
             chosen.extend(kept)
             ks.extend([k] * len(kept))
             owners.append((req_ids[row], len(kept)))
-        if not rows:
+        if not kept_rows:
             return tokens, {}
-        raw = logprob_ops.compute_logprobs(logits[torch.tensor(rows, device=logits.device)])  # [M, V], one pass
+        raw = logprob_ops.compute_logprobs(logits[torch.tensor(kept_rows, device=logits.device)])  # [M, V], one pass
         gathered = logprob_ops.gather_logprobs(raw, torch.tensor(chosen, device=logits.device), max(ks))
         entries = iter(logprob_ops.row_entries(gathered, ks))
         return tokens, {req_id: [next(entries) for _ in range(n)] for req_id, n in owners if n}
@@ -548,7 +548,7 @@ class ModelRunner:
             end = min(c + n, num_prompt - 1)  # positions c .. end - 1 predict prompt tokens c + 1 .. end
             if end > c:
                 logprobs = logprob_ops.compute_logprobs(self.model.compute_logits(hidden[first : first + end - c]))
-                k = logprobs.shape[-1] if k == -1 else k  # -1: the whole vocabulary
+                k = logprob_ops.num_top(k, logprobs.shape[-1])
                 targets = torch.tensor(state.prompt_token_ids[c + 1 : end + 1], device=logprobs.device)  # [end - c]
                 tensors = logprob_ops.gather_logprobs(logprobs, targets, k)
                 state.prompt_logprobs[c:end] = logprob_ops.row_entries(tensors, [k] * (end - c))
