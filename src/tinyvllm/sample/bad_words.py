@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from tinyvllm.arith import spec_row_starts
+from tinyvllm.device_syncs import upload
 
 BadWordsTokenIds = tuple[tuple[int, ...], ...]  # the token sequences of one request's bad words
 
@@ -111,6 +112,6 @@ def _ban(logits: torch.Tensor, bans: list[tuple[int, list[int]]]) -> torch.Tenso
     rows = [row for row, banned in bans for _ in banned]
     tokens = [token for _, banned in bans for token in banned]
     if tokens:
-        index = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
-        logits.index_put_(index, torch.tensor(float("-inf"), device=logits.device))
+        at, banned = upload([rows, tokens], torch.int64, logits.device)  # [B], [B]: no wait (device_syncs)
+        logits[at, banned] = float("-inf")
     return logits

@@ -26,6 +26,9 @@ lists (``row_entries``).
 ``logprobs=-1`` asks for the whole vocabulary (the input batch turns it into the vocabulary's
 size; ``LLM(max_logprobs=-1)`` must allow it), and then every position's text is decoded
 for every token, as vLLM does: slow on a large vocabulary.
+NOTE 3 (one transfer): ``row_entries`` brings ids, logprobs and ranks to the host in one
+``tolist`` of one float64 tensor (exact for every id below 2**53 and every float32), not
+three: on a GPU each ``tolist`` is a copy and a wait of its own.
 Left out: ``logprobs_mode`` other than raw logprobs (processed logits, processed logprobs).
 """
 
@@ -75,6 +78,12 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: in
 
 def row_entries(tensors: LogprobsTensors, num_top: list[int]) -> list[LogprobEntry]:
     """Each row as a ``LogprobEntry``, row ``i`` keeping its own ``num_top[i]`` (NOTE 2)."""
-    ids, values, ranks = tensors.token_ids.tolist(), tensors.logprobs.tolist(), tensors.ranks.tolist()
+    width = tensors.token_ids.shape[1]  # 1 + K
+    # One transfer (NOTE 3): float64 holds every id, rank and float32 logprob exactly.
+    parts = (tensors.token_ids.double(), tensors.logprobs.double(), tensors.ranks.double().unsqueeze(1))
+    host = torch.cat(parts, dim=1).cpu()  # [M, 2 * (1 + K) + 1]
+    ids = host[:, :width].long().tolist()
+    values = host[:, width : 2 * width].tolist()
+    ranks = host[:, 2 * width].long().tolist()
     return [(ids[i][: k + 1], values[i][: k + 1], ranks[i]) for i, k in enumerate(num_top)]
 # --8<-- [end:gather]

@@ -17,7 +17,7 @@ Mirrors: ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``); vLLM builds it i
 Invariants:
 - every per-row tensor has ``num_reqs`` rows, row ``i`` being row ``i`` of the logits;
 - ``all_greedy`` is True exactly when every temperature is 0, ``all_random`` exactly when
-  none is (both hold only for an empty batch);
+  none is (both hold only for an empty batch); ``is_greedy[i]`` exactly when row i's is;
 - ``top_p`` is None exactly when no row has ``top_p < 1``, ``top_k`` exactly when no row
   has ``top_k > 0``: a None tells the sampler to skip the sort over the vocabulary;
 - ``generators`` and ``num_logprobs`` are read-only views; their keys are rows ``< num_reqs``;
@@ -39,6 +39,10 @@ runner relies on that object identity to restore it after a partial prefill. So 
 penalty state (its counts grow by each step's tokens, ``sample/penalties.py`` NOTE 1) and
 the output lists (bad words read their ends): a record handed out again for an unchanged
 batch sees the newest tokens.
+NOTE 3 (host copies of device values): ``is_greedy`` repeats on the host what
+``temperature == 0`` says on the device, so that the rejection sampler can choose each
+request's path without reading the device (``tinyvllm/device_syncs.py``); the input batch
+builds both from its host temperatures. Built without it, the record reads the device once.
 Left out: speculative decoding's draft tokens.
 """
 # --8<-- [end:header]
@@ -77,10 +81,16 @@ class SamplingMetadata:
     allowed_token_ids_mask: torch.Tensor | None = None  # [P, V] bool, True = not allowed
     bad_words_token_ids: Mapping[int, BadWordsTokenIds] = field(default_factory=dict)  # row -> sequences
     output_token_ids: tuple[Sequence[int], ...] = ()  # row -> its live output list
+    # row -> temperature == 0, on the host (NOTE 3); None: read from ``temperature``
+    is_greedy: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.temperature.dim() != 1:
             raise ValueError(f"temperature must have shape [R], got {tuple(self.temperature.shape)}")
+        if self.is_greedy is None:
+            object.__setattr__(self, "is_greedy", tuple((self.temperature == 0).tolist()))
+        elif len(self.is_greedy) != self.num_reqs:
+            raise ValueError(f"is_greedy has {len(self.is_greedy)} rows, temperature {self.num_reqs}")
         for name in ("top_p", "top_k"):
             tensor = getattr(self, name)
             if tensor is not None and tuple(tensor.shape) != (self.num_reqs,):

@@ -47,6 +47,10 @@ NOTE 3 (where the sampler calls it): after the logits processors that can change
 argmax (MinTokens, LogitBias) and before the temperature, so greedy rows see the
 penalties too, as in vLLM V1's ``Sampler``; before the thinking budget's forcing, so that
 no penalty can undo a forced token (``sample/sampler.py``).
+NOTE 4 (no wait for the device): ids and penalty values go up with ``upload`` (pinned,
+``non_blocking``), and a row's output counts are built by ``index_add_`` rather than
+``bincount``, whose output size depends on the largest id, so that on a GPU it reads the
+ids back first (``tinyvllm/device_syncs.py``).
 Left out: vLLM's Triton kernel for the penalties.
 """
 # --8<-- [end:header]
@@ -60,6 +64,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tinyvllm.arith import spec_row_starts
+from tinyvllm.device_syncs import upload
 
 if TYPE_CHECKING:
     from tinyvllm.sampling_params import SamplingParams
@@ -139,7 +144,9 @@ class PenaltyState:
         slot = self.free_slots.pop()
         self.prompt_mask[slot] = False
         self.prompt_mask[slot, self._ids(prompt_token_ids)] = True
-        self.output_counts[slot] = torch.bincount(self._ids(output_token_ids), minlength=self.vocab_size)
+        counts = self.output_counts[slot].zero_()  # [V]; scatter, not bincount: no wait for its size (NOTE 4)
+        outputs = self._ids(output_token_ids)
+        counts.index_add_(0, outputs, torch.ones_like(outputs, dtype=counts.dtype))
         self.rows[row] = PenaltyRow(
             slot, params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
             prompt_token_ids, output_token_ids, len(output_token_ids),
@@ -195,10 +202,8 @@ class PenaltyState:
             self._index = (
                 self._ids(order),  # [P] batch rows
                 self._ids([e.slot for e in entries]),  # [P] their slots
-                torch.tensor([e.presence for e in entries], dtype=torch.float32, device=self.device),  # [P]
-                torch.tensor([e.frequency for e in entries], dtype=torch.float32, device=self.device),  # [P]
-                torch.tensor([e.repetition for e in entries], dtype=torch.float32, device=self.device),  # [P]
-            )
+                *upload([[e.presence, e.frequency, e.repetition] for e in entries], torch.float32, self.device).T,
+            )  # presence, frequency, repetition: [P] each
         rows, slots, presence, frequency, repetition = self._index
         penalised = apply_penalties(
             logits[rows], self.prompt_mask[slots], self.output_counts[slots], presence, frequency, repetition
@@ -231,7 +236,7 @@ class PenaltyState:
         if extra_tokens:
             ones = torch.ones(len(extra_tokens), dtype=counts.dtype, device=self.device)
             counts.index_put_((self._ids(extra_rows), self._ids(extra_tokens)), ones, accumulate=True)
-        presence, frequency, repetition = torch.tensor(params, dtype=torch.float32, device=self.device).unbind(1)
+        presence, frequency, repetition = upload(params, torch.float32, self.device).unbind(1)
         penalised = apply_penalties(logits[index], self.prompt_mask[slot_index], counts, presence, frequency, repetition)
         return logits.index_copy_(0, index, penalised)
     # --8<-- [end:apply_spec]
@@ -245,7 +250,7 @@ class PenaltyState:
         return self.prompt_mask[self.rows[row].slot]
 
     def _ids(self, ids: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+        return upload(ids, torch.int64, self.device)  # NOTE 4
 
     def _grow(self) -> None:
         """Double the capacity (1 at first, at most ``max_num_reqs``); slots keep their data."""

@@ -41,8 +41,12 @@ the bonus rows alone on the CPU (12% of a batch-16 step of the shipped model).
 NOTE 4 (every uniform at once): each draft's test ``u < p(draft)`` uses its own uniform,
 independent of the others, so drawing all of them first and comparing them in one tensor
 operation keeps the distribution of NOTE 1 (a uniform after the first rejection is drawn
-and not used). One ``tolist`` then brings every verdict to the host: on a GPU, one
-synchronisation a step, not one per draft.
+and not used).
+NOTE 5 (two waits at most): one ``tolist`` brings every row's argmax and every verdict to
+the host together: on a GPU, one synchronisation a step, not one per draft. A step with
+random requests waits once more, for the tokens drawn after the verdicts (NOTE 3); vLLM
+draws every possible replacement before knowing which is needed, to wait only once.
+Indices go up with ``upload`` (``tinyvllm/device_syncs.py``).
 Left out: draft models with their own distribution (EAGLE, a small draft model), vLLM's
 Triton kernels (the walk over each request's drafts is a Python loop over host lists).
 """
@@ -54,6 +58,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from tinyvllm.arith import spec_row_starts
+from tinyvllm.device_syncs import upload
 
 
 # --8<-- [start:rejection]
@@ -70,9 +75,12 @@ def rejection_sample(
     ``argmax`` ``[N]``: each row's most likely token; request r owns ``len(drafts[r]) + 1``
     rows, in order; ``generators`` maps a request to its own generator (seeded requests).
     """
-    argmax_ids = argmax.tolist()  # [N]
     firsts = spec_row_starts(draft_token_ids)  # each request's first row
-    kept_draft = _accept_random_drafts(probs, draft_token_ids, is_greedy, generators, firsts)  # NOTE 1, NOTE 4
+    tested, passed = _accept_random_drafts(probs, draft_token_ids, is_greedy, generators, firsts)  # NOTE 1, NOTE 4
+    # One transfer for the argmax [N] and the tests [M] (NOTE 5).
+    host = torch.cat([argmax, passed.to(argmax.dtype)]).tolist() if tested else argmax.tolist()
+    argmax_ids = host[: argmax.shape[0]]
+    kept_draft = dict(zip(tested, map(bool, host[argmax.shape[0] :])))
     tokens: list[list[int]] = []
     draws: list[tuple[int, int, int | None]] = []  # (request, row, the rejected draft or None for the bonus)
     for r, drafts in enumerate(draft_token_ids):
@@ -97,12 +105,11 @@ def rejection_sample(
     if draws:  # one token for each random request, all in one batch (NOTE 3)
         from tinyvllm.sample.sampler import random_sample  # here: sampler.py imports this module
 
-        rows = torch.tensor([row for _, row, _ in draws], device=probs.device)
-        dist = probs[rows]  # [D, V], a copy
+        dist = probs[upload([row for _, row, _ in draws], torch.int64, probs.device)]  # [D, V], a copy
         rejected = [(i, draft) for i, (_, _, draft) in enumerate(draws) if draft is not None]
         if rejected:  # (p - q)+: the rejected draft removed; the race needs no renormalising
-            at, drafts_out = zip(*rejected)
-            dist[torch.tensor(at, device=dist.device), torch.tensor(drafts_out, device=dist.device)] = 0.0
+            at, drafts_out = upload(rejected, torch.int64, dist.device).unbind(1)
+            dist[at, drafts_out] = 0.0
         own = {i: generators[r] for i, (r, _, _) in enumerate(draws) if r in generators}
         for (r, _, _), token in zip(draws, random_sample(dist, own).tolist()):
             tokens[r].append(token)
@@ -115,12 +122,13 @@ def _accept_random_drafts(
     is_greedy: Sequence[bool],
     generators: Mapping[int, torch.Generator],
     firsts: list[int],
-) -> dict[int, bool]:
-    """Row -> whether the random request's draft on it passes ``u < p(draft)`` (NOTE 1): one
-    uniform per draft row, all compared at once; a seeded request's from its generator (NOTE 2)."""
+) -> tuple[list[int], torch.Tensor | None]:
+    """The draft rows of the random requests ``[M]``, and on the device whether each draft
+    passes ``u < p(draft)`` ``[M]`` (NOTE 1): one uniform per draft row, all compared at
+    once; a seeded request's from its generator (NOTE 2)."""
     spans = [(r, firsts[r], len(d)) for r, d in enumerate(draft_token_ids) if d and not is_greedy[r]]
     if not spans:
-        return {}
+        return [], None
     rows = [first + j for _, first, k in spans for j in range(k)]
     drafts = [t for r, _, _ in spans for t in draft_token_ids[r]]
     device = probs.device
@@ -130,6 +138,6 @@ def _accept_random_drafts(
         if r in generators:
             u[at : at + k] = torch.rand(k, generator=generators[r], device=device)
         at += k
-    p = probs[torch.tensor(rows, device=device), torch.tensor(drafts, device=device)]  # [M]: p(draft) on its row
-    return dict(zip(rows, (u < p).tolist()))  # one transfer for the whole step
+    at, tokens = upload([rows, drafts], torch.int64, device)  # [M], [M]
+    return rows, u < probs[at, tokens]  # p(draft) on its row
 # --8<-- [end:rejection]

@@ -67,6 +67,12 @@ does; ``sample/rejection_sampler.py`` then keeps the drafts the target agrees wi
 and logit_bias are refused for such an engine (``engine/request_checks.py``). It works on
 a copy of the logits: the runner computes the kept tokens' logprobs from the raw ones
 (``worker/model_runner.py`` NOTE 10).
+NOTE 6 (no wait for the device before the tokens): every index the sampler needs goes up
+with ``upload`` (pinned, ``non_blocking``), never as a Python list (which PyTorch copies
+up and waits for); per-request values are spread over a request's rows by
+``repeat_interleave`` given its ``output_size``; greedy rows are known from the host copy
+``SamplingMetadata.is_greedy``. The one read is the caller's, of the sampled ids
+(``tinyvllm/device_syncs.py``).
 """
 # --8<-- [end:header]
 
@@ -77,7 +83,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tinyvllm.arith import spec_row_starts
+from tinyvllm.device_syncs import upload
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.bad_words import apply_bad_words, apply_bad_words_with_drafts
 from tinyvllm.sample.metadata import SamplingMetadata
@@ -154,12 +160,13 @@ class Sampler:
         if logits.shape[0] != md.num_reqs:
             raise ValueError(f"logits have {logits.shape[0]} rows, the sampling metadata has {md.num_reqs} requests")
         rows = sorted(md.num_logprobs)  # NOTE 3: the raw logprobs first, of the rows that ask
-        raw_logprobs = logprob_ops.compute_logprobs(logits[rows]) if rows else None  # [M, V]
+        at = upload(rows, torch.int64, logits.device) if rows else None  # [M]: indices already up (NOTE 6)
+        raw_logprobs = logprob_ops.compute_logprobs(logits[at]) if rows else None  # [M, V]
         sampled = self.sample(logits, md)  # [R]
         if raw_logprobs is None:
             return SamplerOutput(sampled)
         num_top = max(md.num_logprobs.values())
-        tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[rows], num_top)
+        tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[at], num_top)
         return SamplerOutput(sampled, tensors, tuple(rows))
 
     # --8<-- [start:sample_spec]
@@ -172,11 +179,12 @@ class Sampler:
         if logits.shape[0] != sum(rows_per_request):
             raise ValueError(f"logits have {logits.shape[0]} rows, the drafts need {sum(rows_per_request)}")
         logits = logits.to(torch.float32, copy=True)  # [N, V]
+        num_rows = logits.shape[0]
+        repeat = upload(rows_per_request, torch.int64, logits.device)  # [R]
         if md.allowed_token_ids_mask is not None:  # each request's mask on each of its rows
-            firsts = spec_row_starts(drafts)
-            for p, request in enumerate(md.allowed_token_ids_rows.tolist()):
-                mine = slice(firsts[request], firsts[request + 1])
-                logits[mine] = logits[mine].masked_fill(md.allowed_token_ids_mask[p], float("-inf"))
+            mask = torch.zeros(md.num_reqs, logits.shape[1], dtype=torch.bool, device=logits.device)  # [R, V]
+            mask[md.allowed_token_ids_rows] = md.allowed_token_ids_mask
+            logits.masked_fill_(mask.repeat_interleave(repeat, dim=0, output_size=num_rows), float("-inf"))
         if md.bad_words_token_ids:
             logits = apply_bad_words_with_drafts(logits, md.bad_words_token_ids, md.output_token_ids, drafts)
         for proc in md.logitsprocs.non_argmax_invariant:  # MinTokens alone under a speculative config
@@ -187,17 +195,19 @@ class Sampler:
             logits = md.thinking_budget.apply_to_spec_rows(logits, rows_per_request)
         argmax = logits.argmax(dim=-1)  # [N]
         probs = None
-        if not md.all_greedy:
-            repeat = torch.tensor(rows_per_request, device=logits.device)
-            temperature = md.temperature.to(logits.device).repeat_interleave(repeat)  # [N]
+        if not md.all_greedy:  # every per-request value on each of the request's rows: [N]
+
+            def per_row(values: torch.Tensor) -> torch.Tensor:
+                return values.to(logits.device).repeat_interleave(repeat, output_size=num_rows)
+
+            temperature = per_row(md.temperature)
             logits = logits / torch.where(temperature == 0, torch.ones_like(temperature), temperature).unsqueeze(1)
-            top_k = None if md.top_k is None else md.top_k.to(logits.device).repeat_interleave(repeat)
-            top_p = None if md.top_p is None else md.top_p.to(logits.device).repeat_interleave(repeat)
+            top_k = None if md.top_k is None else per_row(md.top_k)
+            top_p = None if md.top_p is None else per_row(md.top_p)
             if top_k is not None or top_p is not None:
                 logits = apply_top_k_top_p(logits, top_k, top_p)
             probs = logits.softmax(dim=-1)  # [N, V]
-        is_greedy = (md.temperature == 0).tolist()
-        return rejection_sample(probs, argmax, drafts, is_greedy, md.generators)
+        return rejection_sample(probs, argmax, drafts, list(md.is_greedy), md.generators)
     # --8<-- [end:sample_spec]
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

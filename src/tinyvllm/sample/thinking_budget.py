@@ -33,6 +33,11 @@ listing writes ``state1`` to i2 and leaves it at i1 when i2 was empty. For a one
 the listing pops only i1, so a destination that still holds a departed request's state
 keeps it under the moved request. Our ``condense`` lists that destination in ``removed``;
 vLLM's pops it from ``removed``, so there only the move can drop that state.
+NOTE 3: the document's forcing fills ``mask`` and ``force_token_ids`` on the device and
+indexes the logits with ``mask.nonzero()``, whose size a GPU must report back first: a
+wait for the whole forward in every step where a request thinks. We keep both tensors up
+to date as the document does but index with the rows collected on the host, copied up
+with ``upload`` (``tinyvllm/device_syncs.py``).
 Left out: ``bonus_token_forced`` bookkeeping of the two-call spec path (kept as a field).
 """
 # --8<-- [end:header]
@@ -44,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tinyvllm.device_syncs import upload
 from tinyvllm.sample.batch_update import BatchUpdate, MoveDirectionality
 
 if TYPE_CHECKING:
@@ -311,7 +317,8 @@ class ThinkingBudgetStateHolder:
                 rows.append(offsets[seq_idx] + force_idx)
                 tokens.append(self.think_end_token_ids[state["end_count"]])
         if rows:
-            logits[torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device)] = FORCED_LOGIT
+            at, forced = upload([rows, tokens], torch.int64, logits.device)  # [F], [F]: no wait (device_syncs)
+            logits[at, forced] = FORCED_LOGIT
         return logits
     # --8<-- [end:spec_rows]
 
@@ -336,6 +343,7 @@ class ThinkingBudgetStateHolder:
         draft (target call) or per request (bonus call, ``predict_bonus_token``).
         """
         self.mask[:] = False
+        forced: list[tuple[int, int]] = []  # (row, end token) of each forced row
         n_layout = max(len(spec_token_ids_for_layout), max(self._state) + 1)
         self.cu_num_tokens = token_row_offsets(n_layout, spec_token_ids_for_layout, self.in_spec_mode, predict_bonus_token)
         for seq_idx in sorted(self._state):
@@ -353,9 +361,10 @@ class ThinkingBudgetStateHolder:
             if row < logits.shape[0] and row < self.mask.shape[0]:
                 self.mask[row] = True
                 self.force_token_ids[row] = self.think_end_token_ids[state["end_count"]]
-        rows = self.mask.nonzero(as_tuple=False).view(-1)  # [M] rows to force
-        if rows.numel() > 0:
-            logits[rows, self.force_token_ids[rows]] = FORCED_LOGIT
+                forced.append((row, self.think_end_token_ids[state["end_count"]]))
+        if forced:  # the rows from the host list, not mask.nonzero(): no wait for the device (NOTE 3)
+            rows, tokens = upload(forced, torch.int64, logits.device).unbind(1)  # [M], [M]
+            logits[rows, tokens] = FORCED_LOGIT
         return logits
     # --8<-- [end:forcing]
 

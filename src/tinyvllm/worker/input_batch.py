@@ -55,6 +55,10 @@ like its generator. ``allowed_token_ids`` needs no state here: the metadata's ma
 ``[P, V]`` is built from the params of the rows that have one, when the metadata is
 built (NOTE 5), so it costs nothing while the batch is unchanged. Penalties and
 ``allowed_token_ids`` need the vocabulary size (``InputBatch(vocab_size=...)``).
+NOTE 8 (no wait for the device): the metadata's flags (``all_greedy``, ``is_greedy``, is
+top-p or top-k used) are read from the host tensors the batch keeps, and the device copies
+are made with ``upload`` (pinned, ``non_blocking``): building the metadata never makes the
+host wait for a forward still running on the GPU (``tinyvllm/device_syncs.py``).
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
 # --8<-- [end:header]
@@ -67,6 +71,7 @@ from types import MappingProxyType
 
 import torch
 
+from tinyvllm.device_syncs import upload
 from tinyvllm.sample.bad_words import BadWordsTokenIds
 from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
@@ -335,17 +340,18 @@ class InputBatch:
         if self._sampling_metadata is not None:
             return self._sampling_metadata
         n = self.num_reqs
-        temperature = self.temperature[:n].to(self.device, copy=True)  # [R]
-        top_p, top_k = self.top_p[:n], self.top_k[:n]  # [R], [R]
-        is_greedy = temperature == 0  # [R]
+        # Decided on the host values, copied up without a wait (NOTE 8).
+        temperature, top_p, top_k = self.temperature[:n], self.top_p[:n], self.top_k[:n]  # [R] each, host
+        is_greedy = (temperature == 0).tolist()
         allowed_rows, allowed_mask = self._allowed_token_ids_mask()  # [P], [P, V]; None, None: no row restricts
         self._sampling_metadata = SamplingMetadata(
-            temperature=temperature,
-            all_greedy=bool(is_greedy.all()),
-            all_random=not bool(is_greedy.any()),
+            temperature=upload(temperature, torch.float32, self.device),
+            all_greedy=all(is_greedy),
+            all_random=not any(is_greedy),
+            is_greedy=tuple(is_greedy),
             # None when no row needs them: the sampler then skips the sort over V.
-            top_p=top_p.to(self.device, copy=True) if bool((top_p < 1).any()) else None,
-            top_k=top_k.to(self.device, copy=True) if bool((top_k > 0).any()) else None,
+            top_p=upload(top_p, torch.float32, self.device) if bool((top_p < 1).any()) else None,
+            top_k=upload(top_k, torch.int64, self.device) if bool((top_k > 0).any()) else None,
             generators=MappingProxyType(dict(self.generators)),
             num_logprobs=MappingProxyType(dict(self.num_logprobs)),
             logitsprocs=self.logitsprocs,
@@ -367,7 +373,7 @@ class InputBatch:
         mask = torch.ones(len(rows), self.vocab_size, dtype=torch.bool)  # [P, V]
         for i, row in enumerate(rows):
             mask[i, list(self.params[row].allowed_token_ids)] = False
-        return torch.tensor(rows, dtype=torch.int64, device=self.device), mask.to(self.device)
+        return upload(rows, torch.int64, self.device), upload(mask, torch.bool, self.device)
     # --8<-- [end:sampling_metadata]
 
     def check_invariants(self) -> None:

@@ -94,6 +94,7 @@ from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.config import CompilationConfig
 from tinyvllm.arith import cdiv
 from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.sampler import Sampler
@@ -502,7 +503,7 @@ class ModelRunner:
         for n, d in zip(num_sched, drafts):
             end += n
             rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [sum(k_r + 1), V]
+        logits = self.model.compute_logits(hidden[upload(rows, torch.int64, hidden.device)])  # [sum(k_r + 1), V]
         tokens = self.sampler.sample_spec(logits, metadata, drafts)  # it edits a copy: logits stay raw
         firsts = spec_row_starts(drafts)  # where each request's rows begin in ``logits``
         kept_rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
@@ -514,8 +515,8 @@ class ModelRunner:
             owners.append((req_ids[row], len(kept)))
         if not kept_rows:
             return tokens, {}
-        raw = logprob_ops.compute_logprobs(logits[torch.tensor(kept_rows, device=logits.device)])  # [M, V], one pass
-        gathered = logprob_ops.gather_logprobs(raw, torch.tensor(chosen, device=logits.device), max(ks))
+        raw = logprob_ops.compute_logprobs(logits[upload(kept_rows, torch.int64, logits.device)])  # [M, V], one pass
+        gathered = logprob_ops.gather_logprobs(raw, upload(chosen, torch.int64, logits.device), max(ks))
         entries = iter(logprob_ops.row_entries(gathered, ks))
         return tokens, {req_id: [next(entries) for _ in range(n)] for req_id, n in owners if n}
     # --8<-- [end:verify]
@@ -549,7 +550,7 @@ class ModelRunner:
             if end > c:
                 logprobs = logprob_ops.compute_logprobs(self.model.compute_logits(hidden[first : first + end - c]))
                 k = logprob_ops.num_top(k, logprobs.shape[-1])
-                targets = torch.tensor(state.prompt_token_ids[c + 1 : end + 1], device=logprobs.device)  # [end - c]
+                targets = upload(state.prompt_token_ids[c + 1 : end + 1], torch.int64, logprobs.device)  # [end - c]
                 tensors = logprob_ops.gather_logprobs(logprobs, targets, k)
                 state.prompt_logprobs[c:end] = logprob_ops.row_entries(tensors, [k] * (end - c))
             if c + n >= num_prompt:

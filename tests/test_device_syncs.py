@@ -1,0 +1,265 @@
+"""Device synchronisations (tinyvllm/device_syncs.py): the counter names every call that
+would make the host wait for the GPU, and one engine step waits once, for its sampled
+tokens, whatever its requests ask (sampling, penalties, logprobs, allowed and bad words,
+speculative decoding). On a GPU the twin at the bottom checks the count against what
+``torch.cuda.set_sync_debug_mode`` reports."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.config import CUDAGraphMode
+from tinyvllm.device_syncs import DeviceSyncCounter, Sync, upload
+
+DEV = torch.device("cpu")
+HERE = os.path.basename(__file__)
+
+
+def kinds(syncs: list[Sync]) -> list[tuple[str, str]]:
+    return [(s.kind, s.op) for s in syncs]
+
+
+# -- the counter on single calls -----------------------------------------------------------
+
+
+def test_host_tensors_never_sync():
+    counter = DeviceSyncCounter()
+    counter.counting = True
+    with counter:
+        h = torch.arange(6)  # made without a device: host
+        s = torch.tensor([3, 1], device="cpu")  # the string "cpu": host (NOTE 1)
+        assert h.tolist() == [0, 1, 2, 3, 4, 5] and int(h.sum()) == 15
+        assert h[h > 2].tolist() == [3, 4, 5] and h[[0, 5]].tolist() == [0, 5]
+        assert s.cpu().tolist() == [3, 1] and bool(s.any())
+    assert counter.take() == []
+    assert not counter.is_device(h) and not counter.is_device(s)
+
+
+def test_reads_of_device_values():
+    counter = DeviceSyncCounter()
+    counter.counting = True
+    with counter:
+        x = torch.arange(6, device=DEV)  # made for a torch.device: on the device
+        got = (x.tolist(), x.sum().item(), bool(x.any()), int(x[2]), x.cpu().tolist(), x.to("cpu").tolist())
+        assert got == ([0, 1, 2, 3, 4, 5], 15, True, 2, [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5])
+        assert torch.equal(x, x)
+    syncs = counter.take()
+    assert kinds(syncs) == [
+        ("read", "Tensor.tolist"), ("read", "Tensor.item"), ("read", "Tensor.__bool__"), ("read", "Tensor.__int__"),
+        ("read", "Tensor.cpu"), ("read", "Tensor.to"), ("read", "torch.equal"),
+    ]  # fmt: skip
+    # The .tolist() of a tensor already on the host is free: .cpu() was the read.
+    assert {(s.file, s.function) for s in syncs} == {(f"tests/{HERE}", "test_reads_of_device_values")}
+
+
+def test_data_dependent_shapes():
+    counter = DeviceSyncCounter()
+    counter.counting = True
+    with counter:
+        x = torch.arange(6, device=DEV)
+        repeats = upload([1, 2, 0, 0, 0, 3], torch.int64, DEV)
+        a = x[x > 3]
+        b = x.nonzero()
+        c = x.repeat_interleave(repeats)
+        d = x.repeat_interleave(repeats, output_size=6)  # the size is known: no wait
+        e = torch.where(x > 4)
+    assert kinds(counter.take()) == [("shape", "Tensor.__getitem__"), ("shape", "Tensor.nonzero"),
+                                     ("shape", "Tensor.repeat_interleave"), ("shape", "torch.where")]  # fmt: skip
+    assert a.tolist() == [4, 5] and b.view(-1).tolist() == [1, 2, 3, 4, 5]
+    assert c.tolist() == d.tolist() == [0, 1, 1, 5, 5, 5] and e[0].tolist() == [5]
+
+
+def test_blocking_copies_up_and_down():
+    counter = DeviceSyncCounter()
+    counter.counting = True
+    with counter:
+        x = torch.zeros(3, dtype=torch.int64, device=DEV)
+        h = torch.tensor([7, 8, 9])
+        made = torch.tensor([1, 2], device=DEV)  # built on the host, copied up, waited for
+        moved = h.to(DEV)
+        x.copy_(h)
+        by_list = x[[0, 2]]  # the list goes up as a host tensor first
+        by_host = x[h - 7]
+        back = torch.empty(3, dtype=torch.int64)
+        back.copy_(x)  # a device value into host memory
+        assert kinds(counter.take()) == [("copy", "torch.tensor"), ("copy", "Tensor.to"), ("copy", "Tensor.copy_"),
+                                         ("copy", "Tensor.__getitem__"), ("copy", "Tensor.__getitem__"),
+                                         ("read", "Tensor.copy_")]  # fmt: skip
+        assert counter.is_device(made) and counter.is_device(moved) and not counter.is_device(back)
+        # The same moves without a wait: non_blocking from the host, indices already up.
+        quiet = h.to(DEV, non_blocking=True)
+        x.copy_(h, non_blocking=True)
+        up = upload([0, 2], torch.int64, DEV)
+        picked = x[up]
+        floats = x.float()  # a dtype change stays on the device
+    assert counter.take() == []
+    assert counter.is_device(quiet) and counter.is_device(up) and counter.is_device(floats)
+    assert by_list.tolist() == [7, 9] and by_host.tolist() == [7, 8, 9] and back.tolist() == [7, 8, 9]
+    assert picked.tolist() == [7, 9] and up.dtype == torch.int64
+
+
+def test_upload_of_a_host_tensor_is_a_new_tensor():
+    h = torch.tensor([0.5, 2.0])
+    up = upload(h, torch.float64, DEV)
+    h[0] = 9.0  # the copy does not follow the host tensor
+    assert up.tolist() == [0.5, 2.0] and up.dtype == torch.float64
+
+
+def test_nothing_is_counted_until_counting():
+    counter = DeviceSyncCounter()
+    with counter:
+        x = torch.arange(3, device=DEV)
+        x.tolist()
+        counter.counting = True
+        x.sum().item()
+    assert kinds(counter.take()) == [("read", "Tensor.item")]
+
+
+# -- the engine ----------------------------------------------------------------------------
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+
+
+# --8<-- [start:counted_steps]
+def counted_steps(folder, requests: list[tuple[list[int], SamplingParams]], device: torch.device = DEV,
+                  cuda_waits: list[list[str]] | None = None, **kw):
+    """Build an engine under a counter, add ``requests``, and step it to the end; the
+    syncs of each step, and the outputs. With ``cuda_waits``, each step also runs under
+    ``torch.cuda.set_sync_debug_mode("warn")`` and the warnings it gave are appended."""
+    counter = DeviceSyncCounter()
+    kw = {"max_model_len": 96, "block_size": 16, "attention_backend": "triton", **kw}
+    with counter:
+        llm = LLM(str(folder), device=str(device), **kw)
+        if llm.engine.proposer is not None:
+            llm.engine.proposer.min_batch_tokens = 0  # the batched n-gram search, as on a big batch
+        runner = llm.engine.model_runner
+        # One tensor on the CPU, the device's twin of a pinned buffer on a GPU (NOTE 1).
+        counter.mark([buf.device for buf in vars(runner.buffers).values() if hasattr(buf, "device")])
+        counter.mark([runner.input_batch.block_table.table])
+        for i, (prompt, params) in enumerate(requests):
+            llm.engine.add_request(f"r{i}", prompt, params)
+        counter.counting = True
+        steps, outputs = [], {}
+        while llm.engine.has_unfinished_requests():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if cuda_waits is not None:
+                    torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    for out in llm.engine.step():
+                        outputs[out.request_id] = out
+                finally:
+                    if cuda_waits is not None:
+                        torch.cuda.set_sync_debug_mode("default")
+            steps.append(counter.take())
+            if cuda_waits is not None:
+                cuda_waits.append([str(w.message) for w in caught if "synchroniz" in str(w.message)])
+    counter.check_invariants()
+    return steps, outputs, llm
+# --8<-- [end:counted_steps]
+
+
+# --8<-- [start:waits_once]
+def assert_waits_once(steps: list[list[Sync]], first: tuple[str, str], most: int) -> None:
+    """Every sync of every step is a read, the first one at ``first`` (file's end, function)
+    and at most ``most`` of them: the step waits for the device once, then reads what it
+    already has."""
+    for i, syncs in enumerate(steps):
+        shown = "\n".join(map(str, syncs))
+        assert syncs, f"step {i} read nothing: its tokens must come from somewhere"
+        assert all(s.kind == "read" for s in syncs), f"step {i} waits for more than its tokens:\n{shown}"
+        assert (syncs[0].file.split("/")[-1], syncs[0].function) == first, f"step {i} first waits at\n{shown}"
+        assert len(syncs) <= most, f"step {i}:\n{shown}"
+# --8<-- [end:waits_once]
+
+
+def test_a_greedy_step_reads_its_tokens_once(tiny_model_dirs):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    steps, outputs, _ = counted_steps(tiny_model_dirs["qwen3"], [(PROMPT, params), (PROMPT[:5], params)])
+    assert len(steps) == 6 and all(len(o.outputs[0].token_ids) == 6 for o in outputs.values())
+    for syncs in steps:
+        assert [(s.kind, s.op, s.file.split("/")[-1], s.function) for s in syncs] == [
+            ("read", "Tensor.tolist", "model_runner.py", "execute_model")
+        ]
+
+
+ASKING_EVERYTHING = [
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.7, top_k=5, presence_penalty=0.5, frequency_penalty=0.2,
+                   repetition_penalty=1.2, logprobs=2, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.9, min_p=0.1, min_tokens=3, logit_bias={3: 2.0}, bad_words=["the", "an item"],
+                   allowed_token_ids=list(range(3, 40)), max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0, prompt_logprobs=1, max_tokens=4, ignore_eos=True),
+    SamplingParams(temperature=0, thinking_token_budget=3, max_tokens=6, ignore_eos=True),
+]  # fmt: skip
+THINKING = [1, 5]  # <think> (id 1 in the tiny models) and one token: one of the budget is spent
+
+
+def prompts_for(params: list[SamplingParams]) -> list[tuple[list[int], SamplingParams]]:
+    """Prompts of different lengths (the requests finish in different steps), and one that thinks."""
+    return [(THINKING if p.thinking_token_budget else PROMPT[: 4 + i], p) for i, p in enumerate(params)]
+
+
+@pytest.mark.parametrize("mode", [CUDAGraphMode.NONE, CUDAGraphMode.FULL_AND_PIECEWISE])
+def test_every_sampling_feature_waits_once_a_step(tiny_model_dirs, mode):
+    """Requests join and leave the batch (different lengths), so metadata is rebuilt too."""
+    steps, outputs, llm = counted_steps(
+        tiny_model_dirs["qwen3"], prompts_for(ASKING_EVERYTHING), compilation_config={"cudagraph_mode": mode},
+        max_num_batched_tokens=16,
+    )  # fmt: skip
+    assert len(outputs) == 6 and all(o.finished for o in outputs.values())
+    assert set(outputs["r3"].outputs[0].token_ids) <= set(range(3, 40))
+    assert outputs["r5"].outputs[0].token_ids[2] == 2  # </think> (id 2) forced after two more thinking tokens
+    # the sampled ids, then at most the sample logprobs and the prompt logprobs
+    assert_waits_once(steps, ("model_runner.py", "execute_model"), most=3)
+    llm.engine.check_invariants()
+
+
+def test_greedy_speculative_steps_read_once(tiny_model_dirs):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    thinking = SamplingParams(temperature=0, max_tokens=12, thinking_token_budget=5, ignore_eos=True)
+    requests = [(PROMPT, params), (PROMPT[2:], params), (THINKING, thinking)]
+    steps, outputs, llm = counted_steps(tiny_model_dirs["qwen3"], requests, speculative_config=NGRAM)
+    assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
+    assert outputs["r2"].outputs[0].token_ids[4] == 2  # </think> forced, on a draft row or not
+    assert_waits_once(steps, ("rejection_sampler.py", "rejection_sample"), most=1)
+
+
+def test_random_speculative_steps_wait_once(tiny_model_dirs):
+    requests = [
+        (PROMPT, SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)),
+        (PROMPT[1:], SamplingParams(temperature=0.6, top_k=4, presence_penalty=0.3, logprobs=1, max_tokens=12,
+                                    allowed_token_ids=list(range(2, 60)), ignore_eos=True)),
+        (PROMPT[2:], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)),
+    ]  # fmt: skip
+    steps, outputs, llm = counted_steps(tiny_model_dirs["qwen3"], requests, speculative_config=NGRAM)
+    assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0 and len(outputs) == 3
+    # argmax and verdicts together, then the drawn tokens, then the logprobs of the kept tokens
+    assert_waits_once(steps, ("rejection_sampler.py", "rejection_sample"), most=3)
+
+
+# -- the GPU twin --------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("spec", [None, NGRAM])
+def test_gpu_counter_matches_cuda_sync_debug_mode(tiny_model_dirs, spec):
+    """On a GPU the waits CUDA itself reports, step by step, are the ones the counter names."""
+    requests = prompts_for(ASKING_EVERYTHING)
+    if spec is not None:  # min_p and logit_bias are refused under speculation
+        requests = [(p, params) for p, params in requests if params.min_p == 0]
+    cuda_waits: list[list[str]] = []
+    steps, outputs, _ = counted_steps(tiny_model_dirs["qwen3"], requests, device=torch.device("cuda"),
+                                      cuda_waits=cuda_waits, speculative_config=spec)  # fmt: skip
+    assert len(outputs) == len(requests)
+    assert [len(w) for w in cuda_waits] == [len(s) for s in steps], "\n".join(
+        f"step {i}: CUDA {w}, counter {[str(s) for s in c]}" for i, (w, c) in enumerate(zip(cuda_waits, steps))
+    )
