@@ -234,15 +234,15 @@ def test_greedy_speculative_steps_read_once(tiny_model_dirs):
 
 def test_random_speculative_steps_wait_once(tiny_model_dirs):
     requests = [
-        (PROMPT, SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)),
+        (PROMPT, SamplingParams(temperature=0.8, seed=3, prompt_logprobs=2, max_tokens=12, ignore_eos=True)),
         (PROMPT[1:], SamplingParams(temperature=0.6, top_k=4, presence_penalty=0.3, logprobs=1, max_tokens=12,
-                                    allowed_token_ids=list(range(2, 60)), ignore_eos=True)),
-        (PROMPT[2:], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)),
+                                    allowed_token_ids=list(range(2, 60)), bad_words=["the"], ignore_eos=True)),
+        (PROMPT[2:], SamplingParams(temperature=0, min_tokens=8, stop_token_ids=[7], max_tokens=12)),
     ]  # fmt: skip
     steps, outputs, llm = counted_steps(tiny_model_dirs["qwen3"], requests, speculative_config=NGRAM)
     assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0 and len(outputs) == 3
-    # argmax and verdicts together, then the drawn tokens, then the logprobs of the kept tokens
-    assert_waits_once(steps, ("rejection_sampler.py", "rejection_sample"), most=3)
+    # argmax and verdicts together, the drawn tokens, then the kept tokens' and the prompt's logprobs
+    assert_waits_once(steps, ("rejection_sampler.py", "rejection_sample"), most=4)
 
 
 # -- the GPU twin --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from tinyvllm.sampling_params import SamplingParams
 
 
-def _device_tensor(data: list, dtype: torch.dtype, device: torch.device, pin_memory: bool) -> torch.Tensor:
+def _device_tensor(data: list | np.ndarray, dtype: torch.dtype, device: torch.device, pin_memory: bool) -> torch.Tensor:
     """Build on the CPU (optionally pinned), then copy to ``device`` without blocking."""
     return torch.tensor(data, dtype=dtype, device="cpu", pin_memory=pin_memory).to(device, non_blocking=True)
 
@@ -122,7 +122,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         self.bias_tensor = torch.zeros(0, dtype=torch.float32, device=self.device)  # [K] K = biased entries
         self.logits_slice = (self._tensor([], torch.int64), self._tensor([], torch.int64))  # rows [K], tokens [K]
 
-    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+    def _tensor(self, data: list | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return _device_tensor(data, dtype, self.device, self.pin_memory)
 
     def is_argmax_invariant(self) -> bool:
@@ -160,7 +160,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         self.logits_slice = (self._tensor([], torch.int64), self._tensor([], torch.int64))
         self.neg_inf_tensor = torch.tensor(float("-inf"), dtype=torch.float32, device=self.device)
 
-    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+    def _tensor(self, data: list | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return _device_tensor(data, dtype, self.device, self.pin_memory)
 
     def is_argmax_invariant(self) -> bool:
@@ -219,7 +219,8 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             rows.append(np.repeat(positions, len(stop)))
             toks.append(np.tile(stop, n_mask))
         if rows:
-            index = (torch.from_numpy(np.concatenate(rows)).to(self.device), torch.from_numpy(np.concatenate(toks)).to(self.device))
+            # pinned and non_blocking, as the document's (a plain .to() would wait for the device)
+            index = self._tensor(np.stack([np.concatenate(rows), np.concatenate(toks)]), torch.int64).unbind(0)
             logits.index_put_(index, self.neg_inf_tensor)
         return logits
     # --8<-- [end:min_tokens_spec]
