@@ -222,6 +222,28 @@ def test_every_sampling_feature_waits_once_a_step(tiny_model_dirs, mode):
     llm.engine.check_invariants()
 
 
+@pytest.mark.parametrize("spec", [None, NGRAM], ids=["plain", "speculative"])
+def test_preemption_chunking_and_prefix_hits_wait_once_a_step(tiny_model_dirs, spec):
+    """The scheduler's paths through the runner's state update: requests preempted (their
+    rows leave, their block tables are replaced on return), prompts cut into chunks, prompts
+    that share cached blocks, and two samples of one prompt."""
+    shared = list(range(10, 26))  # one block every prompt shares: a prefix hit after the first
+    prompts = [shared + list(range(30 + 32 * i, 62 + 32 * i)) for i in range(5)]  # 3 blocks; a 4th while decoding
+    params = [SamplingParams(temperature=0.7, seed=i, presence_penalty=0.2 * i, logprobs=1, max_tokens=10,
+                             ignore_eos=True) for i in range(3)]  # fmt: skip
+    params.append(SamplingParams(temperature=0.5, min_tokens=4, stop_token_ids=[9], max_tokens=10, ignore_eos=True))
+    if spec is None:
+        params.append(SamplingParams(temperature=0, n=2, max_tokens=10, ignore_eos=True))
+    steps, outputs, llm = counted_steps(
+        tiny_model_dirs["qwen3"], list(zip(prompts, params)), speculative_config=spec,
+        num_gpu_blocks_override=12, max_num_seqs=4, max_num_batched_tokens=32, enable_prefix_caching=True,
+    )  # fmt: skip
+    assert llm.engine.scheduler.num_preemptions > 0 and all(o.finished for o in outputs.values())
+    assert llm.engine.scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
+    assert_waits_once(steps, ("model_runner.py", "execute_model") if spec is None else
+                      ("rejection_sampler.py", "rejection_sample"), most=3)  # fmt: skip
+
+
 def test_greedy_speculative_steps_read_once(tiny_model_dirs):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     thinking = SamplingParams(temperature=0, max_tokens=12, thinking_token_budget=5, ignore_eos=True)
