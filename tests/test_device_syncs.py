@@ -279,9 +279,13 @@ def test_gpu_counter_matches_cuda_sync_debug_mode(tiny_model_dirs, spec):
     if spec is not None:  # min_p and logit_bias are refused under speculation
         requests = [(p, params) for p, params in requests if params.min_p == 0]
     cuda_waits: list[list[str]] = []
-    steps, outputs, _ = counted_steps(tiny_model_dirs["qwen3"], requests, device=torch.device("cuda"),
-                                      cuda_waits=cuda_waits, speculative_config=spec)  # fmt: skip
+    steps, outputs, _ = counted_steps(
+        tiny_model_dirs["qwen3"], requests, device=torch.device("cuda"), cuda_waits=cuda_waits,
+        speculative_config=spec, max_num_seqs=8, compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
+    )  # fmt: skip
     assert len(outputs) == len(requests)
+    assert_waits_once(steps, ("model_runner.py", "execute_model") if spec is None else
+                      ("rejection_sampler.py", "rejection_sample"), most=3 if spec is None else 4)  # fmt: skip
     assert [len(w) for w in cuda_waits] == [len(s) for s in steps], "\n".join(
         f"step {i}: CUDA {w}, counter {[str(s) for s in c]}" for i, (w, c) in enumerate(zip(cuda_waits, steps))
     )
