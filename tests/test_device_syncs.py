@@ -128,11 +128,11 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
 
 # --8<-- [start:counted_steps]
 def counted_steps(folder, requests: list[tuple[list[int], SamplingParams]], device: torch.device = DEV,
-                  cuda_waits: list[list[str]] | None = None, **kw):
+                  cuda_waits: list[list[str]] | None = None, counter: DeviceSyncCounter | None = None, **kw):
     """Build an engine under a counter, add ``requests``, and step it to the end; the
     syncs of each step, and the outputs. With ``cuda_waits``, each step also runs under
     ``torch.cuda.set_sync_debug_mode("warn")`` and the warnings it gave are appended."""
-    counter = DeviceSyncCounter()
+    counter = counter or DeviceSyncCounter()
     kw = {"max_model_len": 96, "block_size": 16, "attention_backend": "triton", **kw}
     with counter:
         llm = LLM(str(folder), device=str(device), **kw)
@@ -220,6 +220,30 @@ def test_every_sampling_feature_waits_once_a_step(tiny_model_dirs, mode):
     # the sampled ids, then at most the sample logprobs and the prompt logprobs
     assert_waits_once(steps, ("model_runner.py", "execute_model"), most=3)
     llm.engine.check_invariants()
+
+
+@pytest.mark.parametrize("spec", [None, NGRAM], ids=["plain", "speculative"])
+def test_prompt_logprobs_are_computed_before_the_step_waits(tiny_model_dirs, monkeypatch, spec):
+    """The step's one wait should find every computation already queued: the prompt
+    logprobs are computed (logits over the prompt positions, log-softmax, top-k) before the
+    sampled ids are read, and only brought over after it."""
+    from tinyvllm.sample import logprobs as logprob_ops
+
+    counter = DeviceSyncCounter()
+    reads_before: list[int] = []  # at each log-softmax of a step: how many syncs came before it in the step
+    original = logprob_ops.compute_logprobs
+
+    def spy(logits):
+        if counter.counting:
+            reads_before.append(len(counter.syncs))
+        return original(logits)
+
+    monkeypatch.setattr(logprob_ops, "compute_logprobs", spy)
+    params = SamplingParams(temperature=0, prompt_logprobs=2, max_tokens=3, ignore_eos=True)
+    steps, outputs, _ = counted_steps(tiny_model_dirs["qwen3"], [(PROMPT, params)], speculative_config=spec,
+                                      max_num_batched_tokens=4, counter=counter)  # fmt: skip
+    assert len(outputs["r0"].prompt_logprobs) == len(PROMPT) and len(steps) >= 3  # three chunks of prompt
+    assert reads_before and all(n == 0 for n in reads_before), reads_before
 
 
 @pytest.mark.parametrize("spec", [None, NGRAM], ids=["plain", "speculative"])

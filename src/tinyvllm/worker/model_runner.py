@@ -77,6 +77,10 @@ logits, so its logprobs are that row's raw logprobs, exactly those a step withou
 speculation computes at the same position (vLLM's PR #26060 does the same). Rows of
 rejected drafts are not reported; the scheduler cuts the list to the tokens it keeps.
 Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
+NOTE 11 (everything queued before the one wait): a step waits for the device once, when it
+reads the sampled ids (``tinyvllm/device_syncs.py``). Work queued after that read runs
+while the host waits for it, so the prompt logprobs are computed first, with the forward
+(``_queue_prompt_logprobs``), and brought over after the read (``_collect_prompt_logprobs``).
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
+from tinyvllm.sample.logprobs import LogprobsTensors
 from tinyvllm.sample.sampler import Sampler
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.attention_metadata import build_step_inputs
@@ -147,6 +152,18 @@ class RunnerRequestState:
 
 def _seeded_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     return torch.Generator(device=device).manual_seed(params.seed) if params.seed is not None else None
+
+
+@dataclass(frozen=True)
+class PendingPromptLogprobs:
+    """One request's prompt logprobs of this step, queued on the device (NOTE 11)."""
+
+    state: RunnerRequestState
+    start: int  # positions start .. end - 1 predict prompt tokens start + 1 .. end
+    end: int
+    k: int  # the top logprobs kept per position
+    tensors: LogprobsTensors | None  # None: this step computed no such position
+    prompt_done: bool  # the step reaches the end of the prompt: the whole list goes out
 
 
 @dataclass(frozen=True)
@@ -467,6 +484,7 @@ class ModelRunner:
 
         # (e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2).
         complete = [c + n - len(d) >= s.num_tokens for s, c, n, d in zip(states, computed, num_sched, drafts)]
+        pending_prompt_logprobs = self._queue_prompt_logprobs(states, computed, num_sched, hidden)  # NOTE 11
         saved = {row: g.get_state() for row, g in self.input_batch.generators.items() if not complete[row]}
         sampling_metadata = self.input_batch.make_sampling_metadata()
         logprobs: dict[str, list[LogprobEntry]] = {}
@@ -479,7 +497,7 @@ class ModelRunner:
             logprobs = self._sample_logprobs(sampler_output, sampling_metadata, req_ids, complete)
         for row, rng_state in saved.items():
             self.input_batch.generators[row].set_state(rng_state)
-        prompt_logprobs = self._prompt_logprobs(states, computed, num_sched, hidden)
+        prompt_logprobs = self._collect_prompt_logprobs(pending_prompt_logprobs)
         for row, (state, n, done, d) in enumerate(zip(states, num_sched, complete, drafts)):
             kept = tokens[row] if done else []
             state.num_computed_tokens += n - (len(d) + 1 - len(kept) if d else 0)  # rejected drafts undone
@@ -533,12 +551,12 @@ class ModelRunner:
         entries = logprob_ops.row_entries(sampler_output.logprobs, [metadata.num_logprobs[row] for row in rows])
         return {req_ids[row]: [entry] for row, entry in zip(rows, entries) if complete[row]}
 
-    def _prompt_logprobs(
+    def _queue_prompt_logprobs(
         self, states: list[RunnerRequestState], computed: list[int], num_sched: list[int], hidden: torch.Tensor
-    ) -> dict[str, list[LogprobEntry]]:
-        """NOTE 8: logprobs of the prompt tokens this step computed, for the requests that
-        ask; a request's whole list once its prompt is done, and only once."""
-        finished: dict[str, list[LogprobEntry]] = {}
+    ) -> list[PendingPromptLogprobs]:
+        """NOTE 8, first half, before the step waits for its tokens: queue the logprobs of the
+        prompt tokens this step computed, for the requests that ask (NOTE 11)."""
+        pending: list[PendingPromptLogprobs] = []
         start = 0  # where the request's tokens begin in ``hidden`` (the tokens lie row by row)
         for state, c, n in zip(states, computed, num_sched):
             first, start = start, start + n
@@ -547,14 +565,25 @@ class ModelRunner:
                 continue
             num_prompt = len(state.prompt_token_ids)
             end = min(c + n, num_prompt - 1)  # positions c .. end - 1 predict prompt tokens c + 1 .. end
+            tensors = None
             if end > c:
                 logprobs = logprob_ops.compute_logprobs(self.model.compute_logits(hidden[first : first + end - c]))
                 k = logprob_ops.num_top(k, logprobs.shape[-1])
                 targets = upload(state.prompt_token_ids[c + 1 : end + 1], torch.int64, logprobs.device)  # [end - c]
                 tensors = logprob_ops.gather_logprobs(logprobs, targets, k)
-                state.prompt_logprobs[c:end] = logprob_ops.row_entries(tensors, [k] * (end - c))
-            if c + n >= num_prompt:
-                finished[state.req_id] = list(state.prompt_logprobs)
-                state.prompt_logprobs_sent = True
+            pending.append(PendingPromptLogprobs(state, c, end, k, tensors, c + n >= num_prompt))
+        return pending
+
+    @staticmethod
+    def _collect_prompt_logprobs(pending: list[PendingPromptLogprobs]) -> dict[str, list[LogprobEntry]]:
+        """NOTE 8, second half, after the wait: the queued logprobs on the host; a request's
+        whole list once its prompt is done, and only once."""
+        finished: dict[str, list[LogprobEntry]] = {}
+        for p in pending:
+            if p.tensors is not None:
+                p.state.prompt_logprobs[p.start : p.end] = logprob_ops.row_entries(p.tensors, [p.k] * (p.end - p.start))
+            if p.prompt_done:
+                finished[p.state.req_id] = list(p.state.prompt_logprobs)
+                p.state.prompt_logprobs_sent = True
         return finished
     # --8<-- [end:logprobs]
