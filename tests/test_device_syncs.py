@@ -15,6 +15,7 @@ import torch
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import CUDAGraphMode
 from tinyvllm.device_syncs import DeviceSyncCounter, Sync, upload
+from tinyvllm.sample.logits_processors import LogitsProcessor
 
 DEV = torch.device("cpu")
 HERE = os.path.basename(__file__)
@@ -289,6 +290,37 @@ def test_random_speculative_steps_wait_once(tiny_model_dirs):
     assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0 and len(outputs) == 3
     # argmax and verdicts together, the drawn tokens, then the kept tokens' and the prompt's logprobs
     assert_waits_once(steps, ("rejection_sampler.py", "rejection_sample"), most=4)
+
+
+# --8<-- [start:careless]
+class CarelessBan(LogitsProcessor):
+    """Bans token 3, but first asks the device whether any row would pick it: that
+    ``bool()`` makes every step wait for the forward before sampling is even queued."""
+
+    def __init__(self, config, device, is_pin_memory):
+        self.device = device
+
+    def is_argmax_invariant(self):
+        return False
+
+    def update_state(self, batch_update):
+        pass
+
+    def apply(self, logits):
+        if bool((logits.argmax(dim=-1) == 3).any()):  # the careless line: a read
+            logits[:, 3] = float("-inf")  # banning it in every row, unasked, would need no read
+        return logits
+
+
+def test_a_custom_processor_that_reads_the_device_is_named(tiny_model_dirs):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    steps, outputs, _ = counted_steps(tiny_model_dirs["qwen3"], [(PROMPT, params)], logits_processors=[CarelessBan])
+    for syncs in steps:  # the processor's read comes first, before the sampled ids'
+        first = syncs[0]
+        assert (first.kind, first.op, first.file, first.function) == ("read", "Tensor.__bool__", f"tests/{HERE}", "apply")
+        assert [(s.file.split("/")[-1], s.function) for s in syncs[1:]] == [("model_runner.py", "execute_model")]
+    assert len(steps) == 4 and 3 not in outputs["r0"].outputs[0].token_ids
+# --8<-- [end:careless]
 
 
 # -- the GPU twin --------------------------------------------------------------------------
