@@ -1,5 +1,5 @@
-"""bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py, bench/ngram_proposer.py and
-bench/rejection_sampler.py: their --quick runs go through every code path and write the
+"""bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py, bench/ngram_proposer.py,
+bench/rejection_sampler.py, bench/top_k_top_p.py: their --quick runs go through every code path and write the
 JSON the README describes (timings mean nothing)."""
 
 import json
@@ -154,3 +154,18 @@ def test_rejection_sampler_quick_times_old_and_new(tmp_path):
     for case in record["cases"]:
         assert set(case["ms_per_step"]) == {"old", "new"} and case["old_over_new"] > 0
         assert all(1 <= n <= 4 for n in case["tokens_kept_per_request_step"].values())  # 1 to k + 1 tokens a step
+
+
+def test_top_k_top_p_quick_times_old_and_new_on_the_same_masks(tmp_path):
+    out = tmp_path / "top_k_top_p.json"
+    result = _run("top_k_top_p.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and set(record["cases_by_threads"]) == {"1", "2"}
+    for cases in record["cases_by_threads"].values():
+        assert [(c["workload"], c["vocab"]) for c in cases] == [
+            ("qwen3_defaults", 512), ("mixed", 512), ("top_p_only", 512)
+        ]  # fmt: skip
+        for case in cases:
+            assert set(case["ms_per_call"]) == {"old", "new"} and case["old_over_new"] > 0
+            assert all(len(v) == 2 for v in case["rounds_ms_per_call"].values())

@@ -41,8 +41,10 @@ the output lists (bad words read their ends): a record handed out again for an u
 batch sees the newest tokens.
 NOTE 3 (host copies of device values): ``is_greedy`` repeats on the host what
 ``temperature == 0`` says on the device, so that the rejection sampler can choose each
-request's path without reading the device (``tinyvllm/device_syncs.py``); the input batch
-builds both from its host temperatures. Built without it, the record reads the device once.
+request's path without reading the device (``tinyvllm/device_syncs.py``), and
+``top_k_top_p_plan`` says which rows top-k and top-p touch (``sample/top_k_top_p.py``);
+the input batch builds them from its host values. Built without them, the record reads the
+device once.
 Left out: speculative decoding's draft tokens.
 """
 # --8<-- [end:header]
@@ -59,6 +61,7 @@ from tinyvllm.sample.bad_words import BadWordsTokenIds
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
 from tinyvllm.sample.penalties import PenaltyState
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
+from tinyvllm.sample.top_k_top_p import TopKTopPPlan, plan_top_k_top_p
 
 
 # --8<-- [start:metadata]
@@ -83,6 +86,8 @@ class SamplingMetadata:
     output_token_ids: tuple[Sequence[int], ...] = ()  # row -> its live output list
     # row -> temperature == 0, on the host (NOTE 3); None: read from ``temperature``
     is_greedy: tuple[bool, ...] | None = None
+    # which rows top-k and top-p touch, on the host (NOTE 3); None: read from ``top_k``/``top_p``
+    top_k_top_p_plan: TopKTopPPlan | None = None
 
     def __post_init__(self) -> None:
         if self.temperature.dim() != 1:
@@ -91,6 +96,9 @@ class SamplingMetadata:
             object.__setattr__(self, "is_greedy", tuple((self.temperature == 0).tolist()))
         elif len(self.is_greedy) != self.num_reqs:
             raise ValueError(f"is_greedy has {len(self.is_greedy)} rows, temperature {self.num_reqs}")
+        if self.top_k_top_p_plan is None and (self.top_k is not None or self.top_p is not None):
+            top_k, top_p = (None if t is None else t.tolist() for t in (self.top_k, self.top_p))
+            object.__setattr__(self, "top_k_top_p_plan", plan_top_k_top_p(top_k, top_p))
         for name in ("top_p", "top_k"):
             tensor = getattr(self, name)
             if tensor is not None and tuple(tensor.shape) != (self.num_reqs,):

@@ -88,6 +88,7 @@ from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.bad_words import apply_bad_words, apply_bad_words_with_drafts
 from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.rejection_sampler import rejection_sample
+from tinyvllm.sample.top_k_top_p import apply_top_k_top_p
 
 
 @dataclass(frozen=True)
@@ -104,31 +105,6 @@ _TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32, ~1.2e-38
 
 
 # --8<-- [start:ops]
-def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """Mask (-inf) tokens outside each row's top-k, then outside its top-p nucleus.
-
-    ``logits`` ``[R, V]``; ``top_k`` ``[R]`` (0 = off; None = off for every row); ``top_p``
-    ``[R]`` (1 = off; None = off for every row). The most likely token always survives.
-    Returns a new tensor.
-    """
-    if top_k is None and top_p is None:
-        return logits.clone()
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
-    if top_k is not None:
-        ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)  # [R, V]
-        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [R, 1]
-        sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
-    if top_p is not None:
-        probs = sorted_logits.softmax(dim=-1)  # [R, V]
-        mass_before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked tokens
-        outside = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)  # [R, V]
-        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-
-
 def random_sample(probs: torch.Tensor, generators: Mapping[int, torch.Generator]) -> torch.Tensor:
     """One token per row from ``probs`` ``[R, V]``; rows in ``generators`` use their own RNG.
 
@@ -205,7 +181,7 @@ class Sampler:
             top_k = None if md.top_k is None else per_row(md.top_k)
             top_p = None if md.top_p is None else per_row(md.top_p)
             if top_k is not None or top_p is not None:
-                logits = apply_top_k_top_p(logits, top_k, top_p)
+                logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan.spread(drafts))
             probs = logits.softmax(dim=-1)  # [N, V]
         return rejection_sample(probs, argmax, drafts, list(md.is_greedy), md.generators)
     # --8<-- [end:sample_spec]
@@ -223,10 +199,10 @@ class Sampler:
         logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
         for proc in md.logitsprocs.argmax_invariant:
             logits = proc.apply(logits)
-        if md.top_k is not None or md.top_p is not None:  # the sort over V only when some row needs it
+        if md.top_k is not None or md.top_p is not None:  # only when some row needs it (sample/top_k_top_p.py)
             top_k = None if md.top_k is None else md.top_k.to(logits.device)
             top_p = None if md.top_p is None else md.top_p.to(logits.device)
-            logits = apply_top_k_top_p(logits, top_k, top_p)
+            logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan)
         random_tokens = random_sample(logits.softmax(dim=-1), md.generators)  # [R]
         if greedy_tokens is None:
             return random_tokens

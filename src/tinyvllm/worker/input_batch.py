@@ -56,7 +56,7 @@ like its generator. ``allowed_token_ids`` needs no state here: the metadata's ma
 built (NOTE 5), so it costs nothing while the batch is unchanged. Penalties and
 ``allowed_token_ids`` need the vocabulary size (``InputBatch(vocab_size=...)``).
 NOTE 8 (no wait for the device): the metadata's flags (``all_greedy``, ``is_greedy``, is
-top-p or top-k used) are read from the host tensors the batch keeps, and the device copies
+top-p or top-k used, the top-k/top-p plan) are read from the host tensors the batch keeps, and the device copies
 are made with ``upload`` (pinned, ``non_blocking``): building the metadata never makes the
 host wait for a forward still running on the GPU (``tinyvllm/device_syncs.py``).
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
@@ -79,6 +79,7 @@ from tinyvllm.sample.logprobs import num_top
 from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.penalties import PenaltyState, uses_penalties
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
+from tinyvllm.sample.top_k_top_p import plan_top_k_top_p
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.block_table import BlockTable
 
@@ -352,6 +353,7 @@ class InputBatch:
             # None when no row needs them: the sampler then skips the sort over V.
             top_p=upload(top_p, torch.float32, self.device) if bool((top_p < 1).any()) else None,
             top_k=upload(top_k, torch.int64, self.device) if bool((top_k > 0).any()) else None,
+            top_k_top_p_plan=plan_top_k_top_p(top_k.tolist(), top_p.tolist()),
             generators=MappingProxyType(dict(self.generators)),
             num_logprobs=MappingProxyType(dict(self.num_logprobs)),
             logitsprocs=self.logitsprocs,
