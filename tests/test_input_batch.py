@@ -368,3 +368,25 @@ def test_penalties_and_allowed_token_ids_need_the_vocabulary_size():
             batch.add_request("a", params, [0], [])
     assert batch.num_reqs == 0
     batch.add_request("plain", SamplingParams(), [0], [])  # a plain request needs no vocabulary
+
+
+def test_a_reused_metadata_record_must_agree_with_the_rows_host_values():
+    """The record handed out again for an unchanged batch carries host copies (is_greedy,
+    the top-k/top-p plan); check_invariants compares them with the rows' host values, so a
+    row edited behind the batch's back (a bug) shows, instead of sampling with stale rows."""
+    batch = make_batch()
+    batch.add_request("greedy", SamplingParams(temperature=0), None, [])
+    batch.add_request("nucleus", SamplingParams(temperature=0.8, top_p=0.9), None, [])
+    batch.refresh()
+    md = batch.make_sampling_metadata()
+    assert md.is_greedy == (True, False) and md.top_k_top_p_plan.top_p_rows == (1,)
+    batch.refresh()  # no change: the same record is handed out again
+    assert batch.make_sampling_metadata() is md
+    batch.check_invariants()
+    batch.top_p[1] = 1.0  # behind the batch's back
+    with pytest.raises(AssertionError, match="cached plan"):
+        batch._check_cached_metadata()
+    batch.top_p[1] = 0.9
+    batch.temperature[0] = 0.5
+    with pytest.raises(AssertionError, match="cached is_greedy"):
+        batch._check_cached_metadata()

@@ -378,6 +378,19 @@ class InputBatch:
         return upload(rows, torch.int64, self.device), upload(mask, torch.bool, self.device)
     # --8<-- [end:sampling_metadata]
 
+    def _check_cached_metadata(self) -> None:
+        """A metadata record handed out again (NOTE 5) still says, in its host copies, what
+        the rows' host values say (NOTE 8); a record the next refresh will drop is not checked."""
+        md, builder = self._sampling_metadata, self.batch_update_builder
+        if md is None or builder.has_removed() or builder.added or builder.moved or builder.batch_changed:
+            return
+        n = self.num_reqs
+        greedy = tuple((self.temperature[:n] == 0).tolist())
+        assert md.is_greedy == greedy, f"cached is_greedy {md.is_greedy} != rows {greedy}"
+        if md.top_k is not None or md.top_p is not None:
+            plan = plan_top_k_top_p(self.top_k[:n].tolist(), self.top_p[:n].tolist())
+            assert md.top_k_top_p_plan == plan, f"cached plan {md.top_k_top_p_plan} != rows {plan}"
+
     def check_invariants(self) -> None:
         assert len(self.req_ids) == len(self.params) == len(self.output_token_ids), "row lists differ in length"
         for req_id, row in self.req_id_to_index.items():
@@ -403,6 +416,7 @@ class InputBatch:
                 got = (entry.presence, entry.frequency, entry.repetition)
                 want = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
                 assert got == want, f"row {row}: penalty state {got} != params {want}"
+        self._check_cached_metadata()
         if self.block_table is not None:
             self.block_table.check_invariants()
             live = {row for row, req_id in enumerate(self.req_ids) if req_id is not None}
