@@ -13,7 +13,8 @@ import torch
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.engine.detokenizer import decode_text
 from tinyvllm.outputs import Logprob
-from tinyvllm.sample.logprobs import MAX_LOGPROBS, compute_logprobs, gather_logprobs, row_entries
+from tinyvllm.sample.logprobs import compute_logprobs, gather_logprobs, row_entries
+from tinyvllm.sampling_params import MAX_LOGPROBS
 from tinyvllm.sampling_params import RequestOutputKind
 
 PROMPTS = [[(11 * i + 3) % 300 + 10 for i in range(n)] for n in (3, 9, 22)]

@@ -64,6 +64,8 @@ import sys
 import time
 from pathlib import Path
 
+from tinyvllm.sampling_params import MAX_LOGPROBS  # torch-free, like everything --help needs
+
 # The five CUDAGraphMode names (worker/cudagraph_dispatcher.py), spelled out so that
 # `tinyvllm --help` does not import the engine.
 MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
@@ -91,7 +93,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="sampling defaults: the model's generation_config.json (auto), none (vllm), or a folder's",
     )  # fmt: skip
     p.add_argument(
-        "--max-logprobs", type=int, default=20,
+        "--max-logprobs", type=int, default=MAX_LOGPROBS,
         help="the most logprobs (or prompt logprobs) a request may ask for; -1: no cap (vLLM's engine argument)",
     )  # fmt: skip
     p.add_argument(
@@ -281,7 +283,7 @@ def llm_from_args(args):
         generation_config=getattr(args, "generation_config", "auto"),
         block_size=getattr(args, "block_size", 16), max_num_seqs=getattr(args, "max_num_seqs", 256),
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),  # tinyvllm trace's own flags
-        speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", 20),
+        speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", MAX_LOGPROBS),
     )  # fmt: skip
     if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
         print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)

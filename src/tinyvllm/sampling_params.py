@@ -89,6 +89,7 @@ from tinyvllm.validation import (
 
 MIN_TEMPERATURE = 1e-2  # NOTE 1
 MAX_N = 16384  # NOTE 7: vLLM's VLLM_MAX_N_SEQUENCES default
+MAX_LOGPROBS = 20  # NOTE 6: the most logprobs a request may ask for by default, vLLM's max_logprobs (LLM(max_logprobs=...))
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_LOGIT_BIAS = 100.0  # NOTE 2
 

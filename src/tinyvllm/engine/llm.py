@@ -112,11 +112,10 @@ from tinyvllm.outputs import RequestOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
-from tinyvllm.sample.logprobs import MAX_LOGPROBS
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.sampling_defaults import check_generation_config, generation_defaults
-from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
+from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from tinyvllm.validation import (
     INT64_MAX,
     INT64_MIN,

@@ -95,8 +95,7 @@ from tinyvllm.outputs import (
 )
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sample.bad_words import tokenize_bad_words
-from tinyvllm.sample.logprobs import MAX_LOGPROBS
-from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
+from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from tinyvllm.engine.request_checks import check_request_against_model
 from tinyvllm.validation import check_token_ids
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer

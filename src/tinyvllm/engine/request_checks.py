@@ -13,8 +13,7 @@ Left out: structured outputs, LoRA, multimodal inputs.
 
 from __future__ import annotations
 
-from tinyvllm.sample.logprobs import MAX_LOGPROBS
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.validation import check_token_ids
 
 

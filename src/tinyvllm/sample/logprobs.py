@@ -40,7 +40,6 @@ import torch
 
 from tinyvllm.outputs import LogprobEntry
 
-MAX_LOGPROBS = 20  # the most logprobs a request may ask for by default: vLLM's default max_logprobs (LLM(max_logprobs=...))
 
 
 # --8<-- [start:gather]

@@ -183,7 +183,7 @@ class Sampler:
             if top_k is not None or top_p is not None:
                 logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan.spread(drafts))
             probs = logits.softmax(dim=-1)  # [N, V]
-        return rejection_sample(probs, argmax, drafts, list(md.is_greedy), md.generators)
+        return rejection_sample(probs, argmax, drafts, md.is_greedy, md.generators)
     # --8<-- [end:sample_spec]
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
