@@ -40,7 +40,12 @@ NOTE 2 (what synchronises), following PyTorch's CUDA copy and indexing code:
   copy:  a blocking copy to the device (``torch.tensor(data, device=...)``, ``to(device)``
          or ``copy_`` without ``non_blocking=True``): PyTorch waits for the stream after
          it, and so does indexing a device tensor with host indices (a list of ints, or a
-         host tensor), which copies the indices up first;
+         host tensor), which copies the indices up first, and writing a host tensor, or a
+         Python number into one element (``t[i] = 5``) or through indices
+         (``t[rows, cols] = 1.0``): PyTorch makes the number a one-element host tensor and
+         copies it up (found on an H100 by the GPU twin; a number filling a slice, ``t[i]
+         = 0`` on a row, is a fill on the device; ``fill_at`` writes through indices
+         without the copy);
   shape: an output whose size depends on values: ``nonzero``, ``masked_select``,
          ``unique``, ``bincount``, one-argument ``where``, ``repeat_interleave`` by a
          tensor without ``output_size``, indexing with a boolean mask.
@@ -96,6 +101,15 @@ def upload(values: Sequence[Any] | torch.Tensor, dtype: torch.dtype, device: tor
         host = torch.tensor(values, dtype=dtype, device="cpu", pin_memory=pin)
     return host.to(device, non_blocking=True)
 # --8<-- [end:upload]
+
+
+# --8<-- [start:fill_at]
+def fill_at(tensor: torch.Tensor, indices: tuple[torch.Tensor, ...], value: float) -> torch.Tensor:
+    """``tensor[indices] = value`` with ``indices`` already on the device, without a wait:
+    written as ``tensor[indices] = value``, PyTorch makes ``value`` a one-element host tensor
+    and copies it up, blocking (NOTE 2); here it is made on the device."""
+    return tensor.index_put_(indices, torch.full((), value, dtype=tensor.dtype, device=tensor.device))
+# --8<-- [end:fill_at]
 
 
 KINDS = ("read", "copy", "shape")  # NOTE 2
@@ -177,7 +191,7 @@ class DeviceSyncCounter(TorchFunctionMode):
                 if isinstance(t, torch.Tensor):
                     self._device[t] = True
         if kind is not None and self.counting:
-            site = _site()
+            site = call_site(sys._getframe(1))
             if site is not None:
                 self.syncs.append(Sync(kind, _name(func), *site))
         return out
@@ -210,6 +224,8 @@ class DeviceSyncCounter(TorchFunctionMode):
             by_tensor = len(args) > 1 and isinstance(args[1], torch.Tensor) or isinstance(kwargs.get("repeats"), torch.Tensor)
             return True, "shape" if by_tensor and kwargs.get("output_size") is None else None
         if func in _INDEXING and self.is_device(args[0]):
+            if func is _T.__setitem__ and self._write_copies_up(args[0], args[1], args[2]):
+                return True, "copy"
             return True, self._classify_index(args[1])
         return True, None
     # --8<-- [end:classify]
@@ -232,6 +248,19 @@ class DeviceSyncCounter(TorchFunctionMode):
             return target, None
         return target, "copy" if target else "read"
 
+    def _write_copies_up(self, target: torch.Tensor, index: Any, value: Any) -> bool:
+        """Does ``target[index] = value`` copy ``value`` up first (NOTE 2)? A host tensor
+        does; so does a Python number written into one element or through index tensors
+        (PyTorch makes it a one-element host tensor); a number filling a slice does not."""
+        if isinstance(value, torch.Tensor):
+            return not self.is_device(value)
+        if not isinstance(value, (bool, int, float)):
+            return False
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(part, (torch.Tensor, list)) for part in parts):
+            return True
+        return len(parts) == target.dim() and all(isinstance(part, int) for part in parts)
+
     def _classify_index(self, index: Any) -> str | None:
         parts = index if isinstance(index, tuple) else (index,)
         for part in parts:
@@ -245,15 +274,17 @@ class DeviceSyncCounter(TorchFunctionMode):
         return None
 
 
-def _site() -> tuple[str, int, str] | None:
-    """Where tinyvllm made the call; None when Triton's interpreter made it (NOTE 3)."""
-    frame = sys._getframe(2)
+def call_site(frame: Any) -> tuple[str, int, str] | None:
+    """(file, line, function) of the first frame at or above ``frame`` that is neither this
+    module, torch, ``contextlib`` nor ``warnings`` (the line that made the call, in tinyvllm
+    or a test); None when Triton's interpreter made it (NOTE 3). The GPU twin places CUDA's
+    own warnings with it, from inside ``warnings.showwarning``."""
     site = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if "/triton/" in filename.replace("\\", "/"):
             return None
-        skipped = filename == _HERE or filename.startswith(_TORCH) or filename.endswith("contextlib.py")
+        skipped = filename == _HERE or filename.startswith(_TORCH) or filename.endswith(("contextlib.py", "warnings.py"))
         if site is None and not skipped:
             parts = filename.replace("\\", "/").split("/")
             short = "/".join(parts[parts.index("tinyvllm"):]) if "tinyvllm" in parts else "/".join(parts[-2:])

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from tinyvllm.arith import spec_row_starts
-from tinyvllm.device_syncs import upload
+from tinyvllm.device_syncs import fill_at, upload
 
 BadWordsTokenIds = tuple[tuple[int, ...], ...]  # the token sequences of one request's bad words
 
@@ -113,5 +113,5 @@ def _ban(logits: torch.Tensor, bans: list[tuple[int, list[int]]]) -> torch.Tenso
     tokens = [token for _, banned in bans for token in banned]
     if tokens:
         at, banned = upload([rows, tokens], torch.int64, logits.device)  # [B], [B]: no wait (device_syncs)
-        logits[at, banned] = float("-inf")
+        fill_at(logits, (at, banned), float("-inf"))  # not logits[at, banned] = -inf: a wait
     return logits

@@ -143,7 +143,7 @@ class PenaltyState:
             self._grow()
         slot = self.free_slots.pop()
         self.prompt_mask[slot] = False
-        self.prompt_mask[slot, self._ids(prompt_token_ids)] = True
+        self.prompt_mask[slot].index_fill_(0, self._ids(prompt_token_ids), True)  # not [slot, ids] = True: a wait
         counts = self.output_counts[slot].zero_()  # [V]; scatter, not bincount: no wait for its size (NOTE 4)
         outputs = self._ids(output_token_ids)
         counts.index_add_(0, outputs, torch.ones_like(outputs, dtype=counts.dtype))

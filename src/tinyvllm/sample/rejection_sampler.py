@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from tinyvllm.arith import spec_row_starts
-from tinyvllm.device_syncs import upload
+from tinyvllm.device_syncs import fill_at, upload
 
 
 # --8<-- [start:rejection]
@@ -109,7 +109,7 @@ def rejection_sample(
         rejected = [(i, draft) for i, (_, _, draft) in enumerate(draws) if draft is not None]
         if rejected:  # (p - q)+: the rejected draft removed; the race needs no renormalising
             at, drafts_out = upload(rejected, torch.int64, dist.device).unbind(1)
-            dist[at, drafts_out] = 0.0
+            fill_at(dist, (at, drafts_out), 0.0)
         own = {i: generators[r] for i, (r, _, _) in enumerate(draws) if r in generators}
         for (r, _, _), token in zip(draws, random_sample(dist, own).tolist()):
             tokens[r].append(token)

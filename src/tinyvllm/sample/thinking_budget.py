@@ -37,7 +37,9 @@ NOTE 3: the document's forcing fills ``mask`` and ``force_token_ids`` on the dev
 indexes the logits with ``mask.nonzero()``, whose size a GPU must report back first: a
 wait for the whole forward in every step where a request thinks. We keep both tensors up
 to date as the document does but index with the rows collected on the host, copied up
-with ``upload`` (``tinyvllm/device_syncs.py``).
+with ``upload`` (``tinyvllm/device_syncs.py``), and write them with ``index_fill_``,
+``index_copy_`` and ``fill_at``: the document's ``mask[row] = True`` and
+``force_token_ids[row] = token`` copy each number up and wait (seen on an H100).
 Left out: ``bonus_token_forced`` bookkeeping of the two-call spec path (kept as a field).
 """
 # --8<-- [end:header]
@@ -49,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tinyvllm.device_syncs import upload
+from tinyvllm.device_syncs import fill_at, upload
 from tinyvllm.sample.batch_update import BatchUpdate, MoveDirectionality
 
 if TYPE_CHECKING:
@@ -318,7 +320,7 @@ class ThinkingBudgetStateHolder:
                 tokens.append(self.think_end_token_ids[state["end_count"]])
         if rows:
             at, forced = upload([rows, tokens], torch.int64, logits.device)  # [F], [F]: no wait (device_syncs)
-            logits[at, forced] = FORCED_LOGIT
+            fill_at(logits, (at, forced), FORCED_LOGIT)
         return logits
     # --8<-- [end:spec_rows]
 
@@ -359,12 +361,12 @@ class ThinkingBudgetStateHolder:
             else:
                 row = self.cu_num_tokens[seq_idx]
             if row < logits.shape[0] and row < self.mask.shape[0]:
-                self.mask[row] = True
-                self.force_token_ids[row] = self.think_end_token_ids[state["end_count"]]
                 forced.append((row, self.think_end_token_ids[state["end_count"]]))
         if forced:  # the rows from the host list, not mask.nonzero(): no wait for the device (NOTE 3)
             rows, tokens = upload(forced, torch.int64, logits.device).unbind(1)  # [M], [M]
-            logits[rows, tokens] = FORCED_LOGIT
+            self.mask.index_fill_(0, rows, True)  # not mask[row] = True, a wait each (NOTE 3)
+            self.force_token_ids.index_copy_(0, rows, tokens)
+            fill_at(logits, (rows, tokens), FORCED_LOGIT)
         return logits
     # --8<-- [end:forcing]
 
