@@ -80,12 +80,15 @@ class Step:
     what: str
 
 
+# Sized from the first run on an H100 (2026-11-27, bench/results/gpu-h100-2026-11-27/): the
+# steps took 8.9, 117 (a cold Triton cache), 136 (transformers' 32 requests alone 77 s; cut
+# off at the old 145 s budget, model building included), 32 and 46 seconds.
 STEPS = (
     Step("environment", 15, "device, memory, nvidia-smi's device line, versions"),
     Step("gpu_tests", 150, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
-    Step("throughput", 145, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
-    Step("cudagraph_latency", 95, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
-    Step("prefix_caching", 75, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
+    Step("throughput", 190, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
+    Step("cudagraph_latency", 60, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
+    Step("prefix_caching", 65, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
 )
 MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
 TEST_DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"  # read by the root conftest.py

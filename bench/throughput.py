@@ -32,6 +32,7 @@ import json
 import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -188,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": []}
     engine: dict = {}
+    began = time.perf_counter()
+
+    def say(what: str) -> None:
+        """A progress line with the seconds since the start: a run cut off by its budget
+        shows which phase took the time."""
+        print(f"[{time.perf_counter() - began:6.1f} s] {what}", flush=True)
 
     def record(complete: bool) -> dict:
         """What is measured so far; written after every timed run, so a run cut short keeps it."""
@@ -211,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = shared_model_folder(args.model_folder, Path(tmp), lambda f: build_model_folder(f, args.dry_run))
+        say(f"model folder ready: {folder}")
         kwargs = dict(max_model_len=64, block_size=4) if args.dry_run else dict(max_model_len=4096, block_size=16)
         if device == "cuda":  # transformers, alive at the same time, needs ~10 GB for its batch of 32
             kwargs["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
@@ -218,22 +226,28 @@ def main(argv: list[str] | None = None) -> int:
         engine.update(engine_config(llm, args.attention_backend))
         if device == "cuda":
             engine["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
+        say("tinyvllm started")
         llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
         torch.manual_seed(0)
         runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))  # the headline, first
         record(complete=False)
+        say(f"tinyvllm, full workload: {runs['full'][-1]['seconds']:.2f} s")
         hf = load_transformers(folder, device, dtype)
         warm = sub_prompts[:2]
         run_transformers(hf, warm, [4] * len(warm), temperature, args.hf_batch_size, device)  # warm-up
+        say(f"transformers loaded and warm; its subset: {hf_n} requests, up to {max(sub_tokens)} new tokens")
         for r in range(args.repeats):
             if r:
                 torch.manual_seed(r)
                 runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
+                say(f"round {r}: tinyvllm, full workload: {runs['full'][-1]['seconds']:.2f} s")
             torch.manual_seed(r)
             runs["subset"].append(run_tinyvllm(llm, sub_prompts, sub_tokens, temperature))
+            say(f"round {r}: tinyvllm, subset: {runs['subset'][-1]['seconds']:.2f} s")
             torch.manual_seed(r)
             runs["hf"].append(run_transformers(hf, sub_prompts, sub_tokens, temperature, args.hf_batch_size, device))
             record(complete=False)
+            say(f"round {r}: transformers, subset: {runs['hf'][-1]['seconds']:.2f} s")
         del llm, hf
     result = record(complete=True)
     print(json.dumps(result, indent=2))
