@@ -13,6 +13,13 @@ so no mode is downgraded) and measured twice:
   repeat. Reported: the median seconds per step over the repeats, B / that (tokens/s),
   and the speed-up against NONE at the same B (NONE's median / the mode's median). The
   remaining requests are then aborted (``llm.engine.abort_request``) before the next B.
+- **Where a decode step's time goes** (NONE and FULL_AND_PIECEWISE, the baseline and the
+  default, at every batch): ``profile_steps`` more steps under ``torch.profiler``; the
+  device's busy time per step (kernels and copies, overlaps counted once), its share of
+  the median step (``device_busy_share``: below 1, the device waits for the host for the
+  rest), and the eight operations that take most of it. The profiler slows the host, so
+  the share is read against the unprofiled median. Measured on a GPU only: on the CPU the
+  same code runs with nothing on a device to count.
 - **Throughput**: a smaller version of nano-vllm's workload (``make_workload`` from
   ``bench/throughput.py``: 64 requests, prompts of 100-512 random ids, 100-256 output
   tokens, ``ignore_eos``, greedy) through ``llm.generate``; output tokens/s and the ratio
@@ -34,9 +41,9 @@ so that start-up does no memory profiling and no trial capture. ``startup_s`` is
 nothing, so a mode's ``startup_s`` minus NONE's is its capture cost (plus any Triton
 compilation the earlier modes did not already do).
 
-Time budget: about 150 s on an H100 in all, model build included (the GPU session is
-short; an estimate, not yet measured on one, and ``gpu.sh`` allows 200 s): hence 5
-repeats of 20 steps per point and a 64-request workload. The JSON is rewritten after
+Time budget: ``gpu.sh``'s run (batches 1 and 32, no throughput) took 32 s on an H100,
+model reuse included, before the profile was added; it allows 60 s. Hence 5 repeats of 20
+steps per point and a 64-request workload. The JSON is rewritten after
 every mode (``"complete": false`` until the end), so a run cut short keeps what it measured.
 
 Run on a GPU: ``python3 bench/cudagraphs.py`` (writes
@@ -73,14 +80,15 @@ from throughput import build_model_folder, make_workload, sync  # noqa: E402  (s
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]  # NONE first: the baseline
 EXPECTED_DECODE_MODE = {"NONE": "NONE", "PIECEWISE": "PIECEWISE", "FULL": "FULL",
                         "FULL_DECODE_ONLY": "FULL", "FULL_AND_PIECEWISE": "FULL"}  # fmt: skip
+PROFILED_MODES = ("NONE", "FULL_AND_PIECEWISE")  # the baseline and the default: where a step's time goes
 FULL = dict(
-    batch_sizes=[1, 8, 32, 128], prompt_len=32, warmup_steps=3, timed_steps=20, repeats=5,
+    batch_sizes=[1, 8, 32, 128], prompt_len=32, warmup_steps=3, timed_steps=20, repeats=5, profile_steps=10,
     capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128], max_num_seqs=128, max_model_len=1024, block_size=16,
     num_gpu_blocks=4096, dtype="bfloat16",
     throughput=dict(num_seqs=64, max_input_len=512, max_output_len=256, min_len=100, max_id=10000),
 )  # fmt: skip
 DRY = dict(
-    batch_sizes=[1, 2], prompt_len=8, warmup_steps=1, timed_steps=2, repeats=2,
+    batch_sizes=[1, 2], prompt_len=8, warmup_steps=1, timed_steps=2, repeats=2, profile_steps=2,
     capture_sizes=[1, 2, 4], max_num_seqs=4, max_model_len=64, block_size=16,
     num_gpu_blocks=64, dtype="auto",
     throughput=dict(num_seqs=4, max_input_len=24, max_output_len=12, min_len=4, max_id=500),
@@ -99,12 +107,53 @@ def num_graphs(runner) -> dict[str, int]:
     return {"FULL": full, "PIECEWISE": piecewise}
 
 
-def decode_latency(llm, batch: int, cfg: dict, expected: str) -> dict:
-    """Median seconds per decode step with ``batch`` requests in decode (module header)."""
+# --8<-- [start:profile]
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """The length the ``(start, end)`` intervals cover together: the device's busy time,
+    where overlapping kernels count once."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return total
+
+
+def profile_steps(engine, steps: int, median_step_s: float) -> dict:
+    """Where a decode step's time goes: ``steps`` more ``engine.step()`` calls under
+    ``torch.profiler``. On a GPU: the device's busy time per step (its kernels and copies,
+    overlaps counted once), that time's share of the unprofiled median step (the rest of
+    the step the device waits for the host), and the operations that take most of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = torch.cuda.is_available()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+        sync()
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = union_length([(e.time_range.start, e.time_range.end) for e in device]) / 1e6 / steps
+    by_name: dict[str, float] = {}
+    for e in device:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return dict(
+        steps=steps, device_ops_per_step=len(device) / steps,
+        device_busy_s_per_step=busy if on_gpu else None,
+        device_busy_share=busy / median_step_s if on_gpu else None,
+        top_device_ops=[dict(name=name[:160], us_per_step=us / steps) for name, us in top],
+    )  # fmt: skip
+# --8<-- [end:profile]
+
+
+def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = False) -> dict:
+    """Median seconds per decode step with ``batch`` requests in decode (module header);
+    with ``profiled``, also ``profile_steps``' record of the device's share."""
     from tinyvllm import SamplingParams
 
     engine, runner = llm.engine, llm.engine.model_runner
-    steps = cfg["warmup_steps"] + cfg["repeats"] * cfg["timed_steps"]
+    steps = cfg["warmup_steps"] + cfg["repeats"] * cfg["timed_steps"] + cfg["profile_steps"]
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 8)  # never finishes while timed
     rng = random.Random(batch)
     vocab = min(llm.spec.vocab_size, 10000)
@@ -135,14 +184,15 @@ def decode_latency(llm, batch: int, cfg: dict, expected: str) -> dict:
     used = stats_delta(runner, before)
     last = runner.last_dispatch
     assert last.num_reqs == batch and last.uniform_decode, f"batch {batch}: the batch changed while timed: {last}"
-    engine.abort_request(ids)
     median = statistics.median(times)
+    profile = profile_steps(engine, cfg["profile_steps"], median) if profiled else None
+    engine.abort_request(ids)
     timed = cfg["repeats"] * cfg["timed_steps"]
     return dict(
         batch=batch, median_step_s=median, step_s_per_repeat=times, tok_per_s=batch / median,
         steps_to_decode=steps_to_decode, timed_steps=timed, runtime_modes_timed=used,
         batch_descriptor=last.batch_descriptor._asdict(),
-        stats_ok=used == {expected: timed},
+        stats_ok=used == {expected: timed}, profile=profile,
     )  # fmt: skip
 
 
@@ -189,7 +239,7 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str) -> dict:
     resolved = runner.cudagraph_mode.name
     expected = EXPECTED_DECODE_MODE[mode]
     graphs = num_graphs(runner)
-    latency = [decode_latency(llm, b, cfg, expected) for b in cfg["batch_sizes"]]
+    latency = [decode_latency(llm, b, cfg, expected, profiled=mode in PROFILED_MODES) for b in cfg["batch_sizes"]]
     tput = throughput(llm, cfg, expected) if cfg["throughput"] else None
     del llm, runner
     gc.collect()
@@ -233,13 +283,19 @@ def environment(device: str) -> dict:
     )  # fmt: skip
 
 
+def busy(point: dict) -> str:
+    """`` (device 41%)``: the profiled share of the step the device worked, where measured."""
+    share = (point.get("profile") or {}).get("device_busy_share")
+    return "" if share is None else f" (device {100 * share:.0f}%)"
+
+
 def print_table(record: dict) -> None:
     print(f"device: {record['environment']['device']}  (speed-up = NONE's median step time / the mode's)")
     for name, m in record["modes"].items():
         r = record["ratios"][name]
         speedup = r["latency_speedup_vs_none"]
         lat = "  ".join(f"B={x['batch']}: {x['median_step_s'] * 1e3:7.2f} ms x{speedup[str(x['batch'])]:.2f}"
-                        for x in m["latency"])  # fmt: skip
+                        + busy(x) for x in m["latency"])  # fmt: skip
         tput = (f"{m['throughput']['tok_per_s']:8.0f} tok/s x{r['throughput_ratio_vs_none']:.2f} | "
                 if m["throughput"] else "")  # fmt: skip
         print(f"{name:18s} startup {m['startup_s']:6.1f} s | {lat} | {tput}stats {'ok' if m['stats_ok'] else 'WRONG'}")

@@ -1,16 +1,19 @@
-"""Benchmark: prefix caching on against off, input throughput and mean TTFT, at ~49% and ~37% hits.
+"""Benchmark: prefix caching on against off, input throughput and mean TTFT, at ~49%, ~37% and 0% hits.
 
 Mirrors the benchmark table of seed 004, vLLM PR #9668 "[V1] Prefix caching": there,
 caching at a 49% hit rate raised input throughput from about 17.8k to 32.1k tok/s, and
 at a 37% hit rate cut the mean time to first token (TTFT) from 193 to 125 ms
 (Llama-3-8B FP8 on an L40S). Here the same two figures are measured on tinyvllm, caching
-on against caching off, in the same run, as ratios.
+on against caching off, in the same run, as ratios. A third case answers the review's
+question, "how much do we lose if we enable prefix caching but get 0% cache hits?": no
+prompt shares a prefix, so caching only costs (every full block hashed, looked up and
+entered in the map); the PR's answer was a mean TTFT of 199.69 ms against 195.53 ms.
 
 Workload of each case: N prompts made of one shared prefix of random token ids followed
 by a unique tail of random ids. With caching on, every request after the first finds the
 prefix's full blocks in the cache (requests admitted in the same step included), so the
 hit rate is about ``(N - 1) / N * shared / (shared + unique)``; the lengths are chosen for
-49% and 37%, and the script reports the hit rate it measured (the prefix cache's tokens
+49% and 37% (and no shared prefix for 0%), and the script reports the hit rate it measured (the prefix cache's tokens
 found / tokens looked up). The 37% case on the GPU uses the PR's own lengths: a
 330-token prefix and 550 unique tokens.
 
@@ -37,6 +40,7 @@ Usage::
     python bench/prefix_caching.py            # CPU, the 33.6M-parameter Qwen3 (harness.py), 1 and 2 threads
     python bench/prefix_caching.py --gpu      # CUDA, the Qwen3-0.6B shape of throughput.py, bf16
     python bench/prefix_caching.py --dry-run  # tiny model, seconds; the test suite runs it
+    python bench/prefix_caching.py --cases hit_49,hit_37   # some of the cases (gpu.sh: these two)
 
 Writes ``bench/results/prefix_caching.json`` (``prefix_caching-gpu.json`` with ``--gpu``,
 ``prefix_caching-dry.json`` for a dry run; ``--out`` to change).
@@ -70,24 +74,29 @@ from harness import (  # noqa: E402
     write_json,
 )
 
-# Per mode: the two cases (prompts, shared prefix, unique tail, output tokens each).
+# Per mode: the cases (prompts, shared prefix, unique tail, output tokens each).
 CASES = {
     "cpu": {
         "hit_49": dict(num_seqs=32, shared=256, unique=248, output=8),  # 31/32 * 256/504 = 49.2%
         "hit_37": dict(num_seqs=32, shared=208, unique=336, output=8),  # 31/32 * 208/544 = 37.0%
+        "hit_0": dict(num_seqs=32, shared=0, unique=544, output=8),  # hit_37's lengths, nothing shared
     },
     "gpu": {
         "hit_49": dict(num_seqs=200, shared=256, unique=264, output=8),  # 199/200 * 256/520 = 49.0%
         "hit_37": dict(num_seqs=200, shared=330, unique=550, output=150),  # the PR's lengths: 320 of 330 in full blocks
+        "hit_0": dict(num_seqs=200, shared=0, unique=880, output=150),  # the same lengths, nothing shared
     },
     "dry": {
         "hit_49": dict(num_seqs=4, shared=32, unique=16, output=2),
         "hit_37": dict(num_seqs=4, shared=16, unique=16, output=2),
+        "hit_0": dict(num_seqs=4, shared=0, unique=32, output=2),
     },
 }
 SEED_004 = {  # the PR's figures, for the side-by-side table
     "hit_49": {"hit_rate": 0.49, "input_tok_per_s_off": 17777.03, "input_tok_per_s_on": 32149.17},
     "hit_37": {"hit_rate": 0.37, "mean_ttft_ms_off": 193.03, "mean_ttft_ms_on": 125.42},
+    # The review's table, the author's later version: the same PR without and with caching.
+    "hit_0": {"hit_rate": 0.0, "mean_ttft_ms_off": 195.53, "mean_ttft_ms_on": 199.69},
 }
 BLOCK_SIZE = 16
 MAX_NUM_BATCHED_TOKENS = 2048
@@ -203,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention-backend", default="auto", help="tinyvllm's attention_backend (default auto)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/prefix_caching*.json)")
     parser.add_argument("--quick", action="store_true", help="half the requests of each case")
+    parser.add_argument("--cases", default=None, help="the cases to run, comma-separated (default all: hit_49,hit_37,hit_0)")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -215,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     threads = [int(t) for t in (args.threads or default_threads).split(",")]
     repeats = args.repeats or {"dry": 1, "gpu": 3, "cpu": 5}[mode]  # the CPU's ratios drift between minutes
     cases = CASES[mode]
+    if args.cases:
+        unknown = sorted(set(args.cases.split(",")) - set(cases))
+        if unknown:
+            parser.error(f"unknown case(s) {unknown}; the cases are {sorted(cases)}")
+        cases = {name: case for name, case in cases.items() if name in args.cases.split(",")}
     if args.quick:
         cases = {name: {**case, "num_seqs": max(2, case["num_seqs"] // 2)} for name, case in cases.items()}
 
@@ -295,11 +310,13 @@ def print_table(result: dict) -> None:
             print(f"{'':>16} per repeat: input {min(spread['input_throughput_on_over_off']):.2f}-"
                   f"{max(spread['input_throughput_on_over_off']):.2f}, TTFT {min(spread['mean_ttft_off_over_on']):.2f}-"
                   f"{max(spread['mean_ttft_off_over_on']):.2f}")  # fmt: skip
-    s49, s37 = result["seed_004_reference"]["hit_49"], result["seed_004_reference"]["hit_37"]
+    s49, s37, s0 = (result["seed_004_reference"][k] for k in ("hit_49", "hit_37", "hit_0"))
     off49, on49, off37, on37 = (s49["input_tok_per_s_off"], s49["input_tok_per_s_on"],
                                 s37["mean_ttft_ms_off"], s37["mean_ttft_ms_on"])  # fmt: skip
     print(f"seed 004 (vLLM PR #9668, L40S): 49% hits, input {off49:.0f} -> {on49:.0f} tok/s ({on49 / off49:.2f}x); "
-          f"37% hits, mean TTFT {off37:.0f} -> {on37:.0f} ms ({off37 / on37:.2f}x)")
+          f"37% hits, mean TTFT {off37:.0f} -> {on37:.0f} ms ({off37 / on37:.2f}x); "
+          f"0% hits, mean TTFT {s0['mean_ttft_ms_off']:.0f} -> {s0['mean_ttft_ms_on']:.0f} ms "
+          f"({s0['mean_ttft_ms_off'] / s0['mean_ttft_ms_on']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,11 @@ def test_cudagraphs_bench_dry_run(tmp_path):
         assert m["throughput"]["output_tokens"] > 0 and m["throughput"]["stats_ok"] is True
         assert (m["graphs_captured"]["FULL"] > 0) == (mode.startswith("FULL"))
         assert (m["graphs_captured"]["PIECEWISE"] > 0) == (mode in ("PIECEWISE", "FULL_AND_PIECEWISE"))
+        for r in m["latency"]:  # the profile runs on the CPU too, with no device time to count
+            if mode in ("NONE", "FULL_AND_PIECEWISE"):
+                assert r["profile"]["steps"] == 2 and r["profile"]["device_busy_share"] is None
+            else:
+                assert r["profile"] is None
     for ratio in result["ratios"].values():
         assert all(x > 0 for x in ratio["latency_speedup_vs_none"].values())
         assert ratio["throughput_ratio_vs_none"] > 0
@@ -46,3 +51,13 @@ def test_cudagraphs_bench_without_cuda_exits_cleanly_with_a_message():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "cudagraphs.py")],
                          capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
     assert out.returncode == 0 and "no CUDA device" in out.stdout
+
+
+def test_union_length_counts_overlapping_intervals_once():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from cudagraphs import union_length
+
+    assert union_length([]) == 0.0
+    assert union_length([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0  # [0, 3] and [5, 6]
+    assert union_length([(4.0, 5.0), (0.0, 10.0), (2.0, 3.0)]) == 10.0  # nested, out of order
+    assert union_length([(0.0, 1.0), (1.0, 2.0)]) == 2.0  # touching

@@ -107,6 +107,8 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     modes = figures["cudagraph_latency"]["modes"]
     assert set(modes) == {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}
     assert all(set(m["step_ms"]) == {"1", "2"} for m in modes.values())
+    assert {name for name, m in modes.items() if "device_busy_share" in m} == {"NONE", "FULL_AND_PIECEWISE"}
+    assert modes["NONE"]["device_busy_share"] == {"1": None, "2": None}  # nothing on a device to count
     assert figures["cudagraph_latency"]["stats_check"] is True
     assert set(figures["prefix_caching"]["ratios"]) == {"hit_49", "hit_37"}
     log = (out / "gpu.log").read_text()

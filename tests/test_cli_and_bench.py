@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -146,19 +148,35 @@ def test_prefix_caching_bench_cut_short_keeps_the_cases_it_measured(tmp_path, mo
     assert figures["complete"] is False and list(figures["ratios"]) == ["hit_49"]
 
 
+def test_prefix_caching_bench_runs_the_cases_asked_for_and_refuses_unknown_ones(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import prefix_caching
+
+    out = tmp_path / "prefix.json"
+    assert prefix_caching.main(["--dry-run", "--cases", "hit_0", "--out", str(out)]) == 0
+    assert list(json.loads(out.read_text())["threads"]["1"]["cases"]) == ["hit_0"]
+    with pytest.raises(SystemExit):
+        prefix_caching.main(["--dry-run", "--cases", "hit_0,hit_99", "--out", str(out)])
+    assert "unknown case(s) ['hit_99']" in capsys.readouterr().err
+
+
+@pytest.mark.seed("004:benchmark")
 def test_prefix_caching_bench_dry_run(tmp_path):
     result = run_bench("prefix_caching.py", tmp_path / "prefix.json")
     assert result["mode"] == "dry" and set(result["threads"]) == {"1"} and result["complete"] is True
     check_engine_record(result["engine"]["caching_off"], caching=False)
     check_engine_record(result["engine"]["caching_on"], caching=True)
     cases = result["threads"]["1"]["cases"]
-    assert set(cases) == set(result["seed_004_reference"]) == {"hit_49", "hit_37"}
-    for case in cases.values():
+    assert set(cases) == set(result["seed_004_reference"]) == {"hit_49", "hit_37", "hit_0"}
+    for name, case in cases.items():
         off, on = case["caching_off"], case["caching_on"]
         assert case["prompt_tokens"] == case["num_seqs"] * (case["shared"] + case["unique"])
         assert off["hit_tokens"] == [0] * result["repeats"] and off["hit_rate"] == 0
         assert on["looked_up_tokens"] == [case["prompt_tokens"]] * result["repeats"]
         assert on["cached_tokens_in_outputs"] == on["hit_tokens"]
+        if name == "hit_0":  # nothing shared: caching looks up every block and finds none
+            assert case["expected_hit_rate_upper_bound"] == 0 and on["hit_tokens"] == [0] * result["repeats"]
+            continue
         # Every request after the first finds the shared prefix's full blocks, and nothing more.
         assert 0.5 * case["expected_hit_rate_upper_bound"] < on["hit_rate"] <= case["expected_hit_rate_upper_bound"]
         for run in (off, on):
