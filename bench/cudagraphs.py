@@ -19,7 +19,10 @@ so no mode is downgraded) and measured twice:
   the median step (``device_busy_share``: below 1, the device waits for the host for the
   rest), and the eight operations that take most of it. The profiler slows the host, so
   the share is read against the unprofiled median. Measured on a GPU only: on the CPU the
-  same code runs with nothing on a device to count.
+  same code runs with nothing on a device to count. Then as many steps again with the
+  host's clock on each phase (``host_phases``: scheduling, the runner's state, the
+  inputs and the graph's launch, the LM head, the sampler, the rest of ``execute_model``
+  where the host waits for the device, ``update_from_output``, the engine's rest).
 - **Throughput**: a smaller version of nano-vllm's workload (``make_workload`` from
   ``bench/throughput.py``: 64 requests, prompts of 100-512 random ids, 100-256 output
   tokens, ``ignore_eos``, greedy) through ``llm.generate``; output tokens/s and the ratio
@@ -144,6 +147,43 @@ def profile_steps(engine, steps: int, median_step_s: float) -> dict:
         device_busy_share=busy / median_step_s if on_gpu else None,
         top_device_ops=[dict(name=name[:160], us_per_step=us / steps) for name, us in top],
     )  # fmt: skip
+
+
+def host_phases(llm, steps: int) -> dict:
+    """The step's wall time by phase, over ``steps`` more steps, with the host's clock and
+    no synchronisation added (``bookkeeping.py``'s ``StepClock`` hooks). ``forward`` is
+    the inputs' upload and the graph's launch, not the device's work; the host first waits
+    for the device in ``execute_model_rest``, which reads the sampled ids."""
+    from bookkeeping import StepClock  # here: it imports tinyvllm, after main() set the interpreter
+
+    engine, runner = llm.engine, llm.engine.model_runner
+    hooks = {"schedule": (engine.scheduler, "schedule"), "execute_model": (runner, "execute_model"),
+             "update_states": (runner, "_update_states"), "forward": (runner, "_forward"),
+             "logits": (runner.model, "compute_logits"), "sample": (runner, "sampler"),
+             "update_from_output": (engine.scheduler, "update_from_output")}  # fmt: skip
+    clock = StepClock()
+    own = {name: vars(owner).get(attr) for name, (owner, attr) in hooks.items()}  # None: a method of the class
+    for name, (owner, attr) in hooks.items():
+        setattr(owner, attr, clock.wrap(name, getattr(owner, attr)))
+    try:
+        sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync()
+        wall = time.perf_counter() - start
+    finally:
+        for name, (owner, attr) in hooks.items():
+            if own[name] is None:
+                delattr(owner, attr)  # the class's method again
+            else:
+                setattr(owner, attr, own[name])
+    ms = {name: seconds / steps * 1e3 for name, seconds in clock.take().items()}
+    inside = ("update_states", "forward", "logits", "sample")
+    ms["execute_model_rest"] = ms.pop("execute_model") - sum(ms.get(k, 0.0) for k in inside)
+    ms["engine_rest"] = wall / steps * 1e3 - ms["execute_model_rest"] - sum(
+        ms.get(k, 0.0) for k in (*inside, "schedule", "update_from_output"))
+    return {"step_ms": wall / steps * 1e3, "phases_ms": ms}
 # --8<-- [end:profile]
 
 
@@ -153,7 +193,7 @@ def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = F
     from tinyvllm import SamplingParams
 
     engine, runner = llm.engine, llm.engine.model_runner
-    steps = cfg["warmup_steps"] + cfg["repeats"] * cfg["timed_steps"] + cfg["profile_steps"]
+    steps = cfg["warmup_steps"] + cfg["repeats"] * cfg["timed_steps"] + 2 * cfg["profile_steps"]
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 8)  # never finishes while timed
     rng = random.Random(batch)
     vocab = min(llm.spec.vocab_size, 10000)
@@ -185,7 +225,9 @@ def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = F
     last = runner.last_dispatch
     assert last.num_reqs == batch and last.uniform_decode, f"batch {batch}: the batch changed while timed: {last}"
     median = statistics.median(times)
-    profile = profile_steps(engine, cfg["profile_steps"], median) if profiled else None
+    profile = None
+    if profiled:
+        profile = profile_steps(engine, cfg["profile_steps"], median) | host_phases(llm, cfg["profile_steps"])
     engine.abort_request(ids)
     timed = cfg["repeats"] * cfg["timed_steps"]
     return dict(
@@ -299,6 +341,10 @@ def print_table(record: dict) -> None:
         tput = (f"{m['throughput']['tok_per_s']:8.0f} tok/s x{r['throughput_ratio_vs_none']:.2f} | "
                 if m["throughput"] else "")  # fmt: skip
         print(f"{name:18s} startup {m['startup_s']:6.1f} s | {lat} | {tput}stats {'ok' if m['stats_ok'] else 'WRONG'}")
+        for x in m["latency"]:
+            if x.get("profile"):
+                phases = " ".join(f"{k} {v:.2f}" for k, v in x["profile"]["phases_ms"].items())
+                print(f"{'':18s} B={x['batch']} host phases, ms a step: {phases}")
 
 
 def main(argv: list[str] | None = None) -> int:

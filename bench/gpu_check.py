@@ -214,6 +214,8 @@ def cudagraph_figures(record: dict) -> dict:
         if profiled:  # where the step's time goes (cudagraphs.py's profile_steps)
             modes[name]["device_busy_share"] = {b: p["device_busy_share"] for b, p in profiled.items()}
             modes[name]["top_device_ops"] = {b: p["top_device_ops"][:4] for b, p in profiled.items()}
+            modes[name]["host_phases_ms"] = {b: {k: round(v, 3) for k, v in p["phases_ms"].items()}
+                                             for b, p in profiled.items()}  # fmt: skip
     return {"device": record["environment"]["device"], "complete": record["complete"],
             "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
 

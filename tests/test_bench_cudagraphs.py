@@ -37,6 +37,11 @@ def test_cudagraphs_bench_dry_run(tmp_path):
         for r in m["latency"]:  # the profile runs on the CPU too, with no device time to count
             if mode in ("NONE", "FULL_AND_PIECEWISE"):
                 assert r["profile"]["steps"] == 2 and r["profile"]["device_busy_share"] is None
+                phases = r["profile"]["phases_ms"]
+                assert set(phases) == {"schedule", "update_states", "forward", "logits", "sample",
+                                       "execute_model_rest", "update_from_output", "engine_rest"}  # fmt: skip
+                assert min(phases["forward"], phases["schedule"], phases["sample"]) > 0
+                assert sum(phases.values()) == pytest.approx(r["profile"]["step_ms"])
             else:
                 assert r["profile"] is None
     for ratio in result["ratios"].values():
