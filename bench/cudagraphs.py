@@ -264,7 +264,7 @@ def throughput(llm, cfg: dict, expected: str) -> dict:
                 runtime_modes=used, stats_ok=ok)  # fmt: skip
 
 
-def measure_mode(folder: Path, mode: str, cfg: dict, device: str) -> dict:
+def measure_mode(folder: Path, mode: str, cfg: dict, device: str, profile: bool = True) -> dict:
     from tinyvllm import LLM
 
     sync()
@@ -281,7 +281,8 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str) -> dict:
     resolved = runner.cudagraph_mode.name
     expected = EXPECTED_DECODE_MODE[mode]
     graphs = num_graphs(runner)
-    latency = [decode_latency(llm, b, cfg, expected, profiled=mode in PROFILED_MODES) for b in cfg["batch_sizes"]]
+    profiled = profile and mode in PROFILED_MODES
+    latency = [decode_latency(llm, b, cfg, expected, profiled=profiled) for b in cfg["batch_sizes"]]
     tput = throughput(llm, cfg, expected) if cfg["throughput"] else None
     del llm, runner
     gc.collect()
@@ -292,6 +293,23 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str) -> dict:
         graphs_captured=graphs, latency=latency, throughput=tput,
         stats_ok=resolved == mode and all(r["stats_ok"] for r in latency) and (tput is None or tput["stats_ok"]),
     )  # fmt: skip
+
+
+def rms_norm_ab(folder: Path, cfg: dict, device: str, with_kernel: dict) -> dict:
+    """FULL_AND_PIECEWISE once more with every RMSNorm as torch ops (``models/rms_norm.py``,
+    ``TINYVLLM_RMS_NORM=torch``), against the same mode's run with the default: the step
+    time the one-kernel norm saves, in the same run. (On the CPU both runs use the torch ops.)"""
+    os.environ["TINYVLLM_RMS_NORM"] = "torch"
+    try:
+        torch_ops = measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=False)
+    finally:
+        del os.environ["TINYVLLM_RMS_NORM"]
+    kernel_ms = {r["batch"]: r["median_step_s"] for r in with_kernel["latency"]}
+    return dict(
+        step_ms_torch_ops={str(r["batch"]): r["median_step_s"] * 1e3 for r in torch_ops["latency"]},
+        speedup_of_the_kernel={str(r["batch"]): r["median_step_s"] / kernel_ms[r["batch"]] for r in torch_ops["latency"]},
+        stats_ok=torch_ops["stats_ok"],
+    )
 
 
 def ratios(modes: dict) -> dict:
@@ -354,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON file (default bench/results/cudagraphs-<device>.json)")  # fmt: skip
     parser.add_argument("--batches", default=None, help="decode batch sizes, comma-separated (default 1,8,32,128)")
     parser.add_argument("--no-throughput", action="store_true", help="decode latency only, no throughput workload")
+    parser.add_argument("--rms-norm-ab", action="store_true",
+                        help="then FULL_AND_PIECEWISE again with the norms as torch ops (TINYVLLM_RMS_NORM=torch)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="half the timed repeats")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
@@ -391,10 +411,18 @@ def main(argv: list[str] | None = None) -> int:
             record["stats_check"] = all(m["stats_ok"] for m in record["modes"].values())
             record["total_s"] = time.perf_counter() - wall
             out.write_text(json.dumps(record, indent=2))  # partial results survive a timeout
+        if args.rms_norm_ab:
+            record["rms_norm_ab"] = rms_norm_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"])
+            record["total_s"] = time.perf_counter() - wall
+            out.write_text(json.dumps(record, indent=2))
     record["complete"] = True
     record["total_s"] = time.perf_counter() - wall
     out.write_text(json.dumps(record, indent=2))
     print_table(record)
+    if "rms_norm_ab" in record:
+        ab = record["rms_norm_ab"]
+        print("FULL_AND_PIECEWISE, norms as torch ops: " + "  ".join(
+            f"B={b}: {ms:.2f} ms (the kernel x{ab['speedup_of_the_kernel'][b]:.2f})" for b, ms in ab["step_ms_torch_ops"].items()))
     print(f"total {record['total_s']:.1f} s; wrote {out}")
     if not record["stats_check"]:
         print("bench/cudagraphs.py: some timed steps did not run in the expected runtime mode", file=sys.stderr)

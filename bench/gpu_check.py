@@ -120,7 +120,7 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         seqs = ["--num-seqs", "128" if quick else "256"]
         return [python, "bench/throughput.py", "--repeats", "1", *seqs, *model, *out] + (["--dry-run"] if dry_run else [])
     if step.name == "cudagraph_latency":
-        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput"]
+        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput", "--rms-norm-ab"]
         flags = ["--dry-run"] if dry_run else []
         return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
     if step.name == "prefix_caching":
@@ -216,8 +216,11 @@ def cudagraph_figures(record: dict) -> dict:
             modes[name]["top_device_ops"] = {b: p["top_device_ops"][:4] for b, p in profiled.items()}
             modes[name]["host_phases_ms"] = {b: {k: round(v, 3) for k, v in p["phases_ms"].items()}
                                              for b, p in profiled.items()}  # fmt: skip
-    return {"device": record["environment"]["device"], "complete": record["complete"],
-            "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
+    figures = {"device": record["environment"]["device"], "complete": record["complete"],
+               "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
+    if "rms_norm_ab" in record:  # FULL_AND_PIECEWISE with the norms as torch ops, same run
+        figures["rms_norm_ab"] = record["rms_norm_ab"]
+    return figures
 
 
 def prefix_caching_figures(record: dict) -> dict:

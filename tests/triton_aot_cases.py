@@ -91,12 +91,23 @@ def write_cases() -> list[dict]:
     ]
 
 
+def rms_norm_cases() -> list[dict]:
+    """Qwen3-0.6B's hidden size and head size, a 7B's hidden size, the tiny models' head size."""
+    sizes = {80: (1024, 128), 90: (1024, 128, 4096, TINY_SHAPE["head"])}
+    return [
+        dict(id=f"rms_norm-sm{cc}-{dtype}-n{size}", kernel="rms_norm", cc=cc, dtype=dtype,
+             consts=dict(SIZE=size, BLOCK=size))  # fmt: skip
+        for cc in (80, 90) for dtype in DTYPES for size in sizes[cc]
+    ]
+
+
 def all_cases() -> list[dict]:
-    return attention_cases() + merge_cases() + write_cases()
+    return attention_cases() + merge_cases() + write_cases() + rms_norm_cases()
 
 
 def _kernel_and_types(case: dict):
     from tinyvllm.attention import kv_cache_write, triton_attention
+    from tinyvllm.models import rms_norm
 
     t = DTYPES[case["dtype"]]
     if case["kernel"] == "attention":
@@ -107,6 +118,9 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "merge":
         fn = triton_attention._merge_segments_kernel
         types = dict(out_ptr=t, part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+    elif case["kernel"] == "rms_norm":
+        fn = rms_norm._rms_norm_kernel
+        types = dict(x_ptr=t, weight_ptr=t, out_ptr=t, eps="fp32")
     else:
         fn = kv_cache_write._write_kv_cache_kernel
         types = dict(key_ptr=t, value_ptr=t, key_cache_ptr=t, value_cache_ptr=t, slot_mapping_ptr="*i64")

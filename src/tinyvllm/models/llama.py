@@ -92,6 +92,7 @@ from tinyvllm.models.loader import (
     load_model_spec,
     read_tensor_infos,
 )
+from tinyvllm.models.rms_norm import rms_norm, rms_norm_impl
 
 
 
@@ -136,17 +137,17 @@ def kv_cache_shape(spec: ModelSpec, num_blocks: int, block_size: int) -> tuple[i
 
 # --8<-- [start:rmsnorm]
 class RMSNorm(nn.Module):
-    """``weight * (x / sqrt(mean(x^2) + eps))``, the variance in float32 (NOTE 2)."""
+    """``weight * (x / sqrt(mean(x^2) + eps))``, the variance in float32 (NOTE 2): one
+    Triton kernel on CUDA, the torch ops elsewhere (``rms_norm.py``)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.impl = rms_norm_impl()  # "auto" unless TINYVLLM_RMS_NORM says otherwise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., size]
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, self.impl)
 # --8<-- [end:rmsnorm]
 
 

@@ -1,0 +1,124 @@
+"""RMSNorm in one kernel: ``weight * (x / sqrt(mean(x^2) + eps))``, the mean in float32.
+
+Concept: written with torch ops, one RMSNorm is eight kernels on a GPU (a cast up,
+``pow``, ``mean``, ``+ eps``, ``rsqrt``, a multiply, a cast down, the weight's
+multiply), each reading and writing the whole tensor. A Qwen3 layer has four norms (before
+attention, after it, and the per-head q and k norms): 32 kernels, where everything else in
+the layer is about 21 (NOTE 1). Under a full CUDA graph each small kernel still takes its
+own slot on the device, so at batch 1 a decode step is mostly such kernels.
+``rms_norm_triton`` does the same arithmetic in one program per row: load the row, sum
+its squares in float32, scale, cast, multiply by the weight, store.
+
+``rms_norm`` picks the kernel for CUDA tensors (the only place it pays) and the torch ops
+otherwise; ``TINYVLLM_RMS_NORM=torch`` (or ``triton``) forces one of them, for an A/B run
+of a benchmark on the same machine (``rms_norm_impl``).
+
+Mirrors: vLLM's ``RMSNorm`` (``vllm/model_executor/layers/layernorm.py``), whose
+``forward_cuda`` calls its fused CUDA kernel ``rms_norm`` and ``forward_native`` the torch
+ops; the row-wise reduction of the Triton tutorials' layer-norm kernel.
+
+Invariants: the result has ``x``'s shape and dtype and is contiguous; each row of the last
+dimension is normalised on its own; the Triton and torch versions agree to float32
+rounding (NOTE 2).
+
+NOTE 1 (the count): ``tests/test_rms_norm.py`` counts the operations of one bfloat16
+decode forward of the tiny Qwen3: eight for each of its nine norms. The rest of a layer,
+read off ``llama.py`` with the Triton attention backend: the qkv, o, gate-up and down
+projections (4), rotary on q and on k (5 each), the KV write and the attention kernel (2,
+3 with split KV), two residual adds, ``silu`` and its multiply (2): about 21.
+NOTE 2 (rounding): both compute in float32 and round once to the model's dtype before
+the weight's multiply, as transformers does; they differ only in the order in which the
+squares are summed, a few float32 ulps, which bfloat16 rounding nearly always hides.
+Left out: the residual add fused into the norm (vLLM's ``fused_add_rms_norm``), and
+quantised outputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+IMPLS = ("auto", "torch", "triton")
+IMPL_ENV = "TINYVLLM_RMS_NORM"
+
+
+# --8<-- [start:torch]
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., size]
+    """The reference: eight kernels on a GPU (module header)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+# --8<-- [end:torch]
+
+
+# --8<-- [start:kernel]
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,  # *T, [N, H, SIZE] (H = 1 for a plain [N, SIZE] tensor)
+    weight_ptr,  # *T, [SIZE]
+    out_ptr,  # *T, [N * H, SIZE], contiguous
+    stride_x_n,  # elements between tokens of x
+    stride_x_h,  # elements between heads of x
+    num_heads,  # H
+    eps,  # float32
+    SIZE: tl.constexpr,  # the normalised dimension
+    BLOCK: tl.constexpr,  # SIZE rounded up to a power of two
+):
+    """One program per row (token, head): its mean square in float32, then the scaled row."""
+    row = tl.program_id(0)
+    token, head = row // num_heads, row % num_heads
+    cols = tl.arange(0, BLOCK)  # [BLOCK]
+    mask = cols < SIZE
+    x = tl.load(x_ptr + token.to(tl.int64) * stride_x_n + head * stride_x_h + cols, mask=mask, other=0.0)
+    x32 = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x32 * x32, axis=0) / SIZE + eps)
+    w = tl.load(weight_ptr + cols, mask=mask)
+    normed = (x32 * rstd).to(x.dtype)  # rounded to the model's dtype first, as the torch ops do
+    tl.store(out_ptr + row.to(tl.int64) * SIZE + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=mask)
+# --8<-- [end:kernel]
+
+
+# --8<-- [start:launcher]
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [N, SIZE] or [N, H, SIZE]
+    """The Triton version of ``rms_norm_torch``: same arguments, same result (NOTE 2)."""
+    if x.dim() not in (2, 3) or x.stride(-1) != 1:
+        raise ValueError(f"x {tuple(x.shape)} with strides {x.stride()} must be [N, size] or [N, H, size], unit stride last")
+    if weight.shape != (x.shape[-1],) or weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(
+            f"weight {tuple(weight.shape)} {weight.dtype} on {weight.device} must be [{x.shape[-1]}] {x.dtype} on {x.device}"
+        )
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"device {x.device}: Triton needs CUDA or TRITON_INTERPRET=1")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous
+    heads = x.shape[1] if x.dim() == 3 else 1
+    rows = x.shape[0] * heads
+    if rows:
+        _rms_norm_kernel[(rows,)](
+            x, weight, out, x.stride(0), x.stride(1) if x.dim() == 3 else 0, heads, eps,
+            SIZE=x.shape[-1], BLOCK=triton.next_power_of_2(x.shape[-1]),
+        )  # fmt: skip
+    return out
+# --8<-- [end:launcher]
+
+
+# --8<-- [start:choose]
+def rms_norm_impl() -> str:
+    """The implementation ``TINYVLLM_RMS_NORM`` asks for ("auto" when unset)."""
+    impl = os.environ.get(IMPL_ENV, "auto")
+    if impl not in IMPLS:
+        raise ValueError(f"{IMPL_ENV}={impl!r} is not one of {IMPLS}")
+    return impl
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "auto") -> torch.Tensor:
+    """``rms_norm_triton`` for CUDA tensors it takes (or when ``impl`` is "triton"),
+    ``rms_norm_torch`` otherwise (or when ``impl`` is "torch")."""
+    if impl == "triton" or (
+        impl == "auto" and x.is_cuda and x.dim() in (2, 3) and x.stride(-1) == 1 and weight.dtype == x.dtype
+    ):
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_torch(x, weight, eps)
+# --8<-- [end:choose]
