@@ -15,7 +15,7 @@ import torch
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import CUDAGraphMode
-from tinyvllm.device_syncs import DeviceSyncCounter, Sync, call_site, fill_at, upload
+from tinyvllm.device_syncs import DeviceSyncCounter, Sync, call_site, fill_at, pin_memory_for, upload
 from tinyvllm.sample.logits_processors import LogitsProcessor
 
 DEV = torch.device("cpu")
@@ -123,6 +123,12 @@ def test_writing_a_python_number_into_one_element_or_through_indices_copies_it_u
         fill_at(x, (at, at), 7.0)
     assert kinds(counter.take()) == [("copy", "Tensor.__setitem__")] * 3
     assert x.tolist() == [[7.0, 3.0, 3.0], [4.0, 7.0, 5.0]]
+
+
+def test_host_buffers_are_pinned_for_cuda_only():
+    """The engine hands the processors ``is_pin_memory`` from the same rule ``upload`` uses."""
+    assert pin_memory_for("cuda") and pin_memory_for(torch.device("cuda", 0))
+    assert not pin_memory_for("cpu") and not pin_memory_for(torch.device("cpu"))
 
 
 def test_upload_of_a_host_tensor_is_a_new_tensor():
@@ -402,3 +408,15 @@ def test_gpu_counter_matches_cuda_sync_debug_mode(tiny_model_dirs, spec):
     assert [sorted(w) for w in cuda_waits] == [sorted(sites(s)) for s in steps], "\n".join(
         f"step {i}: CUDA {w}, counter {sites(c)}" for i, (w, c) in enumerate(zip(cuda_waits, steps))
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_min_p_host_buffer_is_pinned(tiny_model_dirs):
+    """MinP copies its host values up with ``non_blocking``: from pinned memory, or the
+    driver stages the copy on the host first."""
+    from tinyvllm.sample.logits_processors.builtin import MinPLogitsProcessor
+
+    llm = LLM(str(tiny_model_dirs["qwen3"]), device="cuda", max_model_len=64)
+    (min_p,) = [p for p in llm.engine.model_runner.input_batch.logitsprocs.all if isinstance(p, MinPLogitsProcessor)]
+    assert min_p.min_p_cpu_tensor.is_pinned()

@@ -89,12 +89,20 @@ class Sync:
 
 
 # --8<-- [start:upload]
+def pin_memory_for(device: torch.device | str) -> bool:
+    """Whether host buffers copied up to ``device`` should be pinned: on CUDA, where a
+    ``non_blocking`` copy from pageable memory is staged by the host first (NOTE 2); vLLM's
+    ``is_pin_memory_available()``."""
+    return torch.device(device).type == "cuda"
+
+
 def upload(values: Sequence[Any] | torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A new tensor on ``device`` holding ``values`` (a list or a host tensor), copied up
-    without making the host wait (NOTE 2): built in pinned memory off the CPU, then one
-    ``non_blocking`` copy. PyTorch keeps a pinned block from reuse until its copy is done."""
+    """A new tensor on ``device`` holding ``values`` (a list, an array or a host tensor),
+    copied up without making the host wait (NOTE 2): built in pinned memory off the CPU,
+    then one ``non_blocking`` copy. PyTorch keeps a pinned block from reuse until its copy
+    is done."""
     device = torch.device(device)
-    pin = device.type == "cuda"
+    pin = pin_memory_for(device)
     if isinstance(values, torch.Tensor):
         host = torch.empty(values.shape, dtype=dtype, device="cpu", pin_memory=pin).copy_(values)
     else:

@@ -100,6 +100,7 @@ from tinyvllm.config import (
 )
 from tinyvllm.arith import cdiv
 from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.device_syncs import pin_memory_for
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.request_checks import check_request_against_model
@@ -409,8 +410,9 @@ class LLM:
         spec_config = self.speculative_config
         num_spec = spec_config.num_speculative_tokens if spec_config is not None else 0
         config = EngineConfig(scheduler_config, CacheConfig(block_size=block_size), reasoning_config, compilation, spec_config)
-        logitsprocs = build_logitsprocs(config, self.device, False, False, self.logits_processors)  # MinTokens alone with spec
-        thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, num_spec, self.device, False)
+        pin = pin_memory_for(self.device)  # the processors' host buffers, pinned on CUDA
+        logitsprocs = build_logitsprocs(config, self.device, pin, False, self.logits_processors)  # MinTokens alone with spec
+        thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, num_spec, self.device, pin)
         blocks_per_req = cdiv(scheduler_config.max_model_len, block_size)
         input_batch = InputBatch(
             max_num_seqs, self.device, logitsprocs, thinking, max_num_blocks_per_req=blocks_per_req,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from tinyvllm.device_syncs import upload
 from tinyvllm.sample.batch_update import BatchUpdate, MoveDirectionality
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.state import process_dict_updates
@@ -37,11 +38,6 @@ from tinyvllm.sample.logits_processors.state import process_dict_updates
 if TYPE_CHECKING:
     from tinyvllm.config import EngineConfig
     from tinyvllm.sampling_params import SamplingParams
-
-
-def _device_tensor(data: list | np.ndarray, dtype: torch.dtype, device: torch.device, pin_memory: bool) -> torch.Tensor:
-    """Build on the CPU (optionally pinned), then copy to ``device`` without blocking."""
-    return torch.tensor(data, dtype=dtype, device="cpu", pin_memory=pin_memory).to(device, non_blocking=True)
 
 
 # --8<-- [start:minp]
@@ -117,13 +113,12 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
 
     def __init__(self, config: "EngineConfig", device: torch.device, is_pin_memory: bool) -> None:
         self.device = torch.device(device)
-        self.pin_memory = is_pin_memory
         self.biases: dict[int, dict[int, float]] = {}
         self.bias_tensor = torch.zeros(0, dtype=torch.float32, device=self.device)  # [K] K = biased entries
         self.logits_slice = (self._tensor([], torch.int64), self._tensor([], torch.int64))  # rows [K], tokens [K]
 
     def _tensor(self, data: list | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return _device_tensor(data, dtype, self.device, self.pin_memory)
+        return upload(data, dtype, self.device)  # the document's _device_tensor: pinned, non_blocking
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -154,14 +149,13 @@ class MinTokensLogitsProcessor(LogitsProcessor):
 
     def __init__(self, config: "EngineConfig", device: torch.device, is_pin_memory: bool) -> None:
         self.device = torch.device(device)
-        self.pin_memory = is_pin_memory
         # row -> (min_tokens, the request's LIVE output list, stop token ids)
         self.min_toks: dict[int, tuple[int, Sequence[int], frozenset[int]]] = {}
         self.logits_slice = (self._tensor([], torch.int64), self._tensor([], torch.int64))
         self.neg_inf_tensor = torch.tensor(float("-inf"), dtype=torch.float32, device=self.device)
 
     def _tensor(self, data: list | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return _device_tensor(data, dtype, self.device, self.pin_memory)
+        return upload(data, dtype, self.device)  # the document's _device_tensor: pinned, non_blocking
 
     def is_argmax_invariant(self) -> bool:
         return False
