@@ -3,10 +3,16 @@
 What it measures: decode (batches 1-256 at contexts 512-8192, one query token per
 request) and prefill (one request of 128-4096 tokens), for the Triton kernel reading a paged
 cache through a shuffled block table, and for ``torch.nn.functional.scaled_dot_product_attention``
-on the same math with contiguous K/V (the best a user gets without paging). For decode it
-reports the achieved bandwidth (K and V bytes read / time) next to the device's measured
-copy bandwidth. Every timing goes to a JSON file in ``bench/results/`` with the device and
-versions.
+on the same math with contiguous K/V (the best a user gets without paging). The kernel runs
+at its default KV tile (``choose_kv_tile``) and at each width of ``kv_tiles`` (keys per
+loop trip; 16 is one cache block, the kernel before tiles were decoupled from blocks), so
+one run says which width to choose. Times are the device's: ten calls captured in one
+CUDA graph and replayed, as the engine's full graphs run attention. A call launched alone
+by the host is also timed ("launched"): at small shapes that is the host's launch, not
+the kernel (the first GPU run timed only that, and read 160-190 us for a 5 us kernel).
+For decode it reports the achieved bandwidth (K and V bytes read / time) next to the
+device's measured copy bandwidth. Every timing goes to a JSON file in ``bench/results/``
+with the device and versions.
 
 Run on a GPU: ``python3 bench/attention.py`` (about two minutes on an H100).
 ``--dry-run`` runs every code path (the split-KV one too) on tiny shapes (on the CPU under the Triton interpreter),
@@ -35,17 +41,19 @@ from harness import ROOT, write_json  # noqa: E402
 FULL = dict(
     num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="bfloat16",
     decode_batches=[1, 4, 16, 64, 256], decode_contexts=[512, 2048, 8192],
-    prefill_lengths=[128, 512, 1024, 2048, 4096], copy_bytes=1 << 30, iters=20, warmup=5,
+    prefill_lengths=[128, 512, 1024, 2048, 4096], kv_tiles=[16, 32, 64, 128],
+    copy_bytes=1 << 30, iters=20, warmup=5, graph_reps=10,
 )  # fmt: skip
 DRY = dict(
     num_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype="float32",
-    decode_batches=[1, 2], decode_contexts=[20, 520], prefill_lengths=[16, 24],
-    copy_bytes=1 << 20, iters=1, warmup=0,
+    decode_batches=[1, 2], decode_contexts=[20, 520], prefill_lengths=[16, 24], kv_tiles=[16, 32],
+    copy_bytes=1 << 20, iters=1, warmup=0, graph_reps=1,
 )  # fmt: skip
 
 
 def timer(fn, device: str, iters: int, warmup: int) -> float:
-    """Median seconds per call: CUDA events on a GPU, wall clock otherwise."""
+    """Median seconds per call, each call launched by the host: CUDA events on a GPU, wall
+    clock otherwise. A call whose kernels take less than their launch times the host."""
     for _ in range(warmup):
         fn()
     times = []
@@ -62,6 +70,21 @@ def timer(fn, device: str, iters: int, warmup: int) -> float:
             fn()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def device_timer(fn, device: str, iters: int, warmup: int, graph_reps: int) -> float:
+    """Median seconds per call of the device's own time: ``graph_reps`` calls captured in one
+    CUDA graph and replayed, as the engine's full graphs run the kernel, so no host launch
+    sits between them. Without CUDA, the host timer (the dry run)."""
+    if device != "cuda":
+        return timer(fn, device, iters, warmup)
+    fn()  # compile and allocate outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(graph_reps):
+            fn()
+    return timer(graph.replay, device, iters, warmup) / graph_reps
 
 
 def copy_bandwidth(device: str, num_bytes: int, iters: int, warmup: int) -> float:
@@ -104,49 +127,63 @@ def sdpa(q, k, v, causal: bool):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def time_case(paged, reference, run_sdpa, cfg, device) -> dict:
+    """One shape: the kernel at its default KV tile and at each of ``cfg['kv_tiles']``, SDPA,
+    all as device time; the kernel and SDPA also as one host-launched call."""
+    from tinyvllm.attention import triton_attention
+
+    scale = cfg["head_size"] ** -0.5
+    timing = dict(device=device, iters=cfg["iters"], warmup=cfg["warmup"])
+    out = torch.empty_like(paged[0])
+    by_tile, max_diff = {}, 0.0
+    for tile in [None, *cfg["kv_tiles"]]:
+        triton_attention.paged_attention(*paged, scale, out=out, kv_tile=tile)
+        max_diff = max(max_diff, (out.float() - reference.float()).abs().max().item())
+        call = lambda tile=tile: triton_attention.paged_attention(*paged, scale, out=out, kv_tile=tile)  # noqa: E731
+        by_tile["default" if tile is None else str(tile)] = device_timer(call, graph_reps=cfg["graph_reps"], **timing)
+    best = min(cfg["kv_tiles"], key=lambda t: by_tile[str(t)])
+    return dict(
+        triton_us=by_tile["default"] * 1e6,
+        triton_us_by_kv_tile={t: v * 1e6 for t, v in by_tile.items() if t != "default"},
+        best_kv_tile=best, sdpa_us=device_timer(run_sdpa, graph_reps=cfg["graph_reps"], **timing) * 1e6,
+        triton_launched_us=timer(lambda: triton_attention.paged_attention(*paged, scale, out=out), **timing) * 1e6,
+        sdpa_launched_us=timer(run_sdpa, **timing) * 1e6, max_abs_diff_vs_sdpa=max_diff,
+    )  # fmt: skip
+
+
 def run(cfg: dict, device: str) -> dict:
     from tinyvllm.attention import triton_attention
 
     h, d = cfg["num_heads"], cfg["head_size"]
-    scale = d**-0.5
     elt = torch.finfo(getattr(torch, cfg["dtype"])).bits // 8
     bw_copy = copy_bandwidth(device, cfg["copy_bytes"], cfg["iters"], cfg["warmup"])
     results = {"copy_bandwidth_GBps": bw_copy / 1e9, "decode": [], "prefill": []}
-    timing = dict(device=device, iters=cfg["iters"], warmup=cfg["warmup"])
 
     for batch in cfg["decode_batches"]:
         for context in cfg["decode_contexts"]:
             paged, (k, v) = make_batch([1] * batch, [context] * batch, cfg, device)
-            query = paged[0]
-            q4 = query.view(batch, 1, h, d).transpose(1, 2)  # [R, H, 1, D]
-            segments = triton_attention.choose_num_segments(batch, batch, cfg["num_kv_heads"], paged[5].shape[1] * cfg["block_size"])
-            out = triton_attention.paged_attention(*paged, scale)
-            ref = sdpa(q4, k, v, causal=False).transpose(1, 2).reshape_as(out)
-            t_tri = timer(lambda: triton_attention.paged_attention(*paged, scale, out=out), **timing)
-            t_sdpa = timer(lambda: sdpa(q4, k, v, causal=False), **timing)
+            q4 = paged[0].view(batch, 1, h, d).transpose(1, 2)  # [R, H, 1, D]
+            reference = sdpa(q4, k, v, causal=False).transpose(1, 2).reshape_as(paged[0])
+            row = time_case(paged, reference, lambda: sdpa(q4, k, v, causal=False), cfg, device)
             kv_bytes = 2 * batch * context * cfg["num_kv_heads"] * d * elt
+            segments = triton_attention.choose_num_segments(batch, batch, cfg["num_kv_heads"], paged[5].shape[1] * cfg["block_size"])
             results["decode"].append(dict(
                 batch=batch, context=context, num_segments=segments,
-                triton_us=t_tri * 1e6, sdpa_us=t_sdpa * 1e6,
-                triton_GBps=kv_bytes / t_tri / 1e9, sdpa_GBps=kv_bytes / t_sdpa / 1e9,
-                triton_fraction_of_copy=kv_bytes / t_tri / bw_copy,
-                max_abs_diff_vs_sdpa=(out.float() - ref.float()).abs().max().item(),
+                default_kv_tile=triton_attention.choose_kv_tile(decode_only=True), **row,
+                triton_GBps=kv_bytes / row["triton_us"] / 1e3, sdpa_GBps=kv_bytes / row["sdpa_us"] / 1e3,
+                triton_fraction_of_copy=kv_bytes / (row["triton_us"] / 1e6) / bw_copy,
             ))  # fmt: skip
             del paged, k, v
 
     for length in cfg["prefill_lengths"]:
         paged, (k, v) = make_batch([length], [length], cfg, device)
-        query = paged[0]
-        q4 = query.view(1, length, h, d).transpose(1, 2)  # [1, H, L, D]
-        out = triton_attention.paged_attention(*paged, scale)
-        ref = sdpa(q4, k, v, causal=True).transpose(1, 2).reshape_as(out)
-        t_tri = timer(lambda: triton_attention.paged_attention(*paged, scale, out=out), **timing)
-        t_sdpa = timer(lambda: sdpa(q4, k, v, causal=True), **timing)
+        q4 = paged[0].view(1, length, h, d).transpose(1, 2)  # [1, H, L, D]
+        reference = sdpa(q4, k, v, causal=True).transpose(1, 2).reshape_as(paged[0])
+        row = time_case(paged, reference, lambda: sdpa(q4, k, v, causal=True), cfg, device)
         flops = 2 * 2 * h * d * length * (length + 1) / 2  # QK^T and PV over the causal half
         results["prefill"].append(dict(
-            length=length, triton_us=t_tri * 1e6, sdpa_us=t_sdpa * 1e6,
-            triton_TFLOPs=flops / t_tri / 1e12, sdpa_TFLOPs=flops / t_sdpa / 1e12,
-            max_abs_diff_vs_sdpa=(out.float() - ref.float()).abs().max().item(),
+            length=length, default_kv_tile=triton_attention.choose_kv_tile(decode_only=False), **row,
+            triton_TFLOPs=flops / row["triton_us"] / 1e6, sdpa_TFLOPs=flops / row["sdpa_us"] / 1e6,
         ))  # fmt: skip
         del paged, k, v
     return results
@@ -154,18 +191,25 @@ def run(cfg: dict, device: str) -> dict:
 
 def print_table(results: dict) -> None:
     print(f"copy bandwidth: {results['copy_bandwidth_GBps']:.0f} GB/s")
-    print("decode: batch context segs | triton us  GB/s  %copy | sdpa us  GB/s | max diff")
+    print("device time in us (graph replays); 'launched': one call launched by the host")
+    tiles = list(results["decode"][0]["triton_us_by_kv_tile"]) if results["decode"] else []
+    head = " ".join(f"{'kv' + t:>7}" for t in tiles)
+    print(f"decode: batch context segs | triton {head} | default  GB/s %copy | sdpa us  GB/s | launched triton sdpa | max diff")
     for r in results["decode"]:
+        by = " ".join(f"{r['triton_us_by_kv_tile'][t]:7.1f}" for t in tiles)
         print(
-            f"  {r['batch']:5d} {r['context']:7d} {r['num_segments']:4d} | {r['triton_us']:9.1f} "
-            f"{r['triton_GBps']:5.0f} {100 * r['triton_fraction_of_copy']:5.1f} | {r['sdpa_us']:8.1f} "
-            f"{r['sdpa_GBps']:5.0f} | {r['max_abs_diff_vs_sdpa']:.1e}"
+            f"  {r['batch']:5d} {r['context']:7d} {r['num_segments']:4d} |        {by} | {r['triton_us']:7.1f} "
+            f"{r['triton_GBps']:5.0f} {100 * r['triton_fraction_of_copy']:5.1f} | {r['sdpa_us']:7.1f} "
+            f"{r['sdpa_GBps']:5.0f} | {r['triton_launched_us']:15.1f} {r['sdpa_launched_us']:5.1f} "
+            f"| {r['max_abs_diff_vs_sdpa']:.1e}"
         )
-    print("prefill: length | triton us TFLOP/s | sdpa us TFLOP/s | max diff")
+    print(f"prefill: length | triton {head} | default TFLOP/s | sdpa us TFLOP/s | launched triton sdpa | max diff")
     for r in results["prefill"]:
+        by = " ".join(f"{r['triton_us_by_kv_tile'][t]:7.1f}" for t in tiles)
         print(
-            f"  {r['length']:6d} | {r['triton_us']:9.1f} {r['triton_TFLOPs']:6.1f} | {r['sdpa_us']:8.1f} "
-            f"{r['sdpa_TFLOPs']:6.1f} | {r['max_abs_diff_vs_sdpa']:.1e}"
+            f"  {r['length']:6d} |        {by} | {r['triton_us']:7.1f} {r['triton_TFLOPs']:7.1f} | {r['sdpa_us']:7.1f} "
+            f"{r['sdpa_TFLOPs']:7.1f} | {r['triton_launched_us']:15.1f} {r['sdpa_launched_us']:5.1f} "
+            f"| {r['max_abs_diff_vs_sdpa']:.1e}"
         )
 
 

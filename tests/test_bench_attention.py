@@ -34,7 +34,9 @@ def test_dry_run_writes_json_with_every_section(tmp_path):
     assert [r["num_segments"] for r in decode] == [1, 16, 1, 16]  # long decodes take the split path
     assert [r["length"] for r in prefill] == [16, 24]
     for row in decode + prefill:
-        assert row["max_abs_diff_vs_sdpa"] < 1e-4, row  # the kernel agrees with SDPA on contiguous K/V
+        assert row["max_abs_diff_vs_sdpa"] < 1e-4, row  # every KV tile agrees with SDPA on contiguous K/V
+        assert set(row["triton_us_by_kv_tile"]) == {"16", "32"} and row["best_kv_tile"] in (16, 32)
+        assert row["triton_us"] > 0 and row["sdpa_us"] > 0 and row["triton_launched_us"] > 0
     assert "copy bandwidth" in result.stdout and f"wrote {out}" in result.stdout
 
 

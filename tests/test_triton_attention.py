@@ -12,6 +12,7 @@ from tinyvllm.attention import reference, triton_attention
 from tinyvllm.attention.triton_attention import (
     CUDAGRAPH_SUPPORT,
     SPLIT_KV_SEGMENTS,
+    choose_kv_tile,
     choose_num_segments,
     choose_query_tile,
 )
@@ -31,7 +32,7 @@ TOLERANCES = {
 
 def check_against_reference(
     query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
-    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0,
+    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0, kv_tile=None,
 ):  # fmt: skip
     """Run both backends on one case and compare; padding rows must come back zero."""
     q, kc, vc, qsl, sl, bt, _ = make_case(
@@ -41,7 +42,9 @@ def check_against_reference(
     scale = head_size**-0.5
     expected = reference.paged_attention(q, kc, vc, qsl, sl, bt, scale)
     out = torch.full_like(q, float("nan"))
-    result = triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, scale, out=out, num_segments=num_segments)
+    result = triton_attention.paged_attention(
+        q, kc, vc, qsl, sl, bt, scale, out=out, num_segments=num_segments, kv_tile=kv_tile
+    )
     assert result is out and out.dtype == dtype
     assert not out.isnan().any(), f"unwritten or NaN rows: {out.isnan().any(-1).any(-1).nonzero().flatten().tolist()}"
     torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[dtype])
@@ -93,6 +96,22 @@ def test_split_kv_matches_reference(num_segments):
     check_against_reference([1, 1, 1], [100, 17, 1], 4, 1, 64, 16, num_segments=num_segments)
 
 
+# A KV tile is TILE_N key positions whatever the block size (NOTE 3): narrower than a block
+# (tile 16 in blocks of 32), one block, or several blocks gathered from a shuffled table.
+# Context lengths end mid-block and mid-tile; the split rows cut the tiles into segments.
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("kv_tile", [16, 32, 64])
+def test_kv_tiles_wider_or_narrower_than_a_block_match_reference(block_size, kv_tile):
+    check_against_reference([5, 1, 1], [70, 1, 97], 4, 2, 16, block_size, kv_tile=kv_tile, pad_tokens=2)
+    check_against_reference([1, 1], [150, 33], 4, 2, 16, block_size, kv_tile=kv_tile, num_segments=4)
+
+
+def test_choose_kv_tile_is_a_power_of_two_of_at_least_16():
+    for decode_only in (True, False):
+        tile = choose_kv_tile(decode_only)
+        assert tile >= 16 and tile & (tile - 1) == 0
+
+
 def test_split_kv_with_prefill_rows_and_padding():
     # the split path is chosen for decode, but it is correct for any batch
     check_against_reference([4, 1], [40, 70], 4, 2, 64, 16, num_segments=4, pad_tokens=3)
@@ -135,7 +154,7 @@ def tiny_batches(draw):
         num_kv_heads=num_kv_heads, head_size=64, block_size=draw(st.sampled_from([16, 32])),
         dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])),
         num_segments=draw(st.sampled_from([None, None, 1, 4])), pad_tokens=draw(st.sampled_from([0, 0, 3])),
-        seed=draw(st.integers(0, 2**16)),
+        seed=draw(st.integers(0, 2**16)), kv_tile=draw(st.sampled_from([None, None, 16, 32, 64])),
     )  # fmt: skip
 
 
@@ -178,6 +197,8 @@ def _args():
         (lambda a: a.update(block_table=torch.zeros(1, 4, dtype=torch.int32)[:, ::2]), "must be unit along max_blocks"),
         (lambda a: a.update(out=torch.zeros(2, 4, 16, dtype=torch.float16)), "out \\(2, 4, 16\\) torch.float16"),
         (lambda a: a.update(num_segments=3), "num_segments 3"),
+        (lambda a: a.update(kv_tile=24), "kv_tile 24"),
+        (lambda a: a.update(kv_tile=8), "kv_tile 8"),
         (lambda a: a.update(query=torch.zeros(2, 16, 4).transpose(1, 2)), "query must have unit stride along D"),
     ],
 )
@@ -236,6 +257,15 @@ def test_gpu_mixed_batches(dtype, head_size, block_size, group):
 def test_gpu_long_decode_split_kv(dtype, num_segments):
     seq_lens = [4096, 1, 17, 255, 8000, 600]
     check_against_reference([1] * len(seq_lens), seq_lens, 32, 8, 128, 16, dtype=dtype, num_segments=num_segments, device="cuda")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("kv_tile", [16, 32, 64, 128])
+def test_gpu_every_kv_tile(kv_tile):
+    query_lens, seq_lens = [1, 37, 1, 300, 1], [1, 300, 2049, 700, 64]
+    check_against_reference(query_lens, seq_lens, 16, 8, 128, 16, dtype=torch.bfloat16, kv_tile=kv_tile, device="cuda")
+    check_against_reference([1] * 4, [4096, 17, 600, 1], 16, 8, 128, 32, dtype=torch.bfloat16, kv_tile=kv_tile, device="cuda")
 
 
 @pytest.mark.gpu

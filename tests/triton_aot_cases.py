@@ -26,15 +26,15 @@ TINY_SHAPE = {"group": 2, "kv_heads": 2, "head": 16, "block": 16}
 
 
 def attention_cases() -> list[dict]:
-    from tinyvllm.attention.triton_attention import SPLIT_KV_SEGMENTS, choose_query_tile
+    from tinyvllm.attention.triton_attention import SPLIT_KV_SEGMENTS, choose_kv_tile, choose_query_tile
 
     cases = []
 
     def add(cc, dtype, group, decode, segments, head, block):
         block_q, block_m = choose_query_tile(group, decode_only=decode)
         fp32 = dtype == "float32"
-        consts = dict(QUERIES_PER_KV=group, BLOCK_SIZE=block, HEAD_SIZE=head, BLOCK_Q=block_q, BLOCK_M=block_m,
-                      NUM_SEGMENTS=segments, DOT_FP32=fp32, INPUT_PRECISION="ieee" if fp32 else "tf32")  # fmt: skip
+        consts = dict(QUERIES_PER_KV=group, BLOCK_SIZE=block, TILE_N=choose_kv_tile(decode), HEAD_SIZE=head,
+                      BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=segments, DOT_FP32=fp32, INPUT_PRECISION="ieee" if fp32 else "tf32")  # fmt: skip
         tile = "decode" if decode else "prefill"
         cases.append(dict(id=f"attention-sm{cc}-{dtype}-g{group}-{tile}-seg{segments}-d{head}-s{block}",
                           kernel="attention", cc=cc, dtype=dtype, consts=consts))  # fmt: skip

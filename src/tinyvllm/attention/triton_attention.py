@@ -4,10 +4,11 @@ Concept: the same math as ``reference.paged_attention`` (same signature, same re
 computed in tiles. A program owns one *query tile* (``BLOCK_Q`` consecutive tokens of one
 request) and one KV head, and packs the ``G = H // Hkv`` query heads that read that KV head
 into the tile's rows (``BLOCK_M >= BLOCK_Q * G``), so each key/value tile loaded from the
-cache serves all of them. It walks the request's blocks in order, one cache block per KV
-tile (the block table is read once per tile), with an online softmax in float32. A split-KV
-path cuts each request's blocks into ``NUM_SEGMENTS`` segments handled by separate programs,
-then a second small kernel merges the partial results (NOTE 2).
+cache serves all of them. It walks the request's keys in order, ``TILE_N`` keys per KV tile,
+with an online softmax in float32; each key's cache block comes from the block table, so a
+tile may span several blocks or part of one (NOTE 3). A split-KV path cuts each request's
+tiles into ``NUM_SEGMENTS`` segments handled by separate programs, then a second small
+kernel merges the partial results (NOTE 2).
 
 Follows: seed 003 "KV cache物理内存分配" (the cache layout and the block ids in the attention
 metadata); seed 000 "Attention 后端对 CUDA 图的兼容性" (this backend is CUDA-graph safe: ``ALWAYS``).
@@ -26,6 +27,12 @@ NOTE 2 (when to split): a decode batch with few requests launches ``R * Hkv`` pr
 few to fill a GPU's SMs, and each walks the whole context alone. ``choose_num_segments``
 splits the context into 16 segments when the batch is pure decode (``N == R``), the block
 table can hold a long context, and ``R * Hkv`` is below ``SPLIT_KV_MAX_PROGRAMS``.
+NOTE 3 (keys per tile): a KV tile is ``TILE_N`` consecutive key positions, not one cache
+block. Key ``k`` lives in slot ``k % S`` of block ``block_table[r, k // S]``, so the kernel
+gathers each key row's block id (``TILE_N / S`` distinct ids, read from cache). A wider
+tile means fewer loop trips and more bytes in flight per trip (decode is bound by memory)
+and a wider ``tl.dot`` (prefill is bound by arithmetic); ``choose_kv_tile`` picks it from
+measurements on an H100 (docs: Paged attention, "How fast").
 
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 KV, head sizes that are not a
 power of two, autotuning (one configuration per shape class).
@@ -50,6 +57,14 @@ SPLIT_KV_SEGMENTS = 16  # segments per request on the split-KV path (a power of 
 SPLIT_KV_MIN_CONTEXT = 512  # tokens the block table must be able to hold before splitting
 SPLIT_KV_MAX_PROGRAMS = 128  # split only when R * Hkv programs would be fewer than this
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Keys per KV tile (NOTE 3), from bench/attention.py's sweep of 16-128 on an H100 (Llama-3-8B
+# attention shape, bf16, blocks of 16): 32 was the fastest, or within 2%, at decode batches
+# 4, 64 and 256 and at prefill lengths 128 and 1024-4096 (mostly 1.2-1.3x faster than 16, one
+# block a tile). 128 won where too few programs each walk a long context (batch 16 without
+# a split, batch 1 at 2048+): a question for the split rule, not the tile. One constant per
+# kind of batch, because the two are bound by different things and another shape may split them.
+DECODE_KV_TILE = 32  # every request has one query token: bound by memory
+PREFILL_KV_TILE = 32  # a batch with prompt rows: bound by arithmetic
 
 
 # --8<-- [start:choose]
@@ -67,6 +82,11 @@ def choose_query_tile(num_queries_per_kv: int, decode_only: bool) -> tuple[int, 
     target_rows = 16 if decode_only else 64
     block_q = max(1, target_rows // num_queries_per_kv)
     return block_q, max(16, triton.next_power_of_2(block_q * num_queries_per_kv))
+
+
+def choose_kv_tile(decode_only: bool) -> int:
+    """Keys per KV tile (NOTE 3): a power of two >= 16, whatever the cache's block size."""
+    return DECODE_KV_TILE if decode_only else PREFILL_KV_TILE
 # --8<-- [end:choose]
 
 
@@ -109,7 +129,8 @@ def _paged_attention_kernel(
     stride_v_b, stride_v_s, stride_v_h,  # value_cache strides: block, slot, head
     stride_bt_r,  # block_table stride between requests
     QUERIES_PER_KV: tl.constexpr,  # G = H // Hkv, query heads packed into one tile
-    BLOCK_SIZE: tl.constexpr,  # S: tokens per cache block = keys per KV tile
+    BLOCK_SIZE: tl.constexpr,  # S: tokens per cache block
+    TILE_N: tl.constexpr,  # keys per KV tile (NOTE 3), a power of two >= 16
     HEAD_SIZE: tl.constexpr,  # D (a power of two)
     BLOCK_Q: tl.constexpr,  # query tokens per tile
     BLOCK_M: tl.constexpr,  # rows per tile, a power of two >= BLOCK_Q * G and >= 16
@@ -121,7 +142,7 @@ def _paged_attention_kernel(
 
     Row i of the tile is query token ``t = i // G`` with head ``kv_head * G + i % G``, at
     position ``pos[i] = context_len + t`` (``context_len = seq_len - query_len``). For each
-    KV tile j (one cache block: keys at positions ``j*S .. j*S + S - 1``) the scores
+    KV tile j (keys at positions ``j*TILE_N .. j*TILE_N + TILE_N - 1``) the scores
     ``s = scale * q @ K_j^T`` are masked to ``-inf`` where ``key_pos > pos[i]`` or
     ``key_pos >= seq_len``, and the online softmax updates, in float32,
 
@@ -133,7 +154,7 @@ def _paged_attention_kernel(
 
     starting from ``m = -inf, l = 0, acc = 0``; the output is ``acc / l``. A fully masked
     tile leaves ``m = -inf``; ``m_new`` is then replaced by 0 in the exponents so that no
-    ``-inf - -inf`` appears. Split path: the program covers only the blocks of its segment
+    ``-inf - -inf`` appears. Split path: the program covers only the tiles of its segment
     and stores ``(acc, m, l)``; ``_merge_segments_kernel`` combines the segments.
     """
     tile = tl.program_id(0)
@@ -163,40 +184,41 @@ def _paged_attention_kernel(
     # Keys this tile can see: up to its last token's position (causal), at most seq_len.
     tile_end = tl.minimum(tile_start + BLOCK_Q, q_end)
     kv_len = tl.maximum(tl.minimum(seq_len, context_len + tile_end - q_begin), 0)
-    num_blocks = tl.cdiv(kv_len, BLOCK_SIZE)
-    blocks_per_segment = tl.cdiv(tl.cdiv(seq_len, BLOCK_SIZE), NUM_SEGMENTS)
-    block_lo = segment * blocks_per_segment
-    block_hi = tl.minimum(block_lo + blocks_per_segment, num_blocks)
+    num_tiles = tl.cdiv(kv_len, TILE_N)
+    tiles_per_segment = tl.cdiv(tl.cdiv(seq_len, TILE_N), NUM_SEGMENTS)
+    tile_lo = segment * tiles_per_segment
+    tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [M] running max
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # [M] running denominator
     acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)  # [M, D] running numerator
-    slots = tl.arange(0, BLOCK_SIZE)  # [S]
+    keys = tl.arange(0, TILE_N)  # [T]
     if DOT_FP32:
         q = q.to(tl.float32)
-    for j in range(block_lo, block_hi):
-        block_id = tl.load(block_table_ptr + r * stride_bt_r + j).to(tl.int64)  # once per tile
-        k_pos = j * BLOCK_SIZE + slots  # [S]
-        k_valid = k_pos < kv_len  # [S]
+    for j in range(tile_lo, tile_hi):
+        k_pos = j * TILE_N + keys  # [T]
+        k_valid = k_pos < kv_len  # [T]
+        block_id = tl.load(block_table_ptr + r * stride_bt_r + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [T]
+        slot = k_pos % BLOCK_SIZE  # [T]
+        k_row = block_id.to(tl.int64) * stride_k_b + slot * stride_k_s  # [T]
+        v_row = block_id.to(tl.int64) * stride_v_b + slot * stride_v_s  # [T]
         k = tl.load(
-            key_cache_ptr + block_id * stride_k_b + slots[None, :] * stride_k_s
-            + kv_head * stride_k_h + dims[:, None],
+            key_cache_ptr + k_row[None, :] + kv_head * stride_k_h + dims[:, None],
             mask=k_valid[None, :], other=0.0,
-        )  # [D, S]  # fmt: skip
+        )  # [D, T]  # fmt: skip
         v = tl.load(
-            value_cache_ptr + block_id * stride_v_b + slots[:, None] * stride_v_s
-            + kv_head * stride_v_h + dims[None, :],
+            value_cache_ptr + v_row[:, None] + kv_head * stride_v_h + dims[None, :],
             mask=k_valid[:, None], other=0.0,
-        )  # [S, D]  # fmt: skip
+        )  # [T, D]  # fmt: skip
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=INPUT_PRECISION) * scale  # [M, S]
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, S]
+        s = tl.dot(q, k, input_precision=INPUT_PRECISION) * scale  # [M, T]
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M]
-        p = tl.exp(s - m_safe[:, None])  # [M, S]
+        p = tl.exp(s - m_safe[:, None])  # [M, T]
         alpha = tl.exp(m - m_safe)  # [M]
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
@@ -262,7 +284,7 @@ def _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_le
     if head_size < 16 or head_size & (head_size - 1):
         raise ValueError(f"head size {head_size} must be a power of two >= 16")
     if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block size {block_size} must be a power of two >= 16 (tl.dot tiles)")
+        raise ValueError(f"block size {block_size} must be a power of two >= 16")
     if query.dtype not in SUPPORTED_DTYPES or not query.dtype == key_cache.dtype == value_cache.dtype:
         raise ValueError(
             f"query {query.dtype}, key_cache {key_cache.dtype}, value_cache {value_cache.dtype}: "
@@ -310,6 +332,7 @@ def paged_attention(
     out: torch.Tensor | None = None,  # [N, H, D]
     *,
     num_segments: int | None = None,  # None: choose_num_segments; 1: no split
+    kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile
 ) -> torch.Tensor:
     """Causal paged attention with the Triton kernel; same contract as the reference."""
     _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out)
@@ -321,10 +344,14 @@ def paged_attention(
         num_segments = choose_num_segments(num_tokens, num_reqs, num_kv_heads, block_table.shape[1] * block_size)
     if num_segments < 1 or num_segments & (num_segments - 1):
         raise ValueError(f"num_segments {num_segments} must be a power of two >= 1")
+    decode_only = num_tokens == num_reqs
+    kv_tile = choose_kv_tile(decode_only) if kv_tile is None else kv_tile
+    if kv_tile < 16 or kv_tile & (kv_tile - 1):
+        raise ValueError(f"kv_tile {kv_tile} must be a power of two >= 16")
     out = torch.empty_like(query) if out is None else out
     if num_tokens == 0:
         return out
-    block_q, block_m = choose_query_tile(group, decode_only=num_tokens == num_reqs)
+    block_q, block_m = choose_query_tile(group, decode_only=decode_only)
     interpreting = query.device.type != "cuda"
     part_shape = (num_tokens, num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
     part_acc = query.new_empty((*part_shape, head_size), dtype=torch.float32)  # [N, H, NSEG, D]
@@ -338,7 +365,7 @@ def paged_attention(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table.stride(0),
-        QUERIES_PER_KV=group, BLOCK_SIZE=block_size, HEAD_SIZE=head_size,
+        QUERIES_PER_KV=group, BLOCK_SIZE=block_size, TILE_N=kv_tile, HEAD_SIZE=head_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
         DOT_FP32=interpreting or query.dtype == torch.float32,
         INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
