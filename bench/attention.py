@@ -7,7 +7,9 @@ on the same math with contiguous K/V (the best a user gets without paging). The 
 at its default KV tile (``choose_kv_tile``) and at each width of ``kv_tiles`` (keys per
 loop trip; 16 is one cache block, the kernel before tiles were decoupled from blocks), so
 one run says which width to choose. Times are the device's: ten calls captured in one
-CUDA graph and replayed, as the engine's full graphs run attention. A call launched alone
+CUDA graph and replayed, as the engine's full graphs run attention. Each decode shape is
+also timed with the context forced into 1, 4 and 16 segments (the split-KV path; the
+measurement the split rule, ``choose_num_segments``, needs). A call launched alone
 by the host is also timed ("launched"): at small shapes that is the host's launch, not
 the kernel (the first GPU run timed only that, and read 160-190 us for a 5 us kernel).
 For decode it reports the achieved bandwidth (K and V bytes read / time) next to the
@@ -41,12 +43,12 @@ from harness import ROOT, write_json  # noqa: E402
 FULL = dict(
     num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="bfloat16",
     decode_batches=[1, 4, 16, 64, 256], decode_contexts=[512, 2048, 8192],
-    prefill_lengths=[128, 512, 1024, 2048, 4096], kv_tiles=[16, 32, 64, 128],
+    prefill_lengths=[128, 512, 1024, 2048, 4096], kv_tiles=[16, 32, 64, 128], decode_segments=[1, 4, 16],
     copy_bytes=1 << 30, iters=20, warmup=5, graph_reps=10,
 )  # fmt: skip
 DRY = dict(
     num_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype="float32",
-    decode_batches=[1, 2], decode_contexts=[20, 520], prefill_lengths=[16, 24], kv_tiles=[16, 32],
+    decode_batches=[1, 2], decode_contexts=[20, 520], prefill_lengths=[16, 24], kv_tiles=[16, 32], decode_segments=[1, 4],
     copy_bytes=1 << 20, iters=1, warmup=0, graph_reps=1,
 )  # fmt: skip
 
@@ -151,6 +153,24 @@ def time_case(paged, reference, run_sdpa, cfg, device) -> dict:
     )  # fmt: skip
 
 
+def time_segments(paged, reference, cfg, device) -> dict:
+    """The decode kernel at its default tile with each split of ``cfg['decode_segments']``
+    forced (``choose_num_segments`` decides otherwise): the measurement for the split rule."""
+    from tinyvllm.attention import triton_attention
+
+    scale = cfg["head_size"] ** -0.5
+    out = torch.empty_like(paged[0])
+    times = {}
+    for segments in cfg["decode_segments"]:
+        call = lambda n=segments: triton_attention.paged_attention(*paged, scale, out=out, num_segments=n)  # noqa: E731
+        call()
+        torch.testing.assert_close(out.float(), reference.float(), atol=3e-2, rtol=3e-2)
+        times[str(segments)] = device_timer(
+            call, device, iters=cfg["iters"], warmup=cfg["warmup"], graph_reps=cfg["graph_reps"]
+        ) * 1e6  # fmt: skip
+    return times
+
+
 def run(cfg: dict, device: str) -> dict:
     from tinyvllm.attention import triton_attention
 
@@ -165,6 +185,7 @@ def run(cfg: dict, device: str) -> dict:
             q4 = paged[0].view(batch, 1, h, d).transpose(1, 2)  # [R, H, 1, D]
             reference = sdpa(q4, k, v, causal=False).transpose(1, 2).reshape_as(paged[0])
             row = time_case(paged, reference, lambda: sdpa(q4, k, v, causal=False), cfg, device)
+            row["triton_us_by_segments"] = time_segments(paged, reference, cfg, device)
             kv_bytes = 2 * batch * context * cfg["num_kv_heads"] * d * elt
             segments = triton_attention.choose_num_segments(batch, batch, cfg["num_kv_heads"], paged[5].shape[1] * cfg["block_size"])
             results["decode"].append(dict(
@@ -194,12 +215,16 @@ def print_table(results: dict) -> None:
     print("device time in us (graph replays); 'launched': one call launched by the host")
     tiles = list(results["decode"][0]["triton_us_by_kv_tile"]) if results["decode"] else []
     head = " ".join(f"{'kv' + t:>7}" for t in tiles)
-    print(f"decode: batch context segs | triton {head} | default  GB/s %copy | sdpa us  GB/s | launched triton sdpa | max diff")
+    splits = list(results["decode"][0]["triton_us_by_segments"]) if results["decode"] else []
+    split_head = " ".join(f"{'seg' + n:>7}" for n in splits)
+    print(f"decode: batch context segs | triton {head} | default  GB/s %copy | {split_head} "
+          "| sdpa us  GB/s | launched triton sdpa | max diff")  # fmt: skip
     for r in results["decode"]:
         by = " ".join(f"{r['triton_us_by_kv_tile'][t]:7.1f}" for t in tiles)
+        seg = " ".join(f"{r['triton_us_by_segments'][n]:7.1f}" for n in splits)
         print(
             f"  {r['batch']:5d} {r['context']:7d} {r['num_segments']:4d} |        {by} | {r['triton_us']:7.1f} "
-            f"{r['triton_GBps']:5.0f} {100 * r['triton_fraction_of_copy']:5.1f} | {r['sdpa_us']:7.1f} "
+            f"{r['triton_GBps']:5.0f} {100 * r['triton_fraction_of_copy']:5.1f} | {seg} | {r['sdpa_us']:7.1f} "
             f"{r['sdpa_GBps']:5.0f} | {r['triton_launched_us']:15.1f} {r['sdpa_launched_us']:5.1f} "
             f"| {r['max_abs_diff_vs_sdpa']:.1e}"
         )

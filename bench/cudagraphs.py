@@ -22,7 +22,10 @@ so no mode is downgraded) and measured twice:
   same code runs with nothing on a device to count. Then as many steps again with the
   host's clock on each phase (``host_phases``: scheduling, the runner's state, the
   inputs and the graph's launch, the LM head, the sampler, the rest of ``execute_model``
-  where the host waits for the device, ``update_from_output``, the engine's rest).
+  where the host waits for the device, ``update_from_output``, the engine's rest), and
+  the forward's own parts (``forward_parts_ms``: the step's index lists, the block
+  table's commit, the buffers' fill and upload, and the rest, the model's or the
+  graph's launch).
 - **Throughput**: a smaller version of nano-vllm's workload (``make_workload`` from
   ``bench/throughput.py``: 64 requests, prompts of 100-512 random ids, 100-256 output
   tokens, ``ignore_eos``, greedy) through ``llm.generate``; output tokens/s and the ratio
@@ -156,11 +159,18 @@ def host_phases(llm, steps: int) -> dict:
     for the device in ``execute_model_rest``, which reads the sampled ids."""
     from bookkeeping import StepClock  # here: it imports tinyvllm, after main() set the interpreter
 
+    from tinyvllm.worker import model_runner as runner_module
+
     engine, runner = llm.engine, llm.engine.model_runner
     hooks = {"schedule": (engine.scheduler, "schedule"), "execute_model": (runner, "execute_model"),
              "update_states": (runner, "_update_states"), "forward": (runner, "_forward"),
              "logits": (runner.model, "compute_logits"), "sample": (runner, "sampler"),
-             "update_from_output": (engine.scheduler, "update_from_output")}  # fmt: skip
+             "update_from_output": (engine.scheduler, "update_from_output"),
+             # inside forward: the inputs, in three parts; the rest of it is the model or graph's launch
+             "step_inputs": (runner_module, "build_step_inputs"),
+             "block_table_commit": (runner.input_batch.block_table, "commit"),
+             "buffers_fill": (runner.buffers, "fill")}  # fmt: skip
+    forward_parts = ("step_inputs", "block_table_commit", "buffers_fill")
     clock = StepClock()
     own = {name: vars(owner).get(attr) for name, (owner, attr) in hooks.items()}  # None: a method of the class
     for name, (owner, attr) in hooks.items():
@@ -179,11 +189,13 @@ def host_phases(llm, steps: int) -> dict:
             else:
                 setattr(owner, attr, own[name])
     ms = {name: seconds / steps * 1e3 for name, seconds in clock.take().items()}
+    parts = {name: ms.pop(name, 0.0) for name in forward_parts}
+    parts["launch"] = ms.get("forward", 0.0) - sum(parts.values())
     inside = ("update_states", "forward", "logits", "sample")
     ms["execute_model_rest"] = ms.pop("execute_model") - sum(ms.get(k, 0.0) for k in inside)
     ms["engine_rest"] = wall / steps * 1e3 - ms["execute_model_rest"] - sum(
         ms.get(k, 0.0) for k in (*inside, "schedule", "update_from_output"))
-    return {"step_ms": wall / steps * 1e3, "phases_ms": ms}
+    return {"step_ms": wall / steps * 1e3, "phases_ms": ms, "forward_parts_ms": parts}
 # --8<-- [end:profile]
 
 
@@ -363,6 +375,8 @@ def print_table(record: dict) -> None:
             if x.get("profile"):
                 phases = " ".join(f"{k} {v:.2f}" for k, v in x["profile"]["phases_ms"].items())
                 print(f"{'':18s} B={x['batch']} host phases, ms a step: {phases}")
+                parts = " ".join(f"{k} {v:.2f}" for k, v in x["profile"]["forward_parts_ms"].items())
+                print(f"{'':18s} B={x['batch']} forward's parts, ms a step: {parts}")
 
 
 def main(argv: list[str] | None = None) -> int:

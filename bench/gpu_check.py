@@ -216,6 +216,8 @@ def cudagraph_figures(record: dict) -> dict:
             modes[name]["top_device_ops"] = {b: p["top_device_ops"][:4] for b, p in profiled.items()}
             modes[name]["host_phases_ms"] = {b: {k: round(v, 3) for k, v in p["phases_ms"].items()}
                                              for b, p in profiled.items()}  # fmt: skip
+            modes[name]["forward_parts_ms"] = {b: {k: round(v, 3) for k, v in p["forward_parts_ms"].items()}
+                                               for b, p in profiled.items()}  # fmt: skip
     figures = {"device": record["environment"]["device"], "complete": record["complete"],
                "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
     if "rms_norm_ab" in record:  # FULL_AND_PIECEWISE with the norms as torch ops, same run

@@ -42,6 +42,9 @@ def test_cudagraphs_bench_dry_run(tmp_path):
                                        "execute_model_rest", "update_from_output", "engine_rest"}  # fmt: skip
                 assert min(phases["forward"], phases["schedule"], phases["sample"]) > 0
                 assert sum(phases.values()) == pytest.approx(r["profile"]["step_ms"])
+                parts = r["profile"]["forward_parts_ms"]  # the forward, split: inputs, then the launch
+                assert set(parts) == {"step_inputs", "block_table_commit", "buffers_fill", "launch"}
+                assert min(parts.values()) > 0 and sum(parts.values()) == pytest.approx(phases["forward"])
             else:
                 assert r["profile"] is None
     for ratio in result["ratios"].values():

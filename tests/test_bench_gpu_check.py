@@ -110,6 +110,8 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert {name for name, m in modes.items() if "device_busy_share" in m} == {"NONE", "FULL_AND_PIECEWISE"}
     assert modes["NONE"]["device_busy_share"] == {"1": None, "2": None}  # nothing on a device to count
     assert set(modes["FULL_AND_PIECEWISE"]["host_phases_ms"]["1"]) >= {"schedule", "forward", "execute_model_rest"}
+    parts = set(modes["FULL_AND_PIECEWISE"]["forward_parts_ms"]["1"])
+    assert parts == {"step_inputs", "block_table_commit", "buffers_fill", "launch"}
     ab = figures["cudagraph_latency"]["rms_norm_ab"]  # the same mode with the norms as torch ops
     assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
     assert figures["cudagraph_latency"]["stats_check"] is True
