@@ -9,7 +9,9 @@ loop trip; 16 is one cache block, the kernel before tiles were decoupled from bl
 one run says which width to choose. Times are the device's: ten calls captured in one
 CUDA graph and replayed, as the engine's full graphs run attention. Each decode shape is
 also timed with the context forced into 1, 4 and 16 segments (the split-KV path; the
-measurement the split rule, ``choose_num_segments``, needs). A call launched alone
+measurement the split rule, ``choose_num_segments``, needs). Ragged decode batches (contexts
+100-2048, as nano-vllm's workload makes them) are timed against a batch of the same size at
+their mean context. A call launched alone
 by the host is also timed ("launched"): at small shapes that is the host's launch, not
 the kernel (the first GPU run timed only that, and read 160-190 us for a 5 us kernel).
 For decode it reports the achieved bandwidth (K and V bytes read / time) next to the
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -44,11 +47,13 @@ FULL = dict(
     num_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype="bfloat16",
     decode_batches=[1, 4, 16, 64, 256], decode_contexts=[512, 2048, 8192],
     prefill_lengths=[128, 512, 1024, 2048, 4096], kv_tiles=[16, 32, 64, 128], decode_segments=[1, 4, 16],
+    ragged_decode=[(64, 100, 2048), (256, 100, 2048)],
     copy_bytes=1 << 30, iters=20, warmup=5, graph_reps=10,
 )  # fmt: skip
 DRY = dict(
     num_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype="float32",
     decode_batches=[1, 2], decode_contexts=[20, 520], prefill_lengths=[16, 24], kv_tiles=[16, 32], decode_segments=[1, 4],
+    ragged_decode=[(3, 5, 60)],
     copy_bytes=1 << 20, iters=1, warmup=0, graph_reps=1,
 )  # fmt: skip
 
@@ -96,8 +101,9 @@ def copy_bandwidth(device: str, num_bytes: int, iters: int, warmup: int) -> floa
     return 2 * num_bytes / timer(lambda: dst.copy_(src), device, iters, warmup)
 
 
-def make_batch(query_lens, seq_lens, cfg, device):
-    """A paged batch with shuffled block ids, and the same K/V laid out contiguously."""
+def make_batch(query_lens, seq_lens, cfg, device, contiguous: bool = True):
+    """A paged batch with shuffled block ids, and (``contiguous``, one length for all) the
+    same K/V laid out contiguously for SDPA."""
     h, hkv, d, s = cfg["num_heads"], cfg["num_kv_heads"], cfg["head_size"], cfg["block_size"]
     dtype = getattr(torch, cfg["dtype"])
     blocks = [-(-n // s) for n in seq_lens]
@@ -112,8 +118,9 @@ def make_batch(query_lens, seq_lens, cfg, device):
     query = torch.randn(sum(query_lens), h, d, device=device, dtype=dtype)  # [N, H, D]
     qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    # Contiguous copies for SDPA (all requests share one length in this benchmark).
-    length = seq_lens[0]
+    if not contiguous:
+        return (query, key_cache, value_cache, qsl, sl, table), (None, None)
+    length = seq_lens[0]  # contiguous copies for SDPA: every request has this length
     k = key_cache[table.long()].flatten(1, 2)[:, :length].transpose(1, 2).contiguous()  # [R, Hkv, L, D]
     v = value_cache[table.long()].flatten(1, 2)[:, :length].transpose(1, 2).contiguous()  # [R, Hkv, L, D]
     return (query, key_cache, value_cache, qsl, sl, table), (k, v)
@@ -129,28 +136,68 @@ def sdpa(q, k, v, causal: bool):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def time_case(paged, reference, run_sdpa, cfg, device) -> dict:
-    """One shape: the kernel at its default KV tile and at each of ``cfg['kv_tiles']``, SDPA,
-    all as device time; the kernel and SDPA also as one host-launched call."""
+def time_tiles(paged, reference, cfg, device) -> dict:
+    """The kernel at its default KV tile and at each of ``cfg['kv_tiles']``, as device time,
+    each checked against ``reference`` first."""
     from tinyvllm.attention import triton_attention
 
     scale = cfg["head_size"] ** -0.5
-    timing = dict(device=device, iters=cfg["iters"], warmup=cfg["warmup"])
+    timing = dict(device=device, iters=cfg["iters"], warmup=cfg["warmup"], graph_reps=cfg["graph_reps"])
     out = torch.empty_like(paged[0])
     by_tile, max_diff = {}, 0.0
     for tile in [None, *cfg["kv_tiles"]]:
         triton_attention.paged_attention(*paged, scale, out=out, kv_tile=tile)
         max_diff = max(max_diff, (out.float() - reference.float()).abs().max().item())
         call = lambda tile=tile: triton_attention.paged_attention(*paged, scale, out=out, kv_tile=tile)  # noqa: E731
-        by_tile["default" if tile is None else str(tile)] = device_timer(call, graph_reps=cfg["graph_reps"], **timing)
-    best = min(cfg["kv_tiles"], key=lambda t: by_tile[str(t)])
+        by_tile["default" if tile is None else str(tile)] = device_timer(call, **timing)
     return dict(
         triton_us=by_tile["default"] * 1e6,
         triton_us_by_kv_tile={t: v * 1e6 for t, v in by_tile.items() if t != "default"},
-        best_kv_tile=best, sdpa_us=device_timer(run_sdpa, graph_reps=cfg["graph_reps"], **timing) * 1e6,
-        triton_launched_us=timer(lambda: triton_attention.paged_attention(*paged, scale, out=out), **timing) * 1e6,
-        sdpa_launched_us=timer(run_sdpa, **timing) * 1e6, max_abs_diff_vs_sdpa=max_diff,
+        best_kv_tile=min(cfg["kv_tiles"], key=lambda t: by_tile[str(t)]), max_abs_diff_vs_sdpa=max_diff,
     )  # fmt: skip
+
+
+def time_case(paged, reference, run_sdpa, cfg, device) -> dict:
+    """One shape: ``time_tiles``, SDPA as device time, and the kernel and SDPA as one
+    host-launched call each."""
+    from tinyvllm.attention import triton_attention
+
+    scale = cfg["head_size"] ** -0.5
+    timing = dict(device=device, iters=cfg["iters"], warmup=cfg["warmup"])
+    out = torch.empty_like(paged[0])
+    return time_tiles(paged, reference, cfg, device) | dict(
+        sdpa_us=device_timer(run_sdpa, graph_reps=cfg["graph_reps"], **timing) * 1e6,
+        triton_launched_us=timer(lambda: triton_attention.paged_attention(*paged, scale, out=out), **timing) * 1e6,
+        sdpa_launched_us=timer(run_sdpa, **timing) * 1e6,
+    )  # fmt: skip
+
+
+def ragged_decode(cfg: dict, device: str, bw_copy: float) -> list[dict]:
+    """Decode over ragged contexts, as a generation workload has them (nano-vllm's prompts
+    and outputs of 100-1024 tokens make contexts of 100-2048), against one batch of the
+    same size where every context is the mean: what the spread costs the kernel, each
+    program walking its own request's context. Checked against the torch reference."""
+    from tinyvllm.attention import reference as torch_reference
+
+    elt = torch.finfo(getattr(torch, cfg["dtype"])).bits // 8
+    rows = []
+    for batch, low, high in cfg["ragged_decode"]:
+        rng = random.Random(batch)
+        contexts = [rng.randint(low, high) for _ in range(batch)]
+        mean = round(sum(contexts) / batch)
+        for shape, seq_lens in (("ragged", contexts), ("uniform", [mean] * batch)):
+            paged, _ = make_batch([1] * batch, seq_lens, cfg, device, contiguous=False)
+            expected = torch_reference.paged_attention(*paged, cfg["head_size"] ** -0.5)
+            row = time_tiles(paged, expected, cfg, device)
+            row["max_abs_diff_vs_reference"] = row.pop("max_abs_diff_vs_sdpa")
+            kv_bytes = 2 * sum(seq_lens) * cfg["num_kv_heads"] * cfg["head_size"] * elt
+            rows.append(dict(
+                shape=shape, batch=batch, contexts=[min(seq_lens), max(seq_lens)], mean_context=mean, **row,
+                triton_GBps=kv_bytes / row["triton_us"] / 1e3,
+                triton_fraction_of_copy=kv_bytes / (row["triton_us"] / 1e6) / bw_copy,
+            ))  # fmt: skip
+            del paged
+    return rows
 
 
 def time_segments(paged, reference, cfg, device) -> dict:
@@ -178,6 +225,7 @@ def run(cfg: dict, device: str) -> dict:
     elt = torch.finfo(getattr(torch, cfg["dtype"])).bits // 8
     bw_copy = copy_bandwidth(device, cfg["copy_bytes"], cfg["iters"], cfg["warmup"])
     results = {"copy_bandwidth_GBps": bw_copy / 1e9, "decode": [], "prefill": []}
+    results["ragged_decode"] = ragged_decode(cfg, device, bw_copy)
 
     for batch in cfg["decode_batches"]:
         for context in cfg["decode_contexts"]:
@@ -227,6 +275,14 @@ def print_table(results: dict) -> None:
             f"{r['triton_GBps']:5.0f} {100 * r['triton_fraction_of_copy']:5.1f} | {seg} | {r['sdpa_us']:7.1f} "
             f"{r['sdpa_GBps']:5.0f} | {r['triton_launched_us']:15.1f} {r['sdpa_launched_us']:5.1f} "
             f"| {r['max_abs_diff_vs_sdpa']:.1e}"
+        )
+    print(f"ragged decode: shape batch contexts | triton {head} | default  GB/s %copy | max diff vs the reference")
+    for r in results["ragged_decode"]:
+        by = " ".join(f"{r['triton_us_by_kv_tile'][t]:7.1f}" for t in tiles)
+        print(
+            f"  {r['shape']:7s} {r['batch']:5d} {r['contexts'][0]:5d}-{r['contexts'][1]:<5d} |        {by} | "
+            f"{r['triton_us']:7.1f} {r['triton_GBps']:5.0f} {100 * r['triton_fraction_of_copy']:5.1f} "
+            f"| {r['max_abs_diff_vs_reference']:.1e}"
         )
     print(f"prefill: length | triton {head} | default TFLOP/s | sdpa us TFLOP/s | launched triton sdpa | max diff")
     for r in results["prefill"]:

@@ -33,6 +33,9 @@ def test_dry_run_writes_json_with_every_section(tmp_path):
     assert [(r["batch"], r["context"]) for r in decode] == [(1, 20), (1, 520), (2, 20), (2, 520)]
     assert [r["num_segments"] for r in decode] == [1, 16, 1, 16]  # long decodes take the split path
     assert all(set(r["triton_us_by_segments"]) == {"1", "4"} for r in decode)  # each split forced, timed
+    ragged = record["results"]["ragged_decode"]  # a ragged batch, then one at its mean context
+    assert [r["shape"] for r in ragged] == ["ragged", "uniform"] and ragged[1]["contexts"][0] == ragged[0]["mean_context"]
+    assert all(r["max_abs_diff_vs_reference"] < 1e-4 for r in ragged)  # the kernel against the torch reference
     assert [r["length"] for r in prefill] == [16, 24]
     for row in decode + prefill:
         assert row["max_abs_diff_vs_sdpa"] < 1e-4, row  # every KV tile agrees with SDPA on contiguous K/V
