@@ -307,15 +307,20 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str, profile: bool 
     )  # fmt: skip
 
 
-def rms_norm_ab(folder: Path, cfg: dict, device: str, with_kernel: dict) -> dict:
-    """FULL_AND_PIECEWISE once more with every RMSNorm as torch ops (``models/rms_norm.py``,
-    ``TINYVLLM_RMS_NORM=torch``), against the same mode's run with the default: the step
-    time the one-kernel norm saves, in the same run. (On the CPU both runs use the torch ops.)"""
-    os.environ["TINYVLLM_RMS_NORM"] = "torch"
+# The one-kernel forms an A/B can switch back to torch ops: record key -> environment variable.
+KERNEL_AB = {"rms_norm_ab": "TINYVLLM_RMS_NORM", "rotary_ab": "TINYVLLM_ROTARY"}
+
+
+def kernel_ab(folder: Path, cfg: dict, device: str, with_kernel: dict, env: str) -> dict:
+    """FULL_AND_PIECEWISE once more with ``env=torch`` (every RMSNorm as torch ops,
+    ``models/rms_norm.py``, or every rotary, ``models/rotary.py``), against the same mode's
+    run with the default: the step time the one kernel saves, in the same run. (On the CPU
+    both runs use the torch ops.)"""
+    os.environ[env] = "torch"
     try:
         torch_ops = measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=False)
     finally:
-        del os.environ["TINYVLLM_RMS_NORM"]
+        del os.environ[env]
     kernel_ms = {r["batch"]: r["median_step_s"] for r in with_kernel["latency"]}
     return dict(
         step_ms_torch_ops={str(r["batch"]): r["median_step_s"] * 1e3 for r in torch_ops["latency"]},
@@ -387,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=None, help="decode batch sizes, comma-separated (default 1,8,32,128)")
     parser.add_argument("--no-throughput", action="store_true", help="decode latency only, no throughput workload")
     parser.add_argument("--rms-norm-ab", action="store_true",
-                        help="then FULL_AND_PIECEWISE again with the norms as torch ops (TINYVLLM_RMS_NORM=torch)")  # fmt: skip
+                        help="then FULL_AND_PIECEWISE again with the norms as torch ops (TINYVLLM_RMS_NORM=torch)")
+    parser.add_argument("--rotary-ab", action="store_true",
+                        help="then FULL_AND_PIECEWISE again with rotary as torch ops (TINYVLLM_ROTARY=torch)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="half the timed repeats")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
@@ -425,18 +432,21 @@ def main(argv: list[str] | None = None) -> int:
             record["stats_check"] = all(m["stats_ok"] for m in record["modes"].values())
             record["total_s"] = time.perf_counter() - wall
             out.write_text(json.dumps(record, indent=2))  # partial results survive a timeout
-        if args.rms_norm_ab:
-            record["rms_norm_ab"] = rms_norm_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"])
-            record["total_s"] = time.perf_counter() - wall
-            out.write_text(json.dumps(record, indent=2))
+        for key, wanted in (("rms_norm_ab", args.rms_norm_ab), ("rotary_ab", args.rotary_ab)):
+            if wanted:
+                record[key] = kernel_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"], KERNEL_AB[key])
+                record["total_s"] = time.perf_counter() - wall
+                out.write_text(json.dumps(record, indent=2))
     record["complete"] = True
     record["total_s"] = time.perf_counter() - wall
     out.write_text(json.dumps(record, indent=2))
     print_table(record)
-    if "rms_norm_ab" in record:
-        ab = record["rms_norm_ab"]
-        print("FULL_AND_PIECEWISE, norms as torch ops: " + "  ".join(
-            f"B={b}: {ms:.2f} ms (the kernel x{ab['speedup_of_the_kernel'][b]:.2f})" for b, ms in ab["step_ms_torch_ops"].items()))
+    for key, what in (("rms_norm_ab", "norms"), ("rotary_ab", "rotary")):
+        if key in record:
+            ab = record[key]
+            print(f"FULL_AND_PIECEWISE, {what} as torch ops: " + "  ".join(
+                f"B={b}: {ms:.2f} ms (the kernel x{ab['speedup_of_the_kernel'][b]:.2f})"
+                for b, ms in ab["step_ms_torch_ops"].items()))  # fmt: skip
     print(f"total {record['total_s']:.1f} s; wrote {out}")
     if not record["stats_check"]:
         print("bench/cudagraphs.py: some timed steps did not run in the expected runtime mode", file=sys.stderr)

@@ -80,15 +80,18 @@ class Step:
     what: str
 
 
-# Sized from the first run on an H100 (2026-11-27, bench/results/gpu-h100-2026-11-27/): the
-# steps took 8.9, 117 (a cold Triton cache), 136 (transformers' 32 requests alone 77 s; cut
-# off at the old 145 s budget, model building included), 32 and 46 seconds.
+# Sized from the runs on an H100 (2026-11-27, bench/results/gpu-h100-2026-11-27*/). The first:
+# 8.9, 117 (a cold Triton cache), 136 (transformers' 32 requests alone 77 s; cut off at the
+# old 145 s budget, model building included), 32 and 46 seconds. The second, the first whole
+# pass: 8.2, 133 (74 tests), 157 (transformers 99 s), 44 (with the RMSNorm A/B) and 47 s.
+# Since then: 7 more gpu tests (KV tiles, rotary) and the rotary A/B (one more build of
+# FULL_AND_PIECEWISE, about 6 s).
 STEPS = (
-    Step("environment", 15, "device, memory, nvidia-smi's device line, versions"),
-    Step("gpu_tests", 150, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
-    Step("throughput", 190, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
-    Step("cudagraph_latency", 60, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
-    Step("prefix_caching", 65, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
+    Step("environment", 12, "device, memory, nvidia-smi's device line, versions"),
+    Step("gpu_tests", 165, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("throughput", 180, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
+    Step("cudagraph_latency", 65, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
+    Step("prefix_caching", 58, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
 )
 MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
 TEST_DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"  # read by the root conftest.py
@@ -120,7 +123,7 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         seqs = ["--num-seqs", "128" if quick else "256"]
         return [python, "bench/throughput.py", "--repeats", "1", *seqs, *model, *out] + (["--dry-run"] if dry_run else [])
     if step.name == "cudagraph_latency":
-        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput", "--rms-norm-ab"]
+        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput", "--rms-norm-ab", "--rotary-ab"]
         flags = ["--dry-run"] if dry_run else []
         return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
     if step.name == "prefix_caching":
@@ -220,8 +223,9 @@ def cudagraph_figures(record: dict) -> dict:
                                                for b, p in profiled.items()}  # fmt: skip
     figures = {"device": record["environment"]["device"], "complete": record["complete"],
                "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
-    if "rms_norm_ab" in record:  # FULL_AND_PIECEWISE with the norms as torch ops, same run
-        figures["rms_norm_ab"] = record["rms_norm_ab"]
+    for key in ("rms_norm_ab", "rotary_ab"):  # FULL_AND_PIECEWISE with the norms / rotary as torch ops, same run
+        if key in record:
+            figures[key] = record[key]
     return figures
 
 

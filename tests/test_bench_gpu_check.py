@@ -112,8 +112,9 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert set(modes["FULL_AND_PIECEWISE"]["host_phases_ms"]["1"]) >= {"schedule", "forward", "execute_model_rest"}
     parts = set(modes["FULL_AND_PIECEWISE"]["forward_parts_ms"]["1"])
     assert parts == {"step_inputs", "block_table_commit", "buffers_fill", "launch"}
-    ab = figures["cudagraph_latency"]["rms_norm_ab"]  # the same mode with the norms as torch ops
-    assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
+    for key in ("rms_norm_ab", "rotary_ab"):  # the same mode with the norms, then rotary, as torch ops
+        ab = figures["cudagraph_latency"][key]
+        assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
     assert figures["cudagraph_latency"]["stats_check"] is True
     assert set(figures["prefix_caching"]["ratios"]) == {"hit_49", "hit_37"}
     log = (out / "gpu.log").read_text()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
+from kernel_counting import CountKernels, Launches
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.models import rms_norm as rms
@@ -51,44 +51,17 @@ def test_kernel_matches_the_torch_ops_on_any_strided_view(tokens, heads, size, p
     assert_close_to_torch(rms_norm_triton(x, w, eps), x, w, eps)
 
 
-class _CountKernels(TorchDispatchMode):
-    """The operations that compute something (views and shape changes are free)."""
-
-    FREE = {"view", "_unsafe_view", "unsqueeze", "squeeze", "slice", "select", "expand", "detach", "alias", "empty",
-            "lift_fresh", "flatten", "transpose", "split", "split_with_sizes", "resolve_conj", "resolve_neg"}  # fmt: skip
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name not in self.FREE:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-class _Launches:
-    """Stands in for the jitted kernel: records each ``kernel[grid](*args, **constexprs)``."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[tuple, dict]] = []
-
-    def __getitem__(self, grid: tuple):
-        return lambda *args, **constexprs: self.calls.append((grid, constexprs))
-
-
 def test_the_torch_ops_are_eight_kernels_and_the_kernel_one_launch(monkeypatch):
     """Module NOTE 1: one bfloat16 norm is eight operations that each read and write the
     whole tensor; the kernel is one launch, one program per row, into a fresh output."""
     x = torch.randn(4, 32, dtype=torch.bfloat16, device=DEVICE)
     w = torch.randn(32, dtype=torch.bfloat16, device=DEVICE)
-    with _CountKernels() as counted:
+    with CountKernels() as counted:
         rms_norm_torch(x, w, 1e-6)
     assert counted.ops == ["_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul"]
-    launches = _Launches()
+    launches = Launches()
     monkeypatch.setattr(rms, "_rms_norm_kernel", launches)
-    with _CountKernels() as counted:
+    with CountKernels() as counted:
         rms_norm_triton(x, w, 1e-6)
     assert counted.ops == [] and launches.calls == [((4,), {"SIZE": 32, "BLOCK": 32})]
 
@@ -101,7 +74,7 @@ def test_a_bfloat16_decode_forward_runs_eight_operations_a_norm(tiny_model_dirs,
     monkeypatch.setenv("TINYVLLM_RMS_NORM", "torch")
     llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", dtype="bfloat16", attention_backend="torch", max_model_len=64)
     runner = llm.engine.model_runner
-    counter, per_norm = _CountKernels(), []
+    counter, per_norm = CountKernels(), []
     norm_forward, model_forward = RMSNorm.forward, runner.model.forward
 
     def counted_norm(self, x):

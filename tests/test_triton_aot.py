@@ -69,10 +69,25 @@ def test_triton_aot_kernel_compiles_to_cubin(compiled, case):
 
 def test_triton_aot_matrix_covers_every_kernel_and_target():
     kinds = {(c["kernel"], c["cc"]) for c in CASES}
-    assert kinds == {(k, cc) for k in ("attention", "merge", "kv_write", "rms_norm") for cc in (80, 90)}
+    assert kinds == {(k, cc) for k in ("attention", "merge", "kv_write", "rms_norm", "rotary") for cc in (80, 90)}
     configs = {(c["dtype"], c["consts"]["QUERIES_PER_KV"], c["consts"]["NUM_SEGMENTS"]) for c in CASES
                if c["kernel"] == "attention" and c["cc"] == 90}  # fmt: skip
     assert len(configs) == 3 * 4 * 2  # every dtype x group x split at sm_90
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c["kernel"] == "rotary" and not c.get("control")], ids=lambda c: c["id"]
+)
+def test_rotary_compiles_without_fused_multiply_adds(compiled, case):
+    """rotary.py NOTE 2: the torch ops round each product before the add; a fused multiply-add
+    rounds once, so the kernel the launcher compiles (``enable_fp_fusion=False``) has none."""
+    assert compiled[case["id"]]["fused_multiply_adds"] == 0
+
+
+def test_rotary_with_fusion_on_would_fuse_even_in_bfloat16(compiled):
+    """The control: with fusion left on, the compiler narrows the float32 arithmetic to
+    bfloat16 (exactly) and then fuses each multiply with its add, which rounds differently."""
+    assert compiled["rotary-sm90-bfloat16-h16-kv8-d128-fusion-on"]["fused_multiply_adds"] > 0
 
 
 @triton.jit

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -101,13 +102,30 @@ def rms_norm_cases() -> list[dict]:
     ]
 
 
+def rotary_cases() -> list[dict]:
+    """Qwen3-0.6B's heads (16 q, 8 k, of 128), a Llama-3-8B's (32, 8), the tiny models' (4, 2,
+    of 16); compiled with the launcher's ``enable_fp_fusion=False`` (rotary.py NOTE 2)."""
+    from triton import next_power_of_2
+
+    shapes = {80: ((16, 8, 128),), 90: ((16, 8, 128), (32, 8, 128), (4, 2, TINY_SHAPE["head"]))}
+    cases = [
+        dict(id=f"rotary-sm{cc}-{dtype}-h{h}-kv{kv}-d{d}", kernel="rotary", cc=cc, dtype=dtype,
+             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv),
+             options=dict(enable_fp_fusion=False))  # fmt: skip
+        for cc in (80, 90) for dtype in DTYPES for h, kv, d in shapes[cc]
+    ]
+    # The control: the same kernel with fusion left on, which must show fused multiply-adds.
+    control = next(c for c in cases if c["id"] == "rotary-sm90-bfloat16-h16-kv8-d128")
+    return cases + [dict(control, id=control["id"] + "-fusion-on", options=dict(enable_fp_fusion=True), control=True)]
+
+
 def all_cases() -> list[dict]:
-    return attention_cases() + merge_cases() + write_cases() + rms_norm_cases()
+    return attention_cases() + merge_cases() + write_cases() + rms_norm_cases() + rotary_cases()
 
 
 def _kernel_and_types(case: dict):
     from tinyvllm.attention import kv_cache_write, triton_attention
-    from tinyvllm.models import rms_norm
+    from tinyvllm.models import rms_norm, rotary
 
     t = DTYPES[case["dtype"]]
     if case["kernel"] == "attention":
@@ -118,6 +136,9 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "merge":
         fn = triton_attention._merge_segments_kernel
         types = dict(out_ptr=t, part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+    elif case["kernel"] == "rotary":
+        fn = rotary._rotary_kernel
+        types = dict(q_ptr=t, k_ptr=t, cos_ptr=t, sin_ptr=t)
     elif case["kernel"] == "rms_norm":
         fn = rms_norm._rms_norm_kernel
         types = dict(x_ptr=t, weight_ptr=t, out_ptr=t, eps="fp32")
@@ -125,6 +146,25 @@ def _kernel_and_types(case: dict):
         fn = kv_cache_write._write_kv_cache_kernel
         types = dict(key_ptr=t, value_ptr=t, key_cache_ptr=t, value_cache_ptr=t, slot_mapping_ptr="*i64")
     return fn, types
+
+
+# 16-bit constants that make an fma a single operation: -0.0 as the addend (a multiply) and
+# 1.0 as a factor (an add), in bfloat16 and float16.
+_NEGATIVE_ZERO_16 = {"0x8000"}
+_ONE_16 = {"0x3f80", "0x3c00"}
+
+
+def contracted_fmas(ptx: str) -> int:
+    """The ``fma`` instructions that fuse a real multiply with a real add. sm_80 has no
+    bfloat16 multiply or add, so the compiler writes a bfloat16 multiply as ``fma(a, b, -0.0)``
+    and an add as ``fma(a, 1.0, b)``: each rounds once, as the plain operation would, and is
+    not counted."""
+    consts = {reg: value.lower() for reg, value in re.findall(r"mov\.b16\s+(%\w+),\s*(0x[0-9A-Fa-f]+);", ptx)}
+    count = 0
+    for a, b, c in re.findall(r"fma\.rn\.\S+\s+%\w+,\s*(%\w+),\s*(%\w+),\s*(%\w+);", ptx):
+        single = consts.get(c) in _NEGATIVE_ZERO_16 or consts.get(a) in _ONE_16 or consts.get(b) in _ONE_16
+        count += not single
+    return count
 
 
 def compile_case(case: dict) -> dict:
@@ -141,12 +181,15 @@ def compile_case(case: dict) -> dict:
         else:
             signature[name] = types.get(name, "i32")
     try:
-        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", case["cc"], 32))
+        kernel = triton.compile(
+            ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", case["cc"], 32), options=case.get("options")
+        )
     except Exception as exc:  # reported, not raised: the test names the case
         return dict(id=case["id"], error=f"{type(exc).__name__}: {str(exc)[:2000]}")
-    target = next((line for line in kernel.asm["ptx"].splitlines() if line.startswith(".target")), "")
+    ptx = kernel.asm["ptx"]
+    target = next((line for line in ptx.splitlines() if line.startswith(".target")), "")
     return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")),
-                shared_bytes=kernel.metadata.shared)  # fmt: skip
+                shared_bytes=kernel.metadata.shared, fused_multiply_adds=contracted_fmas(ptx))  # fmt: skip
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ num_kv_heads, head_size)``, ``key_cache = kv[0]``, ``value_cache = kv[1]``; atte
 slots and block ids from the attention metadata); seed 000 "CUDA Graphs", "嵌套 Wrapper 设计"
 (the forward runs as pieces between attention ops, NOTE 5).
 Mirrors: ``vllm/model_executor/models/llama.py`` (and ``qwen2.py``, ``qwen3.py``), with
-``vllm/model_executor/layers/rotary_embedding.py`` and ``layernorm.py`` folded in.
+``vllm/model_executor/layers/rotary_embedding.py`` and ``layernorm.py`` folded in (their
+one-kernel CUDA forms are ``rms_norm.py`` and ``rotary.py``).
 
 Invariants: the arithmetic is transformers' own, operation for operation, so float32
 results match ``AutoModelForCausalLM`` to rounding; padding rows (past
@@ -93,6 +94,7 @@ from tinyvllm.models.loader import (
     read_tensor_infos,
 )
 from tinyvllm.models.rms_norm import rms_norm, rms_norm_impl
+from tinyvllm.models.rotary import rotary, rotary_impl
 
 
 
@@ -190,13 +192,6 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [N, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [N, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each head of x ([N, heads, D]) by its token's angle: ``x*cos + rotate_half(x)*sin``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [N, heads, D]
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
 # --8<-- [end:rope]
 
 
@@ -214,6 +209,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = self.head_dim**-0.5
         self.backend = backend
+        self.rotary_impl = rotary_impl()  # "auto" unless TINYVLLM_ROTARY says otherwise
 
     # --8<-- [start:attention_forward]
     def project(
@@ -230,7 +226,8 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        q, k = rotary(q, k, cos, sin, self.rotary_impl)  # one kernel on CUDA, in place (rotary.py)
+        return q, k, v
 
     def attention_op(
         self,

@@ -1,0 +1,180 @@
+"""Rotary embedding of q and k in one kernel: ``x * cos + rotate_half(x) * sin`` per head.
+
+Concept: written with torch ops, rotating one tensor is five kernels on a GPU (a negation
+and a concatenation build ``rotate_half(x)``, two multiplies, an add), so q and k are ten
+kernels a layer, each a pass over the whole tensor: in a Qwen3 layer more kernels than
+anything else but the four norms, which ``rms_norm.py`` already made one each (NOTE 1).
+``rotary_triton`` rotates q and k together, in place, one program per token: load the
+token's cos and sin once, then every q head and every k head, both halves of each.
+
+``rotary`` picks the kernel for CUDA tensors (the only place it pays) and the torch ops
+otherwise; ``TINYVLLM_ROTARY=torch`` (or ``triton``) forces one of them, for an A/B run of
+a benchmark on the same machine (``rotary_impl``).
+
+Mirrors: vLLM's ``RotaryEmbedding`` (``vllm/model_executor/layers/rotary_embedding``),
+whose ``forward_cuda`` calls its CUDA kernel ``rotary_embedding`` on q and k in place and
+``forward_native`` the torch ops; transformers' ``apply_rotary_pos_emb`` is the torch form.
+
+Invariants: the "neox" layout, dimension ``i`` paired with ``i + D/2`` (two halves, not
+interleaved pairs); ``cos`` and ``sin`` are ``[N, D]`` in the model's dtype, one row per
+token; the kernel's result equals the torch ops' bit for bit in float16 and bfloat16
+(NOTE 2); the torch version returns new tensors, the kernel writes into q and k.
+
+NOTE 1 (the count): ``tests/test_rotary.py`` counts five operations for each rotated
+tensor (``neg``, ``cat``, ``mul``, ``mul``, ``add``) in the torch form, and one launch for q
+and k together in the kernel's: with 28 layers, 280 kernels of a Qwen3-0.6B decode step
+become 28.
+NOTE 2 (the same roundings): the torch ops round each product to the model's dtype, then
+round their sum. The kernel computes each product in float32 and rounds it to the dtype,
+then adds the two rounded values in float32 and rounds once more: the same three
+roundings, so the same bits (a float32 product of two bfloat16 or float16 values is exact,
+and so is the negation). Left to itself the compiler would undo that: it narrows the
+float32 arithmetic to the 16-bit dtype (exact) and then fuses each multiply with the add
+that follows into one fused multiply-add, which rounds once instead of twice, in every
+dtype (24 of them in the sm_90 PTX at Qwen3's shape). The launch turns fusion off
+(``enable_fp_fusion=False``); ``tests/test_triton_aot.py`` counts none in the compiled PTX.
+NOTE 3 (in place): q and k are either views into the fused qkv projection's output (Llama,
+Qwen2) or the q/k norms' fresh outputs (Qwen3); nothing reads them unrotated afterwards,
+so writing the rotated values back costs no new tensor. v, the third part of the qkv
+output, is never touched.
+Left out: the interleaved ("GPT-J") layout, partial rotary (a rotary dimension below the
+head size), and computing cos and sin inside the kernel from the positions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+IMPLS = ("auto", "torch", "triton")
+IMPL_ENV = "TINYVLLM_ROTARY"
+
+
+# --8<-- [start:torch]
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each head of x ([N, heads, D]) by its token's angle: ``x*cos + rotate_half(x)*sin``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [N, heads, D]
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def rotary_torch(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: five kernels for q and five for k on a GPU (NOTE 1); new tensors."""
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+# --8<-- [end:torch]
+
+
+# --8<-- [start:kernel]
+@triton.jit
+def _rotate_heads(
+    x_ptr, token, stride_n, stride_h, num_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
+    HALF: tl.constexpr, HEADS: tl.constexpr,
+):  # fmt: skip
+    """Rotate every head of one token of x in place; cos1/sin1 [1, B] pair the first half."""
+    heads = tl.arange(0, HEADS)[:, None]  # [HEADS, 1]
+    mask = (heads < num_heads) & dim_ok  # [HEADS, B]
+    first = x_ptr + token.to(tl.int64) * stride_n + heads * stride_h + dims  # [HEADS, B]
+    x1 = tl.load(first, mask=mask, other=0.0)  # [HEADS, B]: dimensions i < D/2
+    x2 = tl.load(first + HALF, mask=mask, other=0.0)  # [HEADS, B]: their partners i + D/2
+    dt = x1.dtype
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    # out = x * cos + cat(-x2, x1) * sin, each product rounded to the dtype first (NOTE 2)
+    out1 = (x1 * cos1).to(dt).to(tl.float32) + (-x2 * sin1).to(dt).to(tl.float32)
+    out2 = (x2 * cos2).to(dt).to(tl.float32) + (x1 * sin2).to(dt).to(tl.float32)
+    tl.store(first, out1.to(dt), mask=mask)
+    tl.store(first + HALF, out2.to(dt), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr,  # *T, [N, H, D]: rotated in place
+    k_ptr,  # *T, [N, Hkv, D]: rotated in place
+    cos_ptr,  # *T, [N, D]
+    sin_ptr,  # *T, [N, D]
+    stride_q_n, stride_q_h,  # q strides: between tokens, between heads
+    stride_k_n, stride_k_h,  # k strides
+    stride_cos_n, stride_sin_n,  # cos and sin: between tokens
+    num_q_heads,  # H
+    num_k_heads,  # Hkv
+    HALF: tl.constexpr,  # D / 2
+    BLOCK_HALF: tl.constexpr,  # D / 2 rounded up to a power of two
+    Q_HEADS: tl.constexpr,  # H rounded up to a power of two
+    K_HEADS: tl.constexpr,  # Hkv rounded up to a power of two
+):
+    """One program per token: its cos and sin once, then all its q heads and k heads."""
+    token = tl.program_id(0)
+    dims = tl.arange(0, BLOCK_HALF)[None, :]  # [1, B]
+    dim_ok = dims < HALF
+    c = cos_ptr + token.to(tl.int64) * stride_cos_n + dims
+    s = sin_ptr + token.to(tl.int64) * stride_sin_n + dims
+    cos1 = tl.load(c, mask=dim_ok, other=0.0).to(tl.float32)  # [1, B]
+    cos2 = tl.load(c + HALF, mask=dim_ok, other=0.0).to(tl.float32)
+    sin1 = tl.load(s, mask=dim_ok, other=0.0).to(tl.float32)
+    sin2 = tl.load(s + HALF, mask=dim_ok, other=0.0).to(tl.float32)
+    _rotate_heads(q_ptr, token, stride_q_n, stride_q_h, num_q_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
+                  HALF, Q_HEADS)  # fmt: skip
+    _rotate_heads(k_ptr, token, stride_k_n, stride_k_h, num_k_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
+                  HALF, K_HEADS)  # fmt: skip
+# --8<-- [end:kernel]
+
+
+# --8<-- [start:launcher]
+def rotary_triton(
+    q: torch.Tensor,  # [N, H, D]
+    k: torch.Tensor,  # [N, Hkv, D]
+    cos: torch.Tensor,  # [N, D]
+    sin: torch.Tensor,  # [N, D]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton version of ``rotary_torch``: the same values (NOTE 2), written into q and
+    k, which it returns (NOTE 3)."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [N, H, D] and [N, Hkv, D]")
+    n, _, d = q.shape
+    if d % 2:
+        raise ValueError(f"head size {d} must be even: rotary pairs dimension i with i + D/2")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.shape != (n, d) or t.stride(-1) != 1:
+            raise ValueError(f"{name} {tuple(t.shape)} with strides {t.stride()} must be [{n}, {d}], unit stride last")
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError(f"q strides {q.stride()} and k strides {k.stride()} must be unit along D")
+    if not q.dtype == k.dtype == cos.dtype == sin.dtype:
+        raise ValueError(f"q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}: must be one dtype")
+    if len({t.device for t in (q, k, cos, sin)}) != 1:
+        raise ValueError(f"q, k, cos and sin must be on one device, got {q.device}, {k.device}, {cos.device}, {sin.device}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"device {q.device}: Triton needs CUDA or TRITON_INTERPRET=1")
+    if n:
+        _rotary_kernel[(n,)](
+            q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+            q.shape[1], k.shape[1], HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
+            Q_HEADS=triton.next_power_of_2(q.shape[1]), K_HEADS=triton.next_power_of_2(k.shape[1]),
+            enable_fp_fusion=False,  # NOTE 2
+        )  # fmt: skip
+    return q, k
+# --8<-- [end:launcher]
+
+
+# --8<-- [start:choose]
+def rotary_impl() -> str:
+    """The implementation ``TINYVLLM_ROTARY`` asks for ("auto" when unset)."""
+    impl = os.environ.get(IMPL_ENV, "auto")
+    if impl not in IMPLS:
+        raise ValueError(f"{IMPL_ENV}={impl!r} is not one of {IMPLS}")
+    return impl
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, impl: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary_triton`` for CUDA tensors it takes (or when ``impl`` is "triton"),
+    ``rotary_torch`` otherwise (or when ``impl`` is "torch")."""
+    takes = q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
+    if impl == "triton" or (impl == "auto" and q.is_cuda and takes and q.dtype == cos.dtype):
+        return rotary_triton(q, k, cos, sin)
+    return rotary_torch(q, k, cos, sin)
+# --8<-- [end:choose]
