@@ -261,7 +261,7 @@ def test_gpu_long_decode_split_kv(dtype, num_segments):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("kv_tile", [16, 32, 64, 128])
+@pytest.mark.parametrize("kv_tile", [16, 64, 128])  # 32, the default, runs in every other gpu test
 def test_gpu_every_kv_tile(kv_tile):
     query_lens, seq_lens = [1, 37, 1, 300, 1], [1, 300, 2049, 700, 64]
     check_against_reference(query_lens, seq_lens, 16, 8, 128, 16, dtype=torch.bfloat16, kv_tile=kv_tile, device="cuda")
