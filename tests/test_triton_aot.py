@@ -69,18 +69,21 @@ def test_triton_aot_kernel_compiles_to_cubin(compiled, case):
 
 def test_triton_aot_matrix_covers_every_kernel_and_target():
     kinds = {(c["kernel"], c["cc"]) for c in CASES}
-    assert kinds == {(k, cc) for k in ("attention", "merge", "kv_write", "rms_norm", "rotary") for cc in (80, 90)}
+    kernels = ("attention", "merge", "kv_write", "rms_norm", "rotary", "qk_norm_rotary")
+    assert kinds == {(k, cc) for k in kernels for cc in (80, 90)}
     configs = {(c["dtype"], c["consts"]["QUERIES_PER_KV"], c["consts"]["NUM_SEGMENTS"]) for c in CASES
                if c["kernel"] == "attention" and c["cc"] == 90}  # fmt: skip
     assert len(configs) == 3 * 4 * 2  # every dtype x group x split at sm_90
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in CASES if c["kernel"] == "rotary" and not c.get("control")], ids=lambda c: c["id"]
-)
+    "case", [c for c in CASES if c["kernel"] in ("rotary", "qk_norm_rotary") and not c.get("control")],
+    ids=lambda c: c["id"],
+)  # fmt: skip
 def test_rotary_compiles_without_fused_multiply_adds(compiled, case):
     """rotary.py NOTE 2: the torch ops round each product before the add; a fused multiply-add
-    rounds once, so the kernel the launcher compiles (``enable_fp_fusion=False``) has none."""
+    rounds once, so the kernels that rotate (``rotary.py``, ``qk_norm_rotary.py``), as their
+    launchers compile them (``enable_fp_fusion=False``), have none."""
     assert compiled[case["id"]]["fused_multiply_adds"] == 0
 
 

@@ -119,13 +119,26 @@ def rotary_cases() -> list[dict]:
     return cases + [dict(control, id=control["id"] + "-fusion-on", options=dict(enable_fp_fusion=True), control=True)]
 
 
+def qk_norm_rotary_cases() -> list[dict]:
+    """Qwen3's fused q/k norm and rotary: Qwen3-0.6B's heads and the tiny Qwen3's; fusion off."""
+    from triton import next_power_of_2
+
+    shapes = {80: ((16, 8, 128),), 90: ((16, 8, 128), (4, 2, TINY_SHAPE["head"]))}
+    return [
+        dict(id=f"qk_norm_rotary-sm{cc}-{dtype}-h{h}-kv{kv}-d{d}", kernel="qk_norm_rotary", cc=cc, dtype=dtype,
+             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv),
+             options=dict(enable_fp_fusion=False))  # fmt: skip
+        for cc in (80, 90) for dtype in DTYPES for h, kv, d in shapes[cc]
+    ]
+
+
 def all_cases() -> list[dict]:
-    return attention_cases() + merge_cases() + write_cases() + rms_norm_cases() + rotary_cases()
+    return attention_cases() + merge_cases() + write_cases() + rms_norm_cases() + rotary_cases() + qk_norm_rotary_cases()
 
 
 def _kernel_and_types(case: dict):
     from tinyvllm.attention import kv_cache_write, triton_attention
-    from tinyvllm.models import rms_norm, rotary
+    from tinyvllm.models import qk_norm_rotary, rms_norm, rotary
 
     t = DTYPES[case["dtype"]]
     if case["kernel"] == "attention":
@@ -136,6 +149,9 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "merge":
         fn = triton_attention._merge_segments_kernel
         types = dict(out_ptr=t, part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
+    elif case["kernel"] == "qk_norm_rotary":
+        fn = qk_norm_rotary._qk_norm_rotary_kernel
+        types = dict(q_ptr=t, k_ptr=t, q_weight_ptr=t, k_weight_ptr=t, cos_ptr=t, sin_ptr=t, eps="fp32")
     elif case["kernel"] == "rotary":
         fn = rotary._rotary_kernel
         types = dict(q_ptr=t, k_ptr=t, cos_ptr=t, sin_ptr=t)

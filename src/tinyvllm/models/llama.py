@@ -94,6 +94,7 @@ from tinyvllm.models.loader import (
     read_tensor_infos,
 )
 from tinyvllm.models.rms_norm import rms_norm, rms_norm_impl
+from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_applies, qk_norm_rotary_triton
 from tinyvllm.models.rotary import rotary, rotary_impl
 
 
@@ -224,6 +225,9 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)  # [N, H, D]
         k = k.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
         v = v.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
+        if self.q_norm is not None and qk_norm_rotary_applies(q, self.q_norm.impl, self.rotary_impl):
+            q, k = qk_norm_rotary_triton(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin)
+            return q, k, v  # Qwen3 on CUDA: the norms and the rotary in one kernel, in place (qk_norm_rotary.py)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, k, cos, sin, self.rotary_impl)  # one kernel on CUDA, in place (rotary.py)

@@ -71,6 +71,15 @@ def rotary_torch(
 
 # --8<-- [start:kernel]
 @triton.jit
+def rotate_halves(x1, x2, cos1, sin1, cos2, sin2, dt: tl.constexpr):
+    """``x * cos + cat(-x2, x1) * sin`` on the two halves (float32 values of dtype ``dt``),
+    each product rounded to ``dt`` first, then the sum (NOTE 2): the rotated halves in ``dt``."""
+    out1 = (x1 * cos1).to(dt).to(tl.float32) + (-x2 * sin1).to(dt).to(tl.float32)
+    out2 = (x2 * cos2).to(dt).to(tl.float32) + (x1 * sin2).to(dt).to(tl.float32)
+    return out1.to(dt), out2.to(dt)
+
+
+@triton.jit
 def _rotate_heads(
     x_ptr, token, stride_n, stride_h, num_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
     HALF: tl.constexpr, HEADS: tl.constexpr,
@@ -81,13 +90,9 @@ def _rotate_heads(
     first = x_ptr + token.to(tl.int64) * stride_n + heads * stride_h + dims  # [HEADS, B]
     x1 = tl.load(first, mask=mask, other=0.0)  # [HEADS, B]: dimensions i < D/2
     x2 = tl.load(first + HALF, mask=mask, other=0.0)  # [HEADS, B]: their partners i + D/2
-    dt = x1.dtype
-    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    # out = x * cos + cat(-x2, x1) * sin, each product rounded to the dtype first (NOTE 2)
-    out1 = (x1 * cos1).to(dt).to(tl.float32) + (-x2 * sin1).to(dt).to(tl.float32)
-    out2 = (x2 * cos2).to(dt).to(tl.float32) + (x1 * sin2).to(dt).to(tl.float32)
-    tl.store(first, out1.to(dt), mask=mask)
-    tl.store(first + HALF, out2.to(dt), mask=mask)
+    out1, out2 = rotate_halves(x1.to(tl.float32), x2.to(tl.float32), cos1, sin1, cos2, sin2, x1.dtype)
+    tl.store(first, out1, mask=mask)
+    tl.store(first + HALF, out2, mask=mask)
 
 
 @triton.jit
