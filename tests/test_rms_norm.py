@@ -12,7 +12,14 @@ from kernel_counting import CountKernels, Launches
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.models import rms_norm as rms
 from tinyvllm.models.llama import RMSNorm
-from tinyvllm.models.rms_norm import rms_norm, rms_norm_torch, rms_norm_triton
+from tinyvllm.models.rms_norm import (
+    add_rms_norm,
+    add_rms_norm_torch,
+    add_rms_norm_triton,
+    rms_norm,
+    rms_norm_torch,
+    rms_norm_triton,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernel under the interpreter
 ULP = {torch.float32: 2.0**-22, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}  # a few ulps, relative
@@ -75,7 +82,7 @@ def test_a_bfloat16_decode_forward_runs_eight_operations_a_norm(tiny_model_dirs,
     llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", dtype="bfloat16", attention_backend="torch", max_model_len=64)
     runner = llm.engine.model_runner
     counter, per_norm = CountKernels(), []
-    norm_forward, model_forward = RMSNorm.forward, runner.model.forward
+    norm_forward, add_forward, model_forward = RMSNorm.forward, RMSNorm.add_forward, runner.model.forward
 
     def counted_norm(self, x):
         before = len(counter.ops)
@@ -83,11 +90,19 @@ def test_a_bfloat16_decode_forward_runs_eight_operations_a_norm(tiny_model_dirs,
         per_norm.append(len(counter.ops) - before)
         return out
 
+    def counted_add_norm(self, x, delta):  # the residual add, then the norm (NOTE 3)
+        before = len(counter.ops)
+        out = add_forward(self, x, delta)
+        assert counter.ops[before] == "add"
+        per_norm.append(len(counter.ops) - before - 1)
+        return out
+
     def counted_model(*args, **kwargs):
         with counter:
             return model_forward(*args, **kwargs)
 
     monkeypatch.setattr(RMSNorm, "forward", counted_norm)
+    monkeypatch.setattr(RMSNorm, "add_forward", counted_add_norm)
     monkeypatch.setattr(runner.model, "forward", counted_model)
     llm.engine.add_request("r", [5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     llm.engine.step()  # the prefill
@@ -95,6 +110,60 @@ def test_a_bfloat16_decode_forward_runs_eight_operations_a_norm(tiny_model_dirs,
     llm.engine.step()  # one decode forward
     assert per_norm == [8] * 9
     assert sum(per_norm) / len(counter.ops) > 1 / 3
+
+
+def check_add_norm(x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float) -> None:
+    """NOTE 3: the sum has the torch add's bits, the norm ``rms_norm_triton``'s of that sum."""
+    out, total = add_rms_norm_triton(x, delta, w, eps)
+    assert torch.equal(total, x + delta) and total.is_contiguous()
+    assert torch.equal(out, rms_norm_triton(x + delta, w, eps))
+    assert_close_to_torch(out, x + delta, w, eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # bfloat16: the GPU twin
+def test_the_residual_add_and_the_norm_in_one_kernel_give_the_two_kernels_bits(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(7, 40, dtype=dtype, device=DEVICE)  # the residual stream [N, hidden]
+    wide = torch.randn(7, 48, dtype=dtype, device=DEVICE)
+    delta = wide[:, 8:]  # o_proj's output as a strided view: rows 48 apart
+    w = torch.randn(40, dtype=dtype, device=DEVICE)
+    check_add_norm(x, delta, w, 1e-5)
+
+
+@given(tokens=st.integers(0, 5), size=st.sampled_from([8, 24, 40]), scale=st.sampled_from([1e-3, 1.0, 300.0]))
+def test_the_fused_residual_add_matches_on_any_rows(tokens, size, scale):
+    g = torch.Generator().manual_seed(tokens * 100 + size)
+    x, delta = ((torch.randn(tokens, size, generator=g) * scale).to(DEVICE) for _ in range(2))
+    check_add_norm(x, delta, torch.randn(size, generator=g).to(DEVICE), 1e-6)
+
+
+def test_the_add_and_the_norm_are_nine_operations_and_the_fused_kernel_one_launch(monkeypatch):
+    x, delta = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16)
+    w = torch.randn(32, dtype=torch.bfloat16)
+    with CountKernels() as counted:
+        add_rms_norm_torch(x, delta, w, 1e-6)
+    assert counted.ops == ["add", "_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul"]
+    launches = Launches()
+    monkeypatch.setattr(rms, "_add_rms_norm_kernel", launches)
+    xd, dd, wd = x.to(DEVICE), delta.to(DEVICE), w.to(DEVICE)
+    with CountKernels() as counted:
+        add_rms_norm_triton(xd, dd, wd, 1e-6)
+    assert counted.ops == [] and launches.calls == [((4,), {"SIZE": 32, "BLOCK": 32})]
+    assert torch.equal(add_rms_norm(x, delta, w, 1e-6)[1], x + delta)  # CPU tensors: the torch ops
+
+
+@pytest.mark.parametrize(
+    "x, delta, w, message",
+    [
+        (torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.randn(8), "must be one \\[N, size\\] shape"),
+        (torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), "must be one \\[N, size\\] shape"),
+        (torch.randn(2, 8), torch.randn(2, 8).half(), torch.randn(8), "delta torch.float16"),
+        (torch.randn(2, 8), torch.randn(2, 8), torch.randn(4), "must be \\[8\\]"),
+    ],
+)
+def test_bad_input_to_the_fused_residual_add_is_refused(x, delta, w, message):
+    with pytest.raises(ValueError, match=message):
+        add_rms_norm_triton(x, delta, w, 1e-6)
 
 
 def test_auto_picks_the_kernel_for_cuda_tensors_only_and_the_env_forces_either(monkeypatch):
@@ -160,3 +229,5 @@ def test_gpu_kernel_matches_the_torch_ops_at_the_model_shapes(dtype):
     wq = torch.randn(128, dtype=dtype, device="cuda")
     assert_close_to_torch(rms_norm_triton(q, wq, 1e-6), q, wq, 1e-6)
     assert_close_to_torch(rms_norm(q, wq, 1e-6), q, wq, 1e-6)  # auto: the kernel on CUDA
+    delta = torch.randn(8192, 1024, dtype=dtype, device="cuda")
+    check_add_norm(x, delta, w, 1e-6)  # the residual add fused (NOTE 3), bfloat16 included

@@ -102,6 +102,16 @@ def rms_norm_cases() -> list[dict]:
     ]
 
 
+def add_rms_norm_cases() -> list[dict]:
+    """The residual add fused into the norm (rms_norm.py NOTE 3): hidden sizes only."""
+    sizes = {80: (1024,), 90: (1024, 4096, 64)}  # 64: the tiny models' hidden size
+    return [
+        dict(id=f"add_rms_norm-sm{cc}-{dtype}-n{size}", kernel="add_rms_norm", cc=cc, dtype=dtype,
+             consts=dict(SIZE=size, BLOCK=size))  # fmt: skip
+        for cc in (80, 90) for dtype in DTYPES for size in sizes[cc]
+    ]
+
+
 def rotary_cases() -> list[dict]:
     """Qwen3-0.6B's heads (16 q, 8 k, of 128), a Llama-3-8B's (32, 8), the tiny models' (4, 2,
     of 16); compiled with the launcher's ``enable_fp_fusion=False`` (rotary.py NOTE 2)."""
@@ -133,7 +143,8 @@ def qk_norm_rotary_cases() -> list[dict]:
 
 
 def all_cases() -> list[dict]:
-    return attention_cases() + merge_cases() + write_cases() + rms_norm_cases() + rotary_cases() + qk_norm_rotary_cases()
+    return (attention_cases() + merge_cases() + write_cases() + rms_norm_cases() + add_rms_norm_cases()
+            + rotary_cases() + qk_norm_rotary_cases())  # fmt: skip
 
 
 def _kernel_and_types(case: dict):
@@ -155,6 +166,9 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "rotary":
         fn = rotary._rotary_kernel
         types = dict(q_ptr=t, k_ptr=t, cos_ptr=t, sin_ptr=t)
+    elif case["kernel"] == "add_rms_norm":
+        fn = rms_norm._add_rms_norm_kernel
+        types = dict(x_ptr=t, delta_ptr=t, weight_ptr=t, out_ptr=t, sum_ptr=t, eps="fp32")
     elif case["kernel"] == "rms_norm":
         fn = rms_norm._rms_norm_kernel
         types = dict(x_ptr=t, weight_ptr=t, out_ptr=t, eps="fp32")

@@ -93,7 +93,7 @@ from tinyvllm.models.loader import (
     load_model_spec,
     read_tensor_infos,
 )
-from tinyvllm.models.rms_norm import rms_norm, rms_norm_impl
+from tinyvllm.models.rms_norm import add_rms_norm, rms_norm, rms_norm_impl
 from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_applies, qk_norm_rotary_triton
 from tinyvllm.models.rotary import rotary, rotary_impl
 
@@ -151,6 +151,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., size]
         return rms_norm(x, self.weight, self.eps, self.impl)
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + delta), x + delta)``: the residual add and the norm, one kernel on CUDA."""
+        return add_rms_norm(x, delta, self.weight, self.eps, self.impl)
 # --8<-- [end:rmsnorm]
 
 
@@ -285,8 +289,8 @@ class DecoderLayer(nn.Module):
 
     def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """``x + o_proj(attn)``, then ``x + mlp(norm(x))``: [N, hidden] -> [N, hidden]."""
-        x = x + self.self_attn.o_proj(attn_out.view(x.shape[0], -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        normed, x = self.post_attention_layernorm.add_forward(x, self.self_attn.o_proj(attn_out.view(x.shape[0], -1)))
+        return x + self.mlp(normed)
 # --8<-- [end:mlp_layer]
 
 

@@ -29,8 +29,16 @@ projections (4), rotary on q and on k (5 each), the KV write and the attention k
 NOTE 2 (rounding): both compute in float32 and round once to the model's dtype before
 the weight's multiply, as transformers does; they differ only in the order in which the
 squares are summed, a few float32 ulps, which bfloat16 rounding nearly always hides.
-Left out: the residual add fused into the norm (vLLM's ``fused_add_rms_norm``), and
-quantised outputs.
+NOTE 3 (the residual add, fused): after attention a layer adds ``o_proj``'s output to the
+residual stream and normalises the sum: two kernels, the sum written to memory and read
+back. ``add_rms_norm_triton`` (vLLM's ``fused_add_rms_norm``) loads both rows, adds them in
+float32 and rounds to the dtype (the torch add's bits: the float32 sum of two bfloat16 or
+float16 values, rounded once), stores the sum as the new residual stream and normalises
+it from registers: one kernel, bit for bit ``(rms_norm_triton(x + delta), x + delta)``.
+``llama.py`` uses it for the add before ``post_attention_layernorm``; the add after the MLP
+feeds the next layer's norm across a CUDA-graph piece boundary and stays a torch add.
+Left out: quantised outputs, and fusing the add after the MLP (the pieces would carry the
+residual and the MLP's output apart, as vLLM's layers do).
 """
 
 from __future__ import annotations
@@ -51,10 +59,27 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def add_rms_norm_torch(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:  # [N, size] each
+    """The residual add, then the norm of the sum (NOTE 3): ``(norm(x + delta), x + delta)``."""
+    total = x + delta
+    return rms_norm_torch(total, weight, eps), total
 # --8<-- [end:torch]
 
 
 # --8<-- [start:kernel]
+@triton.jit
+def _normalize_row(x32, w, eps, SIZE: tl.constexpr, dt: tl.constexpr):
+    """One row in float32 (masked lanes 0) -> ``w * (x / rms(x))`` in ``dt``, with the two
+    roundings of the torch ops: the normalised row to ``dt``, then the weight's multiply."""
+    rstd = tl.rsqrt(tl.sum(x32 * x32, axis=0) / SIZE + eps)
+    normed = (x32 * rstd).to(dt)  # rounded to the model's dtype first, as the torch ops do
+    return (w.to(tl.float32) * normed.to(tl.float32)).to(dt)
+
+
 @triton.jit
 def _rms_norm_kernel(
     x_ptr,  # *T, [N, H, SIZE] (H = 1 for a plain [N, SIZE] tensor)
@@ -73,12 +98,37 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK)  # [BLOCK]
     mask = cols < SIZE
     x = tl.load(x_ptr + token.to(tl.int64) * stride_x_n + head * stride_x_h + cols, mask=mask, other=0.0)
-    x32 = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x32 * x32, axis=0) / SIZE + eps)
     w = tl.load(weight_ptr + cols, mask=mask)
-    normed = (x32 * rstd).to(x.dtype)  # rounded to the model's dtype first, as the torch ops do
-    tl.store(out_ptr + row.to(tl.int64) * SIZE + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=mask)
+    tl.store(out_ptr + row.to(tl.int64) * SIZE + cols, _normalize_row(x.to(tl.float32), w, eps, SIZE, x.dtype), mask=mask)
 # --8<-- [end:kernel]
+
+
+# --8<-- [start:add_kernel]
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr,  # *T, [N, SIZE]: the residual stream
+    delta_ptr,  # *T, [N, SIZE]: what a sublayer adds to it
+    weight_ptr,  # *T, [SIZE]
+    out_ptr,  # *T, [N, SIZE], contiguous: the norm of the sum
+    sum_ptr,  # *T, [N, SIZE], contiguous: the sum, the new residual stream
+    stride_x_n,  # elements between rows of x
+    stride_delta_n,  # elements between rows of delta
+    eps,  # float32
+    SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per row: ``x + delta`` rounded to the dtype (the torch add's bits), stored,
+    and normalised from registers (NOTE 3)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)  # [BLOCK]
+    mask = cols < SIZE
+    x = tl.load(x_ptr + row * stride_x_n + cols, mask=mask, other=0.0)
+    delta = tl.load(delta_ptr + row * stride_delta_n + cols, mask=mask, other=0.0)
+    total = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)  # [BLOCK]
+    tl.store(sum_ptr + row * SIZE + cols, total, mask=mask)
+    w = tl.load(weight_ptr + cols, mask=mask)
+    tl.store(out_ptr + row * SIZE + cols, _normalize_row(total.to(tl.float32), w, eps, SIZE, x.dtype), mask=mask)
+# --8<-- [end:add_kernel]
 
 
 # --8<-- [start:launcher]
@@ -104,6 +154,36 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 # --8<-- [end:launcher]
 
 
+# --8<-- [start:add_launcher]
+def add_rms_norm_triton(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:  # [N, size] each
+    """The Triton version of ``add_rms_norm_torch``: the sum has the torch add's bits, the norm
+    ``rms_norm_triton``'s of that sum (NOTE 3); both outputs new and contiguous."""
+    if x.dim() != 2 or x.shape != delta.shape or x.stride(-1) != 1 or delta.stride(-1) != 1:
+        raise ValueError(
+            f"x {tuple(x.shape)} and delta {tuple(delta.shape)} with strides {x.stride()}, {delta.stride()} "
+            "must be one [N, size] shape, unit stride last"
+        )
+    if delta.dtype != x.dtype or delta.device != x.device:
+        raise ValueError(f"delta {delta.dtype} on {delta.device} must be {x.dtype} on {x.device}")
+    if weight.shape != (x.shape[-1],) or weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(
+            f"weight {tuple(weight.shape)} {weight.dtype} on {weight.device} must be [{x.shape[-1]}] {x.dtype} on {x.device}"
+        )
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"device {x.device}: Triton needs CUDA or TRITON_INTERPRET=1")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        _add_rms_norm_kernel[(x.shape[0],)](
+            x, delta, weight, out, total, x.stride(0), delta.stride(0), eps,
+            SIZE=x.shape[-1], BLOCK=triton.next_power_of_2(x.shape[-1]),
+        )  # fmt: skip
+    return out, total
+# --8<-- [end:add_launcher]
+
+
 # --8<-- [start:choose]
 def rms_norm_impl() -> str:
     """The implementation ``TINYVLLM_RMS_NORM`` asks for ("auto" when unset)."""
@@ -121,4 +201,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "aut
     ):
         return rms_norm_triton(x, weight, eps)
     return rms_norm_torch(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(x + delta), x + delta)``: ``add_rms_norm_triton`` where ``rms_norm`` would take
+    the kernel (and both are rows with unit stride), ``add_rms_norm_torch`` otherwise."""
+    rows = x.dim() == 2 and x.shape == delta.shape and x.stride(-1) == 1 and delta.stride(-1) == 1
+    if impl == "triton" or (impl == "auto" and x.is_cuda and rows and weight.dtype == x.dtype == delta.dtype):
+        return add_rms_norm_triton(x, delta, weight, eps)
+    return add_rms_norm_torch(x, delta, weight, eps)
 # --8<-- [end:choose]

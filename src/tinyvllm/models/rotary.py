@@ -17,7 +17,7 @@ whose ``forward_cuda`` calls its CUDA kernel ``rotary_embedding`` on q and k in 
 
 Invariants: the "neox" layout, dimension ``i`` paired with ``i + D/2`` (two halves, not
 interleaved pairs); ``cos`` and ``sin`` are ``[N, D]`` in the model's dtype, one row per
-token; the kernel's result equals the torch ops' bit for bit in float16 and bfloat16
+token; the kernel's result equals the torch ops' bit for bit, in every dtype
 (NOTE 2); the torch version returns new tensors, the kernel writes into q and k.
 
 NOTE 1 (the count): ``tests/test_rotary.py`` counts five operations for each rotated
