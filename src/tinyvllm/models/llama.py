@@ -93,8 +93,8 @@ from tinyvllm.models.loader import (
     load_model_spec,
     read_tensor_infos,
 )
-from tinyvllm.models.rms_norm import add_rms_norm, rms_norm, rms_norm_impl
 from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_applies, qk_norm_rotary_triton
+from tinyvllm.models.rms_norm import add_rms_norm, rms_norm, rms_norm_impl
 from tinyvllm.models.rotary import rotary, rotary_impl
 
 
