@@ -65,6 +65,13 @@ gather indices and masks. A backend with a ``plan_step`` gets it called once per
 and each layer's ``attention_op`` passes the result on, as vLLM's attention metadata
 builders run once per step for all layers. The plan is built eagerly, outside any piece,
 and only backends that are never captured (``NEVER``) have one.
+NOTE 9 (the residual adds ride with the norms): each residual add is followed by a norm,
+so ``RMSNorm.add_forward`` does both (one kernel on CUDA, ``rms_norm.py`` NOTE 3; the
+torch add and norm elsewhere, the same operations as ``x + delta`` then ``norm``). For the
+add after the MLP that norm is the next layer's ``input_layernorm``, in the next piece:
+``after_attention`` returns the residual stream and the MLP's output apart, and
+``before_attention`` (or the final norm) adds them, as vLLM's layers pass
+``hidden_states, residual``. The first layer has nothing to add.
 
 Left out: tensor parallelism, quantisation, sliding windows, rope types other than default
 and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
@@ -282,15 +289,23 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def before_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``norm(x)`` to q, k, v, plus the empty [N, H, D] buffer attention writes into (NOTE 5)."""
-        q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin)
-        return q, k, v, torch.empty_like(q)
+    def before_attention(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mlp_out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """The residual stream (``x + mlp_out``: the previous layer's last add, NOTE 9), and
+        ``norm`` of it to q, k, v, plus the empty [N, H, D] buffer attention writes into (NOTE 5)."""
+        if mlp_out is None:  # the first layer: x is the embedding
+            normed = self.input_layernorm(x)
+        else:
+            normed, x = self.input_layernorm.add_forward(x, mlp_out)
+        q, k, v = self.self_attn.project(normed, cos, sin)
+        return x, q, k, v, torch.empty_like(q)
 
-    def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """``x + o_proj(attn)``, then ``x + mlp(norm(x))``: [N, hidden] -> [N, hidden]."""
+    def after_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x + o_proj(attn)``, then ``mlp(norm(x))``: the residual stream and the MLP's output,
+        not yet added (the next norm adds them, NOTE 9): [N, hidden] each."""
         normed, x = self.post_attention_layernorm.add_forward(x, self.self_attn.o_proj(attn_out.view(x.shape[0], -1)))
-        return x + self.mlp(normed)
+        return x, self.mlp(normed)
 # --8<-- [end:mlp_layer]
 
 
@@ -326,18 +341,20 @@ class DecoderForCausalLM(nn.Module):
         """Embedding, rotary angles, and layer 0 up to its attention: x, cos, sin, q, k, v, out."""
         x = self.embed_tokens(input_ids)  # [N, hidden]
         cos, sin = self.rotary(positions, x.dtype)  # [N, D] each
-        return (x, cos, sin, *self.layers[0].before_attention(x, cos, sin))
+        x, q, k, v, out = self.layers[0].before_attention(x, cos, sin)
+        return x, cos, sin, q, k, v, out
 
     def middle_piece(
         self, i: int, x: torch.Tensor, attn_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         """Layer ``i - 1`` after its attention, then layer ``i`` up to its attention: x, q, k, v, out."""
-        x = self.layers[i - 1].after_attention(x, attn_out)
-        return (x, *self.layers[i].before_attention(x, cos, sin))
+        x, mlp_out = self.layers[i - 1].after_attention(x, attn_out)
+        return self.layers[i].before_attention(x, cos, sin, mlp_out)
 
     def last_piece(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """The last layer after its attention, then the final norm: [N, hidden]."""
-        return self.norm(self.layers[-1].after_attention(x, attn_out))
+        """The last layer after its attention, then the final norm (with its last add): [N, hidden]."""
+        x, mlp_out = self.layers[-1].after_attention(x, attn_out)
+        return self.norm.add_forward(x, mlp_out)[0]
 
     def forward(
         self,

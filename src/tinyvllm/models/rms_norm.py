@@ -35,10 +35,10 @@ back. ``add_rms_norm_triton`` (vLLM's ``fused_add_rms_norm``) loads both rows, a
 float32 and rounds to the dtype (the torch add's bits: the float32 sum of two bfloat16 or
 float16 values, rounded once), stores the sum as the new residual stream and normalises
 it from registers: one kernel, bit for bit ``(rms_norm_triton(x + delta), x + delta)``.
-``llama.py`` uses it for the add before ``post_attention_layernorm``; the add after the MLP
-feeds the next layer's norm across a CUDA-graph piece boundary and stays a torch add.
-Left out: quantised outputs, and fusing the add after the MLP (the pieces would carry the
-residual and the MLP's output apart, as vLLM's layers do).
+``llama.py`` uses it for both residual adds of a layer: the one before
+``post_attention_layernorm``, and the one after the MLP, which the next layer's
+``input_layernorm`` (or the final norm) does (``llama.py`` NOTE 9).
+Left out: quantised outputs, writing in place (vLLM's kernel overwrites its inputs).
 """
 
 from __future__ import annotations
