@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from engine_compare import assert_same_tokens_and_logprobs
 from kernel_counting import Launches
 from test_rotary import fused_qkv
 
@@ -139,11 +140,7 @@ def test_the_engine_uses_it_for_qwen3_and_gives_the_same_tokens(tiny_model_dirs,
         before = len(calls)
         runs[impl] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         assert (len(calls) > before) == (impl == "triton")  # the fused kernel ran only with the kernels on
-    for a, b in zip(runs["torch"], runs["triton"]):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-            (ta, pa), (tb, pb) = next(iter(la.items())), next(iter(lb.items()))
-            assert ta == tb and pa.logprob == pytest.approx(pb.logprob, abs=1e-4)
+    assert_same_tokens_and_logprobs(runs["torch"], runs["triton"], abs_tol=1e-4)
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from engine_compare import assert_same_tokens_and_logprobs
 from kernel_counting import CountKernels, Launches
 
 from tinyvllm import LLM, SamplingParams
@@ -208,11 +209,7 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel_as_with_the_torch_ops(
         norms = [m for m in llm.engine.model_runner.model.modules() if isinstance(m, RMSNorm)]
         assert len(norms) == 2 * 4 + 1 and {m.impl for m in norms} == {impl}
         runs[impl] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for a, b in zip(runs["torch"], runs["triton"]):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-            (ta, pa), (tb, pb) = next(iter(la.items())), next(iter(lb.items()))
-            assert ta == tb and pa.logprob == pytest.approx(pb.logprob, abs=1e-4)
+    assert_same_tokens_and_logprobs(runs["torch"], runs["triton"], abs_tol=1e-4)
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from engine_compare import assert_same_tokens_and_logprobs
 from kernel_counting import CountKernels, Launches
 
 from tinyvllm import LLM, SamplingParams
@@ -129,9 +130,7 @@ def test_the_engine_gives_the_same_tokens_and_logprobs_with_the_kernel(tiny_mode
         layers = [m for m in llm.engine.model_runner.model.modules() if isinstance(m, Attention)]
         assert len(layers) == 2 and {m.rotary_impl for m in layers} == {impl}
         runs[impl] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for a, b in zip(runs["torch"], runs["triton"]):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+    assert_same_tokens_and_logprobs(runs["torch"], runs["triton"])  # bit for bit: no tolerance
 
 
 @pytest.mark.gpu

@@ -31,14 +31,12 @@ rotary, which ``rotary.py`` already is).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from tinyvllm.models.rms_norm import rms_norm_torch
-from tinyvllm.models.rotary import rotary_torch, rotate_halves
+from tinyvllm.models.rotary import check_rotary_args, load_angles, rotary_torch, rotate_halves
 
 
 # --8<-- [start:torch]
@@ -98,14 +96,8 @@ def _qk_norm_rotary_kernel(
 ):
     """One program per token: its cos and sin once, then all its q heads and k heads."""
     token = tl.program_id(0)
-    dims = tl.arange(0, BLOCK_HALF)[None, :]  # [1, B]
-    dim_ok = dims < HALF
-    c = cos_ptr + token.to(tl.int64) * stride_cos_n + dims
-    s = sin_ptr + token.to(tl.int64) * stride_sin_n + dims
-    cos1 = tl.load(c, mask=dim_ok, other=0.0).to(tl.float32)  # [1, B]
-    cos2 = tl.load(c + HALF, mask=dim_ok, other=0.0).to(tl.float32)
-    sin1 = tl.load(s, mask=dim_ok, other=0.0).to(tl.float32)
-    sin2 = tl.load(s + HALF, mask=dim_ok, other=0.0).to(tl.float32)
+    dims, dim_ok, cos1, sin1, cos2, sin2 = load_angles(cos_ptr, sin_ptr, token, stride_cos_n, stride_sin_n,
+                                                       HALF, BLOCK_HALF)  # fmt: skip
     _norm_rotate_heads(q_ptr, q_weight_ptr, eps, token, stride_q_n, stride_q_h, num_q_heads,
                        cos1, sin1, cos2, sin2, dims, dim_ok, HALF, Q_HEADS)  # fmt: skip
     _norm_rotate_heads(k_ptr, k_weight_ptr, eps, token, stride_k_n, stride_k_h, num_k_heads,
@@ -124,27 +116,11 @@ def qk_norm_rotary_triton(
     sin: torch.Tensor,  # [N, D]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton version of ``qk_norm_rotary_torch``, written into q and k, which it returns."""
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [N, H, D] and [N, Hkv, D]")
+    check_rotary_args(q, k, cos, sin, q_weight=q_weight, k_weight=k_weight)
     n, _, d = q.shape
-    if d % 2:
-        raise ValueError(f"head size {d} must be even: rotary pairs dimension i with i + D/2")
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.shape != (n, d) or t.stride(-1) != 1:
-            raise ValueError(f"{name} {tuple(t.shape)} with strides {t.stride()} must be [{n}, {d}], unit stride last")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
         if w.shape != (d,) or not w.is_contiguous():
             raise ValueError(f"{name} {tuple(w.shape)} must be [{d}], contiguous")
-    if q.stride(-1) != 1 or k.stride(-1) != 1:
-        raise ValueError(f"q strides {q.stride()} and k strides {k.stride()} must be unit along D")
-    dtypes = (q.dtype, k.dtype, q_weight.dtype, k_weight.dtype, cos.dtype, sin.dtype)
-    if len(set(dtypes)) != 1:
-        raise ValueError(f"q, k, q_weight, k_weight, cos, sin have dtypes {dtypes}: must be one dtype")
-    devices = {t.device for t in (q, k, q_weight, k_weight, cos, sin)}
-    if len(devices) != 1:
-        raise ValueError(f"q, k, the weights, cos and sin must be on one device, got {sorted(map(str, devices))}")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"device {q.device}: Triton needs CUDA or TRITON_INTERPRET=1")
     if n:
         _qk_norm_rotary_kernel[(n,)](
             q, k, q_weight, k_weight, cos, sin, eps, q.stride(0), q.stride(1), k.stride(0), k.stride(1),

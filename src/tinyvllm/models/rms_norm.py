@@ -131,17 +131,22 @@ def _add_rms_norm_kernel(
 # --8<-- [end:add_kernel]
 
 
-# --8<-- [start:launcher]
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [N, SIZE] or [N, H, SIZE]
-    """The Triton version of ``rms_norm_torch``: same arguments, same result (NOTE 2)."""
-    if x.dim() not in (2, 3) or x.stride(-1) != 1:
-        raise ValueError(f"x {tuple(x.shape)} with strides {x.stride()} must be [N, size] or [N, H, size], unit stride last")
+def _check_weight_and_device(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """The launchers' shared checks: a weight of x's row size, dtype and device; a device Triton runs on."""
     if weight.shape != (x.shape[-1],) or weight.dtype != x.dtype or weight.device != x.device:
         raise ValueError(
             f"weight {tuple(weight.shape)} {weight.dtype} on {weight.device} must be [{x.shape[-1]}] {x.dtype} on {x.device}"
         )
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"device {x.device}: Triton needs CUDA or TRITON_INTERPRET=1")
+
+
+# --8<-- [start:launcher]
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [N, SIZE] or [N, H, SIZE]
+    """The Triton version of ``rms_norm_torch``: same arguments, same result (NOTE 2)."""
+    if x.dim() not in (2, 3) or x.stride(-1) != 1:
+        raise ValueError(f"x {tuple(x.shape)} with strides {x.stride()} must be [N, size] or [N, H, size], unit stride last")
+    _check_weight_and_device(x, weight)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous
     heads = x.shape[1] if x.dim() == 3 else 1
     rows = x.shape[0] * heads
@@ -167,12 +172,7 @@ def add_rms_norm_triton(
         )
     if delta.dtype != x.dtype or delta.device != x.device:
         raise ValueError(f"delta {delta.dtype} on {delta.device} must be {x.dtype} on {x.device}")
-    if weight.shape != (x.shape[-1],) or weight.dtype != x.dtype or weight.device != x.device:
-        raise ValueError(
-            f"weight {tuple(weight.shape)} {weight.dtype} on {weight.device} must be [{x.shape[-1]}] {x.dtype} on {x.device}"
-        )
-    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"device {x.device}: Triton needs CUDA or TRITON_INTERPRET=1")
+    _check_weight_and_device(x, weight)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.shape[0]:

@@ -71,6 +71,21 @@ def rotary_torch(
 
 # --8<-- [start:kernel]
 @triton.jit
+def load_angles(cos_ptr, sin_ptr, token, stride_cos_n, stride_sin_n, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """One token's cos and sin in float32, each half as a [1, B] row: the lanes ``dims``
+    (masked past D/2 by ``dim_ok``) and the first and second halves of each."""
+    dims = tl.arange(0, BLOCK_HALF)[None, :]  # [1, B]
+    dim_ok = dims < HALF
+    c = cos_ptr + token.to(tl.int64) * stride_cos_n + dims
+    s = sin_ptr + token.to(tl.int64) * stride_sin_n + dims
+    cos1 = tl.load(c, mask=dim_ok, other=0.0).to(tl.float32)  # [1, B]
+    cos2 = tl.load(c + HALF, mask=dim_ok, other=0.0).to(tl.float32)
+    sin1 = tl.load(s, mask=dim_ok, other=0.0).to(tl.float32)
+    sin2 = tl.load(s + HALF, mask=dim_ok, other=0.0).to(tl.float32)
+    return dims, dim_ok, cos1, sin1, cos2, sin2
+
+
+@triton.jit
 def rotate_halves(x1, x2, cos1, sin1, cos2, sin2, dt: tl.constexpr):
     """``x * cos + cat(-x2, x1) * sin`` on the two halves (float32 values of dtype ``dt``),
     each product rounded to ``dt`` first, then the sum (NOTE 2): the rotated halves in ``dt``."""
@@ -113,19 +128,36 @@ def _rotary_kernel(
 ):
     """One program per token: its cos and sin once, then all its q heads and k heads."""
     token = tl.program_id(0)
-    dims = tl.arange(0, BLOCK_HALF)[None, :]  # [1, B]
-    dim_ok = dims < HALF
-    c = cos_ptr + token.to(tl.int64) * stride_cos_n + dims
-    s = sin_ptr + token.to(tl.int64) * stride_sin_n + dims
-    cos1 = tl.load(c, mask=dim_ok, other=0.0).to(tl.float32)  # [1, B]
-    cos2 = tl.load(c + HALF, mask=dim_ok, other=0.0).to(tl.float32)
-    sin1 = tl.load(s, mask=dim_ok, other=0.0).to(tl.float32)
-    sin2 = tl.load(s + HALF, mask=dim_ok, other=0.0).to(tl.float32)
+    dims, dim_ok, cos1, sin1, cos2, sin2 = load_angles(cos_ptr, sin_ptr, token, stride_cos_n, stride_sin_n,
+                                                       HALF, BLOCK_HALF)  # fmt: skip
     _rotate_heads(q_ptr, token, stride_q_n, stride_q_h, num_q_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
                   HALF, Q_HEADS)  # fmt: skip
     _rotate_heads(k_ptr, token, stride_k_n, stride_k_h, num_k_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
                   HALF, K_HEADS)  # fmt: skip
 # --8<-- [end:kernel]
+
+
+def check_rotary_args(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **more) -> None:
+    """The rotating launchers' checks, before anything is written: q ``[N, H, D]`` and k
+    ``[N, Hkv, D]`` with unit stride along an even D, cos and sin ``[N, D]``; one dtype and one
+    device for them and for ``more`` (named tensors a launcher adds), a device Triton runs on."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [N, H, D] and [N, Hkv, D]")
+    n, _, d = q.shape
+    if d % 2:
+        raise ValueError(f"head size {d} must be even: rotary pairs dimension i with i + D/2")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.shape != (n, d) or t.stride(-1) != 1:
+            raise ValueError(f"{name} {tuple(t.shape)} with strides {t.stride()} must be [{n}, {d}], unit stride last")
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError(f"q strides {q.stride()} and k strides {k.stride()} must be unit along D")
+    named = {"q": q, "k": k, "cos": cos, "sin": sin, **more}
+    if len({t.dtype for t in named.values()}) != 1:
+        raise ValueError(", ".join(f"{name} {t.dtype}" for name, t in named.items()) + ": must be one dtype")
+    if len({t.device for t in named.values()}) != 1:
+        raise ValueError(", ".join(f"{name} on {t.device}" for name, t in named.items()) + ": must be one device")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"device {q.device}: Triton needs CUDA or TRITON_INTERPRET=1")
 
 
 # --8<-- [start:launcher]
@@ -137,22 +169,8 @@ def rotary_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton version of ``rotary_torch``: the same values (NOTE 2), written into q and
     k, which it returns (NOTE 3)."""
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [N, H, D] and [N, Hkv, D]")
+    check_rotary_args(q, k, cos, sin)
     n, _, d = q.shape
-    if d % 2:
-        raise ValueError(f"head size {d} must be even: rotary pairs dimension i with i + D/2")
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.shape != (n, d) or t.stride(-1) != 1:
-            raise ValueError(f"{name} {tuple(t.shape)} with strides {t.stride()} must be [{n}, {d}], unit stride last")
-    if q.stride(-1) != 1 or k.stride(-1) != 1:
-        raise ValueError(f"q strides {q.stride()} and k strides {k.stride()} must be unit along D")
-    if not q.dtype == k.dtype == cos.dtype == sin.dtype:
-        raise ValueError(f"q {q.dtype}, k {k.dtype}, cos {cos.dtype}, sin {sin.dtype}: must be one dtype")
-    if len({t.device for t in (q, k, cos, sin)}) != 1:
-        raise ValueError(f"q, k, cos and sin must be on one device, got {q.device}, {k.device}, {cos.device}, {sin.device}")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"device {q.device}: Triton needs CUDA or TRITON_INTERPRET=1")
     if n:
         _rotary_kernel[(n,)](
             q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
