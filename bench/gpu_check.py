@@ -84,14 +84,14 @@ class Step:
 # 8.9, 117 (a cold Triton cache), 136 (transformers' 32 requests alone 77 s; cut off at the
 # old 145 s budget, model building included), 32 and 46 seconds. The second, the first whole
 # pass: 8.2, 133 (74 tests), 157 (transformers 99 s), 44 (with the RMSNorm A/B) and 47 s.
-# Since then: 6 more gpu tests (KV tiles, rotary: about 20 s of compiling on a cold Triton
-# cache, and the tests stop 20 s before the budget) and the rotary A/B (one more build of
-# FULL_AND_PIECEWISE, about 6 s).
+# Since then: 9 more gpu tests (KV tiles, rotary, the fused q/k norm and rotary: about 25 s
+# of compiling on a cold Triton cache, and the tests stop 20 s before the budget) and the
+# rotary A/B (one more build of FULL_AND_PIECEWISE, about 6 s).
 STEPS = (
     Step("environment", 12, "device, memory, nvidia-smi's device line, versions"),
-    Step("gpu_tests", 175, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
-    Step("throughput", 175, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
-    Step("cudagraph_latency", 62, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
+    Step("gpu_tests", 180, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("throughput", 172, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
+    Step("cudagraph_latency", 60, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
     Step("prefix_caching", 56, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
 )
 MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
