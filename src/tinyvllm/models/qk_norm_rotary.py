@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tinyvllm.models.kernel_choice import uses_kernel
 from tinyvllm.models.rms_norm import rms_norm_torch
 from tinyvllm.models.rotary import check_rotary_args, load_angles, rotary_torch, rotate_halves
 
@@ -138,7 +139,5 @@ def qk_norm_rotary_applies(q: torch.Tensor, norm_impl: str, rotary_impl: str) ->
     """True when the norms and the rotary would each be a kernel (``rms_norm.rms_norm`` and
     ``rotary.rotary``'s rules for these tensors): then one fused kernel replaces the three."""
     on_cuda = q.is_cuda and q.stride(-1) == 1
-    norm_kernel = norm_impl == "triton" or (norm_impl == "auto" and on_cuda)
-    rotary_kernel = rotary_impl == "triton" or (rotary_impl == "auto" and on_cuda)
-    return norm_kernel and rotary_kernel
+    return uses_kernel(norm_impl, on_cuda) and uses_kernel(rotary_impl, on_cuda)
 # --8<-- [end:choose]

@@ -24,8 +24,10 @@ rounding (NOTE 2).
 NOTE 1 (the count): ``tests/test_rms_norm.py`` counts the operations of one bfloat16
 decode forward of the tiny Qwen3: eight for each of its nine norms. The rest of a layer,
 read off ``llama.py`` with the Triton attention backend: the qkv, o, gate-up and down
-projections (4), rotary on q and on k (5 each), the KV write and the attention kernel (2,
-3 with split KV), two residual adds, ``silu`` and its multiply (2): about 21.
+projections (4), rotary on q and on k (5 each as torch ops), the KV write and the attention
+kernel (2, 3 with split KV), two residual adds, ``silu`` and its multiply (2): about 21.
+(On CUDA the rotary and the residual adds are now kernels of their own or folded into the
+norms: ``rotary.py``, ``qk_norm_rotary.py`` and NOTE 3.)
 NOTE 2 (rounding): both compute in float32 and round once to the model's dtype before
 the weight's multiply, as transformers does; they differ only in the order in which the
 squares are summed, a few float32 ulps, which bfloat16 rounding nearly always hides.
@@ -43,13 +45,13 @@ Left out: quantised outputs, writing in place (vLLM's kernel overwrites its inpu
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-IMPLS = ("auto", "torch", "triton")
+from tinyvllm.attention.kv_cache_write import triton_can_run_on
+from tinyvllm.models.kernel_choice import impl_from_env, uses_kernel
+
 IMPL_ENV = "TINYVLLM_RMS_NORM"
 
 
@@ -137,7 +139,7 @@ def _check_weight_and_device(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(
             f"weight {tuple(weight.shape)} {weight.dtype} on {weight.device} must be [{x.shape[-1]}] {x.dtype} on {x.device}"
         )
-    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if not triton_can_run_on(x.device):
         raise ValueError(f"device {x.device}: Triton needs CUDA or TRITON_INTERPRET=1")
 
 
@@ -186,19 +188,14 @@ def add_rms_norm_triton(
 
 # --8<-- [start:choose]
 def rms_norm_impl() -> str:
-    """The implementation ``TINYVLLM_RMS_NORM`` asks for ("auto" when unset)."""
-    impl = os.environ.get(IMPL_ENV, "auto")
-    if impl not in IMPLS:
-        raise ValueError(f"{IMPL_ENV}={impl!r} is not one of {IMPLS}")
-    return impl
+    """The implementation ``TINYVLLM_RMS_NORM`` asks for ("auto" when unset; ``kernel_choice.py``)."""
+    return impl_from_env(IMPL_ENV)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "auto") -> torch.Tensor:
     """``rms_norm_triton`` for CUDA tensors it takes (or when ``impl`` is "triton"),
     ``rms_norm_torch`` otherwise (or when ``impl`` is "torch")."""
-    if impl == "triton" or (
-        impl == "auto" and x.is_cuda and x.dim() in (2, 3) and x.stride(-1) == 1 and weight.dtype == x.dtype
-    ):
+    if uses_kernel(impl, x.is_cuda and x.dim() in (2, 3) and x.stride(-1) == 1 and weight.dtype == x.dtype):
         return rms_norm_triton(x, weight, eps)
     return rms_norm_torch(x, weight, eps)
 
@@ -209,7 +206,7 @@ def add_rms_norm(
     """``(norm(x + delta), x + delta)``: ``add_rms_norm_triton`` where ``rms_norm`` would take
     the kernel (and both are rows with unit stride), ``add_rms_norm_torch`` otherwise."""
     rows = x.dim() == 2 and x.shape == delta.shape and x.stride(-1) == 1 and delta.stride(-1) == 1
-    if impl == "triton" or (impl == "auto" and x.is_cuda and rows and weight.dtype == x.dtype == delta.dtype):
+    if uses_kernel(impl, x.is_cuda and rows and weight.dtype == x.dtype == delta.dtype):
         return add_rms_norm_triton(x, delta, weight, eps)
     return add_rms_norm_torch(x, delta, weight, eps)
 # --8<-- [end:choose]

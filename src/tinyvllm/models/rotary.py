@@ -43,13 +43,13 @@ head size), and computing cos and sin inside the kernel from the positions.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-IMPLS = ("auto", "torch", "triton")
+from tinyvllm.attention.kv_cache_write import triton_can_run_on
+from tinyvllm.models.kernel_choice import impl_from_env, uses_kernel
+
 IMPL_ENV = "TINYVLLM_ROTARY"
 
 
@@ -156,7 +156,7 @@ def check_rotary_args(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
         raise ValueError(", ".join(f"{name} {t.dtype}" for name, t in named.items()) + ": must be one dtype")
     if len({t.device for t in named.values()}) != 1:
         raise ValueError(", ".join(f"{name} on {t.device}" for name, t in named.items()) + ": must be one device")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if not triton_can_run_on(q.device):
         raise ValueError(f"device {q.device}: Triton needs CUDA or TRITON_INTERPRET=1")
 
 
@@ -184,11 +184,8 @@ def rotary_triton(
 
 # --8<-- [start:choose]
 def rotary_impl() -> str:
-    """The implementation ``TINYVLLM_ROTARY`` asks for ("auto" when unset)."""
-    impl = os.environ.get(IMPL_ENV, "auto")
-    if impl not in IMPLS:
-        raise ValueError(f"{IMPL_ENV}={impl!r} is not one of {IMPLS}")
-    return impl
+    """The implementation ``TINYVLLM_ROTARY`` asks for ("auto" when unset; ``kernel_choice.py``)."""
+    return impl_from_env(IMPL_ENV)
 
 
 def rotary(
@@ -197,7 +194,7 @@ def rotary(
     """``rotary_triton`` for CUDA tensors it takes (or when ``impl`` is "triton"),
     ``rotary_torch`` otherwise (or when ``impl`` is "torch")."""
     takes = q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
-    if impl == "triton" or (impl == "auto" and q.is_cuda and takes and q.dtype == cos.dtype):
+    if uses_kernel(impl, q.is_cuda and takes and q.dtype == cos.dtype):
         return rotary_triton(q, k, cos, sin)
     return rotary_torch(q, k, cos, sin)
 # --8<-- [end:choose]
