@@ -395,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return run(args)
         if args.command == "trace":
+            from tinyvllm.trace import command as trace_command  # main's own import: build_parser's is its local
+
             return trace_command.run(args, _check_engine_args, llm_from_args)
         from tinyvllm.models.tiny import build_tiny_model
 
