@@ -2,82 +2,71 @@
 
 Concept: turn a local folder as ``save_pretrained`` writes it into plain values the
 engine can trust: a frozen ``ModelSpec`` (architecture and shapes), the weight tensors,
-the tokenizer and the EOS token ids. Every problem with the folder is reported before
-anything runs, as one ``ValueError`` naming the file and the field (or tensor) and the
-value found; nothing from deep inside (``KeyError``, ``ZeroDivisionError``,
-``SafetensorError``, ``AttributeError`` on a list where an object was expected) escapes.
+the tokenizer and the EOS token ids. Every problem with the folder is one ``ValueError``
+naming the file and the field (or tensor) and the value found, before anything runs;
+nothing from deep inside (``KeyError``, ``SafetensorError``, ...) escapes.
 
 Mirrors: ``vllm/model_executor/model_loader/`` (default loader, safetensors iteration)
 and ``vllm/transformers_utils/config.py``, in a few hundred lines.
 
 Supported: ``Qwen3ForCausalLM`` (q/k RMSNorm), ``Qwen2ForCausalLM`` (q/k/v bias),
-``LlamaForCausalLM`` (optionally llama3 rope scaling). Both forms of ``config.json``:
-transformers v4 (top-level ``rope_theta`` and ``rope_scaling``) and v5
-(``rope_parameters``).
+``LlamaForCausalLM`` (optionally llama3 rope scaling); ``config.json`` in transformers
+v4's form (top-level ``rope_theta``, ``rope_scaling``) and v5's (``rope_parameters``).
 
 What is checked (each failure a ``ValueError`` naming the file and the field):
-- JSON files (``config.json``, ``generation_config.json``,
-  ``model.safetensors.index.json``): readable, valid UTF-8 JSON, an object at the top.
-- ``config.json``: ``architectures`` a list of names, one supported. Integers (not
-  bools, not floats, not strings) and >= 1: ``vocab_size``, ``hidden_size``,
-  ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
-  ``num_key_value_heads`` and ``head_dim`` (both optional), ``max_position_embeddings``;
-  none past ``MAX_CONFIG_INT`` (2**31 - 1).
-  The heads divide by the KV heads; without ``head_dim``, ``hidden_size`` divides by the
-  heads; ``head_dim`` is even (rotary pairs). Finite numbers > 0: ``rms_norm_eps``,
-  ``rope_theta``. Bools: ``tie_word_embeddings``, ``attention_bias``. ``dtype`` one of
-  float32 / float16 / bfloat16. Rope: ``rope_scaling`` / ``rope_parameters`` objects,
-  type default or llama3; llama3 needs ``factor`` > 0, ``low_freq_factor`` > 0,
-  ``high_freq_factor`` > ``low_freq_factor`` and ``original_max_position_embeddings`` >= 1.
-- Weights: safetensors only (NOTE 1); the index's shard names stay inside the folder
-  (NOTE 3); every header parses and covers its file (truncated and empty files are
-  named); no tensor is in two files; every tensor the decoder needs is there with its
-  shape and a float dtype, and none it would ignore (``check_weights``, from the headers
-  alone, before any tensor is read).
+- Every file read or handed on: a regular file inside the folder, of bounded size (NOTE 6).
+- JSON files: valid UTF-8 JSON, an object at the top.
+- ``config.json``: one supported architecture; sizes integers in [1, ``MAX_CONFIG_INT``];
+  heads a multiple of KV heads, ``head_dim`` even; ``rms_norm_eps`` and ``rope_theta``
+  finite > 0; bools and ``dtype`` as named; rope type default or llama3 with its fields.
+- Weights: safetensors only (NOTE 1); shards stay inside the folder (NOTE 3); every
+  header parses and covers its file; no tensor in two files; every tensor the decoder
+  needs with its shape and a float dtype, none it would ignore (``check_weights``, from
+  the headers alone); their bytes fit in the memory available (NOTE 6).
 - Tokenizer: the folder has tokenizer files (NOTE 4), and those in JSON parse; what
   transformers then refuses is wrapped in a ValueError naming the folder.
-- EOS: ``generation_config.json``'s ``eos_token_id`` is an int >= 0 or a list of them.
-- Sampling defaults (``load_generation_defaults``, NOTE 5): ``generation_config.json``'s
-  ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` and
-  ``max_new_tokens``, each a JSON number ``SamplingParams`` accepts for its field.
-``check_model_folder`` runs all of these but the tokenizer's loading, without torch or
-transformers (the command line calls it first, so a broken folder fails in a blink).
+- ``generation_config.json``: ``eos_token_id`` an int >= 0 or a list of them; the
+  sampling defaults (``load_generation_defaults``, NOTE 5) each a number
+  ``SamplingParams`` accepts. ``check_model_folder`` runs all of these but the
+  tokenizer's loading, without torch or transformers (the command line calls it first).
 
 NOTE 1 (no pickle): weights are read with safetensors only. A ``pytorch_model.bin`` is
 a pickle that can run code when loaded; we refuse it instead of unpickling it.
 NOTE 2 (dtype "auto"): the checkpoint's dtype on a GPU; float32 on the CPU, where
 half-precision matmuls are slow and the equivalence tests want exact arithmetic.
-NOTE 3 (shards stay inside): ``model.safetensors.index.json`` names its shard files; a
-name that is absolute, climbs out with ``..``, or is a symlink resolving outside the
-folder is refused (otherwise a downloaded folder could make us read any file on the
-machine). One exception, so that the Hugging Face hub cache loads: in
-``.../snapshots/<revision>/`` a symlink may resolve into the repository's ``../../blobs/``.
-The same rule holds for ``*.safetensors`` found without an index.
-NOTE 4 (no tokenizer files): transformers v5 does not fail on a folder without any: the
-tokenizer class named by ``config.json`` (``Qwen2Tokenizer`` for qwen3) is built with its
-default vocabulary, ``{"<|endoftext|>": 0}``, a one-token tokenizer that turns every
-prompt into nothing. We ask for ``tokenizer.json``, ``tokenizer.model`` or ``vocab.json``
-with ``merges.txt`` first.
+NOTE 3 (shards stay inside): an index's shard name that is absolute or climbs out with
+``..`` is refused, and so is any file resolving outside the folder, but for a hub
+snapshot's links into ``../../blobs/`` (otherwise a downloaded folder could make us read
+any file on the machine).
+NOTE 4 (no tokenizer files): transformers v5 builds the class ``config.json`` names with
+its default one-token vocabulary (``{"<|endoftext|>": 0}``), which turns every prompt
+into nothing. We ask for ``tokenizer.json``, ``tokenizer.model`` or ``vocab.json`` with
+``merges.txt`` first.
 NOTE 5 (sampling defaults): vLLM's ``ModelConfig.get_diff_sampling_param`` keeps six
-fields of ``generation_config.json`` and renames ``max_new_tokens`` to ``max_tokens``;
-a null is as good as absent, and every other key is ignored, ``do_sample`` included (a
-file with ``"do_sample": false`` and a temperature still samples at that temperature, in
-vLLM as here). Each value is checked by ``SamplingParams`` itself, so the ranges are the
-same as a request's; a refusal names the file and the field.
+fields of ``generation_config.json``, ``max_new_tokens`` renamed ``max_tokens``; a null
+is as good as absent, every other key (``do_sample`` too) is ignored. ``SamplingParams``
+checks each value, so the ranges are a request's.
+NOTE 6 (files that never end): a name linked to ``/dev/zero``, a FIFO, or a consistent
+but absurd checkpoint (``vocab_size`` 2**31 - 1 and a sparse weights file) would read
+forever, hang, or fail inside torch. ``models/model_files.py`` reads each file within
+bounds, and the weights' bytes from the headers are compared with the memory available
+(CPU in ``check_model_folder``, the device in ``iter_safetensors``) before any is read.
 
 Left out: quantised checkpoints, multimodal configs, remote code; checking that the
-tokenizer's ids fit the model's ``vocab_size`` (some real checkpoints list added tokens
-past it that never occur).
+tokenizer's ids fit ``vocab_size`` (some checkpoints list added tokens past it).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from tinyvllm.models.model_files import check_model_file, check_weights_fit, read_model_file
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
@@ -91,6 +80,9 @@ WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 # The tokenizer's JSON files, each parsed first so that a broken one is named.
 _TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json")
+# Every file of the folder transformers' AutoTokenizer may open: each checked first (NOTE 6).
+TOKENIZER_FILES = (*_TOKENIZER_JSON, "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json")  # fmt: skip
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 _REQUIRED = object()  # sentinel: a field with no default
 MAX_CONFIG_INT = 2**31 - 1  # sizes past it are typos (and overflow int32 index arithmetic)
@@ -145,14 +137,12 @@ def _require_folder(folder: str | Path) -> Path:
     return path
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON file holding an object; any other content is a ValueError naming the file."""
+def _read_json(path: Path, folder: Path, kind: str = "config") -> dict[str, Any]:
+    """A JSON file of ``folder`` holding an object, read within bounds (NOTE 6); any other
+    content is a ValueError naming the file."""
+    data = read_model_file(path, folder, kind)  # missing, not a regular file, outside, too big
     try:
-        value = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise ValueError(f"{path} is missing") from None
-    except OSError as e:  # a directory, no permission, an I/O error
-        raise ValueError(f"{path} cannot be read: {e.strerror or e}") from None
+        value = json.loads(data)
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text: {e}") from None
     except json.JSONDecodeError as e:
@@ -279,7 +269,7 @@ def load_model_spec(folder: str | Path) -> ModelSpec:
     """Read and check ``config.json`` of a Hugging Face model folder (every check listed
     in the module header); a ValueError names the file, the field and the value."""
     path = _require_folder(folder) / "config.json"
-    config = _read_json(path)
+    config = _read_json(path, Path(folder))
     where = str(path)
     arch = _architecture(config, path)
     family = SUPPORTED_ARCHITECTURES[arch]
@@ -327,17 +317,6 @@ def load_model_spec(folder: str | Path) -> ModelSpec:
 # -- weights --------------------------------------------------------------------------------
 
 
-def _check_stays_inside(file: Path, folder: Path, named_by: str) -> None:
-    """Refuse a weight file that resolves outside the folder (NOTE 3)."""
-    root = folder.resolve()
-    real = file.resolve()
-    if real.is_relative_to(root):
-        return
-    if root.parent.name == "snapshots" and real.is_relative_to(root.parent.parent / "blobs"):
-        return  # the Hugging Face hub cache: snapshots/<rev>/x -> ../../blobs/<hash>
-    raise ValueError(f"{named_by}: {file.name} resolves to {real}, outside the model folder {folder}")
-
-
 def _shard_path(name: object, folder: Path, index: Path) -> Path:
     """The file an index entry names, refused if the name leaves the folder (NOTE 3)."""
     if not isinstance(name, str) or not name:
@@ -355,7 +334,7 @@ def find_weight_files(folder: str | Path) -> list[Path]:
     path = _require_folder(folder)
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = _read_json(index, path, "index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(
                 f"{index}: field 'weight_map' must be a non-empty object {{tensor: file}}, got {weight_map!r}"
@@ -367,20 +346,16 @@ def find_weight_files(folder: str | Path) -> list[Path]:
             names.add(name)
         files = [_shard_path(name, path, index) for name in sorted(names)]
         for f in files:
-            if not f.exists():
+            if not os.path.lexists(f):
                 raise ValueError(f"{index} names {f.name}, which is missing from {path}")
-            _check_stays_inside(f, path, str(index))
     else:
         files = sorted(path.glob("*.safetensors"))
         if not files:
             pickled = sorted(p.name for p in path.glob("*.bin"))
             hint = f" (found {pickled}: pickled weights are refused, convert them to safetensors)" if pickled else ""
             raise ValueError(f"no *.safetensors weights in {path}{hint}")
-        for f in files:
-            _check_stays_inside(f, path, str(path))
     for f in files:
-        if not f.is_file():
-            raise ValueError(f"weight file {f} is not a regular file")
+        check_model_file(f, path)  # a regular file inside the folder (NOTE 3), of any size
     return files
 
 
@@ -412,9 +387,13 @@ def read_tensor_infos(files: Iterable[Path]) -> dict[str, TensorInfo]:
 
 def iter_safetensors(files: Iterable[Path], device: str = "cpu") -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` for every tensor of the files, without unpickling; an
-    unreadable file or tensor is a ValueError naming it."""
+    unreadable file or tensor is a ValueError naming it, and so are weights larger than
+    the memory available on ``device``, before any tensor is read (NOTE 6)."""
     from safetensors import SafetensorError, safe_open
 
+    files = list(files)
+    if files:
+        check_weights_fit(read_tensor_infos(files).values(), files[0].parent, device)
     for f in files:
         try:
             handle_cm = safe_open(str(f), framework="pt", device=device)
@@ -495,6 +474,9 @@ def check_tokenizer_files(folder: str | Path) -> None:
     """Refuse a folder with no tokenizer files (NOTE 4) instead of a one-token tokenizer,
     and name the tokenizer's JSON file that does not parse (transformers would not)."""
     path = _require_folder(folder)
+    for name in ("config.json", *TOKENIZER_FILES):  # transformers would open them unchecked
+        if os.path.lexists(path / name):
+            check_model_file(path / name, path, "config" if name == "config.json" else "tokenizer")
     present = (path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()
     if not (present or ((path / "vocab.json").is_file() and (path / "merges.txt").is_file())):
         raise ValueError(
@@ -502,7 +484,7 @@ def check_tokenizer_files(folder: str | Path) -> None:
         )
     for name in _TOKENIZER_JSON:
         if (path / name).exists():
-            _read_json(path / name)
+            _read_json(path / name, path, "tokenizer")
 
 
 def load_tokenizer(folder: str | Path):
@@ -528,8 +510,8 @@ def _eos_id(value: object, gen: Path) -> int:
 def load_eos_token_ids(folder: str | Path, tokenizer=None) -> list[int]:
     """EOS ids from ``generation_config.json`` if present, else the tokenizer's."""
     gen = _require_folder(folder) / "generation_config.json"
-    if gen.exists():
-        eos = _read_json(gen).get("eos_token_id")
+    if os.path.lexists(gen):  # a dangling link is named, not taken for no file
+        eos = _read_json(gen, Path(folder)).get("eos_token_id")
         if eos is not None:
             return [_eos_id(e, gen) for e in eos] if isinstance(eos, list) else [_eos_id(eos, gen)]
     if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -552,9 +534,9 @@ def load_generation_defaults(folder: str | Path) -> dict[str, Any]:
     from tinyvllm.sampling_params import SamplingParams  # no torch
 
     gen = _require_folder(folder) / "generation_config.json"
-    if not gen.exists():
+    if not os.path.lexists(gen):
         return {}
-    config = _read_json(gen)
+    config = _read_json(gen, Path(folder))
     defaults: dict[str, Any] = {}
     for key, name in GENERATION_DEFAULT_FIELDS.items():
         value = config.get(key)
@@ -592,7 +574,9 @@ def check_model_folder(folder: str | Path) -> ModelSpec:
     """Every check of the module header but loading the tokenizer, without importing torch
     or transformers; returns the spec. The command line runs it before starting the engine."""
     spec = load_model_spec(folder)
-    check_weights(spec, read_tensor_infos(find_weight_files(folder)), folder)
+    infos = read_tensor_infos(find_weight_files(folder))
+    check_weights(spec, infos, folder)
+    check_weights_fit(infos.values(), folder, "cpu")  # every tensor passes through CPU memory (NOTE 6)
     check_tokenizer_files(folder)
     load_eos_token_ids(folder)
     return spec
