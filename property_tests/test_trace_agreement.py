@@ -61,6 +61,7 @@ class AgreeingRecorder(Recorder):
     def on_step(self, engine, scheduler_output, core_outputs, error) -> None:
         super().on_step(engine, scheduler_output, core_outputs, error)
         assert error is None, error
+        assert self.error is None, self.error  # the recorder warns and stops rather than raise (recorder NOTE 5)
         agree(engine, self.steps[-1], scheduler_output)
 
 

@@ -168,3 +168,114 @@ def test_importing_the_trace_package_does_not_import_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_step_that_fails_after_a_request_left_raises_its_own_error_and_is_recorded(llm):
+    """Issue 36 item 6: A finishes in step 0, so step 1's batch drops A's row and moves B
+    up before the sampler raises. The caller gets that RuntimeError (not an AssertionError
+    of the recorder), and the failed step's snapshot passes check_snapshot: its batch goes
+    from the rows of step 0 to none, every one of them removed."""
+    runner = llm.engine.model_runner
+    sampler = runner.sampler
+    calls = []
+
+    def failing_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected in step 1")
+        return sampler(*args)
+
+    runner.sampler = failing_second
+    try:
+        with record(llm) as t:
+            with pytest.raises(RuntimeError, match="injected in step 1") as info:
+                llm.generate(
+                    [{"prompt_token_ids": [3, 4, 5]}, {"prompt_token_ids": [6, 7, 8]}],
+                    [_greedy(1), _greedy(4)], use_tqdm=False,
+                )  # fmt: skip
+    finally:
+        runner.sampler = sampler
+    assert type(info.value) is RuntimeError
+    assert t.error is None, "the recorder itself must not have failed"
+    steps = t.trace.steps
+    assert len(steps) == 2
+    a, b = steps[0].batch.rows
+    assert steps[0].scheduler.finished == (a,), "A finished in step 0"
+    failed = steps[1]
+    assert failed.label == "step 1: failed" and "RuntimeError: injected in step 1" in failed.note
+    assert failed.batch.previous_rows == (a, b) and failed.batch.rows == ()
+    assert failed.batch.removed == (1, 0) and failed.batch.added == () and failed.batch.moved == ()
+    assert failed.scheduler.finished == (b,) and failed.requests == () and failed.num_free_blocks == 16
+    check_trace(t.trace)
+    assert llm.engine.observer is None
+
+
+class LabelError(Exception):
+    pass
+
+
+def test_an_error_of_the_recorder_stops_the_recording_and_leaves_generate_alone():
+    """The recorder's own failure (here: its ``label_token``, on the second call's prompt)
+    never reaches ``generate``: the outputs are an unrecorded run's, a warning says at which
+    step recording stopped, the trace keeps the steps before, and no later step is tried."""
+    llm = LLM(tiny_model_folder(), device="cpu", max_model_len=32, block_size=4, num_gpu_blocks_override=16,
+              max_num_batched_tokens=8, enable_prefix_caching=False)  # fmt: skip
+    first, second = [20, 21, 22], [90, 91, 92, 93]
+    unrecorded = [llm.generate({"prompt_token_ids": p}, _greedy(3), use_tqdm=False)[0].outputs[0].token_ids for p in (first, second)]
+    refused = []
+
+    def label(token_id: int) -> str:
+        if token_id in second:
+            refused.append(token_id)
+            raise LabelError(f"no label for {token_id}")
+        return str(token_id)
+
+    with pytest.warns(RuntimeWarning, match=r"recording stopped at step 3: the recorder raised LabelError: no label for 9"):
+        with record(llm, label_token=label) as t:
+            outs = [llm.generate({"prompt_token_ids": p}, _greedy(3), use_tqdm=False)[0].outputs[0].token_ids for p in (first, second)]
+    assert outs == unrecorded
+    assert isinstance(t.error, LabelError) and len(refused) == 1, "recording must stop at the first error"
+    assert len(t.trace.steps) == 3 and t.trace.steps[-1].scheduler.finished != ()
+    check_trace(t.trace)
+    assert llm.engine.observer is None
+
+
+def test_an_error_of_the_recorder_in_a_failed_step_leaves_the_steps_own_error(llm):
+    """Step 0 fails in the sampler; taking its snapshot fails too (B, left waiting, has a
+    token the label function refuses). The caller gets the sampler's RuntimeError."""
+    runner = llm.engine.model_runner
+    sampler = runner.sampler
+
+    def failing(*args):
+        raise RuntimeError("injected in the sampler")
+
+    def label(token_id: int) -> str:
+        if token_id >= 90:
+            raise LabelError(f"no label for {token_id}")
+        return str(token_id)
+
+    runner.sampler = failing
+    try:
+        with pytest.warns(RuntimeWarning, match="recording stopped at step 0"):
+            with record(llm, label_token=label) as t:
+                with pytest.raises(RuntimeError, match="injected in the sampler") as info:
+                    prompts = [{"prompt_token_ids": list(range(20, 28))}, {"prompt_token_ids": [90, 91]}]
+                    llm.generate(prompts, _greedy(2), use_tqdm=False)
+    finally:
+        runner.sampler = sampler
+    assert type(info.value) is RuntimeError
+    assert isinstance(t.error, LabelError) and t.trace.steps == ()
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_max_steps_caps_the_recording_with_one_warning(llm):
+    with pytest.raises(ValueError, match="max_steps must be a positive int or None, got 0"):
+        with record(llm, max_steps=0):
+            pass
+    assert llm.engine.observer is None
+    with pytest.warns(RuntimeWarning, match="recorded max_steps=2 steps; the later steps are not recorded") as caught:
+        with record(llm, max_steps=2) as t:
+            llm.generate({"prompt_token_ids": [5, 6, 7]}, _greedy(5), use_tqdm=False)
+    assert len([w for w in caught if "max_steps" in str(w.message)]) == 1
+    assert [s.label for s in t.trace.steps] == ["step 0", "step 1"] and t.num_unrecorded == 3
+    assert t.error is None

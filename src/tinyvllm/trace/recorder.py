@@ -34,7 +34,15 @@ persistent ``slot_mapping``, ``positions`` and ``query_start_loc`` buffers), so 
 picture shows the real writes; for a scheduler or a manager driven by hand they are
 computed from the block tables, as the runner would (``slot_for_position``).
 NOTE 3 (sizes): a snapshot copies every unfinished request's tokens and every block, so a
-trace is for runs of tens of steps and requests of hundreds of tokens, not for serving.
+trace is for runs of tens of steps and requests of hundreds of tokens, not for serving;
+``max_steps`` caps what the engine's hook records (one warning when it is reached).
+NOTE 4 (a failed step): the undo empties the persistent batch, and its ``BatchUpdate`` is
+relative to the rows the failed step had half built (a request already removed, rows
+already moved), which no snapshot saw. The snapshot says what the undo did to the rows
+the previous snapshot showed: every one of them removed.
+NOTE 5 (the recorder never raises into the engine): an exception of ``on_step`` (its own
+copy, ``label_token``, a snapshot failing ``check_snapshot``) is kept in ``error``, warned
+about once, and ends the recording; the engine's step returns or raises as unrecorded.
 
 Left out: recording ``AsyncLLM``'s engine from another thread while it steps (record
 before serving starts instead), the draft token ids themselves (a snapshot counts a
@@ -44,6 +52,7 @@ step's drafts and keeps the tokens it kept).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -81,7 +90,10 @@ class Recorder:
         panels: Iterable[str] | None = None,
         label_token: Callable[[int], str] | None = None,
         check: bool = True,
+        max_steps: int | None = None,
     ) -> None:
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
         self.engine = self.scheduler = self.kv = self.batch = self.runner = None
         self._resolve(target)
         self.source = type(target).__name__ if self.engine is None else type(self.engine).__name__
@@ -89,6 +101,9 @@ class Recorder:
         self.description = description
         self.panels = self._panels(panels)
         self.check = check
+        self.max_steps = max_steps  # NOTE 3: the engine's hook records at most this many steps
+        self.num_unrecorded = 0  # steps the engine ran past max_steps
+        self.error: Exception | None = None  # what stopped the recording (NOTE 5)
         self.steps: list[StepSnapshot] = []
         self._label_token = label_token or self._default_label()
         self._token_text: dict[int, str] = {}
@@ -146,12 +161,31 @@ class Recorder:
 
     # --8<-- [start:on_step]
     def on_step(self, engine, scheduler_output, core_outputs, error: BaseException | None) -> None:
-        """``LLMEngine.observer``: one snapshot per step (``StepObserver``)."""
-        if error is None:
-            self.capture(scheduler_output=scheduler_output, core_outputs=core_outputs)
+        """``LLMEngine.observer``: one snapshot per step (``StepObserver``). Never raises into
+        the engine (NOTE 5): an error of its own stops the recording, with a warning."""
+        if self.error is not None:
             return
-        note = f"the step raised {type(error).__name__}: {error}; the engine undid it (its requests were aborted)"
-        self.capture(f"step {len(self.steps)}: failed", note, scheduler_output=scheduler_output, failed=True)
+        if self.max_steps is not None and len(self.steps) >= self.max_steps:  # NOTE 3
+            self.num_unrecorded += 1
+            if self.num_unrecorded == 1:
+                self._warn(f"recorded max_steps={self.max_steps} steps; the later steps are not recorded")
+            return
+        try:
+            if error is None:
+                self.capture(scheduler_output=scheduler_output, core_outputs=core_outputs)
+                return
+            note = f"the step raised {type(error).__name__}: {error}; the engine undid it (its requests were aborted)"
+            self.capture(f"step {len(self.steps)}: failed", note, scheduler_output=scheduler_output, failed=True)
+        except Exception as own:  # NOTE 5: what the engine raises (or returns) stays the engine's
+            self.error = own
+            self._warn(
+                f"recording stopped at step {len(self.steps)}: the recorder raised {type(own).__name__}: {own} "
+                f"(the engine's step is unaffected; the trace keeps the {len(self.steps)} steps before)"
+            )  # fmt: skip
+
+    @staticmethod
+    def _warn(message: str) -> None:
+        warnings.warn(f"tinyvllm.trace: {message}", RuntimeWarning, stacklevel=3)
     # --8<-- [end:on_step]
 
     # -- one snapshot -------------------------------------------------------------------------
@@ -187,7 +221,7 @@ class Recorder:
             hash_map=hash_map,
             requests=request_states,
             scheduler=self._scheduler_step(scheduler_output, core_outputs, failed),
-            batch=self._batch(),
+            batch=self._batch(failed),
             dispatch=self._dispatch(scheduler_output, failed),
             slots=self._slots(scheduler_output, scheduled, computed, failed),
         )
@@ -268,12 +302,15 @@ class Recorder:
             ))  # fmt: skip
         return SchedulerStep(budget, tuple(scheduled), tuple(sorted(out.preempted_req_ids)), finished, **queues)
 
-    def _batch(self) -> BatchState | None:
+    def _batch(self, failed: bool) -> BatchState | None:
         if self.batch is None:
             return None
         batch = self.batch
         rows = tuple(r for r in batch.req_ids if r is not None)
         update, previous, self._rows = batch.last_batch_update, self._rows, rows
+        if failed:  # NOTE 4: the undo emptied the batch; its update is relative to rows never seen
+            removed = tuple(range(len(previous) - 1, -1, -1))
+            return BatchState(previous, rows, removed, (), (), changed=bool(previous))
         if update is None:
             return BatchState(previous, rows, (), (), (), changed=False)
         lists = {id(batch.output_token_ids[row]): row for row in range(len(batch.req_ids))}
