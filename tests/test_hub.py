@@ -224,6 +224,64 @@ def test_an_unknown_revision_offline_names_the_revision(cache, tiny_model_dirs):
         assert word in message, (word, message)
 
 
+# -- the cache's own files: refs/<revision> and the tree listing (issue 36 item 10) -----------------
+
+
+def _unlinked(path: Path) -> Path:
+    path.unlink(missing_ok=True)
+    return path
+
+
+BROKEN_REFS = {  # each leaves refs/main unusable; the hub would read it as it is
+    "binary": lambda ref: ref.write_bytes(b"\xff\xfe\x00binary"),
+    "not-a-hash": lambda ref: ref.write_text("../.."),  # the hub would join it to snapshots/
+    "dev-zero": lambda ref: _unlinked(ref).symlink_to("/dev/zero"),
+    "too-long": lambda ref: ref.write_text("a" * 5000),
+    "directory": lambda ref: _unlinked(ref).mkdir(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_REFS))
+def test_a_broken_ref_in_the_cache_is_one_error_naming_the_model_and_the_file(cache, tiny_model_dirs, case):
+    cache.add(REPO, tiny_model_dirs["qwen3"])
+    ref = cache.repo_dir(REPO) / "refs" / "main"
+    BROKEN_REFS[case](ref)
+    with pytest.raises(ValueError) as info:
+        resolve_model(REPO)
+    message = str(info.value)
+    assert "\n" not in message
+    for word in (f"model {REPO!r} (revision 'main')", str(ref), "delete"):
+        assert word in message, (word, message)
+
+
+def test_a_fifo_for_a_ref_or_a_tree_listing_is_refused_unopened(cache, tiny_model_dirs):
+    from test_model_files import FifoGuard
+
+    snapshot = cache.add(REPO, tiny_model_dirs["qwen3"])
+    repo = cache.repo_dir(REPO)
+    (repo / "trees").mkdir()
+    for fifo_path in (repo / "refs" / "main", repo / "trees" / f"{snapshot.name}.json"):
+        saved = fifo_path.read_bytes() if fifo_path.exists() else None
+        with FifoGuard(fifo_path) as fifo:
+            with pytest.raises(ValueError, match=rf"{REPO!r}.*{fifo_path} cannot be read: .* a named pipe \(FIFO\)"):
+                resolve_model(REPO)
+        assert not fifo.opened
+        fifo_path.unlink()
+        if saved is not None:
+            fifo_path.write_bytes(saved)
+    assert resolve_model(REPO) == snapshot  # a sound cache still resolves
+
+
+def test_cli_a_binary_ref_is_one_line(cache, tiny_model_dirs, capsys):
+    cache.add(REPO, tiny_model_dirs["qwen3"])
+    ref = cache.repo_dir(REPO) / "refs" / "main"
+    ref.write_bytes(b"\xff\xfe\x00binary")
+    assert cli.main(["generate", "--model", REPO, "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tinyvllm: error: ") and "Traceback" not in err
+    assert f"model {REPO!r}" in err and str(ref) in err
+
+
 def test_llm_refuses_an_unknown_id_before_anything_else(cache):
     with pytest.raises(ValueError, match="'org/nope'.*HF_HUB_OFFLINE=1"):
         LLM("org/nope", **ENGINE)

@@ -10,13 +10,10 @@ files and the safetensors weights. Whatever goes wrong on the way (no such model
 revision, a gated model, offline with an empty cache, no network) is one ``ValueError``
 line naming the id, the revision and what to do.
 
-Mirrors: vLLM's ``--model`` takes a local path or a hub id. Its config and tokenizer come
-through transformers (``vllm/transformers_utils/config.py``), which reads the same cache,
-and its weights through ``download_weights_from_hf`` in
+Mirrors: vLLM's ``--model`` (a local path or a hub id; config and tokenizer through
+transformers, ``vllm/transformers_utils/config.py``) and ``download_weights_from_hf`` in
 ``vllm/model_executor/model_loader/weight_utils.py``: ``snapshot_download`` with the
-allow-patterns of the weight format it chose, ``local_files_only`` when ``HF_HUB_OFFLINE``
-is set. ``--revision`` picks a branch, tag or commit, and ``--served-model-name`` defaults
-to the ``--model`` string as given (``cli.py`` keeps that).
+allow-patterns of the weight format, ``local_files_only`` when ``HF_HUB_OFFLINE`` is set.
 
 Invariants:
 - A local folder wins: if ``model`` names an existing folder it is returned, and the hub is
@@ -31,13 +28,13 @@ Invariants:
 - Every failure the user can fix is a ``ValueError`` on one line whose ``__cause__`` is the
   hub's own error; anything else (a bug) propagates as it is (NOTE 5).
 - The resolved snapshot has safetensors weights, or it is refused naming the id (NOTE 6).
+- The cache files the hub reads to find a snapshot are checked before it reads them (NOTE 7).
 - No torch, transformers, fastapi or uvicorn: the command line resolves and checks the
   model before it imports the engine.
 
-Left out: ``repo_type`` other than models, ``local_dir`` downloads, tokens passed as an
-argument (huggingface_hub reads ``HF_TOKEN`` and ``hf auth login``'s token itself), vLLM's
-separate ``--tokenizer`` and ``--tokenizer-revision``, ModelScope, and pickled ``*.bin``
-weights, which vLLM falls back to when a repository has no safetensors.
+Left out: ``repo_type`` other than models, ``local_dir`` downloads, tokens as arguments
+(the hub reads ``HF_TOKEN`` itself), ``--tokenizer`` and ``--tokenizer-revision``,
+ModelScope, and the pickled ``*.bin`` weights vLLM falls back to.
 
 NOTE 1 (a local folder wins): ``org/name`` is both a valid hub id and a relative path. As
 in vLLM and transformers, an existing folder of that spelling is what is meant, and a
@@ -56,10 +53,9 @@ NOTE 3 (offline): huggingface_hub reads ``HF_HUB_OFFLINE`` (or, when that is uns
 the variable was set: the snapshot that ``refs/<revision>`` names (or the commit hash
 given) is returned from the cache, or ``LocalEntryNotFoundError`` is raised.
 NOTE 4 (the cache folder): ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else
-``HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else
-``~/.cache/huggingface/hub``: huggingface_hub's own rule, evaluated at each call and
-passed as ``cache_dir``, so a program (or a test) that sets the variable after importing
-transformers gets the cache it named. An empty variable counts as unset.
+``HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``
+(an empty variable is unset): huggingface_hub's rule, evaluated at each call and passed
+as ``cache_dir``, so a variable set after importing transformers still counts.
 NOTE 5 (errors): the classes are huggingface_hub's (``huggingface_hub.errors``, present
 since 0.24; ``IncompleteSnapshotError`` only in 2.x, so it is looked up by name). Checked
 most specific first: ``GatedRepoError`` is a ``RepositoryNotFoundError``,
@@ -67,16 +63,23 @@ most specific first: ``GatedRepoError`` is a ``RepositoryNotFoundError``,
 ``IncompleteSnapshotError`` is a ``LocalEntryNotFoundError``. A connection error that
 escapes the hub (a proxy error is re-raised as it is) is recognised by its class coming
 from the HTTP library (``httpx``, ``httpx2``, ``requests``, ``urllib3``).
-NOTE 6 (no safetensors): a repository with only ``pytorch_model.bin`` downloads its config
-and tokenizer and no weights (the ``*.bin`` is not in the allow-list); a cache filled by
-another tool may hold the ``*.bin``. Either way the snapshot is refused here, naming the
-id, the revision and the pickled files found, before the loader reports a bare folder.
+NOTE 6 (no safetensors): a repository with only ``pytorch_model.bin`` downloads no weights
+(``*.bin`` is not allowed), and a cache filled by another tool may hold the ``*.bin``: the
+snapshot is refused here, naming the id, the revision and the pickled files found.
+NOTE 7 (the cache's own files): huggingface_hub reads ``refs/<revision>`` and joins what
+it holds to ``snapshots/`` (a binary ref was a bare ``UnicodeDecodeError``, ``../..`` the
+cache root, a FIFO a hang); 2.x also reads ``trees/<commit>.json``. Both go through
+``models/model_files.py`` first (a regular file inside the model's cache folder, under a
+cap), and the ref must be a 40-hex commit hash; a refusal names the id and the file.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from tinyvllm.models.model_files import check_model_file, read_model_file
 
 # --8<-- [start:patterns]
 # What snapshot_download may fetch (NOTE 2): the config, the generation config, every
@@ -103,6 +106,7 @@ OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # the first one 
 _TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's spelling of true, any case
 _HTTP_LIBRARIES = ("httpx", "httpx2", "requests", "urllib3")  # NOTE 5
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+COMMIT_HASH = re.compile(r"[0-9a-f]{40}")  # what refs/<revision> holds, as huggingface_hub writes it
 
 
 def check_revision(revision: object) -> str | None:
@@ -181,6 +185,7 @@ def _snapshot(repo_id: str, revision: str | None) -> Path:
 
     offline = offline_variable()
     cache = hub_cache_dir()
+    _check_cache_files(cache, repo_id, revision or DEFAULT_REVISION)  # NOTE 7: before the hub reads them
     # --8<-- [start:snapshot_download]
     try:
         folder = huggingface_hub.snapshot_download(
@@ -200,6 +205,31 @@ def _snapshot(repo_id: str, revision: str | None) -> Path:
     path = Path(folder)
     _check_has_safetensors(path, repo_id, revision or DEFAULT_REVISION)
     return path
+
+
+def _check_cache_files(cache: Path, repo_id: str, revision: str) -> None:
+    """The files of the cache huggingface_hub reads to find a snapshot (NOTE 7): ``refs/<revision>``
+    a commit hash, the tree listing ``trees/<commit>.json`` a bounded regular file."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    at = f"model {repo_id!r} (revision {revision!r})"
+    ref = repo / "refs" / revision
+    commit = revision if COMMIT_HASH.fullmatch(revision) else None
+    try:
+        if commit is None and os.path.lexists(ref):
+            text = read_model_file(ref, repo, "hub ref")
+            if not COMMIT_HASH.fullmatch(text.decode("ascii", "replace")):
+                raise ValueError(f"{ref} does not hold a commit hash (40 hex digits) but {text[:60]!r}")
+            commit = text.decode("ascii")
+        tree = repo / "trees" / f"{commit}.json"
+        if commit is not None and os.path.lexists(tree):
+            check_model_file(tree, repo, "hub tree")
+    except ValueError as error:
+        raise ValueError(
+            f"{at} cannot be looked up in the Hugging Face cache: {error}; delete that file "
+            "(or the whole cache folder of the model) and download it again"
+        ) from None
 
 
 def _one_line(text: str) -> str:
