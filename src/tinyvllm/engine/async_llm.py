@@ -26,8 +26,9 @@ NOTE 2 (abort on exit): ``generate``'s ``finally`` runs when the consumer stops 
 (``GeneratorExit`` from ``aclose()``, ``CancelledError``); it submits the abort without
 awaiting it, because a closing async generator should not wait.
 NOTE 3 (back-pressure): ``add`` refuses a request with ``TooManyWaitingRequestsError``
-when ``max_waiting_requests`` requests already wait in the scheduler, so a flood of
-clients costs a fast error (HTTP 503), not unbounded memory.
+when its ``n`` sequences would take the scheduler's waiting queue past
+``max_waiting_requests``, so a flood of clients costs a fast error (HTTP 503), not
+unbounded memory; an ``n`` past the bound could never wait, and is a ``ValueError``.
 NOTE 4 (outputs are routed in the engine thread): a request id may be used again as soon
 as its consumer has gone, and the old request's step may still be running then. Routing
 by id on the event loop would hand that step's outputs to the new consumer. So the map
@@ -260,12 +261,15 @@ class AsyncLLM:
     # -- what runs in the worker thread (NOTE 1) -------------------------------------
 
     def _add(self, prompt: str | dict, params: SamplingParams, request_id: str, queue: asyncio.Queue) -> None:
-        waiting = len(self.engine.scheduler.waiting)
-        if waiting >= self.max_waiting_requests:  # NOTE 3
-            raise TooManyWaitingRequestsError(
-                f"{waiting} requests are waiting, the most this server queues (max_waiting_requests); try again later"
-            )
         text, ids, params, salt = self.llm.prepare_request(0, prompt, params)
+        bound, waiting = self.max_waiting_requests, len(self.engine.scheduler.waiting)
+        if params.n > bound:  # NOTE 3: it could never be queued, so not "try again later"
+            raise ValueError(f"n={params.n} sequences can never wait together: max_waiting_requests {bound}")
+        if waiting + params.n > bound:  # NOTE 3
+            raise TooManyWaitingRequestsError(
+                f"{waiting} requests are waiting, the most this server queues is {bound} (max_waiting_requests)"
+                f"{'' if params.n == 1 else f' and this one adds n={params.n}'}; try again later"
+            )
         self.engine.add_request(request_id, ids, params, prompt=text, cache_salt=salt)
         self._routes[request_id] = queue
         self.stats = self._snapshot()

@@ -39,9 +39,10 @@ def check_request_against_model(
     if speculative:
         asked = [name for name, off in NOT_WITH_SPECULATION.items() if getattr(params, name) != off]
         if asked:
+            them = "it" if len(asked) == 1 else "them"
             raise ValueError(
-                f"{label}: {', '.join(asked)} cannot be used with speculative decoding (seed 001 ch. 11.4: "
-                "only MinTokens runs under a speculative config)"
+                f"{label}: {', '.join(asked)} cannot be used with speculative decoding (this engine verifies "
+                f"drafts, and of the logits processors only min_tokens applies to them); leave {them} unset"
             )
     if vocab_size is not None:
         if params.logit_bias:

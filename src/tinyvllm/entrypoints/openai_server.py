@@ -168,29 +168,83 @@ def _json_type(annotation) -> str:
 
 
 # --8<-- [start:invalid_body]
+def _members(annotation) -> tuple:
+    """A union's types, None left out (``int | None`` is ``(int,)``)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return tuple(a for a in typing.get_args(annotation) if a is not type(None))
+    return (annotation,)
+
+
+def _label(annotation) -> str:
+    """How pydantic names a union's branch in an error's location (``list[ContentPart]``)."""
+    args = typing.get_args(annotation)
+    if not args:
+        return getattr(annotation, "__name__", str(annotation))
+    return f"{typing.get_origin(annotation).__name__}[{','.join(_label(a) for a in args)}]"
+
+
+def _child(annotation, key):
+    """The type of ``value[key]`` for a value of type ``annotation`` (None: unknown)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and isinstance(key, int):
+        return args[0]
+    if origin is dict and isinstance(key, str):
+        return args[1]
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel) and isinstance(key, str):
+        info = annotation.model_fields.get(key)
+        return None if info is None else info.annotation
+    return None
+
+
+def _site(model: type[pydantic.BaseModel], loc: tuple) -> tuple[tuple, typing.Any]:
+    """``loc`` without pydantic's union branch names, and the type of the value there (NOTE 2)."""
+    path: list = []
+    here = current = model
+    for key in loc:
+        members = _members(current) if current is not None else ()
+        if len(members) > 1 and isinstance(key, str):  # a union: the key names the branch pydantic tried
+            current = next((m for m in members if _label(m) == key), None)
+            continue
+        path.append(key)
+        here = current = _child(members[0] if members else None, key)
+    return tuple(path), here
+
+
+def _where(path: tuple) -> str:
+    """``("messages", 0, "content")`` as ``messages[0].content``."""
+    rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" if p.isidentifier() else f"[{json.dumps(p)}]"
+                   for p in path[1:])  # fmt: skip
+    return f"{path[0]}{rest}"
+
+
 def invalid_body(model: type[pydantic.BaseModel], error: pydantic.ValidationError) -> APIError:
-    """A pydantic error as a 400 naming the top-level field (NOTE 2)."""
+    """A pydantic error as a 400 naming the top-level field, and the deepest place the body
+    went wrong with what that place must be (NOTE 2)."""
     errors = error.errors(include_url=False)
     first = errors[0]
     if first["type"] == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {first['msg']}", "BadRequestError")
-    if first["type"] == "model_type":
+    if not first["loc"]:
         return APIError(400, "the body must be a JSON object", "BadRequestError")
-    field = str(first["loc"][0]) if first["loc"] else None
-    if first["type"] == "extra_forbidden":
+    field = str(first["loc"][0])
+    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
         return APIError(400, f"Unrecognized request argument supplied: {field}", "BadRequestError", field)
     if first["type"] == "missing" and len(first["loc"]) == 1:
         return APIError(400, f"`{field}` is required", "BadRequestError", field)
-    mine = [e for e in errors if e["loc"] and e["loc"][0] == first["loc"][0]]
-    closest = min(mine, key=lambda e: len(e["loc"]))  # the field's own value, or the nearest part of it
-    got = json.dumps(closest.get("input"), default=str)
+    mine = [(e, *_site(model, e["loc"])) for e in errors if e["loc"] and e["loc"][0] == first["loc"][0]]
+    deepest = max(len(path) for _, path, _ in mine)
+    tried = [e["loc"] for e, path, _ in mine if len(path) == deepest]
+    common = tried[0][: next((i for i, part in enumerate(zip(*tried)) if len(set(part)) > 1), min(map(len, tried)))]
+    path, annotation = _site(model, common)  # where every deepest branch went wrong: a union there, or one error
+    at = [e for e, p, _ in mine if p == path]
+    value = (at[0] if at else min((e for e, _, _ in mine), key=lambda e: len(e["loc"])))["input"]
+    got = json.dumps(value, default=str)
     got = got if len(got) <= 60 else got[:57] + "..."
-    info = model.model_fields.get(field)
-    if info is not None and (len(mine) > 1 or len(first["loc"]) == 1):  # the field's own type (or every branch of it)
-        message = f"`{field}` must be {_json_type(info.annotation)}, got {got}"
+    single = at[0] if len(at) == 1 and len(tried) == 1 else None
+    if annotation is not None and (single is None or single["type"].endswith("_type")):
+        message = f"`{_where(path)}` must be {_json_type(annotation)}, got {got}"
     else:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"][1:] if isinstance(p, int) or p.isidentifier())
-        message = f"`{field}{where}`: {first['msg']}, got {got}"
+        message = f"`{_where(path)}`: {(single or first)['msg']}, got {got}"
     return APIError(400, message, "BadRequestError", field)
 # --8<-- [end:invalid_body]
 

@@ -61,6 +61,7 @@ from tinyvllm.sampling_defaults import merge_defaults
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # protocol.py NOTE 2
+PROMPT_WORDS = ("prompt", "prompt_token_ids")  # the engine's words for a request's prompt (param_of)
 DISCONNECT_POLL_S = 0.2
 
 
@@ -90,6 +91,17 @@ def param_of(message: str, names: dict[str, str]) -> str | None:
     return best[1] if best else None
 
 
+def in_request_words(message: str, renamed: dict[str, str]) -> str:
+    """An engine message as the client should read it (NOTE 5): the ``sampling_params``
+    label dropped, and each word of ``renamed`` (``{SamplingParams field: request field}``)
+    written as the request's field, in one pass."""
+    message = re.sub(r"(?<!\w)sampling_params(\[\d+\])?(\.|: )", "", message)
+    if not renamed:
+        return message
+    words = "|".join(re.escape(word) for word in sorted(renamed, key=len, reverse=True))
+    return re.sub(rf"(?<!\w)({words})(?!\w)", lambda m: renamed[m.group(1)], message)
+
+
 class OpenAIServing:
     """What the endpoints share: the engine, the served name, the metrics, the chat template."""
 
@@ -107,6 +119,21 @@ class OpenAIServing:
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.served_model_name:
             raise APIError(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
+
+    def _check_fits(self, num_prompts: int, n: int | None) -> None:
+        """A request whose sequences (prompts x n) could never wait together is a 400 (NOTE 6)."""
+        n = self.default_params.n if n is None else n
+        bound = self.async_llm.max_waiting_requests
+        if num_prompts * n <= bound:
+            return
+        if num_prompts > bound:
+            asked, param = f"{num_prompts} prompts", "prompt"
+        elif num_prompts == 1:
+            asked, param = f"n={n} sequences", "n"
+        else:
+            asked, param = f"{num_prompts} prompts x n={n} = {num_prompts * n} sequences", "n"
+        raise RequestError(f"{asked} can never wait together: this server queues at most {bound} "
+                           f"(max_waiting_requests {bound}); send at most {bound} in one request", param)  # fmt: skip
 
     # -- step 2: prompts, on the tokenizer's thread -----------------------------------------
 
@@ -205,13 +232,18 @@ class OpenAIServing:
         try:
             return merge_defaults(self.default_params, explicit)
         except (TypeError, ValueError) as error:
-            raise RequestError(str(error), param_of(str(error), names)) from None
+            raise self._bad_request(error, names) from None
+
+    @staticmethod
+    def _bad_request(error: Exception, names: dict[str, str]) -> RequestError:
+        """A ``SamplingParams`` or engine refusal as a 400 in the request's words (NOTE 5)."""
+        renamed = {word: param for word, param in names.items() if word != param and word not in PROMPT_WORDS}
+        return RequestError(in_request_words(str(error), renamed), param_of(str(error), names))
 
     @staticmethod
     def _names(fields: dict[str, tuple[str, Any]], prompt_field: str) -> dict[str, str]:
         """``param_of``'s words: each ``SamplingParams`` field set, and the prompt."""
-        return {**{name: param for name, (param, _) in fields.items()}, "prompt": prompt_field,
-                "prompt_token_ids": prompt_field}  # fmt: skip
+        return {**{name: param for name, (param, _) in fields.items()}, **dict.fromkeys(PROMPT_WORDS, prompt_field)}
 
     # -- the two endpoints ---------------------------------------------------------------------
 
@@ -226,6 +258,7 @@ class OpenAIServing:
             prompts = list(prompt)
         if not prompts:
             raise RequestError("`prompt` must not be an empty list", "prompt")
+        self._check_fits(len(prompts), body.n)
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         truncate = self._truncate(body)
         states = await self.async_llm.run_in_tokenizer_thread(
@@ -240,6 +273,7 @@ class OpenAIServing:
         self.check_model(body.model)
         body.check_refused()
         fields = body.sampling_fields()
+        self._check_fits(1, body.n)
         messages = messages_as_dicts(body)
         template = self.template(body)
         add_special = bool(body.add_special_tokens)  # the template writes the special tokens
@@ -271,7 +305,7 @@ class OpenAIServing:
         except Disconnected:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         except (ValueError, TypeError) as error:  # SamplingParams, prepare_request, add_request
-            raise APIError(400, str(error), "BadRequestError", param_of(str(error), names)) from None
+            raise self._bad_request(error, names) from None
         except TooManyWaitingRequestsError as error:
             raise APIError(503, str(error), "ServiceUnavailableError") from None
         except EngineDeadError as error:
