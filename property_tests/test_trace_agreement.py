@@ -18,9 +18,11 @@ read through other paths than the recorder's:
   computed tokens) with ``slot_for_position``.
 
 At the end the trace passes ``check_trace``, reads back equal from JSON, and the tokens
-the snapshots report sampled are the tokens ``generate``'s outputs hold.
+the snapshots report sampled are the tokens ``generate``'s outputs hold. A second test
+makes one step fail (the forward or the sampler raises, whatever left the batch before):
+``generate`` raises that exception unchanged and every snapshot still passes.
 
-Bounded for CI: explicit ``@settings`` (25 examples, no shrinking past the examples'
+Bounded for CI: explicit ``@settings`` (25 and 20 examples, no shrinking past the examples'
 size), tiny shapes, one torch thread.
 """
 
@@ -37,7 +39,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
-from tinyvllm.trace import check_trace  # noqa: E402
+from tinyvllm.trace import check_trace, record  # noqa: E402
 from tinyvllm.trace.recorder import Recorder  # noqa: E402
 from tinyvllm.trace.snapshot import Trace  # noqa: E402
 from tinyvllm.trace.workloads import tiny_model_folder  # noqa: E402
@@ -164,3 +166,53 @@ def test_snapshots_agree_with_the_engine_at_every_step(reqs, num_blocks, budget,
     ):
         event(f"{what}: {'yes' if seen else 'no'}")
     assert trace.steps[-1].num_free_blocks == num_blocks and trace.steps[-1].requests == ()
+
+
+class Injected(Exception):
+    pass
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    reqs=requests,
+    num_blocks=st.integers(8, 20),
+    budget=st.integers(4, 16),
+    max_num_seqs=st.integers(1, 4),
+    fail_at=st.integers(0, 8),
+    where=st.sampled_from(["forward", "sampler"]),
+)
+def test_a_failed_step_raises_its_own_error_and_its_snapshot_holds(reqs, num_blocks, budget, max_num_seqs, fail_at, where):
+    """Issue 36 item 6: the step ``fail_at`` raises (in the forward or the sampler), whatever
+    left the batch before it. ``generate`` raises that exception, unchanged, and every
+    snapshot (the failed one included) passes ``check_snapshot``; the recorder keeps no error."""
+    llm = LLM(
+        tiny_model_folder(), device="cpu", max_model_len=32, block_size=BLOCK_SIZE, num_gpu_blocks_override=num_blocks,
+        max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
+    )  # fmt: skip
+    runner = llm.engine.model_runner
+    target = (llm.model, "forward") if where == "forward" else (runner, "sampler")
+    original, calls = getattr(*target), []
+
+    def faulty(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == fail_at + 1:
+            raise Injected(f"{where} call {fail_at}")
+        return original(*args, **kwargs)
+
+    setattr(*target, faulty)
+    prompts = [{"prompt_token_ids": SHARED[:shared] + [100 + 10 * i + k for k in range(own)]} for i, (shared, own, _, _) in enumerate(reqs)]
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True) for _, _, max_tokens, _ in reqs]
+    with record(llm) as t:
+        try:
+            llm.generate(prompts, params, use_tqdm=False)
+        except Injected as error:
+            assert str(error) == f"{where} call {fail_at}" and not getattr(error, "__notes__", None)
+            failed = t.trace.steps[-1]
+            assert failed.label.endswith(": failed") and f"Injected: {where} call {fail_at}" in failed.note
+            assert failed.batch.rows == () and failed.slots == () and failed.dispatch is None
+        else:
+            assert len(calls) <= fail_at, "the fault never fired yet generate returned"
+    event(f"failed: {'yes' if len(calls) > fail_at else 'no'}")
+    assert t.error is None, t.error
+    check_trace(t.trace)
+    assert Trace.from_json(t.trace.to_json()) == t.trace
