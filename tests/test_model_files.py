@@ -192,6 +192,22 @@ def test_available_memory_is_read_from_the_machine():
     assert isinstance(free, int) and 0 < free <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def test_available_memory_falls_back_to_the_physical_pages(monkeypatch):
+    """No /proc/meminfo and no SC_AVPHYS_PAGES (macOS): all physical memory, an upper bound."""
+
+    def no_file(*args, **kwargs):
+        raise FileNotFoundError("/proc/meminfo")
+
+    def sysconf(name):
+        if name == "SC_AVPHYS_PAGES":
+            raise ValueError(name)
+        return {"SC_PHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}[name]
+
+    monkeypatch.setattr(model_files, "open", no_file, raising=False)
+    monkeypatch.setattr(model_files.os, "sysconf", sysconf)
+    assert model_files.available_memory_bytes("cpu") == 4096 * 1000
+
+
 # -- the command line: one line, exit status 2 ----------------------------------------------------
 
 

@@ -93,9 +93,9 @@ def _not_regular(path: Path, mode: int) -> ValueError:
     return ValueError(f"{path} cannot be read: it is not a regular file but {what}")
 
 
-def check_model_file(path: Path, folder: Path, kind: str | None = None) -> os.stat_result:
+def check_model_file(path: Path, folder: Path, kind: str | None = None) -> Path:
     """Check, without opening it, that ``path`` is a regular file inside ``folder`` of at
-    most ``MAX_BYTES[kind]`` bytes (no cap when ``kind`` is None: weights); its stat."""
+    most ``MAX_BYTES[kind]`` bytes (no cap when ``kind`` is None: weights); its real path."""
     if not os.path.lexists(path):
         raise ValueError(f"{path} is missing")
     real = _resolve_inside(path, folder)
@@ -109,7 +109,7 @@ def check_model_file(path: Path, folder: Path, kind: str | None = None) -> os.st
         raise _not_regular(path, info.st_mode)
     if kind is not None and info.st_size > MAX_BYTES[kind]:
         raise _too_big(path, info.st_size, kind)
-    return info
+    return real
 
 
 def _too_big(path: Path, size: int | str, kind: str) -> ValueError:
@@ -119,10 +119,10 @@ def _too_big(path: Path, size: int | str, kind: str) -> ValueError:
 def read_model_file(path: Path, folder: Path, kind: str) -> bytes:
     """The bytes of ``path``, a regular file inside ``folder`` of at most
     ``MAX_BYTES[kind]`` bytes (NOTE 1); anything else is a ValueError naming it."""
-    check_model_file(path, folder, kind)
+    real = check_model_file(path, folder, kind)
     cap = MAX_BYTES[kind]
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
         raise ValueError(f"{path} cannot be read: {e.strerror or e}") from None
     with os.fdopen(fd, "rb") as f:
@@ -148,7 +148,8 @@ def weights_nbytes(infos: Iterable[Any]) -> int:
 
 def available_memory_bytes(device: str = "cpu") -> int | None:
     """Bytes free for new tensors on ``device`` now: the free device memory on CUDA, else
-    MemAvailable of /proc/meminfo (or the free physical pages); None when unknown."""
+    MemAvailable of /proc/meminfo, else the free physical pages, else all of them (macOS
+    has neither: an upper bound, which still catches the absurd); None when unknown."""
     if str(device).startswith("cuda"):
         import torch
 
@@ -160,10 +161,12 @@ def available_memory_bytes(device: str = "cpu") -> int | None:
                     return int(line.split()[1]) * 1024  # the file counts kB
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            continue
+    return None
 
 
 def check_weights_fit(infos: Iterable[Any], folder: str | Path, device: str = "cpu") -> int:
