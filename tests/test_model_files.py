@@ -229,3 +229,15 @@ def test_cli_absurd_checkpoint_is_one_line(folder, capsys):
     needed = absurd_checkpoint(folder)
     err = _cli_error(folder, capsys)
     assert f"the weights of {folder} need" in err and f"({needed} bytes)" in err and "available on cpu" in err
+
+
+def test_cli_generation_config_folder_with_a_fifo_is_named(folder, tmp_path, capsys):
+    """--generation-config FOLDER: its generation_config.json is a FIFO, named as such."""
+    other = tmp_path / "defaults"
+    other.mkdir()
+    with FifoGuard(other / "generation_config.json") as fifo:
+        argv = ["generate", "--model", str(folder), "--generation-config", str(other), "--prompt", "x"]
+        assert cli.main(argv) == 2
+    assert not fifo.opened
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "named pipe (FIFO)" in err and str(other / "generation_config.json") in err

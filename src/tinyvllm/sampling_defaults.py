@@ -55,7 +55,7 @@ def check_generation_config(value: object) -> str:
         return value
     if not Path(value).is_dir():
         raise ValueError(f"generation_config must be {wanted}, got {value!r} (no such folder)")
-    if not (Path(value) / "generation_config.json").is_file():
+    if not os.path.lexists(Path(value) / "generation_config.json"):  # what is there, the loader checks
         raise ValueError(f"generation_config {value!r} is a folder with no generation_config.json")
     return value
 
