@@ -22,7 +22,7 @@ from tinyvllm import LLM, SamplingParams
 from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.request import Request
 from tinyvllm.trace import check_snapshot, check_trace, record
-from tinyvllm.trace.snapshot import BatchMove, Trace
+from tinyvllm.trace.snapshot import BatchMove, FreeQueue, PoolBlocks, Trace
 from tinyvllm.trace.workloads import tiny_model_folder
 
 
@@ -138,6 +138,15 @@ def test_check_snapshot_rejects_a_pool_whose_parts_disagree():
     _assert_rejected(trace, dataclasses.replace(step6, hash_map=step6.hash_map[1:]), "carry a hash the map does not list")
     last = dataclasses.replace(step6.slots[-1], slot=13)  # position 28 lies in block 3: slot 12
     _assert_rejected(trace, dataclasses.replace(step6, slots=(*step6.slots[:-1], last)), "'req2' position 28 wrote slot 13, its table says 12")
+    # The pool keeps only what is not plain free (snapshot.py NOTE 3); the check still sees the rest.
+    assert isinstance(step6.blocks, PoolBlocks) and step6.free_queue == (6, 5) and step6.blocks[6].free_position == 0
+    assert [b.block_id for b in step6.blocks.kept] == [0, 1, 2, 3, 4, 5, 7, 8, 9]  # 6 is plain: free, uncached
+    five = [dataclasses.replace(b, free_position=0) if b.block_id == 5 else b for b in step6.blocks.kept]
+    lost = dataclasses.replace(step6, blocks=PoolBlocks(10, five, FreeQueue([5])), free_queue=FreeQueue([5]))
+    _assert_rejected(trace, lost, "the free queue has 1 blocks, 2 have ref_cnt 0")  # block 6 is in no queue
+    (req2,) = step6.requests
+    holds_six = dataclasses.replace(req2, block_ids=(*req2.block_ids, 6))
+    _assert_rejected(trace, dataclasses.replace(step6, requests=(holds_six,)), "blocks [6] have ref_cnt 0 but block tables hold them")
 
 
 def test_check_snapshot_rejects_decisions_batches_and_dispatches_that_do_not_add_up():
@@ -279,3 +288,41 @@ def test_max_steps_caps_the_recording_with_one_warning(llm):
     assert len([w for w in caught if "max_steps" in str(w.message)]) == 1
     assert [s.label for s in t.trace.steps] == ["step 0", "step 1"] and t.num_unrecorded == 3
     assert t.error is None
+
+
+def _deep_size(obj, seen: set[int]) -> int:
+    """The bytes of ``obj`` and everything it references, each object once (shared ones once)."""
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, (tuple, list)):
+        children = list(obj)
+    elif isinstance(obj, dict):
+        children = [*obj.keys(), *obj.values()]
+    elif dataclasses.is_dataclass(obj):
+        children = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    else:  # a slotted sequence of the snapshot (PoolBlocks, FreeQueue) or an atom
+        children = [getattr(obj, a) for c in type(obj).__mro__ for a in getattr(c, "__slots__", ()) if hasattr(obj, a)]
+    return size + sum(_deep_size(child, seen) for child in children)
+
+
+def _kept_bytes_per_step(num_blocks: int) -> float:
+    """What the snapshots of a recorded run hold, per step, on a pool of ``num_blocks``."""
+    llm = LLM(tiny_model_folder(), device="cpu", max_model_len=32, block_size=4, num_gpu_blocks_override=num_blocks,
+              max_num_batched_tokens=8)  # fmt: skip
+    prompts = [{"prompt_token_ids": [20 + i, 21 + i, 22 + i]} for i in range(3)]
+    with record(llm) as t:
+        llm.generate(prompts, _greedy(8), use_tqdm=False)
+    steps = t.trace.steps
+    assert len(steps) == 9
+    return _deep_size(steps, set()) / len(steps)
+
+
+def test_a_recorded_step_keeps_what_is_in_use_not_the_whole_pool():
+    """Issue 36 item 6: a snapshot copied every block of the pool (about 1 KB a step with
+    16 blocks, about 100 KB with 1024). Now the plain free blocks are not kept (snapshot.py
+    NOTE 3) and what did not change is shared (recorder NOTE 6): the same few KB a step
+    whatever the pool's size."""
+    small, large = _kept_bytes_per_step(16), _kept_bytes_per_step(1024)
+    assert large < 1.5 * small + 1024 and large < 8 * 1024, (small, large)

@@ -18,11 +18,15 @@ NOTE 1 (what is not checked): a request's status is only checked when the trace 
 scheduler decisions: a trace that drives the KV cache manager by hand (seed 002 §3.2)
 never moves its requests out of WAITING. A finished request has left the snapshot, so the
 slots it wrote in its last step are checked against the slot arithmetic only.
+NOTE 2 (a pool of thousands of blocks): a snapshot keeps only the blocks that are not plain
+free (``snapshot.py`` NOTE 3), and the pool is checked through them: each kept block as
+before, and the counts prove that every other block is in the free queue and in no block
+table, so a step's check costs what is in use or cached, not the pool's size.
 """
 
 from __future__ import annotations
 
-from tinyvllm.trace.snapshot import KINDS, StepSnapshot, Trace
+from tinyvllm.trace.snapshot import KINDS, PoolBlocks, StepSnapshot, Trace
 
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
 
@@ -50,26 +54,33 @@ def check_snapshot(snapshot: StepSnapshot, block_size: int, num_blocks: int) -> 
 
 def _check_pool(s: StepSnapshot, block_size: int, num_blocks: int, where: str) -> None:
     assert len(s.blocks) == num_blocks, f"{where}: {len(s.blocks)} blocks in a pool of {num_blocks}"
-    assert [b.block_id for b in s.blocks] == list(range(num_blocks)), f"{where}: block ids are not 0..{num_blocks - 1}"
-    assert len(set(s.free_queue)) == len(s.free_queue), f"{where}: a block is twice in the free queue {s.free_queue}"
-    for block in s.blocks:
+    queue = tuple(s.free_queue)
+    assert len(set(queue)) == len(queue), f"{where}: a block is twice in the free queue {s.free_queue}"
+    assert not queue or 0 <= min(queue) <= max(queue) < num_blocks, f"{where}: the free queue {s.free_queue} leaves the pool"
+    if isinstance(s.blocks, PoolBlocks):  # NOTE 2: the kept blocks; the others are plain free ones
+        blocks = s.blocks.kept
+        ids = [b.block_id for b in blocks]
+        assert ids == sorted(set(ids)) and all(0 <= i < num_blocks for i in ids), f"{where}: kept block ids {ids}"
+    else:
+        blocks = tuple(s.blocks)
+        assert [b.block_id for b in blocks] == list(range(num_blocks)), f"{where}: block ids are not 0..{num_blocks - 1}"
+    place = {block_id: i for i, block_id in enumerate(queue)}
+    for block in blocks:
         free = block.free_position is not None
         assert block.ref_cnt >= 0, f"{where}: block {block.block_id} has ref_cnt {block.ref_cnt}"
         assert free == (block.ref_cnt == 0), (
             f"{where}: block {block.block_id} has ref_cnt {block.ref_cnt} and free_position {block.free_position}"
         )
-        if free:
-            assert s.free_queue[block.free_position] == block.block_id, (
-                f"{where}: block {block.block_id} says free_position {block.free_position}, the queue is {s.free_queue}"
-            )
+        assert place.get(block.block_id) == block.free_position, (
+            f"{where}: block {block.block_id} says free_position {block.free_position}, the queue is {s.free_queue}"
+        )
         assert (block.block_hash is None) == (not block.hash_tokens), f"{where}: block {block.block_id}: hash without tokens"
         if block.hash_tokens:
             assert len(block.hash_tokens) == block_size, (
                 f"{where}: block {block.block_id} is cached with {len(block.hash_tokens)} tokens, not {block_size}"
             )
-    assert len(s.free_queue) == sum(b.free_position is not None for b in s.blocks), (
-        f"{where}: the free queue has {len(s.free_queue)} blocks, {sum(b.ref_cnt == 0 for b in s.blocks)} have ref_cnt 0"
-    )
+    num_free = sum(b.free_position is not None for b in blocks) + num_blocks - len(blocks)  # plain ones are free
+    assert len(queue) == num_free, f"{where}: the free queue has {len(queue)} blocks, {num_free} have ref_cnt 0"
     listed: dict[int, str] = {}
     assert len({h for h, _ in s.hash_map}) == len(s.hash_map), f"{where}: a hash is listed twice in the map"
     for block_hash, ids in s.hash_map:
@@ -80,17 +91,19 @@ def _check_pool(s: StepSnapshot, block_size: int, num_blocks: int, where: str) -
             assert s.blocks[block_id].block_hash == block_hash, (
                 f"{where}: the map lists block {block_id} under {block_hash}, it carries {s.blocks[block_id].block_hash}"
             )
-    orphans = [b.block_id for b in s.blocks if b.block_hash is not None and b.block_id not in listed]
+    orphans = [b.block_id for b in blocks if b.block_hash is not None and b.block_id not in listed]
     assert not orphans, f"{where}: blocks {orphans} carry a hash the map does not list"
     holders: dict[int, int] = {}
     for request in s.requests:
         for block_id in request.block_ids:
             holders[block_id] = holders.get(block_id, 0) + 1
-    for block in s.blocks:
+    for block in blocks:
         assert block.ref_cnt == holders.get(block.block_id, 0), (
             f"{where}: block {block.block_id} has ref_cnt {block.ref_cnt} but "
             f"{holders.get(block.block_id, 0)} block tables hold it"
         )
+    plain = sorted(set(holders) - {b.block_id for b in blocks})
+    assert not plain, f"{where}: blocks {plain} have ref_cnt 0 but block tables hold them"
 
 
 def _check_requests(s: StepSnapshot, block_size: int, where: str) -> None:

@@ -26,15 +26,15 @@ once per step. Measured on the development machine (CPython 3.11, ``timeit``, be
 runs of 10^6 calls of a method with and without the check): ``if self.observer is not
 None`` adds 2 ns when it is None. An engine step of the one-layer tiny model on the CPU
 (one torch thread, four requests) takes about 1 ms, so an unobserved step is slower by
-about one part in 500 000, below what any timer here can see. A recorded step costs the
-copy: about 2.5 us per block of the pool plus the requests' tokens (5 ms a step for the
-2048 blocks the CPU default gives that model; well under 1 ms for the workloads here).
+about one part in 500 000, below what any timer here can see. A recorded step reads the
+pool and its free queue once and copies what changed (NOTE 6); the docs page "Tracing"
+gives what that costs on the shipped model's default pool.
 NOTE 2 (slots): for an engine the slots are read from what the runner wrote (its
 persistent ``slot_mapping``, ``positions`` and ``query_start_loc`` buffers), so the
 picture shows the real writes; for a scheduler or a manager driven by hand they are
 computed from the block tables, as the runner would (``slot_for_position``).
-NOTE 3 (sizes): a snapshot copies every unfinished request's tokens and every block, so a
-trace is for runs of tens of steps and requests of hundreds of tokens, not for serving;
+NOTE 3 (sizes): a snapshot holds every unfinished request's tokens and the blocks in use
+or cached (NOTE 6), so a trace is for runs of up to hundreds of steps, not for serving;
 ``max_steps`` caps what the engine's hook records (one warning when it is reached).
 NOTE 4 (a failed step): the undo empties the persistent batch, and its ``BatchUpdate`` is
 relative to the rows the failed step had half built (a request already removed, rows
@@ -43,6 +43,10 @@ the previous snapshot showed: every one of them removed.
 NOTE 5 (the recorder never raises into the engine): an exception of ``on_step`` (its own
 copy, ``label_token``, a snapshot failing ``check_snapshot``) is kept in ``error``, warned
 about once, and ends the recording; the engine's step returns or raises as unrecorded.
+NOTE 6 (memory a step): a pool's plain free blocks are not kept (``snapshot.py`` NOTE 3),
+and a block, a free queue, a prefix cache entry or a request's tokens equal to the last
+snapshot's is that snapshot's own object: a step keeps what it changed (a request that got
+a token, its tokens whole) and a pointer per block in use or cached, whatever the pool's size.
 
 Left out: recording ``AsyncLLM``'s engine from another thread while it steps (record
 before serving starts instead), the draft token ids themselves (a snapshot counts a
@@ -52,6 +56,7 @@ step's drafts and keeps the tokens it kept).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -67,6 +72,8 @@ from tinyvllm.trace.snapshot import (
     BatchState,
     BlockState,
     DispatchState,
+    FreeQueue,
+    PoolBlocks,
     RequestState,
     ScheduledRequest,
     SchedulerStep,
@@ -110,6 +117,10 @@ class Recorder:
         self._order: dict[str, int] = {}  # request id -> first seen, the order pictures list them in
         self._prompt_lens: dict[str, int] = {}
         self._tables: dict[str, list[int]] = {}  # the runner's view of the block tables (NOTE 2)
+        self._last_pool: tuple | None = None  # the last snapshot's pool parts, to share (NOTE 6)
+        self._kept: dict[int, BlockState] = {}
+        self._hash_entries: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._last_requests: dict[str, RequestState] = {}
         self._rows = tuple(r for r in self.batch.req_ids if r is not None) if self.batch is not None else ()
 
     # -- what is recorded ------------------------------------------------------------------
@@ -233,19 +244,52 @@ class Recorder:
                 self._tables.pop(rid, None)
         return snapshot
 
-    def _pool(self) -> tuple[tuple[BlockState, ...], tuple[int, ...], tuple[tuple[str, tuple[int, ...]], ...]]:
+    def _pool(self) -> tuple[PoolBlocks | tuple, FreeQueue | tuple, tuple[tuple[str, tuple[int, ...]], ...]]:
+        """The pool's blocks, free queue and prefix cache map; what did not change since the
+        last snapshot is the last snapshot's own object (NOTE 6)."""
         if self.kv is None:
             return (), (), ()
-        pool = self.kv.block_pool
-        free_queue = tuple(b.block_id for b in pool.free_block_queue)
-        place = {block_id: i for i, block_id in enumerate(free_queue)}
-        blocks = []
+        pool, last = self.kv.block_pool, self._last_pool
+        ids, place = [], {}
+        for position, b in enumerate(pool.free_block_queue):
+            ids.append(b.block_id)
+            if b.ref_cnt or b.block_hash is not None:  # not plain: kept with its place
+                place[b.block_id] = position
+        free_queue = FreeQueue(ids)
+        if last is not None and free_queue == last[1]:
+            free_queue = last[1]
+        previous = self._kept
+        kept = []
         for b in pool.blocks:
             h = b.block_hash
-            self._label_tokens(h[TOKEN_IDS] if h is not None else ())
-            blocks.append(BlockState(b.block_id, b.ref_cnt, _hex(h), tuple(h[TOKEN_IDS]) if h else (), place.get(b.block_id)))
-        hash_map = tuple((_hex(h), tuple(by_id)) for h, by_id in pool.cached_block_hash_to_block.items())
-        return tuple(blocks), free_queue, hash_map
+            if not b.ref_cnt and h is None:  # plain free, rebuilt from the queue (snapshot.py NOTE 3)
+                continue
+            position, hex_hash, tokens = place.get(b.block_id), _hex(h), h[TOKEN_IDS] if h is not None else ()
+            state = previous.get(b.block_id)
+            if state is None or (state.ref_cnt, state.block_hash, state.hash_tokens, state.free_position) != (
+                b.ref_cnt, hex_hash, tokens, position
+            ):  # fmt: skip
+                self._label_tokens(tokens)
+                state = BlockState(b.block_id, b.ref_cnt, hex_hash, tuple(tokens), position)
+            kept.append(state)
+        self._kept = {b.block_id: b for b in kept}
+        if last is not None and free_queue is last[1] and _same(kept, last[0].kept):
+            blocks = last[0]
+        else:
+            blocks = PoolBlocks(len(pool.blocks), kept, free_queue)
+        entries = self._hash_entries
+        hash_map = []
+        for h, by_id in pool.cached_block_hash_to_block.items():
+            hex_hash, ids_now = _hex(h), tuple(by_id)
+            entry = entries.get(hex_hash)
+            if entry is None or entry[1] != ids_now:
+                entry = entries[hex_hash] = (hex_hash, ids_now)
+            hash_map.append(entry)
+        for gone in set(entries) - {e[0] for e in hash_map}:
+            del entries[gone]
+        hash_map = last[2] if last is not None and _same(hash_map, last[2]) else tuple(hash_map)
+        self._last_pool = (blocks, free_queue, hash_map)
+        return blocks, free_queue, hash_map
 
     def _requests(self, given: Iterable[Any]) -> tuple[RequestState, ...]:
         if self.kv is None:
@@ -262,13 +306,25 @@ class Recorder:
             self._prompt_lens.setdefault(r.request_id, r.num_prompt_tokens)
             self._label_tokens(r.all_token_ids)
         live.sort(key=lambda r: self._order[r.request_id])
-        return tuple(
-            RequestState(
+        states, previous = [], self._last_requests
+        for r in live:
+            state = RequestState(
                 r.request_id, r.status.name, r.num_prompt_tokens, r.num_computed_tokens, tuple(r.all_token_ids),
                 tuple(self.kv.get_block_ids(r.request_id)), self.kv.num_cached_block.get(r.request_id, 0),
             )  # fmt: skip
-            for r in live
-        )
+            before = previous.get(r.request_id)
+            if before is not None:  # NOTE 6: share what did not change
+                if before == state:
+                    state = before
+                elif before.token_ids == state.token_ids or before.block_ids == state.block_ids:
+                    state = dataclasses.replace(
+                        state,
+                        token_ids=before.token_ids if before.token_ids == state.token_ids else state.token_ids,
+                        block_ids=before.block_ids if before.block_ids == state.block_ids else state.block_ids,
+                    )  # fmt: skip
+            states.append(state)
+        self._last_requests = {state.request_id: state for state in states}
+        return tuple(states)
 
     def _scheduler_step(self, out, core_outputs, failed: bool) -> SchedulerStep | None:
         if out is None or self.scheduler is None:
@@ -424,6 +480,11 @@ def _kind(start: int, num_real: int, num_prompt: int, sampled: tuple[int, ...]) 
     if num_real == 1 and start >= num_prompt:
         return "decode"
     return "prefill"
+
+
+def _same(a, b) -> bool:
+    """The same objects, in the same order (what NOTE 6 shares)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _hex(block_hash) -> str | None:

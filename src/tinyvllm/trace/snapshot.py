@@ -22,9 +22,8 @@ queue), seed 004 "Duplication", seed 003 "KV cache物理内存分配" (the cache
 slots), seed 001 appendix U2 (rows and holes), seed 000 (``BatchDescriptor``, padding).
 Mirrors: nothing in vLLM (its state is read in a debugger or in logs).
 
-Invariants: every field is a plain value (``to_dict`` is ``dataclasses.asdict``, less the
-plain free blocks of NOTE 3; a ``Trace`` read back with ``Trace.from_json`` equals the one
-written). What the values must
+Invariants: every field is a plain value or reads as a tuple of them (the pool, NOTE 3); a
+``Trace`` read back with ``Trace.from_json`` equals the one written. What the values must
 satisfy among themselves is checked by ``tinyvllm/trace/invariants.py``.
 
 NOTE 1 (hashes as text): a block's ``BlockHash`` is a tuple of a large int, the block's
@@ -36,20 +35,24 @@ sampled: a whole prompt, the last chunk of one, or a recomputation after preempt
 ``"chunk"`` (a partial prefill: the step stops inside the prompt and samples nothing,
 seed 002's R3). A decode that verifies speculative drafts schedules them too
 (``num_draft_tokens``).
-NOTE 3 (plain free blocks are not written out): an engine on a real model has thousands of
+NOTE 3 (plain free blocks are not kept): an engine on a real model has thousands of
 blocks, most of them free, uncached and alike: ``ref_cnt`` 0, no hash, and a
-``free_position`` that is their place in ``free_queue``. ``to_dict`` leaves those out of each
-step's ``blocks`` (0.8 MB a step with 8192 blocks, before) and ``from_dict`` rebuilds them
-from ``free_queue`` and ``num_blocks``, so the round trip is exact. The free queue itself is
-written as runs of consecutive ids, ``[first, count]`` (a fresh pool's queue is one run).
+``free_position`` that is their place in the free queue. A snapshot keeps only the others
+(``PoolBlocks``: indexing or iterating it rebuilds a plain free block from the queue) and
+the free queue as runs of consecutive ids (``FreeQueue``; a fresh pool's queue is one
+run), so a step costs what is in use or cached, not the pool's size. Both read as tuples
+(``len``, indexing, iteration, ``==`` with a tuple); the JSON writes the kept blocks and
+the runs ``[first, count]``, and the round trip is exact.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 SCHEMA_VERSION = 2  # 2: plain free blocks left out of the JSON (NOTE 3)
 PANELS = ("scheduler", "block_tables", "block_pool", "free_queue", "prefix_cache", "batch", "dispatch", "kv_cache")
@@ -66,6 +69,135 @@ class BlockState:
     block_hash: str | None  # 16 hex digits of the content hash (NOTE 1); None: not in the prefix cache
     hash_tokens: tuple[int, ...]  # the tokens the hash covers; () when not cached
     free_position: int | None  # 0 = the head of the free queue (reused first); None: in use
+
+
+class FreeQueue(Sequence[int]):
+    """Block ids, head (reused first) to tail, kept as runs of consecutive ids (NOTE 3)."""
+
+    __slots__ = ("_runs", "_len")
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        self._runs = tuple(_runs(ids))  # ((first, count), ...)
+        self._len = sum(count for _, count in self._runs)
+
+    @classmethod
+    def from_runs(cls, runs: Iterable[Sequence[int]]) -> FreeQueue:
+        return cls(i for first, count in runs for i in range(first, first + count))
+
+    @property
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        return self._runs
+
+    def position(self, block_id: int) -> int | None:
+        """Where ``block_id`` is in the queue (0: the head); None when it is not free."""
+        offset = 0
+        for first, count in self._runs:
+            if first <= block_id < first + count:
+                return offset + block_id - first
+            offset += count
+        return None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[int]:
+        for first, count in self._runs:
+            yield from range(first, first + count)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(f"free queue index {index} out of range for {self._len} blocks")
+        for first, count in self._runs:
+            if index < count:
+                return first + index
+            index -= count
+        raise AssertionError("unreachable")
+
+    def __contains__(self, block_id: object) -> bool:
+        return isinstance(block_id, int) and self.position(block_id) is not None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FreeQueue):
+            return self._runs == other._runs
+        if isinstance(other, (tuple, list)):
+            return len(other) == self._len and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+class PoolBlocks(Sequence[BlockState]):
+    """Every block of a pool of ``num_blocks``, reading as a tuple of ``BlockState``; only the
+    blocks that are not plain free are kept, the others are rebuilt from ``free_queue`` (NOTE 3)."""
+
+    __slots__ = ("_num_blocks", "_kept", "_ids", "_free_queue")
+
+    def __init__(self, num_blocks: int, kept: Iterable[BlockState], free_queue: FreeQueue) -> None:
+        self._num_blocks = num_blocks
+        self._kept = tuple(sorted(kept, key=lambda b: b.block_id))
+        self._ids = tuple(b.block_id for b in self._kept)
+        self._free_queue = free_queue
+
+    @property
+    def kept(self) -> tuple[BlockState, ...]:
+        """The blocks in use or cached (or anything but plain free), by id."""
+        return self._kept
+
+    def _plain(self, block_id: int, position: int | None) -> BlockState:
+        return BlockState(block_id, 0, None, (), position)
+
+    def __len__(self) -> int:
+        return self._num_blocks
+
+    def __iter__(self) -> Iterator[BlockState]:
+        place: list[int | None] = [None] * self._num_blocks
+        for position, block_id in enumerate(self._free_queue):
+            if 0 <= block_id < self._num_blocks:
+                place[block_id] = position
+        kept = dict(zip(self._ids, self._kept))
+        for block_id in range(self._num_blocks):
+            yield kept.get(block_id) or self._plain(block_id, place[block_id])
+
+    @overload
+    def __getitem__(self, index: int) -> BlockState: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[BlockState, ...]: ...
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(self._num_blocks)))
+        if index < 0:
+            index += self._num_blocks
+        if not 0 <= index < self._num_blocks:
+            raise IndexError(f"block {index} out of range for a pool of {self._num_blocks}")
+        at = bisect.bisect_left(self._ids, index)
+        if at < len(self._ids) and self._ids[at] == index:
+            return self._kept[at]
+        return self._plain(index, self._free_queue.position(index))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PoolBlocks) and (self._kept, self._free_queue) == (other._kept, other._free_queue):
+            return self._num_blocks == other._num_blocks
+        if isinstance(other, (PoolBlocks, tuple, list)):
+            return len(other) == self._num_blocks and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"PoolBlocks({self._num_blocks} blocks, kept {self._kept!r})"
 
 
 @dataclass(frozen=True)
@@ -197,8 +329,8 @@ class StepSnapshot:
     index: int
     label: str
     note: str
-    blocks: tuple[BlockState, ...]
-    free_queue: tuple[int, ...]  # block ids, head (reused first) -> tail
+    blocks: Sequence[BlockState]  # every block by id: a PoolBlocks or a tuple (NOTE 3)
+    free_queue: Sequence[int]  # block ids, head (reused first) -> tail: a FreeQueue or a tuple
     hash_map: tuple[tuple[str, tuple[int, ...]], ...]  # (hash, block ids in caching order)
     requests: tuple[RequestState, ...]
     scheduler: SchedulerStep | None
@@ -229,10 +361,8 @@ class Trace:
     steps: tuple[StepSnapshot, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"schema": SCHEMA_VERSION, **dataclasses.asdict(self)}
-        for step in data["steps"]:  # NOTE 3
-            step["blocks"] = [b for b in step["blocks"] if not _plain_free(b, step["free_queue"])]
-            step["free_queue"] = _runs(step["free_queue"])
+        data = {"schema": SCHEMA_VERSION, **dataclasses.asdict(dataclasses.replace(self, steps=()))}
+        data["steps"] = [_step_dict(step) for step in self.steps]
         return data
 
     def to_json(self, indent: int | None = None) -> str:
@@ -242,9 +372,8 @@ class Trace:
     def from_dict(cls, data: dict[str, Any]) -> Trace:
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"trace schema {data.get('schema')!r} is not {SCHEMA_VERSION}")
-        steps = [{**step, "free_queue": _unrun(step["free_queue"])} for step in data["steps"]]
-        data = {**data, "steps": [_with_free_blocks(step, data["num_blocks"]) for step in steps]}
-        return _build(cls, data)
+        trace = _build(cls, {**data, "steps": []})
+        return dataclasses.replace(trace, steps=tuple(_step_from_dict(step, data["num_blocks"]) for step in data["steps"]))
 
     @classmethod
     def from_json(cls, text: str) -> Trace:
@@ -268,41 +397,47 @@ _NESTED: dict[str, type] = {
 }
 
 
-def _runs(ids: list[int] | tuple[int, ...]) -> list[list[int]]:
-    """``[3, 4, 5, 9, 1, 2]`` -> ``[[3, 3], [9, 1], [1, 2]]``: runs of consecutive ids (NOTE 3)."""
-    runs: list[list[int]] = []
+def _runs(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """``[3, 4, 5, 9, 1, 2]`` -> ``[(3, 3), (9, 1), (1, 2)]``: runs of consecutive ids (NOTE 3)."""
+    runs: list[tuple[int, int]] = []
     for i in ids:
         if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1][1] += 1
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
         else:
-            runs.append([i, 1])
+            runs.append((i, 1))
     return runs
 
 
-def _unrun(runs: list[list[int]]) -> list[int]:
-    return [i for first, count in runs for i in range(first, first + count)]
-
-
-def _plain_free(block: dict[str, Any], free_queue: list[int] | tuple[int, ...]) -> bool:
+def _plain_free(block: BlockState, free_queue: Sequence[int]) -> bool:
     """A free, uncached block that nothing distinguishes (NOTE 3)."""
-    position = block["free_position"]
+    position = block.free_position
     return (
-        block["ref_cnt"] == 0 and block["block_hash"] is None and not block["hash_tokens"]
-        and position is not None and position < len(free_queue) and free_queue[position] == block["block_id"]
+        block.ref_cnt == 0 and block.block_hash is None and not block.hash_tokens
+        and position is not None and position < len(free_queue) and free_queue[position] == block.block_id
     )  # fmt: skip
 
 
-def _with_free_blocks(step: dict[str, Any], num_blocks: int) -> dict[str, Any]:
-    """``step`` with every block of the pool, the plain free ones rebuilt (NOTE 3)."""
-    if not num_blocks or len(step["blocks"]) == num_blocks:
-        return step
-    given = {b["block_id"]: b for b in step["blocks"]}
-    place = {block_id: i for i, block_id in enumerate(step["free_queue"])}
-    blocks = [
-        given.get(i) or {"block_id": i, "ref_cnt": 0, "block_hash": None, "hash_tokens": [], "free_position": place[i]}
-        for i in range(num_blocks)
-    ]  # fmt: skip
-    return {**step, "blocks": blocks}
+def kept_blocks(blocks: Sequence[BlockState], free_queue: Sequence[int]) -> tuple[BlockState, ...]:
+    """The blocks of a snapshot that are not plain free (NOTE 3), by id."""
+    if isinstance(blocks, PoolBlocks):
+        return tuple(b for b in blocks.kept if not _plain_free(b, free_queue))
+    return tuple(b for b in blocks if not _plain_free(b, free_queue))
+
+
+def _step_dict(step: StepSnapshot) -> dict[str, Any]:
+    """One step as JSON values: the kept blocks and the free queue's runs (NOTE 3)."""
+    data = dataclasses.asdict(dataclasses.replace(step, blocks=(), free_queue=()))
+    data["blocks"] = [dataclasses.asdict(b) for b in kept_blocks(step.blocks, step.free_queue)]
+    runs = step.free_queue.runs if isinstance(step.free_queue, FreeQueue) else _runs(step.free_queue)
+    data["free_queue"] = [list(run) for run in runs]
+    return data
+
+
+def _step_from_dict(data: dict[str, Any], num_blocks: int) -> StepSnapshot:
+    free_queue = FreeQueue.from_runs(data["free_queue"])
+    blocks = PoolBlocks(num_blocks, (_build(BlockState, b) for b in data["blocks"]), free_queue)
+    step = _build(StepSnapshot, {**data, "blocks": [], "free_queue": []})
+    return dataclasses.replace(step, blocks=blocks, free_queue=free_queue)
 
 
 def _tuples(value: Any) -> Any:

@@ -32,7 +32,7 @@ that says how many it holds. The snapshot keeps every block; only the picture el
 
 from __future__ import annotations
 
-from tinyvllm.trace.snapshot import StepSnapshot, Trace
+from tinyvllm.trace.snapshot import StepSnapshot, Trace, kept_blocks
 from tinyvllm.trace.svg_parts import (
     BLOCK_TABLE_ORANGE,
     CACHED_GREY,
@@ -64,7 +64,7 @@ def touched_blocks(trace: Trace) -> tuple[int, ...] | None:
         return cached
     ids: set[int] = set()
     for step in trace.steps:
-        ids.update(b.block_id for b in step.blocks if b.free_position is None or b.block_hash is not None)
+        ids.update(b.block_id for b in kept_blocks(step.blocks, step.free_queue))  # in use or cached
         ids.update(block_id for r in step.requests for block_id in r.block_ids)
         ids.update(w.slot // trace.block_size for w in step.slots)
     touched = tuple(sorted(ids))
