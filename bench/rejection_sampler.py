@@ -1,12 +1,13 @@
-"""Benchmark: the rejection sampler's random path per request per step, before and after batching it.
+"""Benchmark: the verification step's random path, before and after keying draws by position.
 
-What it measures: ``rejection_sample`` (``sample/rejection_sampler.py``) on random-sampling
-requests, each verifying k = 3 n-gram drafts, as one speculative step hands it: before
-(the implementation of commit fa5d4c8, copied below as ``old_rejection_sample``: one
-``torch.rand``, one indexed read and one compare per draft, and on a rejection a ``clone``
-of the row and a ``multinomial`` over the vocabulary) and now (every draft's uniform
-compared at once, and one batched race for every request's one drawn token, NOTE 3 and
-NOTE 4 of the module).
+What it measures: the random path of a speculative step on random-sampling requests, each
+verifying k = 3 n-gram drafts: before (the implementation of commit aa210d2, copied below
+as ``old_rejection_sample``: one uniform per draft compared at once with ``p(draft)``, then
+one batched race for each request's replacement or bonus token) and now (every row of every
+request draws its token by the race, keyed by its position for seeded requests, and
+``rejection_sample`` walks the rows on the host: ``sample/rejection_sampler.py`` NOTE 2).
+"Now" draws over the vocabulary k + 1 times a request where "old" drew once: this is the
+price of a seeded stream that does not depend on how many drafts a step verified.
 
 Workload: R requests (1, 16, 64), vocabularies of 32,768 and 151,936 (Qwen's), target rows
 softmax(4 * N(0, 1)) (peaked, like a model's), drafts drawn from the rows themselves, so
@@ -34,6 +35,8 @@ from pathlib import Path
 import torch
 from harness import ROOT, run_header, set_threads, write_json
 
+from tinyvllm.arith import spec_row_starts
+from tinyvllm.sample.draw_keys import draw_key
 from tinyvllm.sample.rejection_sampler import rejection_sample
 from tinyvllm.sample.sampler import random_sample
 
@@ -43,48 +46,68 @@ K = 3
 
 
 def old_rejection_sample(
-    probs: torch.Tensor | None,
+    probs: torch.Tensor,
     argmax: torch.Tensor,
     draft_token_ids: Sequence[Sequence[int]],
     is_greedy: Sequence[bool],
     generators: Mapping[int, torch.Generator],
 ) -> list[list[int]]:
-    """``rejection_sample`` before this benchmark's change (commit fa5d4c8), kept to time it."""
-    argmax_ids = argmax.tolist()  # [N]
+    """Commit aa210d2's rejection sampler: a uniform per draft, then one race for the tokens drawn."""
+    firsts = spec_row_starts(draft_token_ids)
+    spans = [(r, firsts[r], len(d)) for r, d in enumerate(draft_token_ids) if d and not is_greedy[r]]
+    rows = [first + j for _, first, k in spans for j in range(k)]
+    drafts = [t for r, _, _ in spans for t in draft_token_ids[r]]
+    u = torch.rand(len(rows))
+    at = 0
+    for r, _, k in spans:
+        if r in generators:
+            u[at : at + k] = torch.rand(k, generator=generators[r])
+        at += k
+    passed = (u < probs[torch.tensor(rows, dtype=torch.int64), torch.tensor(drafts, dtype=torch.int64)]).tolist()
+    kept_draft = dict(zip(rows, passed))
+    argmax_ids = argmax.tolist()
     tokens: list[list[int]] = []
-    bonus_rows: list[tuple[int, int]] = []  # (request, row) of the random requests that keep every draft
-    offset = 0
-    for r, drafts in enumerate(draft_token_ids):
-        generator = generators.get(r)
+    draws: list[tuple[int, int, int | None]] = []
+    for r, drafts_r in enumerate(draft_token_ids):
         kept: list[int] = []
-        for j, draft in enumerate(drafts):
-            row = offset + j
+        for j, draft in enumerate(drafts_r):
+            row = firsts[r] + j
             if is_greedy[r]:
                 if argmax_ids[row] != draft:
-                    kept.append(argmax_ids[row])  # the target's own token replaces the draft
+                    kept.append(argmax_ids[row])
                     break
-            else:
-                u = torch.rand((), generator=generator, device=probs.device)
-                if u >= probs[row, draft]:  # kept with probability p(draft) (NOTE 1)
-                    rest = probs[row].clone()
-                    rest[draft] = 0.0
-                    kept.append(int(torch.multinomial(rest, 1, generator=generator)))  # (p - q)+, renormalised
-                    break
+            elif not kept_draft[row]:
+                draws.append((r, row, draft))
+                break
             kept.append(draft)
-        else:  # every draft kept: the bonus row adds one more
-            bonus = offset + len(drafts)
+        else:
+            bonus = firsts[r] + len(drafts_r)
             if is_greedy[r]:
                 kept.append(argmax_ids[bonus])
             else:
-                bonus_rows.append((r, bonus))  # drawn below, all in one batch (NOTE 3)
+                draws.append((r, bonus, None))
         tokens.append(kept)
-        offset += len(drafts) + 1
-    if bonus_rows:
-        rows = torch.tensor([row for _, row in bonus_rows], device=probs.device)
-        own = {i: generators[r] for i, (r, _) in enumerate(bonus_rows) if r in generators}
-        for (r, _), token in zip(bonus_rows, random_sample(probs[rows], own).tolist()):
+    if draws:
+        dist = probs[torch.tensor([row for _, row, _ in draws], dtype=torch.int64)]
+        for i, (_, _, draft) in enumerate(draws):
+            if draft is not None:
+                dist[i, draft] = 0.0
+        q = torch.empty_like(dist).uniform_(torch.finfo(torch.float32).tiny, 1.0)
+        for i, (r, _, _) in enumerate(draws):
+            if r in generators:
+                q[i].uniform_(torch.finfo(torch.float32).tiny, 1.0, generator=generators[r])
+        for (r, _, _), token in zip(draws, dist.div(q.log_().neg_()).argmax(dim=-1).tolist()):
             tokens[r].append(token)
     return tokens
+
+
+def new_rejection_sample(
+    probs: torch.Tensor, draft_token_ids: Sequence[Sequence[int]], seeds: Mapping[int, int]
+) -> list[list[int]]:
+    """Now: every row draws (keyed by position for the seeded requests), then the host walk."""
+    firsts = spec_row_starts(draft_token_ids)
+    keys = {firsts[r] + j: draw_key(seed, j) for r, seed in seeds.items() for j in range(len(draft_token_ids[r]) + 1)}
+    return rejection_sample(random_sample(probs, keys).tolist(), draft_token_ids)
 
 
 def make_step(num_reqs: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
@@ -101,16 +124,25 @@ def make_step(num_reqs: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch
 def run_case(num_reqs: int, vocab: int, steps: int, repeats: int) -> dict:
     probs, argmax, drafts = make_step(num_reqs, vocab, seed=num_reqs)
     greedy = [False] * num_reqs
-    ways = {"old": old_rejection_sample, "new": rejection_sample}
+
+    def old(rnd: int):
+        gens = {r: torch.Generator().manual_seed(1000 * rnd + r) for r in range(0, num_reqs, 2)}
+        return lambda: old_rejection_sample(probs, argmax, drafts, greedy, gens)
+
+    def new(rnd: int):
+        seeds = {r: 1000 * rnd + r for r in range(0, num_reqs, 2)}
+        return lambda: new_rejection_sample(probs, drafts, seeds)
+
+    ways = {"old": old, "new": new}
     per_round: dict[str, list[float]] = {name: [] for name in ways}
     kept: dict[str, int] = {name: 0 for name in ways}
     for rnd in range(repeats):
         for name in (list(ways) if rnd % 2 == 0 else list(reversed(ways))):
-            gens = {r: torch.Generator().manual_seed(1000 * rnd + r) for r in range(0, num_reqs, 2)}
-            ways[name](probs, argmax, drafts, greedy, gens)  # warm-up
+            call = ways[name](rnd)
+            call()  # warm-up
             begin = time.perf_counter()
             for _ in range(steps):
-                out = ways[name](probs, argmax, drafts, greedy, gens)
+                out = call()
             per_round[name].append((time.perf_counter() - begin) / steps * 1e3)
             kept[name] += sum(len(t) for t in out)
     medians = {name: statistics.median(v) for name, v in per_round.items()}

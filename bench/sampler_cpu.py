@@ -36,32 +36,34 @@ from tinyvllm.sample.metadata import SamplingMetadata  # noqa: E402
 from tinyvllm.sample.sampler import Sampler, random_sample  # noqa: E402
 
 
-def old_random_sample(probs: torch.Tensor, generators: Mapping[int, torch.Generator]) -> torch.Tensor:
-    """The sampler's draw before this change, on every device: ``q = exponential_()``."""
+def old_random_sample(probs: torch.Tensor, draw_keys: Mapping[int, int]) -> torch.Tensor:
+    """The sampler's draw before this change, on every device: ``q = exponential_()`` (keyed
+    rows from a generator seeded with their key, as ``random_sample`` draws them now)."""
     q = torch.empty_like(probs).exponential_()  # [R, V]
-    for row, generator in generators.items():
-        if row < q.shape[0]:
-            q[row].exponential_(generator=generator)
+    keyed = torch.Generator()
+    for row, key in draw_keys.items():
+        q[row].exponential_(generator=keyed.manual_seed(key))
     return probs.div(q).argmax(dim=-1)
 
 
-def metadata(num_reqs: int, generators: dict[int, torch.Generator]) -> SamplingMetadata:
+def metadata(num_reqs: int, seeds: dict[int, int]) -> SamplingMetadata:
     return SamplingMetadata(
         temperature=torch.full((num_reqs,), 0.6),
         all_greedy=False,
         all_random=True,
         top_p=None,
         top_k=None,
-        generators=generators,
+        seeds=seeds,
         logitsprocs=LogitsProcessors(),
         thinking_budget=None,
+        output_token_ids=tuple([] for _ in range(num_reqs)),
     )
 
 
 def cases(num_reqs: int, vocab: int) -> dict[str, callable]:
     logits = torch.randn(num_reqs, vocab, generator=torch.Generator().manual_seed(0)) * 3  # [R, V]
     probs = logits.softmax(dim=-1)
-    seeded = {row: torch.Generator().manual_seed(row) for row in range(0, num_reqs, 8)}  # 1 row in 8
+    seeded = {row: row for row in range(0, num_reqs, 8)}  # 1 row in 8, keyed by its row
     sampler, md_plain, md_seeded = Sampler(), metadata(num_reqs, {}), metadata(num_reqs, seeded)
 
     def whole_sampler(draw, md):

@@ -129,3 +129,37 @@ def test_seeded_tokens_survive_a_forced_preemption(blocks):
                         use_tqdm=False)  # fmt: skip
     assert llm.engine.scheduler.num_preemptions > 0
     assert outs[1].outputs[0].token_ids == fresh(target, params)
+
+
+LOOPING = [[5, 6, 7, 8] * 3, [20, 21, 22] * 3]  # prompts the n-gram proposer drafts from at once
+SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+
+
+@functools.cache
+def fresh_spec_engine() -> LLM:
+    return LLM(model_folder(), device="cpu", max_model_len=40, block_size=4, speculative_config=SPEC)
+
+
+@settings(max_examples=12)
+@given(
+    target=st.tuples(st.sampled_from(LOOPING), st.integers(0, 4)).map(lambda t: tuple(t[0][: len(t[0]) - t[1]])),
+    seed=st.integers(-(2**63), 2**63 - 1),
+    others=st.lists(st.tuples(st.sampled_from(LOOPING + STEMS), st.booleans()), min_size=1, max_size=3),
+    budget=st.sampled_from([2, 5, 10, 64]),
+    speculative=st.booleans(),
+)
+def test_seeded_tokens_are_the_same_alone_in_any_batch_and_with_or_without_drafts(target, seed, others, budget, speculative):
+    """Issue: a seeded request's tokens are the same alone and in any batch, under any token
+    budget (chunked prompts, drafts trimmed to what the budget leaves), with and without
+    speculation's drafts on it and on the other requests (``sample/draw_keys.py``)."""
+    params = SamplingParams(temperature=0.5, max_tokens=8, seed=seed, ignore_eos=True)
+    alone = fresh_spec_engine().generate({"prompt_token_ids": list(target)}, params, use_tqdm=False)[0]
+    llm = LLM(model_folder(), device="cpu", max_model_len=40, block_size=4, max_num_batched_tokens=budget,
+              max_num_seqs=4, speculative_config=SPEC if speculative else None)  # fmt: skip
+    batch = [{"prompt_token_ids": list(p)} for p, _ in others] + [{"prompt_token_ids": list(target)}]
+    other_params = [
+        SamplingParams(temperature=0.3, max_tokens=6, ignore_eos=True, seed=i if seeded else None)
+        for i, (_, seeded) in enumerate(others)
+    ]
+    outs = llm.generate(batch, other_params + [params], use_tqdm=False)
+    assert outs[-1].outputs[0].token_ids == alone.outputs[0].token_ids

@@ -197,7 +197,7 @@ def test_input_batch_reset_empties_every_row_and_the_processors(tiny_model_dirs)
     batch.refresh()
     batch.remove_request("x")  # a half-done step: a hole, nothing condensed
     batch.reset()
-    assert batch.num_reqs == 0 and batch.req_ids == [] and batch.generators == {}
+    assert batch.num_reqs == 0 and batch.req_ids == [] and batch.seeds == {}
     assert batch.block_table.num_blocks[:2] == [0, 0]
     batch.check_invariants()
     logits = torch.zeros(1, 512)
@@ -246,4 +246,81 @@ def test_a_recovery_that_raises_again_still_ends_the_steps_requests(tiny_model_d
     assert not min_tokens.min_toks, "MinTokens kept the rows of the failed step"
     outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}], GREEDY, use_tqdm=False)
     assert outs[0].outputs[0].token_ids == fresh([5, 6, 7])
+    assert_clean(llm)
+
+
+# -- a failure late in a step: after the sampled tokens reached the scheduler ----------------
+
+SPEC = {"num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+LOOP = [5, 6, 7, 8] * 4  # the n-gram proposer drafts for it at once
+
+
+def inject_late(llm, where: str, fault: Fault, monkeypatch) -> None:
+    """A fault after ``update_from_output``: in the proposer, the detokenizer, the stop-string
+    search, or the making of an output (``KeyboardInterrupt`` too)."""
+    engine = llm.engine
+    if where == "proposer":
+        propose = engine.proposer.propose_batch
+        monkeypatch.setattr(engine.proposer, "propose_batch", lambda *a: (fault.trigger(), propose(*a))[1])
+    elif where == "detokenizer":
+        from tinyvllm.engine import detokenizer
+
+        update = detokenizer.IncrementalDetokenizer.update
+        monkeypatch.setattr(detokenizer.IncrementalDetokenizer, "update", lambda self, ids: (fault.trigger(), update(self, ids))[1])
+    elif where == "stop_strings":
+        search = engine._update_text
+        monkeypatch.setattr(engine, "_update_text", lambda *a: (fault.trigger(), search(*a))[1])
+    else:
+        make = engine._make_output
+        monkeypatch.setattr(engine, "_make_output", lambda *a: (fault.trigger(), make(*a))[1])
+
+
+LATE = ["proposer", "detokenizer", "stop_strings", "output"]
+
+
+@pytest.mark.parametrize("where", LATE)
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+def test_a_failure_late_in_a_step_is_undone_like_an_early_one(tiny_model_dirs, fresh, monkeypatch, where, exc):
+    """Issue: an exception after the scheduler took the step's tokens (the proposer, the
+    detokenizer, the stop-string search, the outputs, a Ctrl-C) must abort the step's
+    requests as a failed forward does: a caller that keeps stepping gets no completion with
+    a token missing, the engine passes ``check_invariants`` and serves on."""
+    llm = make_llm(tiny_model_dirs["qwen3"], speculative_config=SPEC if where == "proposer" else None)
+    engine = llm.engine
+    with_stop = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, stop=["never in this text"])
+    engine.add_request("short", [9, 10, 11], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, stop=["x y z"]))
+    engine.add_request("long", LOOP, with_stop)
+    inject_late(llm, where, Fault(at=1, exc=exc), monkeypatch)
+    with pytest.raises(exc):
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert_clean(llm)
+    done = {}
+    engine.add_request("again", LOOP, with_stop)  # the fault has fired: the engine serves as new
+    while engine.has_unfinished_requests():
+        done |= {o.request_id: o for o in engine.step()}
+    assert done["again"].outputs[0].token_ids == fresh(LOOP)
+    assert_clean(llm)
+
+
+def test_an_async_consumer_of_a_request_finished_in_a_late_failing_step_gets_the_error(tiny_model_dirs, monkeypatch):
+    """The request finishes (max_tokens=1) in the step whose output processing fails: its
+    ``generate`` must end with the step's error, not wait forever."""
+    import asyncio
+
+    from tinyvllm.engine.async_llm import AsyncLLM
+
+    llm = make_llm(tiny_model_dirs["qwen3"])
+    inject_late(llm, "detokenizer", Fault(at=1), monkeypatch)  # before the engine forgets the request
+
+    async def main():
+        engine = AsyncLLM(llm)
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, stop=["x y z"])
+        try:
+            with pytest.raises(Boom):
+                await asyncio.wait_for(anext(engine.generate({"prompt_token_ids": [5, 6, 7]}, params, "r")), timeout=20)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
     assert_clean(llm)

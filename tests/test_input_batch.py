@@ -58,7 +58,7 @@ def test_condense_moves_highest_rows_into_lowest_holes():
     assert list(update.removed) == [5, 2, 0]
     assert update.moved == [(4, 0, UNI), (3, 2, UNI)]
     assert batch.temperature[:3].tolist() == [4.5, 1.5, 3.5]
-    assert set(batch.generators) == {1, 2}  # r1 stays at 1, r3 moved to 2
+    assert set(batch.seeds) == {1, 2}  # r1 stays at 1, r3 moved to 2
     batch.check_invariants()
 
 
@@ -71,7 +71,7 @@ def test_swap_states_records_swap_and_moves_tensors():
     batch.swap_states(0, 1)
     update = batch.refresh()
     assert update.moved == [(0, 1, SWAP)] and batch.req_id_to_index == {"b": 0, "a": 1}
-    assert batch.top_k[:2].tolist() == [0, 3] and set(batch.generators) == {1}
+    assert batch.top_k[:2].tolist() == [0, 3] and set(batch.seeds) == {1}
     batch.check_invariants()
     with pytest.raises(ValueError, match="row 5"):
         batch.swap_states(0, 5)
@@ -234,7 +234,7 @@ def test_sampling_metadata_is_rebuilt_only_when_the_batch_changed():
     batch.refresh()
     swapped = batch.make_sampling_metadata()
     assert swapped is not first and swapped.temperature.tolist() == torch.tensor([0.0, 0.7]).tolist()
-    assert list(swapped.generators) == [1] and first.temperature.tolist() == torch.tensor([0.7, 0.0]).tolist()
+    assert list(swapped.seeds) == [1] and first.temperature.tolist() == torch.tensor([0.7, 0.0]).tolist()
     batch.remove_request("b")
     batch.condense()
     batch.refresh()

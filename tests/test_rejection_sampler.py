@@ -1,34 +1,61 @@
-"""The rejection sampler (``sample/rejection_sampler.py``): greedy drafts kept while they are
-the argmax; random drafts kept with the target's probability, and (counted over many fixed
-seeds) the tokens it returns are distributed as the target's."""
+"""The rejection sampler (``sample/rejection_sampler.py``) and the verification path of
+``Sampler.sample_spec``: a request keeps its drafts while each row's own token (its argmax,
+or its draw) equals them; counted over many keys, the tokens are distributed as the
+target's; and a seeded request's tokens are the draws a step without drafts makes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from tinyvllm.sample.draw_keys import draw_key
+from tinyvllm.sample.logits_processors import LogitsProcessors
+from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.rejection_sampler import rejection_sample
+from tinyvllm.sample.sampler import Sampler
 
 
-def one_hot_rows(ids: list[int], vocab: int = 5) -> torch.Tensor:
-    return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()  # [N, V]
-
-
-def test_greedy_keeps_drafts_while_they_are_the_argmax():
-    # request 0: drafts [2, 3, 4], the target's argmax rows [2, 3, 1, 0]: two kept, then 1
-    # request 1: drafts [1], argmax rows [1, 4]: kept, then the bonus 4
-    # request 2: no drafts, one row: its argmax
-    argmax = torch.tensor([2, 3, 1, 0, 1, 4, 3])
-    out = rejection_sample(None, argmax, [[2, 3, 4], [1], []], [True, True, True], {})
+def test_a_request_keeps_drafts_while_its_rows_agree_then_the_first_disagreeing_token():
+    # request 0: drafts [2, 3, 4], the rows' tokens [2, 3, 1, 0]: two kept, then 1
+    # request 1: drafts [1], rows [1, 4]: kept, then the bonus 4
+    # request 2: no drafts, one row: its token
+    out = rejection_sample([2, 3, 1, 0, 1, 4, 3], [[2, 3, 4], [1], []])
     assert out == [[2, 3, 1], [1, 4], [3]]
 
 
-def test_random_rows_keep_a_certain_draft_and_never_draw_a_rejected_one():
-    probs = one_hot_rows([2, 0, 4])  # request 0's target is certain: 2, then 0; the bonus row 4
-    out = rejection_sample(probs, probs.argmax(-1), [[2, 0]], [False], {0: torch.Generator().manual_seed(1)})
-    assert out == [[2, 0, 4]]
+def test_the_row_count_must_match_the_drafts():
+    with pytest.raises(ValueError, match="6 target tokens for 7 rows"):
+        rejection_sample([0] * 6, [[2, 3, 4], [1], []])
+
+
+def metadata(temperature: list[float], seeds: dict[int, int], outputs) -> SamplingMetadata:
+    t = torch.tensor(temperature)
+    return SamplingMetadata(
+        temperature=t, all_greedy=bool((t == 0).all()), all_random=not bool((t == 0).any()), top_p=None,
+        top_k=None, seeds=seeds, logitsprocs=LogitsProcessors(), thinking_budget=None, output_token_ids=outputs,
+    )  # fmt: skip
+
+
+def logits_of(probs: torch.Tensor) -> torch.Tensor:
+    return probs.clamp_min(1e-30).log()  # [N, V]: softmax gives back probs (0 stays ~0)
+
+
+def spec(probs: torch.Tensor, drafts, temperature, seeds=None, outputs=None) -> list[list[int]]:
+    outputs = outputs if outputs is not None else tuple([] for _ in drafts)
+    return Sampler().sample_spec(logits_of(probs), metadata(temperature, seeds or {}, outputs), drafts)
+
+
+def test_greedy_verification_keeps_drafts_while_they_are_the_argmax():
+    probs = torch.nn.functional.one_hot(torch.tensor([2, 3, 1, 0, 1, 4, 3]), 5).float()
+    assert spec(probs, [[2, 3, 4], [1], []], [0.0, 0.0, 0.0]) == [[2, 3, 1], [1, 4], [3]]
+
+
+def test_a_certain_draft_is_kept_and_an_impossible_one_never_drawn():
+    probs = torch.nn.functional.one_hot(torch.tensor([2, 0, 4]), 5).float()  # certain: 2, then 0, bonus 4
+    assert spec(probs, [[2, 0]], [1.0], {0: 1}) == [[2, 0, 4]]
     probs = torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
     for seed in range(20):  # draft 3 has probability 0: always rejected, replaced by 1 or 2
-        [tokens] = rejection_sample(probs, probs.argmax(-1), [[3]], [False], {0: torch.Generator().manual_seed(seed)})
+        [tokens] = spec(probs, [[3]], [1.0], {0: seed})
         assert len(tokens) == 1 and tokens[0] in (1, 2)
 
 
@@ -40,76 +67,59 @@ def test_rejection_sampling_draws_from_the_target():
     for draft in (1, 3):
         counts = torch.zeros(4)
         for seed in range(trials):
-            [tokens] = rejection_sample(probs, probs.argmax(-1), [[draft]], [False], {0: torch.Generator().manual_seed(seed)})
+            [tokens] = spec(probs, [[draft]], [1.0], {0: seed})
             counts[tokens[0]] += 1
         freq = counts / trials
         # 4000 draws: a frequency's standard error is at most 0.008; 4 of them is 0.032
         assert torch.allclose(freq, target, atol=0.032), (draft, freq.tolist())
 
 
-def test_the_bonus_token_is_drawn_from_the_bonus_row():
-    """NOTE 3: the bonus rows of a step are drawn in one batch; each still follows its own
-    row's distribution, seeded or not, whatever the other requests hold."""
-    target = torch.tensor([0.1, 0.4, 0.3, 0.2])
-    certain = torch.tensor([0.0, 0.0, 1.0, 0.0])  # the draft 2 is certain: always kept
-    probs = torch.stack([certain, target, torch.tensor([0.7, 0.1, 0.1, 0.1])])  # request 1: no drafts
-    trials = 4000
-    counts = torch.zeros(4)
-    for seed in range(trials):
-        gens = {0: torch.Generator().manual_seed(seed)} if seed % 2 else {}  # half seeded, half not
-        first, second = rejection_sample(probs, probs.argmax(-1), [[2], []], [False, False], gens)
-        assert first[0] == 2 and len(first) == 2 and len(second) == 1
-        counts[first[1]] += 1
-    assert torch.allclose(counts / trials, target, atol=0.032), (counts / trials).tolist()
-
-
-def test_a_seeded_request_draws_the_same_tokens_every_time():
-    probs = torch.softmax(torch.randn(6, 7, generator=torch.Generator().manual_seed(0)), dim=-1)
-    runs = [
-        rejection_sample(probs, probs.argmax(-1), [[1, 2], [3, 4]], [False, False],
-                         {0: torch.Generator().manual_seed(7), 1: torch.Generator().manual_seed(8)})
-        for _ in range(3)
-    ]  # fmt: skip
-    assert runs[0] == runs[1] == runs[2]
-
-
 def test_two_drafts_give_the_targets_joint_distribution():
-    """NOTE 4: every draft's uniform is drawn up front and compared at once; the first two
-    tokens are still distributed as the target's rows chained (row 1 applies after draft 1 is
-    kept), whichever drafts were proposed: P(a, b) = p0(a) * p1(b) when a is the first draft,
-    and the second token is drawn from the bonus-free row 1 only through the kept draft."""
+    """The first two tokens are distributed as the target's rows chained (row 1 applies only
+    after draft 0 is kept): P(a, b) = p0(a) * p1(b) when a is the first draft."""
     p0 = torch.tensor([0.5, 0.3, 0.2])  # the token after the confirmed ones
     p1 = torch.tensor([0.2, 0.2, 0.6])  # the token after draft 0 (used only when draft 0 = token 0 is kept)
-    bonus = torch.tensor([1.0, 0.0, 0.0])
-    probs = torch.stack([p0, p1, bonus])
+    probs = torch.stack([p0, p1, torch.tensor([1.0, 0.0, 0.0])])
     trials = 6000
     counts = torch.zeros(3, 3)
     for seed in range(trials):
-        [tokens] = rejection_sample(probs, probs.argmax(-1), [[0, 2]], [False], {0: torch.Generator().manual_seed(seed)})
+        [tokens] = spec(probs, [[0, 2]], [1.0], {0: seed})
         if tokens[0] == 0:
             counts[0, tokens[1]] += 1
         else:
             assert len(tokens) == 1  # a rejected first draft ends the step
             counts[tokens[0], 0] += 1
-    freq = counts / trials
     want = torch.zeros(3, 3)
     want[0] = p0[0] * p1  # draft 0 kept, then row 1: draft 2 kept with 0.6, else 0 or 1 drawn from the rest
     want[1, 0], want[2, 0] = p0[1], p0[2]
-    assert torch.allclose(freq, want, atol=0.03), freq.tolist()
+    assert torch.allclose(counts / trials, want, atol=0.03), (counts / trials).tolist()
+
+
+def test_each_row_draws_what_a_step_without_drafts_draws_at_its_position():
+    """NOTE 2: the row of draft j of a seeded request with o outputs is keyed by position
+    o + j, so a verification step's tokens are exactly the plain sampler's draws there."""
+    probs = torch.softmax(torch.randn(4, 9, generator=torch.Generator().manual_seed(3)), dim=-1)
+    outputs = ([7, 7],)  # two outputs so far: the rows sample positions 2, 3, 4, 5
+    plain = [
+        Sampler()(logits_of(probs[j : j + 1]), metadata([1.0], {0: 42}, ([7, 7] + [0] * j,))).sampled_token_ids.item()
+        for j in range(4)
+    ]
+    drafts = [plain[:3]]  # drafts equal to those draws are all kept, then the bonus draw
+    assert spec(probs, drafts, [1.0], {0: 42}, outputs) == [plain]
+    wrong = [plain[0], (plain[1] + 1) % 9, plain[2]]  # the second draft disagrees: its row's own token replaces it
+    assert spec(probs, [wrong], [1.0], {0: 42}, outputs) == [plain[:2]]
 
 
 def test_a_seeded_requests_tokens_do_not_depend_on_the_others_in_the_step():
-    """NOTE 2: a seeded request draws from its own generator only, so the requests beside it
+    """A seeded request's rows draw from its own keys only, so the requests beside it
     (unseeded, seeded, greedy, with drafts or without) change nothing of its tokens."""
     probs = torch.softmax(torch.randn(9, 6, generator=torch.Generator().manual_seed(3)), dim=-1)
-
-    def alone(seed: int) -> list[int]:
-        return rejection_sample(probs[:3], probs[:3].argmax(-1), [[1, 4]], [False], {0: torch.Generator().manual_seed(seed)})[0]
-
     for seed in range(30):
-        together = rejection_sample(
-            torch.cat([probs[3:5], probs[:3], probs[5:]]), torch.cat([probs[3:5], probs[:3], probs[5:]]).argmax(-1),
-            [[2], [1, 4], [0, 3], []], [False, False, True, False],
-            {1: torch.Generator().manual_seed(seed), 3: torch.Generator().manual_seed(99)},
+        alone = spec(probs[:3], [[1, 4]], [1.0], {0: seed})[0]
+        mixed = torch.cat([probs[3:5], probs[:3], probs[5:]])
+        together = spec(
+            mixed, [[2], [1, 4], [0, 3], []], [1.0, 1.0, 0.0, 0.7], {1: seed, 3: 99},
+            outputs=([], [], [], []),
         )  # fmt: skip
-        assert together[1] == alone(seed)
+        assert together[1] == alone
+    assert draw_key(0, 0) != draw_key(0, 1)  # rows of one request draw different noise

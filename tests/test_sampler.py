@@ -10,6 +10,7 @@ import torch
 from tinyvllm.config import EngineConfig, ReasoningConfig, SchedulerConfig
 from tinyvllm.sample.logits_processors import LogitsProcessors, build_logitsprocs
 from tinyvllm.sample.metadata import SamplingMetadata
+from tinyvllm.sample.draw_keys import draw_key
 from tinyvllm.sample.sampler import Sampler, SamplerOutput, apply_top_k_top_p, random_sample
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 from tinyvllm.sampling_params import SamplingParams
@@ -95,6 +96,7 @@ def test_same_seed_same_tokens_whatever_else_is_in_the_batch():
         for _ in range(6):
             out = Sampler()(torch.zeros(batch.num_reqs, V), batch.make_sampling_metadata())
             tokens.append(out.sampled_token_ids[row].item())
+            mine.append(tokens[-1])  # as the runner does: the next draw is keyed by the next position
         return tokens
 
     alone = run(0, True)
@@ -105,11 +107,13 @@ def test_same_seed_same_tokens_whatever_else_is_in_the_batch():
 @pytest.mark.seed("001:9")
 def test_min_p_applies_to_random_rows_only():
     batch = make_batch()
-    batch.add_request("r", SamplingParams(temperature=1.0, min_p=0.5, seed=0), None, [])
+    out = []
+    batch.add_request("r", SamplingParams(temperature=1.0, min_p=0.5, seed=0), None, out)
     batch.refresh()
     logits = torch.tensor([[2.0, 1.9, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0, -5.0]])
-    tokens = {Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.item() for _ in range(50)}
-    assert tokens == {0, 1}
+    for _ in range(50):
+        out.append(Sampler()(logits, batch.make_sampling_metadata()).sampled_token_ids.item())
+    assert set(out) == {0, 1}
 
 
 @pytest.mark.seed("001:13")
@@ -141,17 +145,20 @@ def test_top_k_top_p_none_means_off_for_every_row():
 # -- SamplingMetadata -------------------------------------------------------------------
 
 
-def make_metadata(temperature, top_p=None, top_k=None, generators=None):
+def make_metadata(temperature, top_p=None, top_k=None, seeds=None, outputs=None):
     temperature = torch.tensor(temperature, dtype=torch.float32)
+    if outputs is None and seeds:
+        outputs = tuple([] for _ in range(temperature.shape[0]))
     return SamplingMetadata(
         temperature=temperature,
         all_greedy=bool((temperature == 0).all()),
         all_random=not bool((temperature == 0).any()),
         top_p=None if top_p is None else torch.tensor(top_p, dtype=torch.float32),
         top_k=None if top_k is None else torch.tensor(top_k, dtype=torch.int64),
-        generators=generators or {},
+        seeds=seeds or {},
         logitsprocs=LogitsProcessors(),
         thinking_budget=None,
+        output_token_ids=outputs or (),
     )
 
 
@@ -168,7 +175,7 @@ def test_make_sampling_metadata_holds_the_rows_values():
     assert md.top_p.tolist() == torch.tensor([1.0, 0.9, 1.0]).tolist()
     assert md.top_k.dtype == torch.int64 and md.top_k.tolist() == [0, 0, 4]
     assert (md.all_greedy, md.all_random) == (False, False)
-    assert list(md.generators) == [1] and md.generators[1] is batch.generators[1]  # the request's own RNG
+    assert dict(md.seeds) == {1: 5} == batch.seeds  # draws keyed by the request's seed
     assert md.logitsprocs is batch.logitsprocs and md.thinking_budget is None
 
 
@@ -180,7 +187,7 @@ def test_make_sampling_metadata_flags_and_none_limits():
     md = batch.make_sampling_metadata()
     assert (md.all_greedy, md.all_random) == (True, False)
     assert md.top_p is None and md.top_k.tolist() == [0, 3]
-    assert dict(md.generators) == {}
+    assert dict(md.seeds) == {}
 
     batch.remove_request("a")
     batch.remove_request("b")
@@ -192,8 +199,7 @@ def test_make_sampling_metadata_flags_and_none_limits():
     md = batch.make_sampling_metadata()
     assert (md.all_greedy, md.all_random) == (False, True)
     assert md.top_k is None and md.top_p.tolist() == torch.tensor([1.0, 0.95, 1.0]).tolist()
-    assert sorted(md.generators) == [0, 2]
-    assert md.generators[0] is batch.generators[0] and md.generators[2] is batch.generators[2]
+    assert dict(md.seeds) == {0: 7, 2: 8}
 
 
 def test_make_sampling_metadata_is_a_frozen_snapshot():
@@ -205,12 +211,12 @@ def test_make_sampling_metadata_is_a_frozen_snapshot():
     with pytest.raises(dataclasses.FrozenInstanceError):
         md.temperature = torch.zeros(2)
     with pytest.raises(TypeError):
-        md.generators[1] = torch.Generator()
+        md.seeds[1] = 4
     batch.remove_request("a")
     batch.add_request("c", SamplingParams(temperature=0, seed=2), None, [])
     batch.refresh()
     assert md.temperature.tolist() == torch.tensor([0.7, 0.3]).tolist()  # the batch's edits do not leak in
-    assert list(md.generators) == [0] and md.generators[0] is not batch.generators[0]
+    assert dict(md.seeds) == {0: 1} and batch.seeds == {0: 2}
 
 
 def test_make_sampling_metadata_refuses_holes_and_unrefreshed_changes():
@@ -230,25 +236,27 @@ def test_make_sampling_metadata_refuses_holes_and_unrefreshed_changes():
     assert batch.make_sampling_metadata().num_reqs == 2
 
 
-def test_sampling_metadata_is_frozen_and_its_generators_read_only():
-    mine = {0: torch.Generator().manual_seed(3)}
-    md = make_metadata([1.0, 0.0], generators=mine)
+def test_sampling_metadata_is_frozen_and_its_seeds_read_only():
+    mine = {0: 3}
+    md = make_metadata([1.0, 0.0], seeds=mine)
     assert md.num_reqs == 2
-    for name, value in [("all_greedy", True), ("top_k", None), ("generators", {})]:
+    for name, value in [("all_greedy", True), ("top_k", None), ("seeds", {})]:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(md, name, value)
-    assert isinstance(md.generators, MappingProxyType)
+    assert isinstance(md.seeds, MappingProxyType)
     with pytest.raises(TypeError):
-        md.generators[1] = torch.Generator()
-    mine[1] = torch.Generator()  # the caller's dict was copied
-    assert list(md.generators) == [0]
+        md.seeds[1] = 4
+    mine[1] = 4  # the caller's dict was copied
+    assert list(md.seeds) == [0]
 
 
 def test_sampling_metadata_rejects_inconsistent_shapes():
     with pytest.raises(ValueError, match=r"top_k must have shape \[2\], got \(3,\)"):
         make_metadata([1.0, 1.0], top_k=[1, 2, 3])
-    with pytest.raises(ValueError, match=r"generators name rows \[2\]"):
-        make_metadata([1.0, 1.0], generators={2: torch.Generator()})
+    with pytest.raises(ValueError, match=r"seeds name rows \[2\]"):
+        make_metadata([1.0, 1.0], seeds={2: 5})
+    with pytest.raises(ValueError, match=r"seeds need every row's output list: 0 lists for 2 rows"):
+        make_metadata([1.0, 1.0], seeds={1: 5}, outputs=())
     with pytest.raises(ValueError, match=r"temperature must have shape \[R\]"):
         make_metadata([[1.0]])
 
@@ -256,13 +264,17 @@ def test_sampling_metadata_rejects_inconsistent_shapes():
 def test_sampler_runs_from_metadata_alone():
     """No InputBatch: row 0 greedy, row 1 random but top-k 1, row 2 random among its top 2."""
     logits = torch.tensor([[0.0, 3.0, 1.0, 0.5], [2.0, 0.0, 1.0, 1.9], [0.0, 0.0, 5.0, 5.0]])
-    md = make_metadata([0.0, 1.0, 1.0], top_k=[0, 1, 2], generators={2: torch.Generator().manual_seed(0)})
-    seen = set()
+    outputs = ([], [], [])
+    md = make_metadata([0.0, 1.0, 1.0], top_k=[0, 1, 2], seeds={2: 0}, outputs=outputs)
+    seen = []
     for _ in range(40):
         tokens = Sampler()(logits, md).sampled_token_ids.tolist()
         assert tokens[:2] == [1, 0]
-        seen.add(tokens[2])
-    assert seen == {2, 3}
+        seen.append(tokens[2])
+        outputs[2].append(tokens[2])  # the next draw is keyed by the next position
+    assert set(seen) == {2, 3}
+    outputs[2].clear()
+    assert [Sampler()(logits, md).sampled_token_ids[2].item() for _ in range(3)] == [seen[0]] * 3  # same position, same draw
 
 
 # -- random sampling on the CPU: -log(U) instead of exponential_ ----------------------
@@ -292,16 +304,16 @@ def test_cpu_random_sample_frequencies_match_the_probabilities():
 
 
 def test_cpu_seeded_row_frequencies_match_the_probabilities():
-    generator = torch.Generator().manual_seed(1)
     probs = torch.tensor([CHI2_P, [1.0, 0, 0, 0, 0, 0]])  # row 1 unseeded, to share the call
-    tokens = torch.stack([random_sample(probs, {0: generator})[0] for _ in range(4000)])
+    tokens = torch.stack([random_sample(probs, {0: draw_key(1, position)})[0] for position in range(4000)])
     assert chi_square(tokens, CHI2_P) < CHI2_BOUND
 
 
 def test_cpu_random_sample_is_the_race_on_minus_log_uniforms():
-    """The CPU stream of a seeded row, spelled out: U from its generator, token = argmax(p / -log U)."""
+    """The CPU draw of a keyed row, spelled out: U from a generator seeded with the row's key,
+    token = argmax(p / -log U)."""
     probs = torch.randn(3, 20, generator=torch.Generator().manual_seed(2)).softmax(dim=-1)
-    got = [random_sample(probs, {1: torch.Generator().manual_seed(seed)})[1].item() for seed in range(20)]
+    got = [random_sample(probs, {1: seed})[1].item() for seed in range(20)]
     want = []
     for seed in range(20):
         u = torch.rand(20, generator=torch.Generator().manual_seed(seed))
@@ -325,19 +337,16 @@ def test_cpu_random_sample_a_zero_uniform_never_picks_a_masked_token():
     """U == 0 would make q = -log(U) infinite and the score p / q of a surviving token 0,
     the score of a masked one: the sampler draws U from [tiny, 1) instead."""
     position = first_zero_uniform(12)  # 411302 with torch 2.x's Mersenne Twister
-    row = torch.zeros(1, 8)
-    row[0, 5] = 1.0  # one survivor (top-k 1, say), whose U is the zero
-    generator = torch.Generator().manual_seed(12)
-    torch.rand(position - 5, generator=generator)  # skip to 5 draws before the zero
-    assert random_sample(row, {0: generator}).item() == 5
+    row = torch.zeros(1, position + 1)
+    row[0, position] = 1.0  # one survivor (top-k 1, say), whose U is the zero: the row's key is 12
+    assert random_sample(row, {0: 12}).item() == position
 
 
 def test_cpu_seeded_row_stream_ignores_the_rest_of_the_batch():
     def stream(num_rows: int, row: int, global_seed: int) -> list[int]:
         torch.manual_seed(global_seed)  # the unseeded rows' draws must not matter
-        generator = torch.Generator().manual_seed(9)
         probs = torch.full((num_rows, 50), 1 / 50)
-        return [random_sample(probs, {row: generator})[row].item() for _ in range(8)]
+        return [random_sample(probs, {row: draw_key(9, position)})[row].item() for position in range(8)]
 
     alone = stream(1, 0, 0)
     assert alone == stream(5, 3, 1) == stream(3, 0, 2)
@@ -403,16 +412,16 @@ def test_frequency_and_presence_penalties_count_the_output_only():
 def test_allowed_token_ids_restrict_greedy_and_random_rows():
     batch = make_batch()
     batch.add_request("g", SamplingParams(temperature=0, allowed_token_ids=(3, 8)), [0], [])
-    batch.add_request("r", SamplingParams(temperature=1.0, allowed_token_ids=(3, 8), seed=5), [0], [])
+    drawn_out = []
+    batch.add_request("r", SamplingParams(temperature=1.0, allowed_token_ids=(3, 8), seed=5), [0], drawn_out)
     batch.add_request("free", SamplingParams(temperature=0), [0], [])
     logits = torch.zeros(3, V)
     logits[:, 0], logits[:, 8] = 9.0, 0.5
-    seen = set()
     for _ in range(40):
         greedy, drawn, free = sample_once(batch, logits)
         assert (greedy, free) == (8, 0)
-        seen.add(drawn)
-    assert seen == {3, 8}
+        drawn_out.append(drawn)
+    assert set(drawn_out) == {3, 8}
 
 
 def test_bad_words_ban_the_last_token_once_the_output_ends_with_the_rest():

@@ -485,3 +485,43 @@ def test_bench_spec_decode_dry_run_writes_its_record(tmp_path):
         for r in by_batch.values():
             assert r["output_tokens"] > 0 and r["speedup"] > 0 and 0 <= r["acceptance_rate"] <= 1
             assert r["accepted_tokens"] <= r["draft_tokens"]
+
+
+# --8<-- [start:seeded_streams]
+def seeded(max_tokens: int = 12, seed: int = 5, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.3, max_tokens=max_tokens, ignore_eos=True, seed=seed, **kw)
+
+
+def test_a_prompt_chunk_gets_no_drafts_so_a_seeded_stream_ignores_its_neighbour(tiny_model_dirs):
+    """The defect a fuzzer found: with a 10-token budget, a 10-token prompt beside a 1-token
+    request is chunked 9 + 1; its last prompt token must be computed as a prefill, not
+    verified with drafts proposed before it sampled anything, and its draws must be the
+    ones it makes alone."""
+    folder = tiny_model_dirs["qwen3"]
+    target = LOOP[:10]
+    alone = run(make_llm(folder, max_num_batched_tokens=10), [target], seeded())[0]
+    llm = make_llm(folder, max_num_batched_tokens=10)
+    drafted_in_prefill = []
+
+    class Watch:  # every step: a request verifying drafts had its whole prompt computed before
+        def on_step(self, engine, out, core_outputs, error):
+            start = {c.req_id: c.num_computed_tokens for c in out.scheduled_cached_reqs}
+            drafted_in_prefill.extend(rid for rid in out.scheduled_spec_decode_tokens if start[rid] < len(target))
+
+    llm.engine.observer = Watch()
+    outs = llm.generate([{"prompt_token_ids": [3]}, {"prompt_token_ids": target}], [greedy(4), seeded()], use_tqdm=False)
+    assert drafted_in_prefill == []
+    assert outs[1].outputs[0].token_ids == alone
+
+
+@pytest.mark.parametrize("budget", [2, 3, 64])
+def test_a_seeded_stream_does_not_depend_on_how_many_drafts_the_budget_leaves(tiny_model_dirs, budget):
+    """Each draw is keyed by the token's position in the request, so trimming a request's
+    drafts (a budget of 2 leaves one draft, 3 two) or having none at all changes no token:
+    the seeded stream with speculation equals the stream without it."""
+    folder = tiny_model_dirs["qwen3"]
+    without = run(make_llm(folder, None), [LOOP], seeded(16))[0]
+    spec = make_llm(folder, max_num_batched_tokens=budget)
+    assert run(spec, [LOOP], seeded(16))[0] == without
+    assert spec.engine.scheduler.spec_stats.num_draft_tokens > 0
+# --8<-- [end:seeded_streams]

@@ -21,11 +21,13 @@ copy (its block ids, its output tokens) equals the scheduler's, as vLLM's worker
 scheduler must agree although only ``SchedulerOutput`` and ``ModelRunnerOutput`` pass
 between them.
 
-NOTE 1 (a step that raises): if the forward, the sampler, a logits processor or the
-output update raises anything (``KeyboardInterrupt`` included), the step's requests are
-aborted and their blocks freed, the blocks the step cached leave the prefix cache (their
-KV was never written), the runner empties its persistent batch, and the exception goes
-on to the caller. Requests the step did not schedule carry on. vLLM's engine instead
+NOTE 1 (a step that raises): if anything after ``schedule()`` raises (the forward, the
+sampler, a logits processor, the scheduler's update, the draft proposer, the detokenizer,
+the stop-string search, the making of the outputs; ``KeyboardInterrupt`` included), the
+step's requests are aborted and their blocks freed (those that finished in the step too:
+their outputs never left), the blocks the step cached leave the prefix cache unless the
+forward wrote them, the runner empties its persistent batch, and the exception goes on to
+the caller. Requests the step did not schedule carry on. vLLM's engine instead
 reports itself dead; an offline engine can do better, because nothing else shares it.
 NOTE 2 (streaming): a request that streams (DELTA or CUMULATIVE) or has stop strings is
 detokenised every step by an ``IncrementalDetokenizer``, so its text never ends in half a
@@ -62,12 +64,14 @@ into token sequences when the request is added (``sample/bad_words.py`` NOTE 1),
 them against the vocabulary, and hands them to the scheduler with the ``Request``; they
 reach the persistent batch with the request. An engine without a tokenizer refuses them.
 NOTE 8 (speculative decoding): with a proposer (``LLM(speculative_config=...)``), after
-each step every running request that decodes next gets its drafts
-(``Request.spec_token_ids``, from ``spec_decode/ngram_proposer.py``); the scheduler
+each step every running request that sampled a token in it gets its drafts
+(``Request.spec_token_ids``, from ``spec_decode/ngram_proposer.py``); one that computed only
+part of its prompt gets none (vLLM: drafts only for requests that sampled). The scheduler
 schedules them with its one real token, and the runner keeps those the target agrees with.
 NOTE 9 (an observer): ``observer`` (None by default) is called after every step, a failed
-one too (after the undo, with the error), and reads whatever state it wants; the step
-pays one ``is not None`` check (2 ns against a millisecond or more a step; the measurement
+one too (after the undo, with the error), and reads whatever state it wants; what it
+raises is logged (and noted on the step's error), never raised in the step's place. The
+step pays one ``is not None`` check (2 ns against a millisecond or more a step; the measurement
 is in ``tinyvllm/trace/recorder.py``). ``tinyvllm.trace.record`` installs one.
 """
 
@@ -277,13 +281,20 @@ class LLMEngine:
         try:
             model_output = self.model_runner.execute_model(scheduler_output)
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+            if self.proposer is not None:
+                self._propose_drafts(core_outputs)  # NOTE 8: the next step verifies them
+            outputs = self._process_outputs(core_outputs)
         except BaseException as error:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
             self._abort_failed_step(scheduler_output, error)
-            if self.observer is not None:  # NOTE 9
-                self.observer.on_step(self, scheduler_output, [], error)
+            self._observe(scheduler_output, [], error)
             raise
-        if self.proposer is not None:
-            self._propose_drafts()  # NOTE 8: the next step verifies them
+        self._observe(scheduler_output, core_outputs, None)
+        return outputs
+    # --8<-- [end:step]
+
+    # --8<-- [start:process_outputs]
+    def _process_outputs(self, core_outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
+        """The step's tokens into each request's text, stop strings and ``RequestOutput``s."""
         now = time.perf_counter()
         outputs = []
         for out in core_outputs:
@@ -311,20 +322,32 @@ class LLMEngine:
             output = self._make_output(out.request_id, tracked, finish_reason, stop_reason, now)
             if output is not None and (output := self._to_parent(output)) is not None:  # NOTE 6
                 outputs.append(output)
-        if self.observer is not None:  # NOTE 9: off by default, one check per step
-            self.observer.on_step(self, scheduler_output, core_outputs, None)
         return outputs
-    # --8<-- [end:step]
+    # --8<-- [end:process_outputs]
+
+    def _observe(
+        self, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput], error: BaseException | None
+    ) -> None:
+        """NOTE 9: tell the observer, if any; what it raises never replaces the step's own
+        error, nor loses a step's outputs: it is logged, and attached to the step's error."""
+        if self.observer is None:
+            return
+        try:
+            self.observer.on_step(self, scheduler_output, core_outputs, error)
+        except Exception as observer_error:
+            logger.exception("the step observer %r raised", self.observer)
+            if error is not None:
+                error.add_note(f"tinyvllm: the step observer also raised {observer_error!r}")
 
     # --8<-- [start:propose]
-    def _propose_drafts(self) -> None:
-        """NOTE 8: drafts for every running request that decodes next (its one real token
-        left), searched for all of them at once (``ngram_proposer.py`` NOTE 2)."""
-        decoding = []
+    def _propose_drafts(self, core_outputs: list[EngineCoreOutput]) -> None:
+        """NOTE 8: drafts for every request that sampled a token this step and runs on,
+        searched for all of them at once (``ngram_proposer.py`` NOTE 2). A request that only
+        computed a chunk of its prompt sampled nothing and gets none, as in vLLM."""
         for request in self.scheduler.running:
             request.spec_token_ids = []
-            if request.num_computed_tokens == request.num_tokens - 1:
-                decoding.append(request)
+        requests = self.scheduler.requests
+        decoding = [requests[out.request_id] for out in core_outputs if out.new_token_ids and out.finish_reason is None]
         for request, drafts in zip(decoding, self.proposer.propose_batch(decoding)):
             request.spec_token_ids = drafts
     # --8<-- [end:propose]

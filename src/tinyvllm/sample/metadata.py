@@ -2,7 +2,7 @@
 """SamplingMetadata: everything the sampler may know about one step's batch, frozen.
 
 Concept: the sampler needs, per row, a temperature, optional top-p / top-k limits and
-(for seeded requests) a private random generator, plus the two stateful helpers that edit
+(for seeded requests) the seed its draws are keyed by, plus the two stateful helpers that edit
 logits (the logits processors and the thinking-budget holder), and, only for the rows
 whose requests ask for them, the penalty state, the allowed-token mask and the bad words
 with the output lists they are checked against. This frozen record carries exactly that
@@ -20,25 +20,24 @@ Invariants:
   none is (both hold only for an empty batch); ``is_greedy[i]`` exactly when row i's is;
 - ``top_p`` is None exactly when no row has ``top_p < 1``, ``top_k`` exactly when no row
   has ``top_k > 0``: a None tells the sampler to skip the sort over the vocabulary;
-- ``generators`` and ``num_logprobs`` are read-only views; their keys are rows ``< num_reqs``;
+- ``seeds`` and ``num_logprobs`` are read-only views; their keys are rows ``< num_reqs``;
 - ``penalties`` is None exactly when no row uses a penalty (vLLM's ``no_penalties``);
 - ``allowed_token_ids_rows`` ``[P]`` and ``allowed_token_ids_mask`` ``[P, V]`` are both None
   (no row restricts its tokens) or both set, one mask row per listed batch row;
 - ``bad_words_token_ids`` is a read-only view whose keys are rows ``< num_reqs``, and
   ``output_token_ids`` holds every row's live output list (or nothing, when no row has
-  bad words).
+  bad words and no row is seeded).
 
 NOTE 1 (why it exists): the sampler knows nothing of the worker. The persistent
 ``InputBatch`` builds this record after ``refresh()`` has handed the step's
 ``BatchUpdate`` to the processors (and hands the same record out again while the batch
 does not change), so ``sample/`` never imports ``worker/``.
 NOTE 2 (frozen at the top level only): the fields cannot be reassigned, but the logits
-processors, the thinking-budget holder and the generators are live, stateful objects
-shared with the batch: sampling advances a seeded request's generator, and the model
-runner relies on that object identity to restore it after a partial prefill. So are the
-penalty state (its counts grow by each step's tokens, ``sample/penalties.py`` NOTE 1) and
-the output lists (bad words read their ends): a record handed out again for an unchanged
-batch sees the newest tokens.
+processors and the thinking-budget holder are live, stateful objects shared with the
+batch. So are the penalty state (its counts grow by each step's tokens,
+``sample/penalties.py`` NOTE 1) and the output lists (bad words read their ends; a seeded
+row's draw is keyed by their length, ``draw_keys``): a record handed out again for an
+unchanged batch sees the newest tokens.
 NOTE 3 (host copies of device values): ``is_greedy`` repeats on the host what
 ``temperature == 0`` says on the device, so that the rejection sampler can choose each
 request's path without reading the device (``tinyvllm/device_syncs.py``), and
@@ -57,7 +56,9 @@ from types import MappingProxyType
 
 import torch
 
+from tinyvllm.arith import spec_row_starts
 from tinyvllm.sample.bad_words import BadWordsTokenIds
+from tinyvllm.sample.draw_keys import draw_key
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
 from tinyvllm.sample.penalties import PenaltyState
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
@@ -74,7 +75,7 @@ class SamplingMetadata:
     all_random: bool
     top_p: torch.Tensor | None  # [R] float32; None when no row uses top-p (1.0 = off)
     top_k: torch.Tensor | None  # [R] int64; None when no row uses top-k (0 = off)
-    generators: Mapping[int, torch.Generator]  # row -> that request's own generator (seeded requests)
+    seeds: Mapping[int, int]  # row -> its request's seed (seeded requests); draws keyed by it (draw_keys)
     logitsprocs: LogitsProcessors
     thinking_budget: ThinkingBudgetStateHolder | None
     # row -> k, for the rows whose request asked for logprobs (``sample/logprobs.py``); empty: none did
@@ -103,12 +104,12 @@ class SamplingMetadata:
             tensor = getattr(self, name)
             if tensor is not None and tuple(tensor.shape) != (self.num_reqs,):
                 raise ValueError(f"{name} must have shape [{self.num_reqs}], got {tuple(tensor.shape)}")
-        for name in ("generators", "num_logprobs", "bad_words_token_ids"):
+        for name in ("seeds", "num_logprobs", "bad_words_token_ids"):
             outside = sorted(row for row in getattr(self, name) if not 0 <= row < self.num_reqs)
             if outside:
                 raise ValueError(f"{name} name rows {outside}, outside 0 .. {self.num_reqs - 1}")
         self._check_token_restrictions()
-        for name in ("generators", "num_logprobs", "bad_words_token_ids"):
+        for name in ("seeds", "num_logprobs", "bad_words_token_ids"):
             if not isinstance(getattr(self, name), MappingProxyType):
                 # A private copy behind a read-only view: later edits of the caller's dict cannot leak in.
                 object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
@@ -122,10 +123,25 @@ class SamplingMetadata:
                 f"allowed_token_ids_rows must be [P] and allowed_token_ids_mask [P, V], got "
                 f"{tuple(rows.shape)} and {tuple(mask.shape)}"
             )
-        if self.bad_words_token_ids and len(self.output_token_ids) != self.num_reqs:
+        if (self.bad_words_token_ids or self.seeds) and len(self.output_token_ids) != self.num_reqs:
             raise ValueError(
-                f"bad words need every row's output list: {len(self.output_token_ids)} lists for {self.num_reqs} rows"
+                f"bad words and seeds need every row's output list: {len(self.output_token_ids)} lists for "
+                f"{self.num_reqs} rows"
             )
+
+    def draw_keys(self, rows_per_request: Sequence[int] | None = None) -> dict[int, int]:
+        """Row of the logits -> the key of its draw, for the seeded requests: the request's
+        seed and the output position of the token the row samples (``sample/draw_keys.py``).
+        Request r owns one row, or ``rows_per_request[r]`` under speculative decoding, whose
+        j-th row samples position ``len(output_token_ids[r]) + j``."""
+        if rows_per_request is None:
+            return {row: draw_key(seed, len(self.output_token_ids[row])) for row, seed in self.seeds.items()}
+        firsts = spec_row_starts([range(n - 1) for n in rows_per_request])
+        return {
+            firsts[r] + j: draw_key(seed, len(self.output_token_ids[r]) + j)
+            for r, seed in self.seeds.items()
+            for j in range(rows_per_request[r])
+        }
 
     @property
     def no_penalties(self) -> bool:

@@ -105,23 +105,24 @@ _TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32, ~1.2e-38
 
 
 # --8<-- [start:ops]
-def random_sample(probs: torch.Tensor, generators: Mapping[int, torch.Generator]) -> torch.Tensor:
-    """One token per row from ``probs`` ``[R, V]``; rows in ``generators`` use their own RNG.
+def random_sample(probs: torch.Tensor, draw_keys: Mapping[int, int]) -> torch.Tensor:
+    """One token per row from ``probs`` ``[R, V]``; the rows in ``draw_keys`` draw their noise
+    from a generator seeded with their key (``sample/draw_keys.py``), the others from the
+    global generator.
 
     The race ``argmax(p / q)`` with ``q ~ Exp(1)`` per entry. On the CPU ``q = -log(U)``,
     ``U ~ U[0, 1)``: the same distribution, drawn about 4x cheaper than ``exponential_``
     (NOTE 2).
     """
+    keyed = torch.Generator(device=probs.device) if draw_keys else None  # reseeded for each keyed row
     if probs.device.type != "cpu":
         q = torch.empty_like(probs).exponential_()  # [R, V]
-        for row, generator in generators.items():
-            if row < q.shape[0]:
-                q[row].exponential_(generator=generator)
+        for row, key in draw_keys.items():
+            q[row].exponential_(generator=keyed.manual_seed(key))
         return probs.div(q).argmax(dim=-1)
     q = torch.empty_like(probs).uniform_(_TINY, 1.0)  # [R, V], U in [tiny, 1): never 0 (NOTE 2)
-    for row, generator in generators.items():
-        if row < q.shape[0]:
-            q[row].uniform_(_TINY, 1.0, generator=generator)
+    for row, key in draw_keys.items():
+        q[row].uniform_(_TINY, 1.0, generator=keyed.manual_seed(key))
     q.log_().neg_()  # q = -log(U) ~ Exp(1), finite and > 0
     return torch.div(probs, q, out=q).argmax(dim=-1)
 # --8<-- [end:ops]
@@ -170,20 +171,23 @@ class Sampler:
         if md.thinking_budget is not None:
             logits = md.thinking_budget.apply_to_spec_rows(logits, rows_per_request)
         argmax = logits.argmax(dim=-1)  # [N]
-        probs = None
-        if not md.all_greedy:  # every per-request value on each of the request's rows: [N]
+        if md.all_greedy:
+            return rejection_sample(argmax.tolist(), drafts)
+        # Every row draws its own token, as a step without drafts would at its position (NOTE 5):
+        # per-request values on each of the request's rows, [N].
 
-            def per_row(values: torch.Tensor) -> torch.Tensor:
-                return values.to(logits.device).repeat_interleave(repeat, output_size=num_rows)
+        def per_row(values: torch.Tensor) -> torch.Tensor:
+            return values.to(logits.device).repeat_interleave(repeat, output_size=num_rows)
 
-            temperature = per_row(md.temperature)
-            logits = logits / torch.where(temperature == 0, torch.ones_like(temperature), temperature).unsqueeze(1)
-            top_k = None if md.top_k is None else per_row(md.top_k)
-            top_p = None if md.top_p is None else per_row(md.top_p)
-            if top_k is not None or top_p is not None:
-                logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan.spread(drafts))
-            probs = logits.softmax(dim=-1)  # [N, V]
-        return rejection_sample(probs, argmax, drafts, md.is_greedy, md.generators)
+        temperature = per_row(md.temperature)
+        is_greedy = temperature == 0  # [N]
+        logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
+        top_k = None if md.top_k is None else per_row(md.top_k)
+        top_p = None if md.top_p is None else per_row(md.top_p)
+        if top_k is not None or top_p is not None:
+            logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan.spread(drafts))
+        drawn = random_sample(logits.softmax(dim=-1), md.draw_keys(rows_per_request))  # [N]
+        return rejection_sample(torch.where(is_greedy, argmax, drawn).tolist(), drafts)  # one wait
     # --8<-- [end:sample_spec]
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -203,7 +207,7 @@ class Sampler:
             top_k = None if md.top_k is None else md.top_k.to(logits.device)
             top_p = None if md.top_p is None else md.top_p.to(logits.device)
             logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan)
-        random_tokens = random_sample(logits.softmax(dim=-1), md.generators)  # [R]
+        random_tokens = random_sample(logits.softmax(dim=-1), md.draw_keys())  # [R]
         if greedy_tokens is None:
             return random_tokens
         return torch.where(is_greedy, greedy_tokens, random_tokens)

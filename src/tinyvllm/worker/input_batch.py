@@ -17,8 +17,8 @@ Mirrors: ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch``: ``add_request``,
 
 Invariants (``check_invariants``): after ``condense`` rows ``0 .. num_reqs - 1`` are live
 and nothing lies beyond; ``req_id_to_index`` and ``req_ids`` agree; each live row's
-``temperature``/``top_p``/``top_k`` equal its request's params; a row has a generator
-exactly when its request has a seed; rows with no request hold the neutral values; a row
+``temperature``/``top_p``/``top_k`` equal its request's params; a row has a seed exactly
+when its request has one; rows with no request hold the neutral values; a row
 has penalty state exactly when its request uses a penalty, built from its own prompt and
 live output list, and bad-word token ids exactly when its request has bad words (NOTE 7).
 
@@ -30,9 +30,9 @@ of the params with EOS appended to ``stop_token_ids`` unless ``ignore_eos``.
 NOTE 3: with ``max_num_blocks_per_req`` the batch also keeps the persistent block table
 (``worker/block_table.py``) in step with its rows: a row's ids are written when a request
 enters it, moved by ``condense``, swapped by ``swap_states`` and cleared on removal.
-NOTE 4: a seeded request's ``torch.Generator`` belongs to the request, not to the row: the
-runner keeps it across the request leaving and re-entering the batch (preemption, a
-skipped step), so its random stream never restarts.
+NOTE 4: a seeded row carries only its request's seed: the sampler keys each draw by the
+seed and the position of the token drawn (``sample/draw_keys.py``), so nothing about a
+request's randomness needs to survive it leaving and re-entering the batch.
 NOTE 5 (the sampling metadata is reused): in a run of decode steps the batch usually
 does not change from one step to the next, and building ``SamplingMetadata`` costs about
 ten small tensor operations. ``make_sampling_metadata`` keeps the record it built and
@@ -51,7 +51,7 @@ requests that use them. The penalties' prompt masks and output counts live in a
 request that comes back is counted right), move and swap with their rows, leave it on
 removal and ``reset``, and ``refresh`` adds each step's new tokens. A request's bad-word
 token ids (tokenized by the engine, ``sample/bad_words.py`` NOTE 1) move with its row
-like its generator. ``allowed_token_ids`` needs no state here: the metadata's mask
+like its seed. ``allowed_token_ids`` needs no state here: the metadata's mask
 ``[P, V]`` is built from the params of the rows that have one, when the metadata is
 built (NOTE 5), so it costs nothing while the batch is unchanged. Penalties and
 ``allowed_token_ids`` need the vocabulary size (``InputBatch(vocab_size=...)``).
@@ -111,7 +111,7 @@ class InputBatch:
         self.temperature = torch.ones(max_num_reqs, dtype=torch.float32)  # [R_max]
         self.top_p = torch.ones(max_num_reqs, dtype=torch.float32)  # [R_max]
         self.top_k = torch.zeros(max_num_reqs, dtype=torch.int64)  # [R_max], 0 = off
-        self.generators: dict[int, torch.Generator] = {}  # row -> the request's own generator
+        self.seeds: dict[int, int] = {}  # row -> its request's seed (NOTE 4)
         self.num_logprobs: dict[int, int] = {}  # row -> its request's SamplingParams.logprobs, when set
         self.bad_words_token_ids: dict[int, BadWordsTokenIds] = {}  # row -> its bad words' token ids (NOTE 7)
         self.penalties = PenaltyState(max_num_reqs, vocab_size, self.device) if vocab_size else None  # NOTE 7
@@ -134,14 +134,11 @@ class InputBatch:
         output_token_ids: list[int],
         eos_token_id: int | None = None,
         block_ids: Sequence[int] = (),
-        generator: torch.Generator | None = None,
         bad_words_token_ids: Sequence[Sequence[int]] = (),
     ) -> int:
         """Put a request into the lowest hole (or a new last row); return its row.
 
-        A seeded request brings its own ``generator`` (NOTE 4); without one, a fresh
-        generator seeded with ``params.seed`` is made. A request with ``bad_words`` brings
-        their token ids (NOTE 7).
+        A request with ``bad_words`` brings their token ids (NOTE 7).
         """
         if req_id in self.req_id_to_index:
             raise ValueError(f"request {req_id!r} is already in the batch")
@@ -169,7 +166,7 @@ class InputBatch:
         self.top_p[row] = params.top_p
         self.top_k[row] = params.top_k
         if params.seed is not None:
-            self.generators[row] = generator or torch.Generator(device=self.device).manual_seed(params.seed)
+            self.seeds[row] = params.seed
         if params.logprobs is not None:  # -1: the whole vocabulary (SamplingParams NOTE 6)
             self.num_logprobs[row] = num_top(params.logprobs, self.vocab_size)
         if bad_words:
@@ -198,7 +195,7 @@ class InputBatch:
         self.params[row] = None
         self.output_token_ids[row] = None
         self.temperature[row], self.top_p[row], self.top_k[row] = 1.0, 1.0, 0
-        self.generators.pop(row, None)
+        self.seeds.pop(row, None)
         self.num_logprobs.pop(row, None)
         self.bad_words_token_ids.pop(row, None)
         if self.penalties is not None:
@@ -230,7 +227,7 @@ class InputBatch:
             seq[i1], seq[i2] = seq[i2], seq[i1]
         for tensor in (self.temperature, self.top_p, self.top_k):
             tensor[[i1, i2]] = tensor[[i2, i1]]
-        for per_row in (self.generators, self.num_logprobs, self.bad_words_token_ids):
+        for per_row in (self.seeds, self.num_logprobs, self.bad_words_token_ids):
             v1, v2 = per_row.pop(i1, None), per_row.pop(i2, None)
             if v1 is not None:
                 per_row[i2] = v1
@@ -251,7 +248,7 @@ class InputBatch:
         assert req_id is not None and self.req_ids[dst] is None, f"move {src} -> {dst} needs a live source and a hole"
         self.req_ids[dst], self.params[dst], self.output_token_ids[dst] = req_id, self.params[src], self.output_token_ids[src]
         self.temperature[dst], self.top_p[dst], self.top_k[dst] = self.temperature[src], self.top_p[src], self.top_k[src]
-        for per_row in (self.generators, self.num_logprobs, self.bad_words_token_ids):
+        for per_row in (self.seeds, self.num_logprobs, self.bad_words_token_ids):
             value = per_row.pop(src, None)
             if value is not None:
                 per_row[dst] = value
@@ -327,9 +324,8 @@ class InputBatch:
 
         Call it after ``refresh()``: the processors and the thinking budget it hands over
         must already know this step's batch. Tensors are copies (on ``self.device``), so
-        later edits of the batch cannot change a metadata already built; the generators
-        are the batch's own objects, so sampling advances them, and so are the penalty
-        state and the output lists, which grow step by step. A step whose ``refresh()``
+        later edits of the batch cannot change a metadata already built; the penalty state
+        and the output lists are the batch's own objects, which grow step by step. A step whose ``refresh()``
         found no change gets the previous step's record back (NOTE 5).
         """
         holes = [i for i, r in enumerate(self.req_ids) if r is None]
@@ -354,7 +350,7 @@ class InputBatch:
             top_p=upload(top_p, torch.float32, self.device) if bool((top_p < 1).any()) else None,
             top_k=upload(top_k, torch.int64, self.device) if bool((top_k > 0).any()) else None,
             top_k_top_p_plan=plan_top_k_top_p(top_k.tolist(), top_p.tolist()),
-            generators=MappingProxyType(dict(self.generators)),
+            seeds=MappingProxyType(dict(self.seeds)),
             num_logprobs=MappingProxyType(dict(self.num_logprobs)),
             logitsprocs=self.logitsprocs,
             thinking_budget=self.thinking_budget,
@@ -400,8 +396,8 @@ class InputBatch:
             expected = (params.temperature, params.top_p, params.top_k) if params else (1.0, 1.0, 0)
             got = (self.temperature[row].item(), self.top_p[row].item(), self.top_k[row].item())
             assert got == tuple(torch.tensor(expected[:2]).tolist()) + (expected[2],), f"row {row}: tensors {got} != params {expected}"
-            has_seed = params is not None and params.seed is not None
-            assert (row in self.generators) == has_seed, f"row {row}: generator present {row in self.generators}, seed {has_seed}"
+            seed = params.seed if params is not None else None
+            assert self.seeds.get(row) == seed, f"row {row}: seed {self.seeds.get(row)}, params' seed {seed}"
             wants = params.logprobs if params is not None else None
             assert self.num_logprobs.get(row) == wants, f"row {row}: num_logprobs {self.num_logprobs.get(row)}, params {wants}"
             has_bad = params is not None and bool(params.bad_words)

@@ -31,9 +31,10 @@ NOTE 1 (a request not scheduled this step leaves the batch): a running request c
 skipped when the budget runs out, or preempted. It leaves the persistent batch (its
 state stays here) and comes back when scheduled again; on resumption after preemption
 its block table is replaced, not extended.
-NOTE 2 (partial prefills draw no randomness): a row whose step ends inside its prompt
-gets no token, and a seeded row's generator is restored after sampling, so the tokens of
-a seeded request do not depend on how its prompt was chunked.
+NOTE 2 (partial prefills get no token): a row whose step ends inside its prompt gets no
+token; its draw is thrown away, and since a seeded row's draw is keyed by the position of
+the token drawn (``sample/draw_keys.py``), the tokens of a seeded request do not depend on
+how its prompt was chunked.
 NOTE 3 (the mode): ``compilation_config.cudagraph_mode`` (None: FULL_AND_PIECEWISE on
 CUDA, NONE on the CPU) is downgraded to what the attention backend supports
 (``resolve_cudagraph_mode``). On the CPU a mode other than NONE runs emulated graphs
@@ -45,15 +46,15 @@ outputs are never read.
 NOTE 5 (dummy batches): warm-up and capture run ``R = desc.num_reqs`` (or ``min(N,
 max_num_seqs)``) dummy requests of zero tokens of context, all KV writes to
 ``PAD_SLOT_ID``, every block-table row ``PAD_BLOCK_ID``: nothing in the KV cache changes.
-NOTE 6 (a seeded request's stream): its ``torch.Generator`` lives in its
-``RunnerRequestState`` and enters the batch with it every time, so preemption, skipped
-steps and chunking never restart it: the same seed gives the same tokens whatever else runs.
+NOTE 6 (a seeded request's stream): the runner keeps no random state for it: each draw is
+keyed by the request's seed and the position of the token drawn, so preemption, skipped
+steps, chunking and drafts change nothing: the same seed gives the same tokens whatever else runs.
 NOTE 7 (a finished id leaves the batch before the step's new requests arrive): a client
 may use a request id again once its request has finished or been aborted, and the new
 request can be scheduled in the very step that reports the old one as finished. Were the
 old row left in the batch until the removal pass (which keeps every id the step
-schedules), the new request would run on it, with the old sampling parameters, generator
-and block table. So a finished id leaves both ``self.requests`` and the batch first, as in
+schedules), the new request would run on it, with the old sampling parameters and block
+table. So a finished id leaves both ``self.requests`` and the batch first, as in
 vLLM's ``_update_states``.
 NOTE 8 (prompt logprobs): a request with ``prompt_logprobs`` gets, for each prompt token
 after the first, its logprob under the model given the tokens before it: the logits of
@@ -130,7 +131,6 @@ class RunnerRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     output_token_ids: list[int]  # the live list the logits processors read
-    generator: torch.Generator | None = None  # a seeded request's own stream, for its whole life (NOTE 6)
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # its bad words, tokenized by the engine
     # NOTE 8: position p holds the logprobs of prompt token p + 1; None until computed
     prompt_logprobs: list[LogprobEntry | None] | None = None
@@ -148,10 +148,6 @@ class RunnerRequestState:
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
-
-
-def _seeded_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    return torch.Generator(device=device).manual_seed(params.seed) if params.seed is not None else None
 
 
 @dataclass(frozen=True)
@@ -304,7 +300,6 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=[],
-                generator=_seeded_generator(new.sampling_params, self.device),
                 bad_words_token_ids=new.bad_words_token_ids,
                 prompt_logprobs=(
                     [None] * (len(new.prompt_token_ids) - 1) if new.sampling_params.prompt_logprobs is not None else None
@@ -327,7 +322,7 @@ class ModelRunner:
                 state = self.requests[req_id]
                 batch.add_request(
                     req_id, state.sampling_params, state.prompt_token_ids, state.output_token_ids,
-                    self.eos_token_id, block_ids=state.block_ids, generator=state.generator,
+                    self.eos_token_id, block_ids=state.block_ids,
                     bad_words_token_ids=state.bad_words_token_ids,
                 )  # fmt: skip
         batch.condense()
@@ -485,7 +480,6 @@ class ModelRunner:
         # (e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2).
         complete = [c + n - len(d) >= s.num_tokens for s, c, n, d in zip(states, computed, num_sched, drafts)]
         pending_prompt_logprobs = self._queue_prompt_logprobs(states, computed, num_sched, hidden)  # NOTE 11
-        saved = {row: g.get_state() for row, g in self.input_batch.generators.items() if not complete[row]}
         sampling_metadata = self.input_batch.make_sampling_metadata()
         logprobs: dict[str, list[LogprobEntry]] = {}
         if self.speculative:
@@ -495,8 +489,6 @@ class ModelRunner:
             sampler_output = self.sampler(logits, sampling_metadata)
             tokens = [[token] for token in sampler_output.sampled_token_ids.tolist()]  # [R]
             logprobs = self._sample_logprobs(sampler_output, sampling_metadata, req_ids, complete)
-        for row, rng_state in saved.items():
-            self.input_batch.generators[row].set_state(rng_state)
         prompt_logprobs = self._collect_prompt_logprobs(pending_prompt_logprobs)
         for row, (state, n, done, d) in enumerate(zip(states, num_sched, complete, drafts)):
             kept = tokens[row] if done else []
