@@ -113,9 +113,18 @@ def test_a_child_id_in_use_refuses_the_whole_request(folder):
     assert engine.unfinished_request_ids() == {"1_q"}
     with pytest.raises(ValueError, match="in use|duplicate"):
         engine.add_request("1_q", PROMPT, sampled(n=2))
-    with pytest.raises(ValueError, match="seed"):  # child 1's seed would pass int64: nothing is added
-        engine.add_request("r", PROMPT, sampled(n=2, seed=2**63 - 1))
     assert engine.unfinished_request_ids() == {"1_q"}
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, 2**63 - 2, -(2**63)])
+def test_every_accepted_seed_works_with_n_children(folder, seed):
+    """Child i's seed is the parent's + i (vLLM), wrapped into int64, so a seed near the top
+    works: 2**63 - 1 + 1 is -2**63 (it was refused with a message about a child seed)."""
+    llm = make_llm(folder)
+    [out] = llm.generate({"prompt_token_ids": PROMPT}, sampled(n=3, seed=seed), use_tqdm=False)
+    wrapped = [(seed + i + 2**63) % 2**64 - 2**63 for i in range(3)]
+    alone = [llm.generate({"prompt_token_ids": PROMPT}, sampled(seed=s), use_tqdm=False)[0] for s in wrapped]
+    assert [c.token_ids for c in out.outputs] == [a.outputs[0].token_ids for a in alone]
 
 
 def test_a_failed_step_ends_the_parent_with_all_its_children(folder):

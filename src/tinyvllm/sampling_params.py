@@ -61,7 +61,7 @@ vocabulary, as in vLLM. The engine caps k at its ``max_logprobs`` (``LLM(max_log
 20 by default, as vLLM; -1 for no cap).
 NOTE 7 (n): ``n`` completions of one prompt. The engine adds one child request per
 completion; they share the prompt's blocks through the prefix cache, and a seeded parent
-gives child ``i`` the seed ``seed + i``. ``n`` is at most 16384, vLLM's default
+gives child ``i`` the seed ``seed + i`` (wrapped into int64). ``n`` is at most 16384, vLLM's default
 ``VLLM_MAX_N_SEQUENCES``: one request must not ask for more children than the process can
 hold (``n=2**63`` used to be accepted, and the engine was killed for memory adding them).
 NOTE 8 (detokenize): ``detokenize=False`` returns the token ids with an empty text, and

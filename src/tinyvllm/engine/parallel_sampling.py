@@ -21,6 +21,9 @@ so far, each time a child has news.
 NOTE 2 (one fails, all fail): a failed step aborts the children it scheduled; their siblings
 are aborted with them (``LLMEngine``), so the parent ends with the error instead of
 waiting for outputs that will never come.
+NOTE 3 (child seeds): ``seed + i``, as vLLM, wrapped into the int64 range that
+``SamplingParams.seed`` accepts (``child_seed``), so every accepted seed works with any n:
+``2**63 - 1`` gives its second child ``-2**63``.
 Left out: ``best_of`` (gone from vLLM V1), beam search.
 """
 
@@ -30,6 +33,12 @@ import dataclasses
 
 from tinyvllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
+from tinyvllm.validation import INT64_MIN
+
+
+def child_seed(seed: int, index: int) -> int:
+    """``seed + index`` wrapped into int64 (NOTE 3): ``child_seed(2**63 - 1, 1) == -2**63``."""
+    return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
 
 
 # --8<-- [start:parent]
@@ -48,8 +57,8 @@ class ParentRequest:
         return f"{index}_{self.request_id}"
 
     def child_params(self, index: int) -> SamplingParams:
-        """One completion each; a seeded parent's child ``i`` draws from ``seed + i``."""
-        seed = None if self.params.seed is None else self.params.seed + index
+        """One completion each; a seeded parent's child ``i`` draws from ``seed + i`` (NOTE 3)."""
+        seed = None if self.params.seed is None else child_seed(self.params.seed, index)
         return dataclasses.replace(self.params, n=1, seed=seed)
 
     def add(self, index: int, out: RequestOutput) -> RequestOutput | None:
