@@ -12,19 +12,26 @@ and three that shape the picture: ``--block-size``, ``--max-num-seqs`` and
 greedy) and ``--seed`` set the sampling. ``--out`` (default ``trace.html``) is the viewer;
 ``--svg-dir DIR`` also writes every step's still (``step-NN.svg``) and the whole-run
 pictures that apply (``budget.svg``, ``tables.svg``, ``padding.svg``); ``--json PATH`` the
-trace itself.
+trace itself. ``--max-steps`` (default 100) caps the steps ``--prompts`` records: a step's
+picture is about 200 KB on a real pool, so the viewer stays a file a browser opens; the
+run goes on to the end, and one warning line says how many steps were left out.
 
-Errors follow ``tinyvllm/cli.py``: a bad value is one line on stderr and exit status 2.
+Errors follow ``tinyvllm/cli.py``: a bad value is one line on stderr and exit status 2; a
+warning is one line, ``tinyvllm: warning: ...``, on stderr (the cap, or a recorder that
+stopped on an error of its own: ``recorder.py`` NOTE 5).
 Torch is imported only for the workloads and runs that need it.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 from pathlib import Path
 
 from tinyvllm.trace.workloads import WORKLOADS
 
+DEFAULT_MAX_STEPS = 100  # about 20 MB of viewer with the shipped model's default pool
 DESCRIPTION = "record every engine step of a run and write a self-contained HTML viewer (inline SVG, no network)"
 
 
@@ -38,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser, add_model_arg, add_engine_args) ->
     p.add_argument("--svg-dir", default=None, metavar="DIR", help="also write every step's SVG into DIR")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the trace as JSON")
     p.add_argument("--title", default=None, help="the viewer's title (--prompts)")
+    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
+                   help=f"record at most this many steps of --prompts (default: {DEFAULT_MAX_STEPS}); the run goes on")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate per prompt (default: 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     p.add_argument("--seed", type=int, default=None)
@@ -67,8 +76,19 @@ def record_prompts(args, llm_from_args):
     llm = llm_from_args(args)
     title = args.title or f"{len(prompts)} prompts on {Path(args.model).name}, block size {args.block_size}"
     description = f"tinyvllm trace --prompts {args.prompts}: max_tokens {args.max_tokens}, temperature {args.temperature}"
-    with record(llm, title=title, description=description) as recorder:
-        llm.generate(prompts, params, use_tqdm=False)
+    with warnings.catch_warnings():  # the recorder's own warnings become one line each, below
+        warnings.filterwarnings("ignore", message="tinyvllm.trace: ", category=RuntimeWarning)
+        with record(llm, title=title, description=description, max_steps=args.max_steps) as recorder:
+            llm.generate(prompts, params, use_tqdm=False)
+    if recorder.num_unrecorded:
+        total = len(recorder.steps) + recorder.num_unrecorded
+        print(f"tinyvllm: warning: recorded the first {len(recorder.steps)} of {total} steps (--max-steps "
+              f"{args.max_steps}); the viewer shows those", file=sys.stderr)  # fmt: skip
+    if recorder.error is not None:
+        print(f"tinyvllm: warning: recording stopped at step {len(recorder.steps)}: the recorder raised "
+              f"{type(recorder.error).__name__}: {recorder.error}", file=sys.stderr)  # fmt: skip
+    if not recorder.steps:
+        raise ValueError("nothing was recorded, so there is no viewer to write")
     return recorder.trace
 
 
@@ -104,6 +124,8 @@ def run(args, check_engine_args, llm_from_args) -> int:
     for flag, value in (("--max-tokens", args.max_tokens), ("--block-size", args.block_size), ("--max-num-seqs", args.max_num_seqs)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
     if args.workload:
