@@ -170,18 +170,20 @@ def parse(model, body: str):
         ('{"prompt": "x", "temperature": "1"}', "temperature", "must be a number or null"),
         ('{"prompt": "x", "stream": "yes"}', "stream", "must be a boolean or null"),
         ('{"prompt": [true, false]}', "prompt", "array of arrays of integers, got [true, false]"),
-        ('{"prompt": "x", "stop": [1]}', "stop", "a string or array of strings or null"),
-        ('{"prompt": "x", "logit_bias": {"1": "5"}}', "logit_bias", '`logit_bias`: Input should be a valid number, got "5"'),
+        ('{"prompt": "x", "stop": 1}', "stop", "`stop` must be a string or array of strings or null, got 1"),
+        ('{"prompt": "x", "stop": [1]}', "stop", "`stop[0]` must be a string, got 1"),  # a list: the list's branch
+        ('{"prompt": "x", "logit_bias": {"1": "5"}}', "logit_bias", '`logit_bias["1"]` must be a number, got "5"'),
         ('{"prompt": "x", "stream_options": {"include_usage": 1}}', "stream_options", "`stream_options.include_usage`"),
         ('{"prompt": "x", "frobnicate": 1}', "frobnicate", "Unrecognized request argument supplied: frobnicate"),
         ('{"max_tokens": 3}', "prompt", "`prompt` is required"),
         ('{"prompt": "x", "service_tier": "fastest"}', "service_tier", "one of"),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "messages", '`messages[0].role` must be one of "system"'),
         ("[1, 2]", None, "must be a JSON object"),
         ('{"prompt": ', None, "not valid JSON"),
     ],
 )
 def test_strict_types_name_the_field(body, param, words):
-    model = ChatCompletionRequest if "service_tier" in body else CompletionRequest
+    model = ChatCompletionRequest if "service_tier" in body or "messages" in body else CompletionRequest
     body = body.replace('"prompt": "x"', '"messages": []') if model is ChatCompletionRequest else body
     with pytest.raises(Exception) as info:
         parse(model, body)

@@ -75,11 +75,17 @@ class EngineCoreOutput(NamedTuple):
 
 @dataclass(frozen=True)
 class RequestMetrics:
-    """Wall-clock times of one request (seconds, ``time.perf_counter``)."""
+    """Wall-clock times of one request (seconds, ``time.perf_counter``).
+
+    ``scheduled_time``: when a step first scheduled it (vLLM's ``scheduled_ts``), which
+    splits the time to the first token into queueing and prefill; None where the engine
+    does not record it.
+    """
 
     arrival_time: float
     first_token_time: float | None
     finished_time: float | None
+    scheduled_time: float | None = None
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -3,8 +3,10 @@
 Concept: ``GET /metrics`` in Prometheus' text format. The engine's state (requests
 running and waiting, KV-cache usage, prefix-cache lookups, preemptions) is read from
 ``AsyncLLM.stats`` when Prometheus scrapes, by a collector; the token counters, the
-finished-request counter and the three latency histograms are filled by the server, one
-``RequestTracker`` per engine request, as its outputs reach the client.
+finished-request counter, the three latency histograms and the three phase histograms
+(queue, prefill, decode) are filled by the server, one ``RequestTracker`` per engine
+request, as its outputs reach the client; the tokens of each engine step by an observer
+of the engine (NOTE 3).
 
 Mirrors: ``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger``). The names are vLLM's,
 with its ``vllm:`` prefix and its ``model_name`` label, so dashboards and queries written
@@ -20,6 +22,15 @@ completion (``n`` per engine request), labelled with its ``finish_reason``, as v
 counts each of the ``n`` child requests; a client that leaves ends its unfinished
 completions as ``abort``. End-to-end latency runs from the HTTP request's arrival to the
 engine request's end.
+NOTE 3 (phases and steps, vLLM's definitions): queue time is a request's first scheduling
+minus its arrival in the engine, prefill time its first token minus that scheduling,
+decode time its end minus its first token, all read from the finished output's
+``RequestMetrics`` (the engine's clock), once per engine request the engine finished (one
+a client left is not, as in vLLM); queue and prefill need ``scheduled_time``, which is
+observed only where the engine recorded it. ``iteration_tokens_total`` takes each step's
+``total_num_scheduled_tokens`` through ``LLMEngine.observer`` (installed when no one else
+holds it), so a prompt counts in the steps that compute its chunks; vLLM counts a
+prompt whole in the step of its first token, plus the tokens sampled.
 """
 
 from __future__ import annotations
@@ -43,6 +54,10 @@ METRICS = {  # name: (type, help)
     "vllm:time_to_first_token_seconds": ("histogram", "Seconds from a request's arrival to its first token."),
     "vllm:inter_token_latency_seconds": ("histogram", "Seconds between two successive output tokens of a request."),
     "vllm:e2e_request_latency_seconds": ("histogram", "Seconds from a request's arrival to its end."),
+    "vllm:request_queue_time_seconds": ("histogram", "Seconds a request waited before its first step (WAITING)."),
+    "vllm:request_prefill_time_seconds": ("histogram", "Seconds from a request's first step to its first token."),
+    "vllm:request_decode_time_seconds": ("histogram", "Seconds from a request's first token to its last."),
+    "vllm:iteration_tokens_total": ("histogram", "Tokens computed per engine step (prompt chunks, decodes, drafts)."),
     "vllm:spec_decode_num_drafts": ("counter", "Verification steps of requests that carried drafts."),
     "vllm:spec_decode_num_draft_tokens": ("counter", "Draft tokens verified."),
     "vllm:spec_decode_num_accepted_tokens": ("counter", "Draft tokens the target model kept."),
@@ -52,6 +67,7 @@ METRICS = {  # name: (type, help)
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                960.0, 1920.0, 7680.0)  # vLLM's  # fmt: skip
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
 FINISHED_REASONS = ("stop", "length", "abort")
 
 
@@ -107,6 +123,13 @@ class ServerMetrics:
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds")
         self.inter_token_latency = histogram("vllm:inter_token_latency_seconds")
         self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds", E2E_BUCKETS)
+        self.request_queue_time = histogram("vllm:request_queue_time_seconds", E2E_BUCKETS)  # vLLM's buckets
+        self.request_prefill_time = histogram("vllm:request_prefill_time_seconds", E2E_BUCKETS)
+        self.request_decode_time = histogram("vllm:request_decode_time_seconds", E2E_BUCKETS)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", ITERATION_TOKEN_BUCKETS)
+        engine = async_llm.engine
+        if engine.observer is None:  # NOTE 3: the engine's one step hook, if nobody else holds it
+            engine.observer = self
         self.prompt_tokens = counter("vllm:prompt_tokens")
         self.generation_tokens = counter("vllm:generation_tokens")
         success = Counter("vllm:request_success", METRICS["vllm:request_success"][1], ["model_name", "finished_reason"],
@@ -116,6 +139,21 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The Prometheus text format of every metric."""
         return generate_latest(self.registry)
+
+    def on_step(self, engine, scheduler_output, core_outputs, error: BaseException | None) -> None:
+        """``LLMEngine.observer``, in the engine's thread: the tokens a step computed (NOTE 3)."""
+        if error is None and scheduler_output.total_num_scheduled_tokens:
+            self.iteration_tokens.observe(scheduler_output.total_num_scheduled_tokens)
+
+    def request_finished(self, times) -> None:
+        """A finished engine request's phases, from the engine's ``RequestMetrics`` (NOTE 3)."""
+        first, scheduled = times.first_token_time, times.scheduled_time
+        if scheduled is not None:
+            self.request_queue_time.observe(scheduled - times.arrival_time)
+            if first is not None:
+                self.request_prefill_time.observe(first - scheduled)
+        if first is not None and times.finished_time is not None:
+            self.request_decode_time.observe(times.finished_time - first)
 
 
 # --8<-- [start:tracker]
@@ -149,6 +187,7 @@ class RequestTracker:
                 self.unfinished -= 1
                 metrics.request_success.get(completion.finish_reason, metrics.request_success["abort"]).inc()
         if out.finished:
+            metrics.request_finished(out.metrics)
             self.end(now)
 
     def end(self, now: float | None = None) -> None:

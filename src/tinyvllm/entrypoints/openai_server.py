@@ -16,7 +16,7 @@ Errors, all ``{"error": {"message", "type", "param", "code"}}``, ``param`` namin
 request field where there is one: 400 for a body that is not JSON, does not fit the
 schema (NOTE 2), or holds a value the server or the engine refuses; 401 for a missing or
 wrong API key; 404 for an unknown route or model; 413 for a body over the limit; 503 past
-the waiting bound; 500 if the engine stopped.
+the waiting bound or while shutting down; 500 if the engine stopped.
 
 NOTE 1 (middlewares, outermost first): CORS (only with ``allowed_origins``; a preflight
 ``OPTIONS`` is answered before anything else), the request id (every response carries
@@ -26,21 +26,32 @@ time), the body limit (``Content-Length`` over ``max_request_body_bytes`` is a 4
 anything is read; a body sent without a length is counted as it arrives).
 NOTE 2 (reading a body): the server reads the bytes itself and validates them with
 pydantic's strict JSON mode (``protocol.py`` NOTE 1), so a wrong type is a 400 naming the
-field with its expected JSON type, and a field no schema knows is a 400 naming it.
+field, and a field no schema knows is a 400 naming it. The message names the deepest place
+every union branch failed at (``messages[0].content``, ``prompt[0][1]``; pydantic's branch
+names left out of the path) and that place's JSON type; a value only one branch could read
+(a list for ``content``) is reported inside that branch.
+NOTE 3 (start and stop, vLLM's ``--shutdown-timeout``): once it listens, ``run_server``
+prints a banner (name, address, ``max_model_len``, KV blocks). On SIGTERM or Ctrl-C it
+stops accepting, lets the running requests go on for ``shutdown_timeout`` seconds (0, the
+default as in vLLM: none), then aborts the rest: each answer ends with ``finish_reason:
+"abort"`` (``serving.py`` NOTE 7). uvicorn cuts what is still open 5 s later.
 Left out: vLLM's ``--root-path``, ``--allow-credentials``, SSL flags, the ``/ping``,
 ``/load`` and LoRA routes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import sys
 import time
 import types
 import typing
 import uuid
 
 import pydantic
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -60,8 +71,11 @@ from tinyvllm.entrypoints.protocol import (
 from tinyvllm.entrypoints.serving import APIError, OpenAIServing
 from tinyvllm.entrypoints.tokenization import detokenize as detokenize_ids
 from tinyvllm.entrypoints.tokenization import tokenize as tokenize_text
+from tinyvllm.validation import check_real
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024  # 16 MiB
+DEFAULT_SHUTDOWN_TIMEOUT_S = 0.0  # vLLM's --shutdown-timeout default: abort what runs at once (NOTE 3)
+SHUTDOWN_GRACE_S = 5.0  # after the aborts, how long the answers get to end before uvicorn cuts them
 
 
 class BodyTooLarge(Exception):
@@ -241,7 +255,8 @@ def invalid_body(model: type[pydantic.BaseModel], error: pydantic.ValidationErro
     got = json.dumps(value, default=str)
     got = got if len(got) <= 60 else got[:57] + "..."
     single = at[0] if len(at) == 1 and len(tried) == 1 else None
-    if annotation is not None and (single is None or single["type"].endswith("_type")):
+    wrong_type = single is None or single["type"].endswith("_type") or single["type"] == "literal_error"
+    if annotation is not None and wrong_type:
         message = f"`{_where(path)}` must be {_json_type(annotation)}, got {got}"
     else:
         message = f"`{_where(path)}`: {(single or first)['msg']}, got {got}"
@@ -356,9 +371,70 @@ def build_app(
 # --8<-- [end:build_app]
 
 
-def run_server(llm, served_model_name: str, host: str, port: int, max_waiting_requests: int = 256, **app_options) -> None:
-    """Serve ``llm`` until interrupted (``tinyvllm serve``); ``app_options`` go to ``build_app``."""
-    import uvicorn
+# --8<-- [start:run_server]
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with tinyvllm's start-up banner and a drain of at most
+    ``shutdown_timeout`` seconds (NOTE 3)."""
 
+    def __init__(self, config: uvicorn.Config, serving: OpenAIServing, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.serving, self.shutdown_timeout = serving, shutdown_timeout
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.servers and self.servers[0].sockets:
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            print("\n".join(f"[tinyvllm] {line}" for line in banner(self.serving, host, port, self.shutdown_timeout)),
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    async def shutdown(self, sockets=None) -> None:
+        deadline = asyncio.ensure_future(self._abort_after(self.shutdown_timeout))
+        try:
+            await super().shutdown(sockets)  # stops accepting, waits for the open answers
+        finally:
+            deadline.cancel()
+            await asyncio.gather(deadline, return_exceptions=True)
+
+    async def _abort_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        aborted: set[str] = set()
+        while True:  # again until the answers are done: a request may reach the engine after a round
+            new = await self.serving.abort_all()
+            if new - aborted:
+                aborted |= new
+                count = f"{len(aborted)} request{'' if len(aborted) == 1 else 's'}"
+                print(f"[tinyvllm] shutdown_timeout {seconds:g} s passed: aborted {count} still running",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            await asyncio.sleep(0.1)
+
+
+def banner(serving: OpenAIServing, host: str, port: int, shutdown_timeout: float) -> list[str]:
+    """What ``serve`` prints once it listens: the model, where, the context and the KV cache."""
+    llm = serving.async_llm.llm
+    blocks = llm.engine.scheduler.kv_cache_manager.num_gpu_blocks
+    block_size = llm.config.cache_config.block_size
+    address = f"[{host}]" if ":" in host else host
+    return [
+        f"serving {serving.served_model_name!r} at http://{address}:{port}/v1",
+        f"max_model_len {serving.max_model_len}; KV cache {blocks} blocks of {block_size} tokens "
+        f"({blocks * block_size} tokens); max_waiting_requests {serving.async_llm.max_waiting_requests}; "
+        f"shutdown_timeout {shutdown_timeout:g} s",
+    ]
+
+
+def run_server(
+    llm, served_model_name: str, host: str, port: int, max_waiting_requests: int = 256,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, **app_options,
+) -> None:  # fmt: skip
+    """Serve ``llm`` until SIGTERM or Ctrl-C (``tinyvllm serve``); ``app_options`` go to
+    ``build_app``. On the signal the server stops accepting, lets the running requests go
+    on for ``shutdown_timeout`` seconds, then aborts the rest (NOTE 3)."""
+    shutdown_timeout = check_real("shutdown_timeout", shutdown_timeout)
+    if shutdown_timeout < 0:
+        raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {shutdown_timeout!r}")
     async_llm = AsyncLLM(llm, max_waiting_requests=max_waiting_requests)
-    uvicorn.run(build_app(async_llm, served_model_name, **app_options), host=host, port=port, log_level="info")
+    app = build_app(async_llm, served_model_name, **app_options)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                            timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_GRACE_S)  # fmt: skip
+    DrainingServer(config, app.state.serving, shutdown_timeout).run()
+# --8<-- [end:run_server]

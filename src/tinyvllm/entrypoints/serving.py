@@ -35,6 +35,18 @@ NOTE 4 (disconnects): a streamed response whose client goes away is cancelled by
 ASGI server, which closes the ``generate`` iterators and aborts the requests
 (``async_llm.py`` NOTE 2). A non-streamed request is watched: the server polls
 ``Request.is_disconnected()`` every 0.2 s and cancels it when the client is gone.
+NOTE 5 (the engine's messages in the request's words): ``SamplingParams`` and the engine
+name their own fields (``sampling_params.logprobs``); the client sent another (chat's
+``top_logprobs``, ``max_completion_tokens``). ``in_request_words`` drops the label and
+renames each field the request filled under another name; offline callers keep the
+engine's wording.
+NOTE 6 (the waiting bound): a request's prompts x ``n`` sequences wait as that many
+requests (``async_llm.py`` NOTE 3). A request of more than ``max_waiting_requests`` could
+never be queued, so it is a 400 naming ``prompt`` or ``n`` before anything is tokenized;
+one that could fit later is the 503 "try again later".
+NOTE 7 (shutting down): ``abort_all`` aborts every engine request, so each open answer
+ends with ``finish_reason: "abort"`` (and ``[DONE]`` when streamed), and turns new ones
+away with 503; ``openai_server.run_server`` calls it when ``shutdown_timeout`` has passed.
 """
 
 from __future__ import annotations
@@ -115,6 +127,19 @@ class OpenAIServing:
         self.default_params: SamplingParams = async_llm.llm.get_default_sampling_params()  # the model's (step 3)
         self.default_max_tokens: int | None = async_llm.llm.generation_defaults.get("max_tokens")
         self._loop_tokenizer = copy.deepcopy(async_llm.tokenizer)  # used on the event loop alone
+        self.closing = False  # abort_all was called: no new engine request (NOTE 7)
+
+    async def abort_all(self) -> set[str]:
+        """Shutting down (NOTE 7): abort every engine request (each answer ends with
+        ``finish_reason: "abort"``) and refuse new ones with 503. Returns the ids aborted."""
+        self.closing = True
+        try:
+            ids = await self.async_llm.run_in_engine_thread(self.async_llm.engine.unfinished_request_ids)
+            for request_id in ids:
+                await self.async_llm.abort(request_id)
+        except EngineDeadError:
+            return set()
+        return ids
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.served_model_name:
@@ -292,6 +317,8 @@ class OpenAIServing:
 
     # --8<-- [start:run]
     async def _run(self, body, raw_request, response_id, arrival, states, params, fields, drop, chat: bool):
+        if self.closing:  # NOTE 7
+            raise APIError(503, "the server is shutting down", "ServiceUnavailableError")
         names = self._names(fields, "messages" if chat else "prompt")
         streams = []
         for i, state in enumerate(states):
