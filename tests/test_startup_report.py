@@ -29,9 +29,10 @@ def test_the_report_says_every_choice():
         cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(1, 2, 4, 8, 16, 24, 32), block_size=16,
         num_kv_blocks=4096, kv_cache_bytes=4096 * 16 * 2**10, cudagraph_memory_bytes=3 * 2**29,
         max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=8192, load_s=1.24, memory_s=5.0, capture_s=12.31,
+        torch_threads=8,
     )  # fmt: skip
     assert report.lines() == [
-        "device cuda:0 (NVIDIA H100 80GB HBM3), dtype bfloat16, attention backend triton",
+        "device cuda:0 (NVIDIA H100 80GB HBM3), dtype bfloat16, attention backend triton, torch threads 8",
         "cudagraph_mode FULL_AND_PIECEWISE, capture sizes: 1, 2, 4, 8, 16, ..., 32 (7 sizes)",
         "KV cache: 4096 blocks of 16 tokens = 65536 tokens, 64.00 MiB; 16.0x max_model_len 4096 at once",
         "CUDA graphs hold 1.50 GiB (taken from the KV budget)",
@@ -41,11 +42,19 @@ def test_the_report_says_every_choice():
 
 
 def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, caplog):
-    with caplog.at_level(logging.INFO, logger="tinyvllm.engine.llm"):
-        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, block_size=4, num_gpu_blocks_override=40,
-                  compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with caplog.at_level(logging.INFO, logger="tinyvllm.engine.llm"):
+            llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, block_size=4, num_gpu_blocks_override=40,
+                      compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]},
+                      torch_threads=1)  # fmt: skip
+        assert torch.get_num_threads() == 1  # set for the process (cpu_threads.py)
+    finally:
+        torch.set_num_threads(before)
     report = llm.startup_report
-    assert (report.device, report.dtype, report.attention_backend) == ("cpu", "float32", "torch")
+    assert (report.device, report.dtype, report.attention_backend, report.torch_threads) == ("cpu", "float32", "torch", 1)
+    assert report.lines()[0] == "device cpu, dtype float32, attention backend torch, torch threads 1"
     assert (report.cudagraph_mode, report.capture_sizes) == ("PIECEWISE", (1, 2, 4))  # emulated on the CPU
     assert (report.num_kv_blocks, report.block_size, report.max_model_len) == (40, 4, 64)
     kv = llm.engine.model_runner.kv_caches
@@ -70,3 +79,11 @@ def test_gpu_start_up_measures_graph_memory_and_the_cli_prints_the_report(tiny_m
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "[tinyvllm] device cuda" in out.stderr and "[tinyvllm] cudagraph_mode" in out.stderr
+
+
+@pytest.mark.parametrize("value, error", [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("2", TypeError)])
+def test_torch_threads_is_checked_before_anything_changes(tiny_model_dirs, value, error):
+    before = torch.get_num_threads()
+    with pytest.raises(error, match=f"torch_threads.*{value!r}" if error is TypeError else f"torch_threads.*{value}"):
+        LLM(str(tiny_model_dirs["qwen3"]), device="cpu", torch_threads=value)
+    assert torch.get_num_threads() == before

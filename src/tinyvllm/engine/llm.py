@@ -260,6 +260,7 @@ class LLM:
         generation_config: str = "auto",
         speculative_config: dict | SpeculativeConfig | None = None,
         max_logprobs: int = MAX_LOGPROBS,
+        torch_threads: int | None = None,
     ) -> None:
         # --8<-- [start:arguments]
         if not isinstance(model, (str, os.PathLike)):
@@ -282,6 +283,7 @@ class LLM:
         max_num_batched_tokens = check_optional_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         seed = check_int("seed", seed, INT64_MIN, INT64_MAX)
         self.max_logprobs = check_int("max_logprobs", max_logprobs, -1)  # -1: no cap, as vLLM
+        torch_threads = check_optional_int("torch_threads", torch_threads, 1)  # None: torch's as it is (cpu_threads.py)
         if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
             raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
         compilation = _compilation_config(compilation_config, enforce_eager)
@@ -330,6 +332,8 @@ class LLM:
             for name in ("reasoning_start_token_ids", "reasoning_end_token_ids"):
                 check_token_ids(f"reasoning_config.{name}", getattr(reasoning_config, name), spec.vocab_size)
 
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)  # for the process; threads started later inherit it
         torch.manual_seed(seed)
         started = time.perf_counter()
         self.model = load_model(model, dtype=self.dtype, device=self.device, attention_backend=attention_backend)
@@ -394,7 +398,7 @@ class LLM:
             kv_cache_bytes=cache.num_gpu_blocks * bytes_per_block, cudagraph_memory_bytes=self.cudagraph_memory_bytes if measured else None,
             max_model_len=scheduler.max_model_len, max_num_seqs=scheduler.max_num_seqs,
             max_num_batched_tokens=scheduler.max_num_batched_tokens,
-            load_s=load_s, memory_s=memory_s, capture_s=time.perf_counter() - sized,
+            load_s=load_s, memory_s=memory_s, capture_s=time.perf_counter() - sized, torch_threads=torch.get_num_threads(),
         )  # fmt: skip
 
     def _build_runner(

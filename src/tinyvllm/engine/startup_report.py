@@ -1,7 +1,7 @@
 """StartupReport: what ``LLM(...)`` chose at start-up, as one block of lines.
 
 Concept: an engine decides a lot on its own at start-up: the attention backend ``auto``
-resolves to, the CUDA-graph mode after the backend's downgrade, the capture sizes that fit
+resolves to, the CPU threads torch runs on (``cpu_threads.py``), the CUDA-graph mode after the backend's downgrade, the capture sizes that fit
 the token budget, how many KV blocks the memory left over holds, how much of it the graphs
 took, and how long loading, warm-up and capture took. A user who cannot see those choices
 cannot tell a slow run from a misconfigured one. ``LLM`` builds this record once, logs it
@@ -59,11 +59,13 @@ class StartupReport:
     load_s: float  # reading the weights onto the device
     memory_s: float  # the profile run and the trial capture that sized the KV cache
     capture_s: float  # warm-up and CUDA-graph capture of the real runner
+    torch_threads: int  # torch.get_num_threads() once start-up set it (cpu_threads.py)
 
     def lines(self) -> list[str]:
         kv_tokens = self.num_kv_blocks * self.block_size
         return [
-            f"device {self.device}, dtype {self.dtype}, attention backend {self.attention_backend}",
+            f"device {self.device}, dtype {self.dtype}, attention backend {self.attention_backend}, "
+            f"torch threads {self.torch_threads}",
             f"cudagraph_mode {self.cudagraph_mode}, capture sizes: {summarize_sizes(self.capture_sizes)}",
             f"KV cache: {self.num_kv_blocks} blocks of {self.block_size} tokens = {kv_tokens} tokens, "
             f"{format_bytes(self.kv_cache_bytes)}; {kv_tokens / self.max_model_len:.1f}x max_model_len "
