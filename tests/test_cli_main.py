@@ -9,9 +9,14 @@ and status 2. The engine runs on the shipped model (``stdlib_tiny``) on the CPU.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from serve_fixtures import free_port, require_serve_extra
 
 from tinyvllm import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_trace_list_prints_every_workload(capsys):
@@ -46,3 +51,200 @@ def test_trace_prompts_runs_the_shipped_model(tmp_path, capsys):
     assert len(trace["steps"]) >= 3  # the prefill step, then at least two decode steps of 3 tokens each
     assert out_html.stat().st_size > 0
     assert capsys.readouterr().out.startswith(f"[tinyvllm] {len(trace['steps'])} steps of ")
+
+
+# -- generate, tiny-model, train-tiny ----------------------------------------------------------
+
+
+@pytest.fixture
+def torch_threads(monkeypatch):
+    """torch's thread count, restored after the test (the engine sets it for the process);
+    ``OMP_NUM_THREADS`` unset, so the rule of ``cpu_threads.py`` applies."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(before)
+
+
+def test_generate_runs_the_shipped_model_on_one_thread(torch_threads, capsys):
+    """No ``--model``: the shipped 5.7M model, small enough for one thread (cpu_threads.py NOTE 2)."""
+    torch_threads.set_num_threads(2)
+    argv = ["generate", "--prompt", "def fibonacci(n):", "--max-tokens", "4", "--temperature", "0", "--device", "cpu"]
+    assert cli.main(argv) == 0
+    completion, figures = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+    assert completion.strip()
+    assert figures.startswith("[tinyvllm] prompt ") and "generated 4 tokens" in figures, figures
+    assert figures.endswith(", torch threads 1"), figures
+    assert torch_threads.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("flags, want", [(["--threads", "2"], 2), (["--threads", "1"], 1)])
+def test_generate_threads_flag_overrides_the_rule(torch_threads, capsys, flags, want):
+    torch_threads.set_num_threads(3 - want)  # the other count, so the flag has something to change
+    argv = ["generate", "--prompt", "import os", "--max-tokens", "2", "--device", "cpu", *flags]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.rstrip("\n").endswith(f", torch threads {want}")
+    assert torch_threads.get_num_threads() == want
+
+
+def test_omp_num_threads_in_the_environment_is_kept(torch_threads, monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch_threads.set_num_threads(2)  # what torch read from the variable at import
+    assert cli.main(["generate", "--prompt", "import os", "--max-tokens", "2", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.rstrip("\n").endswith(", torch threads 2")
+
+
+def test_tiny_model_writes_a_folder_generate_runs(tmp_path, torch_threads, capsys):
+    folder = tmp_path / "tiny"
+    assert cli.main(["tiny-model", str(folder), "--family", "llama"]) == 0
+    assert capsys.readouterr().out.strip() == str(folder)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    argv = ["generate", "--model", str(folder), "--prompt", "a b", "--max-tokens", "3", "--device", "cpu"]
+    assert cli.main(argv) == 0
+    assert "generated 3 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_train_tiny_smallest_run_writes_a_model(tmp_path, torch_threads, capsys):
+    """The smallest settings the flags allow: one step of the test shape on one module."""
+    out = tmp_path / "m"
+    argv = ["train-tiny", str(out), "--size", "test", "--vocab-size", "300", "--seq-len", "16", "--context-len", "32",
+            "--batch-size", "1", "--max-steps", "1", "--warmup-steps", "0", "--eval-every", "1", "--eval-windows", "1",
+            "--modules", "string", "--threads", "1", "--no-progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    import json
+
+    record = json.loads((out / "training.json").read_text())
+    assert record["time"]["steps"] == 1 and record["data"]["train_modules"] == ["string"]
+    assert capsys.readouterr().out.startswith(f"{out}: 18,944 parameters, 1 steps in ")
+
+
+def test_serve_answers_then_stops(torch_threads, monkeypatch, capsys):
+    """``serve`` through ``cli.main`` on a thread, with the shipped model: it says its thread
+    count, answers a completion over HTTP, and returns 0 when its uvicorn server is told to exit."""
+    require_serve_extra()
+    import importlib
+    import threading
+    import time
+
+    import httpx
+
+    server_class = importlib.import_module("uvicorn.server").Server
+    servers, real_init = [], server_class.__init__
+
+    def recording_init(self, *args, **kwargs):  # the real server (or a subclass), remembered to stop it
+        real_init(self, *args, **kwargs)
+        servers.append(self)
+
+    monkeypatch.setattr(server_class, "__init__", recording_init)
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--device", "cpu", "--max-model-len", "64", "--num-gpu-blocks-override", "16"]
+    status = []
+    thread = threading.Thread(target=lambda: status.append(cli.main(argv)), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert thread.is_alive(), status
+            assert time.monotonic() < deadline, "the server did not start in 60 s"
+            time.sleep(0.1)
+        body = {"model": "stdlib_tiny", "prompt": "def f():", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30).json()
+        assert answer["model"] == "stdlib_tiny" and answer["usage"]["completion_tokens"] == 3, answer
+    finally:
+        for server in servers:
+            server.should_exit = True
+        thread.join(timeout=30)
+    assert status == [0]
+    assert "[tinyvllm] device cpu, dtype float32, attention backend torch, torch threads 1\n" in capsys.readouterr().err
+
+
+# -- checks before anything loads -------------------------------------------------------------
+
+
+@pytest.fixture
+def no_engine(monkeypatch):
+    """Fails the test if the engine is built: these checks must come before it."""
+    monkeypatch.setattr(cli, "llm_from_args", lambda args: pytest.fail("the engine was built before the check"))
+
+
+def _one_line_error(capsys, *fragments: str) -> str:
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith("tinyvllm: error: "), out
+    for fragment in fragments:
+        assert fragment in out.err, (fragment, out.err)
+    return out.err
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "p"], ["serve"], ["trace", "--prompts"]])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_threads_below_one_is_refused_before_loading(no_engine, capsys, tmp_path, command, value):
+    if command[-1] == "--prompts":
+        (tmp_path / "p.txt").write_text("import os\n", encoding="utf-8")
+        command = [*command, str(tmp_path / "p.txt")]
+    assert cli.main([*command, "--threads", value]) == 2
+    _one_line_error(capsys, f"--threads must be >= 1, got {value}")
+
+
+def test_empty_prompt_is_refused_before_loading(no_engine, capsys):
+    import time
+
+    started = time.perf_counter()
+    assert cli.main(["generate", "--prompt", ""]) == 2
+    assert time.perf_counter() - started < 1.0
+    _one_line_error(capsys, "--prompt must not be empty")
+
+
+def test_serve_port_in_use_is_refused_before_loading(no_engine, capsys):
+    import socket
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.perf_counter()
+        assert cli.main(["serve", "--port", str(port)]) == 2
+        assert time.perf_counter() - started < 1.0
+    _one_line_error(capsys, f"--port {port}", "127.0.0.1", "in use")
+
+
+# -- the install ----------------------------------------------------------------------------
+
+
+def _first_command(readme: str) -> str:
+    """The README's first command: the first line of the first bash block under "Two commands"."""
+    section = readme.split("## Two commands", 1)[1]
+    return section.split("```bash\n", 1)[1].split("\n", 1)[0]
+
+
+def test_install_resolves_torch_and_triton_to_the_cpu_pins_first():
+    """The main dependencies bound torch and triton so that no release past the ``cpu``
+    extra's pins can be the resolver's first choice: unbounded, pip took torch 2.14.1 and
+    triton 3.9.0 first, then backtracked to the pins (484 MB of triton downloaded twice).
+    And the README's first command installs what generating needs, not ``[ci]``."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    main = {r.name: r for r in map(Requirement, project["dependencies"])}
+    pins = {r.name: r for r in map(Requirement, project["optional-dependencies"]["cpu"])}
+    assert set(pins) == {"torch", "triton"}
+    for name, pin in pins.items():
+        [spec] = pin.specifier
+        assert spec.operator == "==", pin
+        release = Version(spec.version).release
+        assert main[name].specifier.contains(spec.version), (main[name], pin)
+        next_minor = f"{release[0]}.{release[1] + 1}.0"
+        assert not main[name].specifier.contains(next_minor), f"{main[name]} lets the resolver try {name} {next_minor}"
+        assert main[name].marker == pin.marker, (main[name], pin)
+    first = _first_command((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert "pip install -e . " in first and "[ci]" not in first and "tinyvllm generate" in first, first

@@ -49,10 +49,13 @@ and greedy when the model's generation config sets no sampling field (``--temper
 0, as this command always did), else ``SamplingParams``' own defaults for the fields it
 leaves out (temperature 1, as vLLM's ``LLM.generate`` gives the model's defaults).
 
-Fail fast: ``generate`` checks the numbers, the sampling values, resolves the model
-(``resolve_model``) and checks the whole folder (``check_model_folder``: config, weight
-headers, tokenizer files, EOS; no torch) before importing the engine, so a typo costs a
-fraction of a second, not torch's import.
+Fail fast: ``generate`` checks the numbers, the sampling values, an empty ``--prompt``,
+resolves the model (``resolve_model``) and checks the whole folder (``check_model_folder``:
+config, weight headers, tokenizer files, EOS; no torch) before importing the engine, so a
+typo costs a fraction of a second, not torch's import; ``serve`` also binds its port once
+to see it is free. ``--threads N`` (every engine command) sets torch's CPU threads; left
+out, ``cpu_threads.py`` chooses from the model's size, and the count is in the start-up
+line (``generate``'s figures, ``serve``'s first line).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ import sys
 import time
 from pathlib import Path
 
-from tinyvllm.sampling_params import MAX_LOGPROBS  # torch-free, like everything --help needs
+from tinyvllm.cpu_threads import choose_torch_threads, count_parameters  # torch-free, like everything --help needs
+from tinyvllm.sampling_params import MAX_LOGPROBS
 
 # The five CUDAGraphMode names (worker/cudagraph_dispatcher.py), spelled out so that
 # `tinyvllm --help` does not import the engine.
@@ -100,6 +104,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--speculative-config", default=None, metavar="JSON",
         help='speculative decoding, as vLLM\'s: \'{"method": "ngram", "num_speculative_tokens": 3, '
         '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
+    )  # fmt: skip
+    p.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help="torch CPU threads (default: 1 for a model under 100M parameters on the CPU, else torch's; cpu_threads.py)",
     )  # fmt: skip
 # --8<-- [end:engine_args]
 
@@ -183,12 +191,17 @@ def _check_engine_args(args):
     from tinyvllm.models.loader import check_model_folder
     from tinyvllm.sampling_defaults import check_generation_config, generation_defaults
 
+    _check_counts(args)
     if args.model is None:  # the small model shipped with the package
         from tinyvllm.models import STDLIB_TINY
 
         args.model = STDLIB_TINY
     args.model_folder = resolve_model(args.model, args.revision)
     spec = check_model_folder(args.model_folder)
+    args.num_parameters = count_parameters(
+        spec.vocab_size, spec.hidden_size, spec.intermediate_size, spec.num_hidden_layers, spec.num_attention_heads,
+        spec.num_key_value_heads, spec.head_dim, spec.tie_word_embeddings,
+    )  # fmt: skip
     source = check_generation_config(getattr(args, "generation_config", "auto"))
     generation_defaults(source, args.model_folder)  # a malformed field fails here, before torch
     args.speculative = _speculative_config_arg(getattr(args, "speculative_config", None))
@@ -233,7 +246,8 @@ def _chat_template_kwargs_arg(args) -> dict | None:
 
 
 def _check_counts(args) -> None:
-    counts = {"--max-model-len": args.max_model_len, "--num-gpu-blocks-override": args.num_gpu_blocks_override}
+    counts = {"--max-model-len": args.max_model_len, "--num-gpu-blocks-override": args.num_gpu_blocks_override,
+              "--threads": args.threads}  # fmt: skip
     for flag, value in counts.items():
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -248,7 +262,8 @@ def _check_args(args) -> dict:
     Returns the sampling fields the user set; raises ValueError naming the flag or the file."""
     from tinyvllm.sampling_params import SamplingParams
 
-    _check_counts(args)
+    if not args.chat and args.prompt == "":  # the engine refuses it too, but only after loading
+        raise ValueError("--prompt must not be empty")
     explicit = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     SamplingParams(**explicit)  # each value checked now, before torch is imported
     _check_engine_args(args)
@@ -269,6 +284,19 @@ def cli_sampling_params(model_defaults: dict, explicit: dict):
 # --8<-- [end:cli_sampling_params]
 
 
+def _torch_threads(args) -> int | None:
+    """``--threads``, else ``cpu_threads.py``'s rule for the model and device (None: torch's own)."""
+    if getattr(args, "threads", None) is not None:
+        return args.threads
+    num_parameters = getattr(args, "num_parameters", None)  # set by _check_engine_args
+    if num_parameters is None:
+        return None
+    import torch
+
+    on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    return choose_torch_threads(num_parameters, on_cpu)
+
+
 def llm_from_args(args):
     """The ``LLM`` the engine flags describe (the folder ``_check_engine_args`` resolved)."""
     from tinyvllm import LLM
@@ -284,10 +312,27 @@ def llm_from_args(args):
         block_size=getattr(args, "block_size", 16), max_num_seqs=getattr(args, "max_num_seqs", 256),
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),  # tinyvllm trace's own flags
         speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", MAX_LOGPROBS),
+        torch_threads=_torch_threads(args),
     )  # fmt: skip
     if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
         print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)
     return llm
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """ValueError naming the port when ``host:port`` cannot be bound (in use, or not an address
+    of this machine): seconds before the model would load and uvicorn find out."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a closed socket's TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            why = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be bound ({error.strerror or error})"
+            raise ValueError(f"--port {port}: {host}:{port} {why}") from None
 
 
 def _serve(args) -> int:
@@ -303,6 +348,7 @@ def _serve(args) -> int:
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
+    _check_port_free(args.host, args.port)  # after every value, before the server's imports and the model
     try:
         from tinyvllm.engine.chat_template import load_chat_template
         from tinyvllm.entrypoints.openai_server import run_server
@@ -311,6 +357,8 @@ def _serve(args) -> int:
         return EXIT_USER_ERROR
     template = None if args.chat_template is None else load_chat_template(args.chat_template)
     llm = llm_from_args(args)
+    if llm.device.type != "cuda":  # on a GPU llm_from_args printed the whole report
+        print(f"[tinyvllm] {llm.startup_report.lines()[0]}", file=sys.stderr)
     name = args.served_model_name or (Path(args.model).name if shipped else args.model)  # "stdlib_tiny"
     run_server(
         llm, name, args.host, args.port, args.max_waiting_requests, chat_template=template, api_key=args.api_key,
@@ -353,7 +401,8 @@ def _generate(args) -> int:
     n = len(completion.token_ids)
     print(
         f"[tinyvllm] prompt {len(out.prompt_token_ids)} tokens, generated {n} tokens in {seconds:.3f} s "
-        f"({n / seconds:.1f} tok/s), cached {out.num_cached_tokens} tokens, finish_reason={completion.finish_reason}"
+        f"({n / seconds:.1f} tok/s), cached {out.num_cached_tokens} tokens, finish_reason={completion.finish_reason}, "
+        f"torch threads {llm.startup_report.torch_threads}"
     )
     return 0
 
