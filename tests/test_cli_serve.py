@@ -107,4 +107,4 @@ def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs, t
             proc.wait()
     output = proc.stdout.read()  # the banner, once the server listens: the name, the address, the context, the KV cache
     assert f"[tinyvllm] serving {model!r} at http://127.0.0.1:{port}/v1\n" in output, output
-    assert "[tinyvllm] max_model_len 64; KV cache 64 blocks of 16 tokens (1024 tokens);" in output, output
+    assert "[tinyvllm] max_model_len 64; KV cache 64 blocks of 16 tokens (1024 tokens)\n" in output, output

@@ -417,8 +417,8 @@ def banner(serving: OpenAIServing, host: str, port: int, shutdown_timeout: float
     return [
         f"serving {serving.served_model_name!r} at http://{address}:{port}/v1",
         f"max_model_len {serving.max_model_len}; KV cache {blocks} blocks of {block_size} tokens "
-        f"({blocks * block_size} tokens); max_waiting_requests {serving.async_llm.max_waiting_requests}; "
-        f"shutdown_timeout {shutdown_timeout:g} s",
+        f"({blocks * block_size} tokens)",
+        f"max_waiting_requests {serving.async_llm.max_waiting_requests}; shutdown_timeout {shutdown_timeout:g} s",
     ]
 
 
