@@ -38,7 +38,7 @@ from harness import ROOT, run_header, set_threads, write_json
 from tinyvllm.arith import spec_row_starts
 from tinyvllm.sample.draw_keys import draw_key
 from tinyvllm.sample.rejection_sampler import rejection_sample
-from tinyvllm.sample.sampler import random_sample
+from tinyvllm.sample.sampler import random_sample, rows_without_a_token
 
 CASES = [(1, 32768), (16, 32768), (64, 32768), (1, 151936), (16, 151936), (64, 151936)]
 QUICK_CASES = [(1, 512), (4, 512)]
@@ -107,7 +107,9 @@ def new_rejection_sample(
     """Now: every row draws (keyed by position for the seeded requests), then the host walk."""
     firsts = spec_row_starts(draft_token_ids)
     keys = {firsts[r] + j: draw_key(seed, j) for r, seed in seeds.items() for j in range(len(draft_token_ids[r]) + 1)}
-    return rejection_sample(random_sample(probs, keys).tolist(), draft_token_ids)
+    tokens, no_token = random_sample(probs, keys), rows_without_a_token(probs)  # [N], [N]
+    host = torch.cat([tokens, no_token.to(tokens.dtype)]).tolist()  # one transfer, as the sampler's
+    return rejection_sample(host[: len(tokens)], host[len(tokens) :], draft_token_ids)
 
 
 def make_step(num_reqs: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:

@@ -19,13 +19,21 @@ def test_a_request_keeps_drafts_while_its_rows_agree_then_the_first_disagreeing_
     # request 0: drafts [2, 3, 4], the rows' tokens [2, 3, 1, 0]: two kept, then 1
     # request 1: drafts [1], rows [1, 4]: kept, then the bonus 4
     # request 2: no drafts, one row: its token
-    out = rejection_sample([2, 3, 1, 0, 1, 4, 3], [[2, 3, 4], [1], []])
+    out = rejection_sample([2, 3, 1, 0, 1, 4, 3], None, [[2, 3, 4], [1], []])
     assert out == [[2, 3, 1], [1, 4], [3]]
+
+
+def test_a_request_that_reaches_a_row_with_no_token_gets_none():
+    # request 0 keeps draft 2, then its second row has nothing to pick; request 1's bad row
+    # lies after a rejected draft, so it is never reached
+    no_token = [False, True, False, False, False, True]
+    out = rejection_sample([2, 3, 1, 7, 1, 4], no_token, [[2, 3], [9, 5]])
+    assert out == [None, [7]]
 
 
 def test_the_row_count_must_match_the_drafts():
     with pytest.raises(ValueError, match="6 target tokens for 7 rows"):
-        rejection_sample([0] * 6, [[2, 3, 4], [1], []])
+        rejection_sample([0] * 6, None, [[2, 3, 4], [1], []])
 
 
 def metadata(temperature: list[float], seeds: dict[int, int], outputs) -> SamplingMetadata:

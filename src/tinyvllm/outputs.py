@@ -31,7 +31,8 @@ class ModelRunnerOutput:
     A request whose step did not reach the end of its prompt has an empty list.
     ``logprobs[req_id]`` has one entry per sampled token of a request that asked;
     ``prompt_logprobs[req_id]`` one per prompt token after the first, sent once, in the
-    step that finishes the prompt.
+    step that finishes the prompt. ``no_token_req_ids``: requests whose row had no token left
+    to sample (every logit ``-inf`` or not a number); they get none and end with an error.
     """
 
     req_ids: list[str]
@@ -39,6 +40,7 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     logprobs: dict[str, list[LogprobEntry]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[LogprobEntry]] = field(default_factory=dict)
+    no_token_req_ids: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.req_ids) != len(self.sampled_token_ids):
@@ -53,7 +55,7 @@ class EngineCoreOutput(NamedTuple):
     Attributes:
         request_id: the request.
         new_token_ids: tokens appended this step (empty for a partial prefill).
-        finish_reason: "stop", "length" or "abort" once finished, else None.
+        finish_reason: "stop", "length", "abort" or "error" once finished, else None.
         stop_reason: the stop token id that ended it, if one did.
         num_cached_tokens: prompt tokens found in the prefix cache at first admission.
         new_logprobs: one entry per new token, when the request asked for logprobs.

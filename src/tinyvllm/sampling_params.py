@@ -51,7 +51,8 @@ stop string, or after it with ``include_stop_str_in_output``; the request finish
 NOTE 5 (penalties, vLLM's semantics and ranges): ``presence_penalty`` in [-2, 2] is
 subtracted once from the logit of every token the output already holds;
 ``frequency_penalty`` in [-2, 2] is subtracted once per occurrence in the output;
-``repetition_penalty`` > 0 (1 = off) divides a positive logit and multiplies a negative
+``repetition_penalty`` > 0 (1 = off; at least float32's smallest normal, 2**-126, since a
+denormal one turns every positive logit into inf and the row into NaN) divides a positive logit and multiplies a negative
 one, for every token of the prompt or the output (``sample/penalties.py``).
 NOTE 6 (logprobs): ``logprobs=k`` returns, per output token, the sampled token's logprob
 and rank plus the k most likely tokens (0: the sampled token alone); ``prompt_logprobs=k``
@@ -91,6 +92,7 @@ MIN_TEMPERATURE = 1e-2  # NOTE 1
 MAX_N = 16384  # NOTE 7: vLLM's VLLM_MAX_N_SEQUENCES default
 MAX_LOGPROBS = 20  # NOTE 6: the most logprobs a request may ask for by default, vLLM's max_logprobs (LLM(max_logprobs=...))
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 2.0**-126  # the smallest normal float32
 MAX_LOGIT_BIAS = 100.0  # NOTE 2
 
 
@@ -182,8 +184,11 @@ class SamplingParams:
             if not -2 <= value <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
         repetition = checked["repetition_penalty"] = check_real("repetition_penalty", self.repetition_penalty)
-        if not 0 < repetition <= FLOAT32_MAX:
-            raise ValueError(f"repetition_penalty must be greater than 0 (1 is off), got {self.repetition_penalty!r}")
+        if not FLOAT32_TINY <= repetition <= FLOAT32_MAX:  # below: a denormal, dividing logits into inf
+            raise ValueError(
+                f"repetition_penalty must be at least 2**-126 ~ 1.2e-38, the smallest normal float32 (1 is off), "
+                f"got {self.repetition_penalty!r}"
+            )
         checked["bad_words"] = _checked_strings("bad_words", self.bad_words)
         checked["allowed_token_ids"] = _checked_allowed_token_ids(self.allowed_token_ids)
         checked["logit_bias"] = _checked_logit_bias(self.logit_bias)

@@ -48,6 +48,11 @@ them like any scheduled token. ``update_from_output`` then takes back the drafts
 target did not keep: the runner returns the kept drafts plus one token, so
 ``len(drafts) + 1 - len(sampled)`` were rejected. A preempted request drops its drafts.
 
+NOTE 5 (no token to sample): a request whose parameters leave its row nothing to pick
+(``sample/sampler.py`` NOTE 7) is named in ``ModelRunnerOutput.no_token_req_ids``; it ends
+with ``FINISHED_ERROR`` (``finish_reason="error"``, vLLM's status of that name) and gets no
+token this step, rather than a token it banned.
+
 Left out: priorities, structured output, encoder inputs, KV transfer, async scheduling.
 """
 # --8<-- [end:header]
@@ -375,6 +380,9 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is None:
                 continue  # finished from outside after this step was scheduled
+            if rid in model_runner_output.no_token_req_ids:  # NOTE 5: its row had nothing to sample
+                self._finish_with_no_token(request, outputs)
+                continue
             index = model_runner_output.req_id_to_index.get(rid)
             sampled = model_runner_output.sampled_token_ids[index] if index is not None else []
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
@@ -410,6 +418,18 @@ class Scheduler:
                 )
         return outputs
     # --8<-- [end:update_from_output]
+
+    def _finish_with_no_token(self, request: Request, outputs: list[EngineCoreOutput]) -> None:
+        """NOTE 5: the request's row had no token to sample: it ends with an error, and no token."""
+        request.status = RequestStatus.FINISHED_ERROR
+        self.running.remove(request)
+        self._free_request(request)
+        outputs.append(
+            EngineCoreOutput(
+                request_id=request.request_id, new_token_ids=[], finish_reason="error", stop_reason=None,
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+            )
+        )  # fmt: skip
 
     # --8<-- [start:abort_failed_step]
     def abort_failed_step(self, scheduler_output: SchedulerOutput) -> list[str]:

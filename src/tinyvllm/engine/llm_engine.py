@@ -68,6 +68,10 @@ each step every running request that sampled a token in it gets its drafts
 (``Request.spec_token_ids``, from ``spec_decode/ngram_proposer.py``); one that computed only
 part of its prompt gets none (vLLM: drafts only for requests that sampled). The scheduler
 schedules them with its one real token, and the runner keeps those the target agrees with.
+NOTE 10 (no token left): a request whose ``allowed_token_ids`` are all banned by its own
+parameters from the start is refused here (``check_some_token_is_allowed``); one that runs
+out of tokens later (a multi-token bad word banning the last allowed id) ends with
+``finish_reason="error"`` in that step (``sample/sampler.py`` NOTE 7), never with a token it banned.
 NOTE 9 (an observer): ``observer`` (None by default) is called after every step, a failed
 one too (after the undo, with the error), and reads whatever state it wants; what it
 raises is logged (and noted on the step's error), never raised in the step's place. The
@@ -129,6 +133,35 @@ class _Tracked:
     cumulative_logprob: float = 0.0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     sent_prompt_logprobs: bool = False  # DELTA: sent once
+
+
+# --8<-- [start:some_token_allowed]
+def check_some_token_is_allowed(
+    label: str, params: SamplingParams, bad_words_token_ids: Sequence[Sequence[int]], eos_token_id: int | None
+) -> None:
+    """NOTE 10: a ValueError when ``allowed_token_ids`` leaves nothing that the request's
+    own parameters do not ban at its first step: one-token bad words, and, below
+    ``min_tokens``, its stop tokens and EOS (which MinTokens masks)."""
+    if params.allowed_token_ids is None:
+        return
+    allowed = set(params.allowed_token_ids)
+    one_token_bans = {seq[0] for seq in bad_words_token_ids if len(seq) == 1}
+    if allowed <= one_token_bans:
+        raise ValueError(
+            f"{label}: every id of allowed_token_ids={sorted(allowed)} is a one-token bad word of "
+            f"bad_words={list(params.bad_words)}: no token could ever be sampled"
+        )
+    if params.min_tokens > 0:
+        stops = set(params.stop_token_ids)
+        if eos_token_id is not None and not params.ignore_eos:
+            stops.add(eos_token_id)
+        if allowed <= stops | one_token_bans:
+            raise ValueError(
+                f"{label}: allowed_token_ids={sorted(allowed)} holds only stop tokens (stop_token_ids="
+                f"{list(params.stop_token_ids)}, EOS {eos_token_id}) or bad words, which min_tokens="
+                f"{params.min_tokens} masks: no first token could be sampled"
+            )
+# --8<-- [end:some_token_allowed]
 
 
 class StepObserver(Protocol):
@@ -230,6 +263,7 @@ class LLMEngine:
         if sampling_params.stop and self.tokenizer is None:
             raise ValueError(f"{label}: stop={sampling_params.stop!r} needs text, but the engine has no tokenizer")
         request.bad_words_token_ids = self._bad_words_token_ids(label, sampling_params)  # NOTE 7
+        check_some_token_is_allowed(label, sampling_params, request.bad_words_token_ids, self.eos_token_id)  # NOTE 10
         self.scheduler.add_request(request)
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, sampling_params.skip_special_tokens)

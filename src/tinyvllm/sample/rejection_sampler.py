@@ -52,19 +52,26 @@ from tinyvllm.arith import spec_row_starts
 
 
 # --8<-- [start:rejection]
-def rejection_sample(target_token_ids: Sequence[int], draft_token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+def rejection_sample(
+    target_token_ids: Sequence[int], no_token: Sequence[bool] | None, draft_token_ids: Sequence[Sequence[int]]
+) -> list[list[int] | None]:
     """The tokens each request keeps this step (see the module header).
 
     ``target_token_ids`` ``[N]``: the token each row drew (its argmax for a greedy request);
-    request r owns ``len(draft_token_ids[r]) + 1`` rows, in order.
+    ``no_token`` ``[N]`` (None: every row has one): the rows that had no token to sample;
+    request r owns ``len(draft_token_ids[r]) + 1`` rows, in order. A request that reaches
+    such a row gets None: it ends this step with an error (``sample/sampler.py`` NOTE 7).
     """
     firsts = spec_row_starts(draft_token_ids)  # each request's first row, and the total
-    if len(target_token_ids) != firsts[-1]:
+    if len(target_token_ids) != firsts[-1] or (no_token is not None and len(no_token) != firsts[-1]):
         raise ValueError(f"{len(target_token_ids)} target tokens for {firsts[-1]} rows of drafts")
-    tokens: list[list[int]] = []
+    tokens: list[list[int] | None] = []
     for first, drafts in zip(firsts, draft_token_ids):
-        kept: list[int] = []
+        kept: list[int] | None = []
         for j in range(len(drafts) + 1):
+            if no_token is not None and no_token[first + j]:
+                kept = None  # nothing this row could pick: the request ends here
+                break
             kept.append(target_token_ids[first + j])  # the row's own token
             if j == len(drafts) or kept[-1] != drafts[j]:
                 break  # the bonus row, or the first disagreement, ends the request's step

@@ -57,22 +57,25 @@ mask, no bad words and no penalty state. The forcing comes after the penalties, 
 no penalty can bring a forced logit down (a repetition penalty would divide it, the
 forced token being often in the prompt).
 NOTE 5 (speculative decoding, ``sample_spec``): a request verifying k drafts has k + 1
-rows. Under a speculative config only MinTokens is built (seed 001 ch. 11.4), and it
-judges each row by its position (``apply_with_spec_decode``); the penalties count the
-drafts before each row as generated; the thinking budget forces its end token at the row
-it predicts (``apply_to_spec_rows``); temperature, top-k and top-p are each request's, per
-row; allowed ids mask every row of their request, and bad words ban per row what the
-drafts before it would complete (``bad_words.py`` NOTE 3), as vLLM's rejection sampler
-does; ``sample/rejection_sampler.py`` then keeps the drafts the target agrees with. min_p
-and logit_bias are refused for such an engine (``engine/request_checks.py``). It works on
-a copy of the logits: the runner computes the kept tokens' logprobs from the raw ones
-(``worker/model_runner.py`` NOTE 10).
+rows. Only MinTokens is built then (seed 001 ch. 11.4; min_p and logit_bias are refused,
+``engine/request_checks.py``), judging each row by its position (``apply_with_spec_decode``);
+penalties, bad words, allowed ids and the thinking budget act on each row as if the drafts
+before it had been generated; temperature, top-k and top-p are each request's, per row.
+Every row then draws its token as a plain step would at its position (keyed by it for a
+seeded request), and ``sample/rejection_sampler.py`` keeps the drafts while they equal the
+rows' tokens. It works on a copy: the runner takes logprobs from the raw logits.
 NOTE 6 (no wait for the device before the tokens): every index the sampler needs goes up
 with ``upload`` (pinned, ``non_blocking``), never as a Python list (which PyTorch copies
 up and waits for); per-request values are spread over a request's rows by
 ``repeat_interleave`` given its ``output_size``; greedy rows are known from the host copy
 ``SamplingMetadata.is_greedy``. The one read is the caller's, of the sampled ids
 (``tinyvllm/device_syncs.py``).
+NOTE 7 (a row with no token): allowed ids, bad words, MinTokens and penalties can together
+leave a row nothing to pick (every logit -inf, or NaN from inf / inf). Argmax and the race
+would still return an index, a token the request banned; so each row's final scores are
+checked (``rows_without_a_token``, read with the tokens) and such a request gets no token:
+the runner reports it and the scheduler ends it with ``finish_reason="error"``. What its
+parameters alone forbid is refused when it is added (``LLMEngine.add_request``).
 """
 # --8<-- [end:header]
 
@@ -99,12 +102,19 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor
     logprobs: logprob_ops.LogprobsTensors | None = None  # [M, 1 + K]: row i is batch row logprob_rows[i]
     logprob_rows: tuple[int, ...] = ()
+    no_token: torch.Tensor | None = None  # [R] bool: the row had no token to sample (NOTE 7); None: not checked
 
 
 _TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32, ~1.2e-38
 
 
 # --8<-- [start:ops]
+def rows_without_a_token(scores: torch.Tensor) -> torch.Tensor:
+    """``[R]`` bool: the rows of ``scores`` ``[R, V]`` (logits or probabilities) with nothing
+    to pick: every entry ``-inf``, or a NaN anywhere (NOTE 7). One reduction over V."""
+    return ~(scores.amax(dim=-1) > float("-inf"))  # NaN > -inf is False
+
+
 def random_sample(probs: torch.Tensor, draw_keys: Mapping[int, int]) -> torch.Tensor:
     """One token per row from ``probs`` ``[R, V]``; the rows in ``draw_keys`` draw their noise
     from a generator seeded with their key (``sample/draw_keys.py``), the others from the
@@ -139,19 +149,20 @@ class Sampler:
         rows = sorted(md.num_logprobs)  # NOTE 3: the raw logprobs first, of the rows that ask
         at = upload(rows, torch.int64, logits.device) if rows else None  # [M]: indices already up (NOTE 6)
         raw_logprobs = logprob_ops.compute_logprobs(logits[at]) if rows else None  # [M, V]
-        sampled = self.sample(logits, md)  # [R]
+        sampled, no_token = self.sample(logits, md)  # [R], [R]
         if raw_logprobs is None:
-            return SamplerOutput(sampled)
+            return SamplerOutput(sampled, no_token=no_token)
         num_top = max(md.num_logprobs.values())
         tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[at], num_top)
-        return SamplerOutput(sampled, tensors, tuple(rows))
+        return SamplerOutput(sampled, tensors, tuple(rows), no_token)
 
     # --8<-- [start:sample_spec]
     def sample_spec(
         self, logits: torch.Tensor, md: SamplingMetadata, drafts: Sequence[Sequence[int]]
-    ) -> list[list[int]]:
+    ) -> list[list[int] | None]:
         """Speculative decoding (NOTE 5): batch row r owns ``len(drafts[r]) + 1`` rows of
-        ``logits`` ``[N, V]``; returns the tokens each request keeps (``sample/rejection_sampler.py``)."""
+        ``logits`` ``[N, V]``; returns the tokens each request keeps (``sample/rejection_sampler.py``),
+        None for a request that reached a row with no token to sample (NOTE 7)."""
         rows_per_request = [len(d) + 1 for d in drafts]
         if logits.shape[0] != sum(rows_per_request):
             raise ValueError(f"logits have {logits.shape[0]} rows, the drafts need {sum(rows_per_request)}")
@@ -172,7 +183,7 @@ class Sampler:
             logits = md.thinking_budget.apply_to_spec_rows(logits, rows_per_request)
         argmax = logits.argmax(dim=-1)  # [N]
         if md.all_greedy:
-            return rejection_sample(argmax.tolist(), drafts)
+            return rejection_sample(*sampled_to_host(argmax, rows_without_a_token(logits)), drafts)
         # Every row draws its own token, as a step without drafts would at its position (NOTE 5):
         # per-request values on each of the request's rows, [N].
 
@@ -186,17 +197,22 @@ class Sampler:
         top_p = None if md.top_p is None else per_row(md.top_p)
         if top_k is not None or top_p is not None:
             logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan.spread(drafts))
-        drawn = random_sample(logits.softmax(dim=-1), md.draw_keys(rows_per_request))  # [N]
-        return rejection_sample(torch.where(is_greedy, argmax, drawn).tolist(), drafts)  # one wait
+        no_token = rows_without_a_token(logits)  # [N]: a greedy row's verdict (temperature keeps it)
+        probs = logits.softmax(dim=-1)  # [N, V]
+        drawn = random_sample(probs, md.draw_keys(rows_per_request))  # [N]
+        no_token = torch.where(is_greedy, no_token, rows_without_a_token(probs))
+        return rejection_sample(*sampled_to_host(torch.where(is_greedy, argmax, drawn), no_token), drafts)  # one wait
     # --8<-- [end:sample_spec]
 
-    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """Steps 1-8 of the module header: one token id per row, ``[R]``."""
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-8 of the module header: one token id per row ``[R]``, and whether the row
+        had no token to sample ``[R]`` (NOTE 7)."""
         logits = self.apply_logits_processors(logits.to(torch.float32, copy=True), md)  # [R, V]
         if md.thinking_budget is not None:
             logits = md.thinking_budget.apply_to_logits(logits)
+        no_token = rows_without_a_token(logits)  # [R]: a greedy row's verdict
         if md.all_greedy:
-            return logits.argmax(dim=-1)  # [R]
+            return logits.argmax(dim=-1), no_token  # [R], [R]
         greedy_tokens = None if md.all_random else logits.argmax(dim=-1)  # [R]
         temperature = md.temperature.to(logits.device)  # [R]
         is_greedy = temperature == 0  # [R]
@@ -207,10 +223,12 @@ class Sampler:
             top_k = None if md.top_k is None else md.top_k.to(logits.device)
             top_p = None if md.top_p is None else md.top_p.to(logits.device)
             logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan)
-        random_tokens = random_sample(logits.softmax(dim=-1), md.draw_keys())  # [R]
+        probs = logits.softmax(dim=-1)  # [R, V]
+        random_tokens = random_sample(probs, md.draw_keys())  # [R]
+        no_token = torch.where(is_greedy, no_token, rows_without_a_token(probs))
         if greedy_tokens is None:
-            return random_tokens
-        return torch.where(is_greedy, greedy_tokens, random_tokens)
+            return random_tokens, no_token
+        return torch.where(is_greedy, greedy_tokens, random_tokens), no_token
 
     @staticmethod
     def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -227,3 +245,9 @@ class Sampler:
             logits = md.penalties.apply(logits)
         return logits
 # --8<-- [end:sampler]
+
+
+def sampled_to_host(tokens: torch.Tensor, no_token: torch.Tensor) -> tuple[list[int], list[bool]]:
+    """Each row's token and its no-token verdict on the host, in one transfer (NOTE 6)."""
+    host = torch.cat([tokens, no_token.to(tokens.dtype)]).tolist()
+    return host[: tokens.shape[0]], [bool(v) for v in host[tokens.shape[0] :]]

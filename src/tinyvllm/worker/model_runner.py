@@ -103,7 +103,7 @@ from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.logprobs import LogprobsTensors
-from tinyvllm.sample.sampler import Sampler
+from tinyvllm.sample.sampler import Sampler, sampled_to_host
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.attention_metadata import build_step_inputs
 from tinyvllm.worker.block_table import PAD_BLOCK_ID
@@ -487,16 +487,22 @@ class ModelRunner:
         else:
             logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
             sampler_output = self.sampler(logits, sampling_metadata)
-            tokens = [[token] for token in sampler_output.sampled_token_ids.tolist()]  # [R]
+            ids, no_token = sampled_to_host(sampler_output.sampled_token_ids, sampler_output.no_token)  # the wait
+            tokens = [None if none else [token] for token, none in zip(ids, no_token)]  # [R]
             logprobs = self._sample_logprobs(sampler_output, sampling_metadata, req_ids, complete)
         prompt_logprobs = self._collect_prompt_logprobs(pending_prompt_logprobs)
+        no_token_req_ids = set()
         for row, (state, n, done, d) in enumerate(zip(states, num_sched, complete, drafts)):
-            kept = tokens[row] if done else []
+            if done and tokens[row] is None:  # nothing left to sample: it ends (sampler NOTE 7)
+                no_token_req_ids.add(state.req_id)
+                logger.warning("request %r: no token is left to sample (every logit -inf or NaN); it ends with an error", state.req_id)
+            kept = tokens[row] if done and tokens[row] is not None else []
             state.num_computed_tokens += n - (len(d) + 1 - len(kept) if d else 0)  # rejected drafts undone
             state.output_token_ids.extend(kept)
             tokens[row] = kept
         return ModelRunnerOutput(  # rows 0 .. R-1
-            req_ids, dict(self.input_batch.req_id_to_index), tokens, logprobs, prompt_logprobs
+            req_ids, dict(self.input_batch.req_id_to_index), tokens, logprobs, prompt_logprobs,
+            frozenset(no_token_req_ids),
         )
     # --8<-- [end:execute_model]
 
@@ -504,7 +510,7 @@ class ModelRunner:
     def _verify_drafts(
         self, hidden: torch.Tensor, num_sched: list[int], drafts: list[tuple[int, ...]], metadata,
         req_ids: list[str], complete: list[bool],
-    ) -> tuple[list[list[int]], dict[str, list[LogprobEntry]]]:
+    ) -> tuple[list[list[int] | None], dict[str, list[LogprobEntry]]]:
         """NOTE 9: the logits of each request's last ``len(drafts) + 1`` positions, through the
         rejection sampler; the tokens each request keeps, and the logprobs of the kept tokens
         of the requests that ask (NOTE 10)."""
@@ -518,7 +524,7 @@ class ModelRunner:
         firsts = spec_row_starts(drafts)  # where each request's rows begin in ``logits``
         kept_rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
         for row, k in sorted(metadata.num_logprobs.items()):
-            kept = tokens[row] if complete[row] else []
+            kept = tokens[row] if complete[row] and tokens[row] is not None else []
             kept_rows.extend(range(firsts[row], firsts[row] + len(kept)))
             chosen.extend(kept)
             ks.extend([k] * len(kept))
