@@ -166,6 +166,20 @@ def test_serve_answers_then_stops(torch_threads, monkeypatch, capsys):
     assert "[tinyvllm] device cpu, dtype float32, attention backend torch, torch threads 1\n" in capsys.readouterr().err
 
 
+def test_the_thread_rule_by_model_size():
+    """cpu_threads.py NOTE 2: one thread under 100M parameters on the CPU; torch's own count
+    (None) for a larger model, on a GPU, or when OMP_NUM_THREADS is set."""
+    from tinyvllm.cpu_threads import choose_torch_threads, count_parameters
+
+    stdlib_tiny = count_parameters(6144, 256, 640, 6, 4, 2, 64, tie_word_embeddings=True)
+    qwen3_0_6b = count_parameters(151936, 1024, 3072, 28, 16, 8, 128, tie_word_embeddings=True)
+    assert (stdlib_tiny, qwen3_0_6b) == (5_701_632, 595_984_384)  # Qwen3-0.6B: 596,049,920 with its norms
+    assert choose_torch_threads(stdlib_tiny, on_cpu=True, environ={}) == 1
+    assert choose_torch_threads(qwen3_0_6b, on_cpu=True, environ={}) is None
+    assert choose_torch_threads(stdlib_tiny, on_cpu=False, environ={}) is None
+    assert choose_torch_threads(stdlib_tiny, on_cpu=True, environ={"OMP_NUM_THREADS": "2"}) is None
+
+
 # -- checks before anything loads -------------------------------------------------------------
 
 
