@@ -258,3 +258,30 @@ def test_cli_flag_values_are_checked_before_the_engine(tiny_model_dirs, tmp_path
     [line] = out.stderr.splitlines()
     assert out.returncode == 2 and "generation_config.json" in line and "'top_p'" in line, out.stderr
     assert _cli("--model", folder, "--generation-config", "vllm").returncode == 0  # "vllm" never reads the fields
+
+
+# -- model defaults that speculative decoding cannot honour ------------------------------------
+
+SPEC = {"num_speculative_tokens": 2}
+
+
+@pytest.mark.parametrize("where", ["model", "folder"])
+def test_a_default_speculation_cannot_honour_is_refused_at_start_up_naming_file_and_field(tiny_model_dirs, tmp_path, where):
+    """Issue 36 item 9: a generation_config.json with min_p loaded beside a speculative config
+    made every request that left min_p unset refused. Now the engine refuses at start-up,
+    naming the file and the field, and says how to run."""
+    model = _folder(tiny_model_dirs, tmp_path, CONFIG if where == "model" else None)
+    source = model if where == "model" else _gen_config_only(tmp_path, CONFIG)
+    kw = {} if where == "model" else {"generation_config": str(source)}
+    with pytest.raises(ValueError, match=r"generation_config\.json.*min_p=0\.05.*speculative_config") as info:
+        LLM(str(model), speculative_config=SPEC, **ENGINE, **kw)
+    assert str(source / "generation_config.json") in str(info.value) and "generation_config='vllm'" in str(info.value)
+    llm = LLM(str(model), speculative_config=SPEC, generation_config="vllm", **ENGINE)  # the way out it names
+    assert _token_ids(llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3), use_tqdm=False))[0]
+
+
+def test_defaults_speculation_honours_run_with_it(tiny_model_dirs, tmp_path):
+    fields = {"temperature": 0.7, "top_k": 40, "min_p": 0.0}  # min_p 0 is off: nothing to refuse
+    llm = LLM(str(_folder(tiny_model_dirs, tmp_path, fields)), speculative_config=SPEC, **ENGINE)
+    [out] = llm.generate(PROMPTS[:1], use_tqdm=False)  # the model's defaults, with drafts
+    assert out.outputs[0].token_ids

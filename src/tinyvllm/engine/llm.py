@@ -67,8 +67,10 @@ NOTE 11 (speculative decoding): ``speculative_config={"method": "ngram",
 n-gram prompt lookup (``spec_decode/``): the engine proposes up to k drafts per decoding
 request after each step, and the next step verifies them (``sample/rejection_sampler.py``).
 As seed 001 ch. 11.4 says, only MinTokens is built then (custom processors are refused);
-requests asking for min_p or logit_bias are refused (``engine/request_checks.py``); bad
-words, allowed ids and logprobs act on every draft row, as in vLLM.
+requests asking for min_p or logit_bias are refused (``engine/request_checks.py``), and so
+is, at start-up, a model whose ``generation_config.json`` makes either a default (naming the
+file; ``generation_config="vllm"`` ignores it); bad words, allowed ids and logprobs act on
+every draft row, as in vLLM.
 NOTE 12 (chat): ``chat(messages)`` takes one conversation (a list of message dicts) or a
 list of them, renders each through the chat template (``chat_template.py``: the given one,
 else the tokenizer's), tokenizes the text without special tokens (the template writes
@@ -85,6 +87,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -103,7 +106,7 @@ from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.device_syncs import pin_memory_for
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.llm_engine import LLMEngine
-from tinyvllm.engine.request_checks import check_request_against_model
+from tinyvllm.engine.request_checks import check_defaults_with_speculation, check_request_against_model
 from tinyvllm.engine.startup_report import StartupReport
 from tinyvllm.models import STDLIB_TINY
 from tinyvllm.models.hub import check_revision, resolve_model
@@ -326,6 +329,9 @@ class LLM:
         self.extra_stop_token_ids = tuple(e for e in eos_ids if e != self.eos_token_id)  # NOTE 1
         check_eos_token_ids(model, eos_ids, self.eos_token_id, spec.vocab_size)
         self.generation_defaults = generation_defaults(generation_config, model)  # NOTE 10
+        if self.speculative_config is not None:  # NOTE 11: a default drafts cannot honour refuses here
+            source = Path(model if generation_config == "auto" else generation_config) / "generation_config.json"
+            check_defaults_with_speculation(self.generation_defaults, source)
         if reasoning_config is None:
             reasoning_config = reasoning_config_from_tokenizer(self.tokenizer, spec.vocab_size)  # NOTE 4
         else:

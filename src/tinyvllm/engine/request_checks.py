@@ -4,7 +4,9 @@ Concept: ``SamplingParams`` checks every field on its own, with no model. Some v
 mean something against the model the engine serves: token ids must lie in its vocabulary
 (``logit_bias``, ``stop_token_ids``, ``allowed_token_ids``), a ``thinking_token_budget``
 needs a reasoning config, and logprobs are capped. ``LLM.generate`` and
-``LLMEngine.add_request`` run this check for every request before anything is queued.
+``LLMEngine.add_request`` run this check for every request before anything is queued;
+``check_defaults_with_speculation`` makes the same refusal once, at start-up, for the
+model's own sampling defaults.
 
 Mirrors: ``vllm/v1/engine/processor.py`` (``Processor._validate_params``,
 ``_validate_logprobs``, the token-id checks of ``_validate_model_inputs``).
@@ -12,6 +14,10 @@ Left out: structured outputs, LoRA, multimodal inputs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.validation import check_token_ids
@@ -68,3 +74,20 @@ def check_request_against_model(
             "reasoning_config (no <think>/</think> tokens in the vocabulary, and none was passed to LLM)"
         )
 # --8<-- [end:request_against_model]
+
+
+# --8<-- [start:defaults_with_speculation]
+def check_defaults_with_speculation(defaults: Mapping[str, Any], source: Path) -> None:
+    """At start-up: a sampling default from ``source`` (a ``generation_config.json``) that a
+    speculative engine cannot honour would refuse every request that leaves the field
+    unset, so the engine refuses to start instead, naming the file, the field and the ways
+    out (vLLM runs such requests without drafts; here every request of one engine may
+    carry drafts, so the default and speculation cannot both hold)."""
+    asked = [f"{name}={defaults[name]!r}" for name, off in NOT_WITH_SPECULATION.items() if defaults.get(name, off) != off]
+    if asked:
+        raise ValueError(
+            f"{source} sets {', '.join(asked)} as a default of every request, which speculative decoding "
+            "cannot honour (speculative_config, --speculative-config): pass generation_config='vllm' "
+            "(--generation-config vllm) to ignore the model's defaults, or leave speculation off"
+        )
+# --8<-- [end:defaults_with_speculation]
