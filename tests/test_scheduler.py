@@ -345,3 +345,19 @@ def test_max_tokens_none_runs_up_to_max_model_len(make_request):
         finished.append(check_stop(request, max_model_len=8))
     assert finished == [False, False, False, False, True, True, True]
     assert RequestStatus.get_finished_reason(request.status) == "length"
+
+
+@pytest.mark.parametrize("threshold, budget, want", [(2, 64, 1), (3, 64, 2), (0, 64, 3), (4, 3, 2)])
+def test_long_prefill_threshold_caps_a_decoding_requests_token_plus_drafts(threshold, budget, want):
+    """vLLM counts a decoding request's drafts in its new tokens before the threshold and
+    the budget cap them, so ``1 + drafts <= threshold``: with threshold 2 one of three drafts
+    is verified. (Issue 36 item 12: tinyvllm let all three through.)"""
+    s = make_scheduler(budget=budget, threshold=threshold)
+    req = make_req("r", [1, 2, 3, 4, 5], max_tokens=20)
+    s.add_request(req)
+    while req.num_output_tokens == 0:  # the prompt in chunks, then the first token
+        out = step(s)
+    req.spec_token_ids = [7, 8, 9]
+    out = s.schedule()
+    assert out.scheduled_spec_decode_tokens["r"] == (7, 8, 9)[:want]
+    assert out.num_scheduled_tokens["r"] == 1 + want

@@ -43,7 +43,8 @@ aborts the step's requests and rolls the prefix cache back, so the engine can se
 NOTE 4 (speculative decoding): a decoding request may carry drafts
 (``Request.spec_token_ids``, proposed after the previous step). They are scheduled with its
 one real token, count against the token budget (as many as it leaves), and get lookahead
-slots (``allocate_slots(num_draft_tokens=...)``); ``num_computed_tokens`` advances past
+slots (``allocate_slots(num_draft_tokens=...)``); the long-prefill threshold caps the real
+token plus its drafts, as in vLLM; ``num_computed_tokens`` advances past
 them like any scheduled token. ``update_from_output`` then takes back the drafts the
 target did not keep: the runner returns the kept drafts plus one token, so
 ``len(drafts) + 1 - len(sampled)`` were rejected. A preempted request drops its drafts.
@@ -149,12 +150,16 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
-def draft_tokens_to_verify(request: Request, num_new: int, token_budget: int) -> tuple[int, ...]:
+def draft_tokens_to_verify(
+    request: Request, num_new: int, token_budget: int, long_prefill_token_threshold: int = 0
+) -> tuple[int, ...]:
     """The drafts a running request verifies this step: only when it decodes (one real
-    token left to compute), as many as the budget leaves after that token (NOTE 4)."""
+    token left to compute), as many as the budget and the long-prefill threshold leave after
+    that token: like vLLM, the threshold caps the real token plus its drafts (NOTE 4)."""
     if not request.spec_token_ids or request.num_tokens - request.num_computed_tokens != num_new or num_new != 1:
         return ()
-    return tuple(request.spec_token_ids[: max(0, token_budget - num_new)])
+    limit = min(token_budget, long_prefill_token_threshold) if long_prefill_token_threshold > 0 else token_budget
+    return tuple(request.spec_token_ids[: max(0, limit - num_new)])
 # --8<-- [end:spec]
 
 
@@ -288,7 +293,7 @@ class Scheduler:
                 request.num_tokens - request.num_computed_tokens, token_budget, config.long_prefill_token_threshold
             )
             assert num_new > 0, f"running request {request.request_id!r} has nothing to compute"
-            drafts = draft_tokens_to_verify(request, num_new, token_budget)  # NOTE 4
+            drafts = draft_tokens_to_verify(request, num_new, token_budget, config.long_prefill_token_threshold)  # NOTE 4
             while (new_blocks := kv.allocate_slots(request, num_new, num_draft_tokens=len(drafts))) is None:
                 preempted.append(self._preempt_last_running())
                 if preempted[-1] is request:
