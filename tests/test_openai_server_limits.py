@@ -206,6 +206,9 @@ def test_phase_histograms_and_iteration_tokens_are_scraped(server):
     assert delta("vllm:iteration_tokens_total_count") == 5
     assert delta("vllm:iteration_tokens_total_sum") == out["usage"]["prompt_tokens"] + 4
     assert delta("vllm:request_decode_time_seconds_count") == 1
+    assert delta("vllm:request_queue_time_seconds_count") == 1  # the engine records the first scheduling
+    assert delta("vllm:request_prefill_time_seconds_count") == 1
+    assert 0 < delta("vllm:request_prefill_time_seconds_sum") <= delta("vllm:time_to_first_token_seconds_sum")
     assert 0 < delta("vllm:request_decode_time_seconds_sum") < delta("vllm:e2e_request_latency_seconds_sum")
 
 

@@ -123,6 +123,7 @@ class _Tracked:
     detokenizer: IncrementalDetokenizer | None = None  # None: decoded once, at the end (NOTE 2)
     token_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
+    scheduled_time: float | None = None  # when a step first scheduled it (vLLM's scheduled_ts)
     num_cached_tokens: int = 0
     text_end: int | None = None  # where a stop string cut the text (NOTE 3)
     stop_token_hidden: bool = False  # the last token stopped the request and has no text (NOTE 3)
@@ -312,6 +313,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the finished requests, and the streaming ones that got tokens (NOTE 2)."""
         scheduler_output = self.scheduler.schedule()
+        self._note_first_scheduling(scheduler_output)
         try:
             model_output = self.model_runner.execute_model(scheduler_output)
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
@@ -358,6 +360,13 @@ class LLMEngine:
                 outputs.append(output)
         return outputs
     # --8<-- [end:process_outputs]
+
+    def _note_first_scheduling(self, scheduler_output: SchedulerOutput) -> None:
+        """The time each request is first scheduled (``RequestMetrics.scheduled_time``)."""
+        if scheduler_output.scheduled_new_reqs:
+            now = time.perf_counter()
+            for new in scheduler_output.scheduled_new_reqs:
+                self._tracked[new.req_id].scheduled_time = now
 
     def _observe(
         self, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput], error: BaseException | None
@@ -554,7 +563,9 @@ class LLMEngine:
             outputs=[completion],
             finished=finished,
             num_cached_tokens=tracked.num_cached_tokens,
-            metrics=RequestMetrics(tracked.arrival_time, tracked.first_token_time, now if finished else None),
+            metrics=RequestMetrics(
+                tracked.arrival_time, tracked.first_token_time, now if finished else None, tracked.scheduled_time
+            ),
             prompt_logprobs=prompt_logprobs,
         )
     # --8<-- [end:make_output]

@@ -41,6 +41,10 @@ def child_seed(seed: int, index: int) -> int:
     return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
 
 
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 # --8<-- [start:parent]
 class ParentRequest:
     """Fans one request with ``n`` > 1 out into children and gathers their outputs back."""
@@ -50,7 +54,8 @@ class ParentRequest:
         self.params = params
         self.unfinished: set[int] = set(range(params.n))
         self.completions: dict[int, CompletionOutput] = {}  # index -> the child's latest (CUMULATIVE, FINAL)
-        self.first_token_time: float | None = None
+        self.first_token_time: float | None = None  # the earliest child's
+        self.scheduled_time: float | None = None  # the earliest child's
         self.prompt_logprobs = None  # the first child's, once it has them
 
     def child_id(self, index: int) -> str:
@@ -67,9 +72,8 @@ class ParentRequest:
         if out.finished:
             self.unfinished.discard(index)
         self.completions[index] = completion
-        first = out.metrics.first_token_time
-        if first is not None and (self.first_token_time is None or first < self.first_token_time):
-            self.first_token_time = first
+        self.first_token_time = _earliest(self.first_token_time, out.metrics.first_token_time)
+        self.scheduled_time = _earliest(self.scheduled_time, out.metrics.scheduled_time)
         if self.prompt_logprobs is None:
             self.prompt_logprobs = out.prompt_logprobs
         finished = not self.unfinished
@@ -77,7 +81,10 @@ class ParentRequest:
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         outputs = [completion] if kind == RequestOutputKind.DELTA else [self.completions[i] for i in sorted(self.completions)]
-        metrics = RequestMetrics(out.metrics.arrival_time, self.first_token_time, out.metrics.finished_time if finished else None)
+        metrics = RequestMetrics(
+            out.metrics.arrival_time, self.first_token_time, out.metrics.finished_time if finished else None,
+            self.scheduled_time,
+        )
         return dataclasses.replace(
             out, request_id=self.request_id, outputs=outputs, finished=finished, metrics=metrics,
             prompt_logprobs=out.prompt_logprobs if kind == RequestOutputKind.DELTA else self.prompt_logprobs,
