@@ -262,3 +262,35 @@ def test_install_resolves_torch_and_triton_to_the_cpu_pins_first():
         assert main[name].marker == pin.marker, (main[name], pin)
     first = _first_command((ROOT / "README.md").read_text(encoding="utf-8"))
     assert "pip install -e . " in first and "[ci]" not in first and "tinyvllm generate" in first, first
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly():
+    """``tinyvllm trace --list | head -2`` printed ``tinyvllm: error: [Errno 32] Broken pipe``
+    (exit 2). Here the reader is gone before anything is written: a pipe whose read end is
+    closed, so the very first flush fails, as the last ones do after ``head`` exits."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tinyvllm", "trace", "--list"], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (cli.EXIT_BROKEN_PIPE, "")
+
+
+def test_starting_the_engine_does_not_import_torch_dynamo():
+    """Building the model on the meta device ran nn.Embedding's random init and rotary's
+    arithmetic through torch's reference ops, which import torch._dynamo: about 0.75-2.6 s
+    of start-up for nothing (``models/llama.py``)."""
+    import subprocess
+    import sys
+
+    code = "import sys\nfrom tinyvllm import LLM\nLLM().generate('x', use_tqdm=False)\nprint('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"

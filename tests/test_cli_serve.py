@@ -55,6 +55,8 @@ def test_serve_refuses_a_missing_folder(tmp_path):
         (["--max-waiting-requests", "0"], "--max-waiting-requests must be >= 1"),
         (["--max-request-body-bytes", "0"], "--max-request-body-bytes must be >= 1, got 0"),
         (["--api-key", ""], "--api-key must not be empty"),
+        (["--shutdown-timeout", "-1"], "--shutdown-timeout must be a number of seconds >= 0, got -1.0"),
+        (["--shutdown-timeout", "nan"], "--shutdown-timeout must be a number of seconds >= 0, got nan"),
         (["--allowed-origins", "[1]"], "--allowed-origins must list strings"),
         (["--allowed-origins", "[oops"], "--allowed-origins is not a JSON list"),
         (["--chat-template", "no_such_template.jinja"], "is neither a file nor a Jinja template"),

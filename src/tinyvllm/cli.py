@@ -7,7 +7,8 @@ flags as ``generate`` (``add_engine_args``). ``--served-model-name`` defaults to
 ``--model`` string as given (a hub id stays ``org/name``), as in vLLM. Its own flags
 (``serve_args``): ``--chat-template FILE_OR_STRING``, ``--api-key`` (else
 ``$VLLM_API_KEY``), ``--allowed-origins`` (CORS), ``--max-request-body-bytes`` (413 past
-it), ``--max-waiting-requests`` (503 past it); a bad value is one line, exit status 2.
+it), ``--max-waiting-requests`` (503 past it), ``--shutdown-timeout`` (seconds running
+requests may go on after SIGTERM); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
@@ -36,6 +37,8 @@ Errors (the contract ``tests/test_cli.py`` holds):
   folder.
 - Ctrl-C (``KeyboardInterrupt``): one line, ``tinyvllm: error: interrupted``, exit status
   130 (128 + SIGINT, what shells report for a command killed by Ctrl-C).
+- The reader of the output went away (``tinyvllm trace --list | head -2``): nothing more is
+  printed, exit status 141 (128 + SIGPIPE, as a command the signal ends).
 - Anything else is a bug in tinyvllm, not the user's doing: it propagates with its full
   traceback (exit status 1). Set ``TINYVLLM_TRACEBACK=1`` to get the traceback of the
   user errors too (a ``TypeError`` from a bug would otherwise read as one line).
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -76,6 +80,7 @@ MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWI
 USER_ERRORS = (ValueError, TypeError, OSError)  # FileNotFoundError is an OSError
 EXIT_USER_ERROR = 2  # as argparse's
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 # --8<-- [start:engine_args]
@@ -178,6 +183,10 @@ def _add_serve(sub) -> None:
     p.add_argument(
         "--max-request-body-bytes", type=int, default=16 * 1024 * 1024,
         help="a request body larger than this gets HTTP 413 (default: 16 MiB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, let running requests go on this long, then abort them (vLLM's; default 0: at once)",
     )  # fmt: skip
     # --8<-- [end:serve_args]
     add_engine_args(p)
@@ -345,6 +354,8 @@ def _serve(args) -> int:
         raise ValueError(f"--max-request-body-bytes must be >= 1, got {args.max_request_body_bytes}")
     if args.api_key == "":
         raise ValueError("--api-key must not be empty")
+    if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
+        raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
@@ -363,6 +374,7 @@ def _serve(args) -> int:
     run_server(
         llm, name, args.host, args.port, args.max_waiting_requests, chat_template=template, api_key=args.api_key,
         allowed_origins=origins, max_request_body_bytes=args.max_request_body_bytes,
+        shutdown_timeout=args.shutdown_timeout,
     )  # fmt: skip
     return 0
 
@@ -451,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(build_tiny_model(args.folder, args.family))
         return 0
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as a command killed by SIGPIPE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush cannot fail again
+        return EXIT_BROKEN_PIPE
     except USER_ERRORS as e:
         if debug:
             raise
