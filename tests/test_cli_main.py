@@ -230,6 +230,33 @@ def test_serve_port_in_use_is_refused_before_loading(no_engine, capsys):
     _one_line_error(capsys, f"--port {port}", "127.0.0.1", "in use")
 
 
+def test_serve_holds_its_port_from_the_check_to_the_server(monkeypatch, capsys):
+    """The port is bound before the model loads and that very socket is served: another
+    process cannot take it while the model loads (a check that closed its probe left a race)."""
+    import socket
+
+    from serve_fixtures import free_port
+
+    port = free_port()
+    seen = {}
+
+    def loading(args):  # stands for the model's load: the port must be taken meanwhile
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                other.bind(("127.0.0.1", port))
+                seen["bound"] = True
+            except OSError:
+                seen["bound"] = False
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(cli, "llm_from_args", loading)
+    assert cli.main(["serve", "--port", str(port)]) == 2
+    assert seen == {"bound": False}
+    with socket.socket() as after:  # and released when serve ends
+        after.bind(("127.0.0.1", port))
+
+
 # -- the install ----------------------------------------------------------------------------
 
 

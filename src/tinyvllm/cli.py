@@ -328,20 +328,24 @@ def llm_from_args(args):
     return llm
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """ValueError naming the port when ``host:port`` cannot be bound (in use, or not an address
-    of this machine): seconds before the model would load and uvicorn find out."""
+def _bind_port(host: str, port: int):
+    """The server's socket, bound now, before the model loads (vLLM binds first too), and
+    handed to uvicorn: no other process can take the port in between. ValueError naming the
+    port when it cannot be bound (in use, or not an address of this machine)."""
     import errno
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn binds
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a closed socket's TIME_WAIT is no conflict
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            why = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be bound ({error.strerror or error})"
-            raise ValueError(f"--port {port}: {host}:{port} {why}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a closed socket's TIME_WAIT is no conflict
+    try:
+        sock.bind((host, port))
+        sock.listen()  # listening, no one else may bind it even with SO_REUSEADDR; clients queue until it serves
+    except OSError as error:
+        sock.close()
+        why = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be bound ({error.strerror or error})"
+        raise ValueError(f"--port {port}: {host}:{port} {why}") from None
+    return sock
 
 
 def _serve(args) -> int:
@@ -359,7 +363,14 @@ def _serve(args) -> int:
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
-    _check_port_free(args.host, args.port)  # after every value, before the server's imports and the model
+    sock = _bind_port(args.host, args.port)  # after every value, before the server's imports and the model
+    try:
+        return _run_serve(args, sock, origins, shipped)
+    finally:
+        sock.close()
+
+
+def _run_serve(args, sock, origins, shipped: bool) -> int:
     try:
         from tinyvllm.engine.chat_template import load_chat_template
         from tinyvllm.entrypoints.openai_server import run_server
@@ -374,7 +385,7 @@ def _serve(args) -> int:
     run_server(
         llm, name, args.host, args.port, args.max_waiting_requests, chat_template=template, api_key=args.api_key,
         allowed_origins=origins, max_request_body_bytes=args.max_request_body_bytes,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, sock=sock,
     )  # fmt: skip
     return 0
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import socket
 import sys
 import time
 import types
@@ -424,11 +425,13 @@ def banner(serving: OpenAIServing, host: str, port: int, shutdown_timeout: float
 
 def run_server(
     llm, served_model_name: str, host: str, port: int, max_waiting_requests: int = 256,
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, **app_options,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, sock: socket.socket | None = None, **app_options,
 ) -> None:  # fmt: skip
     """Serve ``llm`` until SIGTERM or Ctrl-C (``tinyvllm serve``); ``app_options`` go to
     ``build_app``. On the signal the server stops accepting, lets the running requests go
-    on for ``shutdown_timeout`` seconds, then aborts the rest (NOTE 3)."""
+    on for ``shutdown_timeout`` seconds, then aborts the rest (NOTE 3). ``sock``: a socket
+    already bound to ``host:port`` (the CLI binds it before the model loads), else uvicorn
+    binds one."""
     shutdown_timeout = check_real("shutdown_timeout", shutdown_timeout)
     if shutdown_timeout < 0:
         raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {shutdown_timeout!r}")
@@ -436,5 +439,5 @@ def run_server(
     app = build_app(async_llm, served_model_name, **app_options)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_GRACE_S)  # fmt: skip
-    DrainingServer(config, app.state.serving, shutdown_timeout).run()
+    DrainingServer(config, app.state.serving, shutdown_timeout).run(sockets=None if sock is None else [sock])
 # --8<-- [end:run_server]
