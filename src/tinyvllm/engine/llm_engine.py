@@ -32,7 +32,7 @@ reports itself dead; an offline engine can do better, because nothing else share
 NOTE 2 (streaming): a request that streams (DELTA or CUMULATIVE) or has stop strings is
 detokenised every step by an ``IncrementalDetokenizer``, so its text never ends in half a
 character. Other requests are decoded once, when they finish, which costs nothing per step;
-one with ``detokenize=False`` never (``SamplingParams`` NOTE 8).
+one with ``detokenize=False`` never (``sampling_params.py`` NOTE 8).
 NOTE 3 (stop strings): after a step, the new text (plus, for each stop string, the last
 ``len(stop) - 1`` characters before it, for one split across tokens) is searched for the
 request's stop strings; as in vLLM, a stop string counts only if it ends in the text of an

@@ -17,7 +17,7 @@ Mirrors: ``vllm/entrypoints/openai/protocol.py`` (``CompletionRequest``,
 
 Invariants: the models are pydantic ``strict`` (NOTE 1); a field left out is None, so
 "unset" and "set to the default" differ, and only set fields override the model's
-sampling defaults (``sampling_defaults.py`` NOTE 2); ``sampling_fields`` names, for each
+sampling defaults (``sampling_defaults.py`` NOTE 1); ``sampling_fields`` names, for each
 ``SamplingParams`` field it fills, the request field it came from (the ``param`` of a
 later error).
 

@@ -9,7 +9,7 @@ repetition ``r``, over the vocabulary:
   repeats, ``r < 1`` encourages them, 1 is off);
 - frequency: every token loses ``f`` times its number of occurrences in the output;
 - presence: every token that occurs in the output loses ``p`` once.
-Only repetition looks at the prompt. The ranges are ``SamplingParams``' (NOTE 5 there).
+Only repetition looks at the prompt. The ranges are ``SamplingParams``' (``sampling_params.py`` NOTE 5).
 ``apply_penalties`` is that formula for a whole batch ``[R, V]`` from a prompt-presence
 mask and output counts; ``PenaltyState`` keeps that mask and those counts for every row of
 the persistent batch that uses a penalty, so that no step recounts a request's tokens.
