@@ -135,6 +135,7 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/sample/metadata.py",
         "src/tinyvllm/sample/penalties.py",
         "src/tinyvllm/sample/bad_words.py",
+        "src/tinyvllm/sample/draw_keys.py",
     ),
     "kv_cache_memory.md": (
         "src/tinyvllm/worker/attention_metadata.py",
@@ -151,6 +152,7 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/worker/kv_cache.py",
         "src/tinyvllm/models/llama.py",
         "src/tinyvllm/models/loader.py",
+        "src/tinyvllm/models/model_files.py",
     ),
     "cuda_graphs.md": ("src/tinyvllm/worker/cudagraph_dispatcher.py",),
     "cuda_graphs_wrapper.md": ("src/tinyvllm/worker/cuda_graph.py", "src/tinyvllm/models/llama.py"),
@@ -172,6 +174,7 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/sampling_params.py",
         "src/tinyvllm/sampling_defaults.py",
         "src/tinyvllm/config.py",
+        "src/tinyvllm/cpu_threads.py",
     ),
     "failure_and_bad_input.md": ("src/tinyvllm/validation.py", "src/tinyvllm/engine/llm_engine.py"),
     "serving.md": (
