@@ -235,7 +235,7 @@ def test_a_greedy_step_reads_its_tokens_once(tiny_model_dirs):
     assert len(steps) == 6 and all(len(o.outputs[0].token_ids) == 6 for o in outputs.values())
     for syncs in steps:
         assert [(s.kind, s.op, s.file.split("/")[-1], s.function) for s in syncs] == [
-            ("read", "Tensor.tolist", "model_runner.py", "execute_model")
+            ("read", "Tensor.tolist", "sampler.py", "sampled_to_host")
         ]
 
 
@@ -268,7 +268,7 @@ def test_every_sampling_feature_waits_once_a_step(tiny_model_dirs, mode):
     assert set(outputs["r3"].outputs[0].token_ids) <= set(range(3, 40))
     assert outputs["r5"].outputs[0].token_ids[2] == 2  # </think> (id 2) forced after two more thinking tokens
     # the sampled ids, then at most the sample logprobs and the prompt logprobs
-    assert_waits_once(steps, ("model_runner.py", "execute_model"), most=3)
+    assert_waits_once(steps, ("sampler.py", "sampled_to_host"), most=3)
     llm.engine.check_invariants()
 
 
@@ -314,8 +314,7 @@ def test_preemption_chunking_and_prefix_hits_wait_once_a_step(tiny_model_dirs, s
     )  # fmt: skip
     assert llm.engine.scheduler.num_preemptions > 0 and all(o.finished for o in outputs.values())
     assert llm.engine.scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
-    assert_waits_once(steps, ("model_runner.py", "execute_model") if spec is None else
-                      ("rejection_sampler.py", "rejection_sample"), most=3)  # fmt: skip
+    assert_waits_once(steps, ("sampler.py", "sampled_to_host"), most=3)  # plain and speculative alike
 
 
 def test_greedy_speculative_steps_read_once(tiny_model_dirs):
@@ -325,7 +324,7 @@ def test_greedy_speculative_steps_read_once(tiny_model_dirs):
     steps, outputs, llm = counted_steps(tiny_model_dirs["qwen3"], requests, speculative_config=NGRAM)
     assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
     assert outputs["r2"].outputs[0].token_ids[4] == 2  # </think> forced, on a draft row or not
-    assert_waits_once(steps, ("rejection_sampler.py", "rejection_sample"), most=1)
+    assert_waits_once(steps, ("sampler.py", "sampled_to_host"), most=1)
 
 
 def test_random_speculative_steps_wait_once(tiny_model_dirs):
@@ -337,8 +336,9 @@ def test_random_speculative_steps_wait_once(tiny_model_dirs):
     ]  # fmt: skip
     steps, outputs, llm = counted_steps(tiny_model_dirs["qwen3"], requests, speculative_config=NGRAM)
     assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0 and len(outputs) == 3
-    # argmax and verdicts together, the drawn tokens, then the kept tokens' and the prompt's logprobs
-    assert_waits_once(steps, ("rejection_sampler.py", "rejection_sample"), most=4)
+    # every row's token (argmax or draw) with its no-token verdict, then the kept tokens' and the
+    # prompt's logprobs: one wait fewer than when the drafts' verdicts came before the draws
+    assert_waits_once(steps, ("sampler.py", "sampled_to_host"), most=3)
 
 
 # --8<-- [start:careless]
@@ -367,7 +367,7 @@ def test_a_custom_processor_that_reads_the_device_is_named(tiny_model_dirs):
     for syncs in steps:  # the processor's read comes first, before the sampled ids'
         first = syncs[0]
         assert (first.kind, first.op, first.file, first.function) == ("read", "Tensor.__bool__", f"tests/{HERE}", "apply")
-        assert [(s.file.split("/")[-1], s.function) for s in syncs[1:]] == [("model_runner.py", "execute_model")]
+        assert [(s.file.split("/")[-1], s.function) for s in syncs[1:]] == [("sampler.py", "sampled_to_host")]
     assert len(steps) == 4 and 3 not in outputs["r0"].outputs[0].token_ids
 # --8<-- [end:careless]
 
@@ -403,8 +403,7 @@ def test_gpu_counter_matches_cuda_sync_debug_mode(tiny_model_dirs, spec):
         speculative_config=spec, max_num_seqs=8, compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
     )  # fmt: skip
     assert len(outputs) == len(requests)
-    assert_waits_once(steps, ("model_runner.py", "execute_model") if spec is None else
-                      ("rejection_sampler.py", "rejection_sample"), most=3 if spec is None else 4)  # fmt: skip
+    assert_waits_once(steps, ("sampler.py", "sampled_to_host"), most=3 if spec is None else 4)
     assert [sorted(w) for w in cuda_waits] == [sorted(sites(s)) for s in steps], "\n".join(
         f"step {i}: CUDA {w}, counter {sites(c)}" for i, (w, c) in enumerate(zip(cuda_waits, steps))
     )
