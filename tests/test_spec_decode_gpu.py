@@ -68,10 +68,13 @@ def test_gpu_spec_decode_verification_steps_replay_full_graphs(tiny_model_dirs, 
     stats = llm.engine.scheduler.spec_stats
     assert stats.num_accepted_tokens > 0
     # What only a GPU can break in the sampler: seeded random verification on the device (each
-    # request's generator draws its uniforms and its token there) and the kept drafts' logprobs.
+    # row draws its token there, from a CUDA generator seeded with its draw key) and the kept
+    # drafts' logprobs; and the seeded stream with drafts is the stream without them.
     # At temperature 0.2 the text still loops often enough for drafts (10 on the CPU, 6 kept).
     drafts_before = stats.num_drafts
     sampled = SamplingParams(temperature=0.2, seed=7, max_tokens=24, ignore_eos=True, logprobs=2)
     first, again = (llm.generate({"prompt_token_ids": LOOP}, sampled, use_tqdm=False)[0].outputs[0] for _ in range(2))
     assert first.token_ids == again.token_ids and len(first.logprobs) == len(first.token_ids) == 24
+    without = LLM(folder, enforce_eager=True, **common)  # no drafts, no graphs: the same draws
+    assert without.generate({"prompt_token_ids": LOOP}, sampled, use_tqdm=False)[0].outputs[0].token_ids == first.token_ids
     assert stats.num_drafts > drafts_before, "no draft was verified while sampling"
