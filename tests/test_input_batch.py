@@ -371,7 +371,7 @@ def test_penalties_and_allowed_token_ids_need_the_vocabulary_size():
 
 
 def test_a_reused_metadata_record_must_agree_with_the_rows_host_values():
-    """The record handed out again for an unchanged batch carries host copies (is_greedy,
+    """The record handed out again for an unchanged batch carries host copies (all_greedy,
     the top-k/top-p plan); check_invariants compares them with the rows' host values, so a
     row edited behind the batch's back (a bug) shows, instead of sampling with stale rows."""
     batch = make_batch()
@@ -379,7 +379,7 @@ def test_a_reused_metadata_record_must_agree_with_the_rows_host_values():
     batch.add_request("nucleus", SamplingParams(temperature=0.8, top_p=0.9), None, [])
     batch.refresh()
     md = batch.make_sampling_metadata()
-    assert md.is_greedy == (True, False) and md.top_k_top_p_plan.top_p_rows == (1,)
+    assert (md.all_greedy, md.all_random) == (False, False) and md.top_k_top_p_plan.top_p_rows == (1,)
     batch.refresh()  # no change: the same record is handed out again
     assert batch.make_sampling_metadata() is md
     batch.check_invariants()
@@ -387,6 +387,6 @@ def test_a_reused_metadata_record_must_agree_with_the_rows_host_values():
     with pytest.raises(AssertionError, match="cached plan"):
         batch._check_cached_metadata()
     batch.top_p[1] = 0.9
-    batch.temperature[0] = 0.5
-    with pytest.raises(AssertionError, match="cached is_greedy"):
+    batch.temperature[0] = 0.5  # now no row is greedy: all_random would be True
+    with pytest.raises(AssertionError, match="cached all_greedy"):
         batch._check_cached_metadata()

@@ -68,15 +68,15 @@ each step every running request that sampled a token in it gets its drafts
 (``Request.spec_token_ids``, from ``spec_decode/ngram_proposer.py``); one that computed only
 part of its prompt gets none (vLLM: drafts only for requests that sampled). The scheduler
 schedules them with its one real token, and the runner keeps those the target agrees with.
-NOTE 10 (no token left): a request whose ``allowed_token_ids`` are all banned by its own
-parameters from the start is refused here (``check_some_token_is_allowed``); one that runs
-out of tokens later (a multi-token bad word banning the last allowed id) ends with
-``finish_reason="error"`` in that step (``sample/sampler.py`` NOTE 7), never with a token it banned.
 NOTE 9 (an observer): ``observer`` (None by default) is called after every step, a failed
 one too (after the undo, with the error), and reads whatever state it wants; what it
 raises is logged (and noted on the step's error), never raised in the step's place. The
 step pays one ``is not None`` check (2 ns against a millisecond or more a step; the measurement
 is in ``tinyvllm/trace/recorder.py``). ``tinyvllm.trace.record`` installs one.
+NOTE 10 (no token left): a request whose ``allowed_token_ids`` are all banned by its own
+parameters from the start is refused here (``check_some_token_is_allowed``); one that runs
+out of tokens later (a multi-token bad word banning the last allowed id) ends with
+``finish_reason="error"`` in that step (``sample/sampler.py`` NOTE 7), never with a token it banned.
 """
 
 from __future__ import annotations

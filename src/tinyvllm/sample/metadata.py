@@ -17,7 +17,7 @@ Mirrors: ``vllm/v1/sample/metadata.py`` (``SamplingMetadata``); vLLM builds it i
 Invariants:
 - every per-row tensor has ``num_reqs`` rows, row ``i`` being row ``i`` of the logits;
 - ``all_greedy`` is True exactly when every temperature is 0, ``all_random`` exactly when
-  none is (both hold only for an empty batch); ``is_greedy[i]`` exactly when row i's is;
+  none is (both hold only for an empty batch);
 - ``top_p`` is None exactly when no row has ``top_p < 1``, ``top_k`` exactly when no row
   has ``top_k > 0``: a None tells the sampler to skip the sort over the vocabulary;
 - ``seeds`` and ``num_logprobs`` are read-only views; their keys are rows ``< num_reqs``;
@@ -38,12 +38,11 @@ batch. So are the penalty state (its counts grow by each step's tokens,
 ``sample/penalties.py`` NOTE 1) and the output lists (bad words read their ends; a seeded
 row's draw is keyed by their length, ``draw_keys``): a record handed out again for an
 unchanged batch sees the newest tokens.
-NOTE 3 (host copies of device values): ``is_greedy`` repeats on the host what
-``temperature == 0`` says on the device, so that the rejection sampler can choose each
-request's path without reading the device (``tinyvllm/device_syncs.py``), and
-``top_k_top_p_plan`` says which rows top-k and top-p touch (``sample/top_k_top_p.py``);
-the input batch builds them from its host values. Built without them, the record reads the
-device once.
+NOTE 3 (host copies of device values): ``all_greedy``, ``all_random`` and
+``top_k_top_p_plan`` (which rows top-k and top-p touch, ``sample/top_k_top_p.py``) say on the
+host what the device tensors hold, so that the sampler picks its path without reading the
+device (``tinyvllm/device_syncs.py``); the input batch builds them from its host values.
+Built without a plan, the record reads the device once.
 Left out: speculative decoding's draft tokens.
 """
 # --8<-- [end:header]
@@ -85,18 +84,12 @@ class SamplingMetadata:
     allowed_token_ids_mask: torch.Tensor | None = None  # [P, V] bool, True = not allowed
     bad_words_token_ids: Mapping[int, BadWordsTokenIds] = field(default_factory=dict)  # row -> sequences
     output_token_ids: tuple[Sequence[int], ...] = ()  # row -> its live output list
-    # row -> temperature == 0, on the host (NOTE 3); None: read from ``temperature``
-    is_greedy: tuple[bool, ...] | None = None
     # which rows top-k and top-p touch, on the host (NOTE 3); None: read from ``top_k``/``top_p``
     top_k_top_p_plan: TopKTopPPlan | None = None
 
     def __post_init__(self) -> None:
         if self.temperature.dim() != 1:
             raise ValueError(f"temperature must have shape [R], got {tuple(self.temperature.shape)}")
-        if self.is_greedy is None:
-            object.__setattr__(self, "is_greedy", tuple((self.temperature == 0).tolist()))
-        elif len(self.is_greedy) != self.num_reqs:
-            raise ValueError(f"is_greedy has {len(self.is_greedy)} rows, temperature {self.num_reqs}")
         if self.top_k_top_p_plan is None and (self.top_k is not None or self.top_p is not None):
             top_k, top_p = (None if t is None else t.tolist() for t in (self.top_k, self.top_p))
             object.__setattr__(self, "top_k_top_p_plan", plan_top_k_top_p(top_k, top_p))

@@ -25,7 +25,8 @@ separate recovered token; tinyvllm couples them into one draw per row (NOTE 2).
 
 Invariants: request r's rows are ``offsets[r] .. offsets[r] + len(drafts[r])``; the tokens
 returned for r are a prefix of its drafts followed by exactly one token of the target's,
-and each returned token is the token its row drew.
+and each returned token is the token its row drew; or None, when r reaches a row with no
+token to sample (``sample/sampler.py`` NOTE 7), and then none of its drafts is kept.
 
 NOTE 1 (why the output is the target's distribution): the first token is x with
 probability p(x), whatever the draft d: kept as d when x = d (probability p(d)), else x

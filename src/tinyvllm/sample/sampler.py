@@ -67,9 +67,9 @@ rows' tokens. It works on a copy: the runner takes logprobs from the raw logits.
 NOTE 6 (no wait for the device before the tokens): every index the sampler needs goes up
 with ``upload`` (pinned, ``non_blocking``), never as a Python list (which PyTorch copies
 up and waits for); per-request values are spread over a request's rows by
-``repeat_interleave`` given its ``output_size``; greedy rows are known from the host copy
-``SamplingMetadata.is_greedy``. The one read is the caller's, of the sampled ids
-(``tinyvllm/device_syncs.py``).
+``repeat_interleave`` given its ``output_size``; the path (all greedy, all random, mixed)
+is chosen from the metadata's host flags. The one read is of the sampled ids with their
+no-token verdicts, ``sampled_to_host`` (``tinyvllm/device_syncs.py``).
 NOTE 7 (a row with no token): allowed ids, bad words, MinTokens and penalties can together
 leave a row nothing to pick (every logit -inf, or NaN from inf / inf). Argmax and the race
 would still return an index, a token the request banned; so each row's final scores are

@@ -55,7 +55,7 @@ like its seed. ``allowed_token_ids`` needs no state here: the metadata's mask
 ``[P, V]`` is built from the params of the rows that have one, when the metadata is
 built (NOTE 5), so it costs nothing while the batch is unchanged. Penalties and
 ``allowed_token_ids`` need the vocabulary size (``InputBatch(vocab_size=...)``).
-NOTE 8 (no wait for the device): the metadata's flags (``all_greedy``, ``is_greedy``, is
+NOTE 8 (no wait for the device): the metadata's flags (``all_greedy``, ``all_random``, is
 top-p or top-k used, the top-k/top-p plan) are read from the host tensors the batch keeps, and the device copies
 are made with ``upload`` (pinned, ``non_blocking``): building the metadata never makes the
 host wait for a forward still running on the GPU (``tinyvllm/device_syncs.py``).
@@ -345,7 +345,6 @@ class InputBatch:
             temperature=upload(temperature, torch.float32, self.device),
             all_greedy=all(is_greedy),
             all_random=not any(is_greedy),
-            is_greedy=tuple(is_greedy),
             # None when no row needs them: the sampler then skips the sort over V.
             top_p=upload(top_p, torch.float32, self.device) if bool((top_p < 1).any()) else None,
             top_k=upload(top_k, torch.int64, self.device) if bool((top_k > 0).any()) else None,
@@ -381,8 +380,9 @@ class InputBatch:
         if md is None or builder.has_removed() or builder.added or builder.moved or builder.batch_changed:
             return
         n = self.num_reqs
-        greedy = tuple((self.temperature[:n] == 0).tolist())
-        assert md.is_greedy == greedy, f"cached is_greedy {md.is_greedy} != rows {greedy}"
+        greedy = (self.temperature[:n] == 0).tolist()
+        flags = (all(greedy), not any(greedy))
+        assert (md.all_greedy, md.all_random) == flags, f"cached all_greedy, all_random {(md.all_greedy, md.all_random)} != rows {flags}"
         if md.top_k is not None or md.top_p is not None:
             plan = plan_top_k_top_p(self.top_k[:n].tolist(), self.top_p[:n].tolist())
             assert md.top_k_top_p_plan == plan, f"cached plan {md.top_k_top_p_plan} != rows {plan}"
