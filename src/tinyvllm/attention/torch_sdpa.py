@@ -1,115 +1,62 @@
 """Paged attention batched for torch's SDPA: the default attention backend on the CPU.
 
-Concept: the same math and signature as ``reference.paged_attention``, computed with few
-large torch ops instead of about fifteen small ones per request. The batch is split by
-query length. Requests with one query token (decodes) go together, in groups of similar
-length: one gather for the keys and one for the values pull a group's blocks out of the
-paged cache, through the block table, into padded ``[G, L, Hkv, D]`` tensors (``L`` the
-longest of their lengths, rounded up to whole blocks), and one call to
-``torch.nn.functional.scaled_dot_product_attention`` (SDPA) attends over them, with a
-key-padding mask hiding each request's positions past its own length. Each request with
-more than one query token (a prefill or a chunk of one) gets its own gather and SDPA call,
-with a causal mask aligned to the end of its keys (NOTE 1). Requests with no query tokens
-are skipped. Decodes of very different lengths go in separate groups (NOTE 5), so a short
-request is not padded to the longest. The host-side work (reading the lengths, grouping,
-the slot indices and masks) depends only on the step, not the layer: ``plan_step`` does it
-once, and ``DecoderForCausalLM`` hands that ``StepPlan`` to every layer (NOTE 6). A decode
-step then costs each layer two gathers, one SDPA call and two row copies per group.
+Concept: the same math and signature as ``reference.paged_attention``, in a few large torch
+ops instead of about fifteen small ones per request. Decodes (one query token) go together
+in groups of similar length (NOTE 5): one gather each for keys and values copies a group's
+blocks out of the paged cache into padded ``[G, L, Hkv, D]`` tensors (``L`` the longest
+length rounded up to whole blocks), and one ``scaled_dot_product_attention`` (SDPA) call
+attends over them with a key-padding mask. Each prefill or chunk gets its own gather and
+SDPA call with a causal mask aligned to its last key (NOTE 1); requests with no query
+tokens are skipped. The host-side work depends on the step, not the layer, so
+``plan_step`` does it once and ``DecoderForCausalLM`` hands the ``StepPlan`` to every
+layer (NOTE 6). Figures: docs/paged_attention.md and bench/README.md.
 
 Follows: seed 003 "KV cache物理内存分配" (the per-layer cache ``(2, num_blocks, block_size,
-num_kv_heads, head_size)``; attention finds each request's blocks in the attention
-metadata); seed 000 "Attention 后端对 CUDA 图的兼容性" (declares ``NEVER``, see below).
-Cousin of: vLLM's CPU backend ``TorchSDPABackend`` (``vllm/attention/backends/torch_sdpa.py``
-in V0, ``vllm/v1/attention/backends/cpu_attn.py`` in V1), which also runs prompts through
-torch SDPA but decodes with a paged-attention C++ kernel; here decodes use SDPA too, after
-the gather.
+num_kv_heads, head_size)``); seed 000 "Attention 后端对 CUDA 图的兼容性" (``NEVER``).
+Cousin of: vLLM's CPU backend ``TorchSDPABackend`` (V0 ``vllm/attention/backends/torch_sdpa.py``,
+V1 ``vllm/v1/attention/backends/cpu_attn.py``), which decodes with a C++ paged kernel; here
+decodes use SDPA too, after the gather.
 
 Invariants: the result has the query's shape and dtype and matches the reference within
-float32 rounding (both compute in float32 and cast the result back); rows at and after
-``query_start_loc[-1]`` are CUDA-graph padding and are set to zero; every cache slot read
-belongs to its request and lies before its length (NOTE 2), so whatever the other slots
-hold (stale keys, NaN) never reaches the result.
+float32 rounding; rows at and after ``query_start_loc[-1]`` (CUDA-graph padding) are zero;
+every cache slot read belongs to its request and lies before its length (NOTE 2), so what
+other slots hold (stale keys, NaN) never reaches the result.
 
-NOTE 1 (the causal mask of a chunk): query token j of a request with q query tokens and
-L keys sits at position ``L - q + j`` and may read keys ``0 .. L - q + j``. SDPA's
-``is_causal=True`` aligns the mask top-left (token j reads keys ``0 .. j``), which is right
-only when ``q == L``, a whole prompt at once. A later chunk of a chunked prefill has
-``q < L`` and gets an explicit boolean mask, ``causal_mask(q, L)``.
-NOTE 2 (padded gather, whole blocks): the decode gather copies whole blocks, ``L / S`` of
-them for every request of a group, more than a short request owns. Block ``j`` of a
-request that owns ``m`` blocks is its block ``min(j, m - 1)``, one of its own, so
-block-table entries past a request's own blocks are never looked at and no block of
-another request is read. Positions at or past the request's length ``n`` (the unwritten
-tail of its last block, and the repeated blocks) may hold anything, a stale key or NaN;
-the gather zeroes them (``DecodeGroup.stale``) and the key-padding mask drops them. Both
-are needed: a masked score is a zero weight, but SDPA adds the mask to the score, and a
-zero weight times a NaN value is still NaN. Copying whole blocks of ``S`` slots (16 kB
-for 4 KV heads of 64 floats at S = 16) instead of one slot at a time (1 kB) made the
-gather of 32 requests of 512 tokens 2.1 times faster (2.48 ms to 1.19 ms, one thread);
-the slots zeroed are fewer than one block per request plus the group's padding.
-NOTE 3 (GQA): with ``enable_gqa=True`` (torch 2.5 and later) SDPA lets query head h read KV
-head ``h // (H // Hkv)`` itself. Older torch gets the KV heads expanded, which copies them
-``H // Hkv`` times (``expand_kv_heads``).
-NOTE 4 (a reused gather buffer): a decode gather is large (32 requests of 288 tokens with
-4 KV heads of 64 floats: 9.4 MB each for K and V), and a fresh tensor that large gets
-fresh pages from the operating system, which the copy then faults in one by one. On a
-two-core VM that was 4,500 page faults per call and made the call 2.6 times slower. So
-the gather writes into a buffer that each thread keeps and reuses (one per device, dtype
-and inference mode), grown to a power of two elements when too small. It holds as many
-bytes as the largest decode gather so far, about one layer's share of the running
-requests' KV cache.
+NOTE 1 (the causal mask of a chunk): query token j of q, over L keys, sits at ``L - q + j``.
+SDPA's ``is_causal=True`` aligns top-left (keys ``0 .. j``), right only when ``q == L``; a
+later chunk gets an explicit boolean mask, ``causal_mask(q, L)``.
+NOTE 2 (padded gather, whole blocks): block ``j`` of a request owning ``m`` blocks is its
+block ``min(j, m - 1)``, so entries past its own blocks are never read. Positions at or past
+its length may hold anything (stale, NaN): the gather zeroes them (``DecodeGroup.stale``)
+and the mask drops them. Both are needed: SDPA adds the mask to the score, and a zero
+weight times a NaN value is still NaN. Whole blocks copy faster than single slots.
+NOTE 3 (GQA): ``enable_gqa=True`` (torch 2.5+) lets query head h read KV head
+``h // (H // Hkv)``; older torch gets the KV heads expanded (``expand_kv_heads``).
+NOTE 4 (a reused gather buffer): a decode gather is megabytes, and a fresh tensor that large
+gets fresh pages that the copy faults in one by one. So it writes into a buffer each thread
+keeps (per device, dtype and inference mode), grown to a power of two elements: as large as
+the largest decode gather so far, about one layer's share of the running requests' cache.
+NOTE 5 (length groups): a group costs its size times its width ``L``. ``group_by_length``
+sorts decodes longest first and starts a new group where a length falls below
+``1 / GROUP_PADDING`` (4/5) of its group's longest: nobody is padded past 5/4 of its length.
+NOTE 6 (a plan per step): ``plan_step`` reads ``query_start_loc`` and ``seq_lens`` on the host
+once and builds every group's rows, slot indices and mask (and NOTE 7's bias), and every
+prefill's block ids, as a frozen ``StepPlan``; ``paged_attention`` makes one when not given
+one, so it keeps the reference's signature.
+NOTE 7 (a shared prefix, attended once: cascade attention): requests sharing a cached prefix
+hold the same blocks. ``plan_step`` finds the leading block-table columns equal across a
+group (``shared_prefix_blocks``; full blocks only); when the keys saved, ``(G - 1) * P``,
+reach ``CASCADE_MIN_SAVED_KEYS``, the group attends in two parts, all its queries over the
+prefix gathered once, then each request over its own keys, and ``merge_attention`` combines
+them exactly through their log-sum-exps. The public SDPA returns no LSE, so both parts call
+torch's CPU flash kernel (query heads of a KV head folded into its rows); CPU only. vLLM does
+this on GPUs (``common_prefix_len``). The split's fixed cost is why the bound exists.
 
-NOTE 5 (length groups): a decode group costs in proportion to its size times its width
-``L``, so one request of 384 tokens in a batch of requests of 40 makes all of them cost
-384. ``group_by_length`` sorts the decodes longest first and starts a new group wherever
-a length falls below ``1 / GROUP_PADDING`` (4/5) of its group's longest: no request is
-padded to more than 5/4 of its length. Each group gathers, attends and copies its rows on
-its own, a fixed cost of a few small ops. On 32 decodes of lengths 40 to 384 (one layer,
-one thread) a ratio of 1/2 made 3 groups and was 1.2 times faster than one group; 4/5 made
-6 and was 1.7 times faster; 9/10 and 19/20 (11 and 17 groups) were no faster.
-NOTE 6 (a plan per step): ``plan_step`` reads ``query_start_loc`` and ``seq_lens`` on the
-host once and builds every group's query rows, slot indices and mask (for a group split
-by NOTE 7, also as the additive bias its flash kernel takes), and every prefill's block
-ids, as a frozen ``StepPlan``. ``paged_attention`` makes one itself when it is not
-given one, so the function alone keeps the reference's signature; the model makes it once
-per forward through ``AttentionBackend.plan_step`` and passes it to each layer. Over 8
-layers of 32 decodes (one thread) that was 1.05 to 1.7 times faster than planning in every
-call: the shorter the requests, the larger the plan's share.
-
-NOTE 7 (a shared prefix, attended once: cascade attention): with prefix caching, requests
-that share a prompt prefix hold the same cache blocks for it, and a decode group would
-copy those blocks once per request. ``plan_step`` looks for the leading block-table
-columns that are equal across a group (``shared_prefix_blocks``), only among blocks that
-lie before every member's last position, so they are full and already written. When the
-keys it saves, ``(G - 1) * P`` for a prefix of P tokens, reach ``CASCADE_MIN_SAVED_KEYS``,
-the group attends in two parts: every query of the group together over the P prefix keys,
-gathered once, in one call whose queries are all G requests' tokens; then each request
-over its own keys after P, gathered as before. Each part gives its output and the log of
-its softmax denominator (LSE), and ``merge_attention`` combines the two exactly: the
-softmax over all keys is the two partial softmaxes weighted by their shares of the total
-``exp(LSE)``. The public SDPA returns no LSE, so both parts call torch's CPU flash kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu``), which does, with the query heads
-that share a KV head folded into its query rows, since it takes no ``enable_gqa``; the
-split is planned on the CPU only. vLLM does the same on GPUs as cascade attention
-(``common_prefix_len``, FlashAttention and FlashInfer). On 32 decodes of 520 tokens that
-share 256 (one layer, ``bench/attention_cpu.py``), the two parts were 1.59 times faster
-than one group at one thread and 1.55 times at two. The second call and the merge cost a
-fixed amount, so the split pays only when it saves enough keys: 8 requests sharing 256
-(1,792 keys saved) were 1.63 and 1.07 times faster, 16 sharing 64 (960) 1.11 and 0.83,
-2 sharing 256 (256) 0.86 and 0.66. Hence the bound of 2,048 saved keys. A whole run of
-32 requests sharing a 512-token prompt prefix, 64 outputs each, was 1.6 times faster with
-the split (``bench/cascade.py``); a run that is mostly prefill gains a few percent at most.
-
-Not CUDA-graph safe (``NEVER``): the split by query length and the width ``L`` come from
-``query_start_loc`` and ``seq_lens`` read on the host (``.tolist()``), which a graph cannot
-capture; its KV writer (``write_kv_cache_torch``) indexes with a boolean mask.
-
-Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 caches, cross-attention;
-batching prefills together (each runs alone); bounding the decode gather, which holds all
-decodes' keys and values at once (NOTE 4); freeing the gather buffers; gradients through
-the decode gather (it writes into a buffer with ``out=``, which autograd refuses); a
-shared prefix attended once for prefills and chunks (NOTE 7 splits decode groups only)
-and on other devices than the CPU (its flash kernel is the CPU's).
+Not CUDA-graph safe (``NEVER``): the split and ``L`` come from host reads (``.tolist()``);
+its KV writer (``write_kv_cache_torch``) indexes with a boolean mask.
+Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 caches, cross-attention; batched
+prefills; bounding or freeing the decode gather (NOTE 4); gradients through it (``out=``);
+cascade for prefills and off the CPU.
 """
 
 from __future__ import annotations
