@@ -1,87 +1,62 @@
 """ModelRunner: turns one ``SchedulerOutput`` into sampled tokens.
 
-Concept: the runner orchestrates one forward and owns nothing that has its own module.
-Each step: (a) bring the runner's copy of every request, the persistent batch and its
-block table up to date (removals first, then additions, condense, refresh: one
-``BatchUpdate`` reaches the logits processors and the thinking budget); (b) ask the
-CUDA-graph dispatcher how to run this batch (runtime mode and padded ``BatchDescriptor``);
-(c) write the padded inputs and attention metadata into the persistent buffers; (d) run
-the model over the paged KV cache under ``set_forward_context``, so the graph wrappers
-capture, replay or pass through; (e) take the logits of each request's last scheduled
-token, sample, and report one token per request whose step reached the end of its tokens.
+Concept: the runner orchestrates one forward and owns nothing that has its own module. Each
+step: (a) update its copy of every request, the persistent batch and its block table
+(removals, additions, condense, refresh: one ``BatchUpdate`` reaches the logits processors
+and the thinking budget); (b) ask the CUDA-graph dispatcher for the runtime mode and padded
+``BatchDescriptor``; (c) write the padded inputs and attention metadata into the persistent
+buffers; (d) run the model over the paged KV cache under ``set_forward_context``, so graph
+wrappers capture, replay or pass through; (e) sample from each request's last scheduled
+token and report one token per request whose step reached the end of its tokens.
 
-Follows: the docs page "The model runner" (one engine step, parts (a)-(e)); seed 003
-"KV cache物理内存分配" (the runner owns the KV tensors and hands attention its metadata);
-seed 001 appendix U2 (the persistent batch is updated, condensed and refreshed once per step); seed 000 "CUDA Graphs" (dispatch, then the forward under a
-forward context; "完整 CUDA 图捕获 & 热身": warm-up runs eagerly, capture uses dummy batches).
+Follows: the docs page "The model runner" (parts (a)-(e)); seed 003 "KV cache物理内存分配"
+(the runner owns the KV tensors); seed 001 appendix U2 (the batch is updated, condensed and
+refreshed once per step); seed 000 "CUDA Graphs" (dispatch, then the forward under a forward
+context; "完整 CUDA 图捕获 & 热身": eager warm-up, capture on dummy batches).
 Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``_update_states``, ``_prepare_inputs``,
-``execute_model``, ``_dummy_run``, ``capture_model``) and ``CachedRequestState`` in
-``gpu_input_batch.py``.
+``execute_model``, ``_dummy_run``, ``capture_model``), ``gpu_input_batch.CachedRequestState``.
 
-Invariants: after ``_update_states`` the batch holds exactly this step's scheduled
-requests, rows ``0 .. R-1``, and block-table row r holds row r's block ids; each
-``RunnerRequestState`` has the prompt, the outputs so far and the block ids the scheduler
-gave it; ``cudagraph_stats`` counts every executed step once, by runtime mode.
-``check_invariants()`` checks the batch against the states between steps (every row's
-request has a state, reads that state's live output list, and its block-table row holds
-the state's block ids, enough of them for its computed tokens); ``LLMEngine.check_invariants``
-checks the states against the scheduler's copies.
+Invariants: after ``_update_states`` the batch holds exactly this step's scheduled requests,
+rows ``0 .. R-1``, block-table row r holding row r's block ids; each ``RunnerRequestState``
+has the prompt, the outputs so far and the scheduler's block ids; ``cudagraph_stats`` counts
+every executed step once, by mode. ``check_invariants()`` checks the batch against the states
+between steps; ``LLMEngine.check_invariants`` checks the states against the scheduler's.
 
-NOTE 1 (a request not scheduled this step leaves the batch): a running request can be
-skipped when the budget runs out, or preempted. It leaves the persistent batch (its
-state stays here) and comes back when scheduled again; on resumption after preemption
-its block table is replaced, not extended.
-NOTE 2 (partial prefills get no token): a row whose step ends inside its prompt gets no
-token; its draw is thrown away, and since a seeded row's draw is keyed by the position of
-the token drawn (``sample/draw_keys.py``), the tokens of a seeded request do not depend on
-how its prompt was chunked.
-NOTE 3 (the mode): ``compilation_config.cudagraph_mode`` (None: FULL_AND_PIECEWISE on
-CUDA, NONE on the CPU) is downgraded to what the attention backend supports
-(``resolve_cudagraph_mode``). On the CPU a mode other than NONE runs emulated graphs
-(``CUDAGraphWrapper(emulate=True)``), which check every rule a real graph imposes.
-NOTE 4 (padding): a FULL step pads the tokens to ``desc.num_tokens`` and the requests to
-``desc.num_reqs``; a PIECEWISE step pads only the tokens (attention runs eagerly on the
-real requests); a NONE step pads nothing. Padding rows and requests write no KV and their
-outputs are never read.
-NOTE 5 (dummy batches): warm-up and capture run ``R = desc.num_reqs`` (or ``min(N,
-max_num_seqs)``) dummy requests of zero tokens of context, all KV writes to
-``PAD_SLOT_ID``, every block-table row ``PAD_BLOCK_ID``: nothing in the KV cache changes.
-NOTE 6 (a seeded request's stream): the runner keeps no random state for it: each draw is
-keyed by the request's seed and the position of the token drawn, so preemption, skipped
-steps, chunking and drafts change nothing: the same seed gives the same tokens whatever else runs.
-NOTE 7 (a finished id leaves the batch before the step's new requests arrive): a client
-may use a request id again once its request has finished or been aborted, and the new
-request can be scheduled in the very step that reports the old one as finished. Were the
-old row left in the batch until the removal pass (which keeps every id the step
-schedules), the new request would run on it, with the old sampling parameters and block
-table. So a finished id leaves both ``self.requests`` and the batch first, as in
-vLLM's ``_update_states``.
-NOTE 8 (prompt logprobs): a request with ``prompt_logprobs`` gets, for each prompt token
-after the first, its logprob under the model given the tokens before it: the logits of
-the position before it, which a chunked prefill computes in pieces over several steps.
-Its ``RunnerRequestState`` collects them by position; the step that finishes the prompt
-sends the whole list once (a preemption later recomputes the prompt but sends nothing
-again; one before that overwrites the same positions with the same values). Such a
-request takes no prefix-cache hit (``KVCacheManager.get_computed_blocks``), as in vLLM:
-a cached block's positions would never be computed.
-NOTE 9 (speculative decoding): a decoding request may come with drafts
-(``scheduled_spec_decode_tokens``): its step computes its last real token and its k drafts
-at once, so the logits of those k + 1 positions say, in order, whether the target agrees
-with each draft, and what follows the last one. ``sample/rejection_sampler.py`` decides
-which drafts are kept; the request's ``num_computed_tokens`` then takes back the rejected
-ones (their KV slots are written again next step). With a speculative config every step
-samples this way, requests without drafts as one row each, so the thinking budget and
-MinTokens see one row layout (``Sampler.sample_spec``).
-NOTE 10 (logprobs with drafts): kept token ``i`` of a request (an accepted draft, or the
-token sampled after the last one) was predicted by the request's row ``i`` of the verified
-logits, so its logprobs are that row's raw logprobs, exactly those a step without
-speculation computes at the same position (vLLM's PR #26060 does the same). Rows of
-rejected drafts are not reported; the scheduler cuts the list to the tokens it keeps.
-Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
-NOTE 11 (everything queued before the one wait): a step waits for the device once, when it
-reads the sampled ids (``tinyvllm/device_syncs.py``). Work queued after that read runs
-while the host waits for it, so the prompt logprobs are computed first, with the forward
-(``_queue_prompt_logprobs``), and brought over after the read (``_collect_prompt_logprobs``).
+NOTE 1 (a request not scheduled this step leaves the batch): skipped or preempted, it leaves
+(its state stays) and returns when scheduled, a preempted one with its block table replaced.
+NOTE 2 (partial prefills get no token): a row whose step ends inside its prompt gets none; its
+draw is thrown away, and as a seeded draw is keyed by position (``sample/draw_keys.py``), a
+seeded request's tokens do not depend on how its prompt was chunked.
+NOTE 3 (the mode): ``cudagraph_mode`` (None: FULL_AND_PIECEWISE on CUDA, NONE on the CPU) is
+downgraded to what the attention backend supports (``resolve_cudagraph_mode``); on the CPU a
+mode other than NONE runs emulated graphs that check every rule a real graph imposes.
+NOTE 4 (padding): FULL pads tokens to ``desc.num_tokens`` and requests to ``desc.num_reqs``;
+PIECEWISE pads only tokens (attention runs eagerly on the real requests); NONE pads nothing.
+Padding writes no KV and its outputs are never read.
+NOTE 5 (dummy batches): warm-up and capture run ``desc.num_reqs`` (or ``min(N,
+max_num_seqs)``) empty requests, KV writes to ``PAD_SLOT_ID``, block rows ``PAD_BLOCK_ID``.
+NOTE 6 (a seeded request's stream): no random state here: each draw is keyed by seed and
+position, so preemption, skipped steps, chunking and drafts change nothing.
+NOTE 7 (a finished id leaves the batch before the step's new requests arrive): a client may
+reuse an id once its request finished, in the very step that reports it finished; left in
+the batch, the old row (sampling parameters, block table) would serve the new request. So
+a finished id leaves ``self.requests`` and the batch first, as in vLLM's ``_update_states``.
+NOTE 8 (prompt logprobs): each prompt token after the first gets its logprob from the logits
+of the position before it, computed in pieces by a chunked prefill; the state collects them
+by position and the step that finishes the prompt sends the list once (a later preemption
+sends nothing again). Such a request takes no prefix-cache hit, as in vLLM: a cached
+block's positions would never be computed.
+NOTE 9 (speculative decoding): a request with drafts (``scheduled_spec_decode_tokens``)
+computes its last real token and k drafts at once; those k + 1 logits rows say whether the
+target agrees with each draft and what follows. ``sample/rejection_sampler.py`` decides;
+``num_computed_tokens`` takes back the rejected ones. With a speculative config every step
+samples this way (``Sampler.sample_spec``), so the thinking budget and MinTokens see one layout.
+NOTE 10 (logprobs with drafts): kept token ``i`` was predicted by verified row ``i``, so its
+logprobs are that row's raw ones, as without speculation (vLLM's PR #26060); rejected rows
+are not reported. Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
+NOTE 11 (everything queued before the one wait): a step waits once, reading the sampled ids
+(``tinyvllm/device_syncs.py``), so the prompt logprobs are queued with the forward
+(``_queue_prompt_logprobs``) and read after that wait (``_collect_prompt_logprobs``).
 """
 
 from __future__ import annotations
