@@ -1,82 +1,62 @@
 """LLMEngine: requests in, one step at a time, outputs out.
 
-Concept: the loop that ties the pieces together. ``add_request`` hands a tokenized
-prompt to the scheduler; ``step()`` schedules, runs the model, feeds the sampled tokens
-back to the scheduler and turns them into ``RequestOutput``s: by default one per request,
-when it finishes; every step for a request whose ``SamplingParams.output_kind`` is DELTA
-or CUMULATIVE (NOTE 2). Beyond that bookkeeping it does the detokenising, the stop
-strings (NOTE 3) and the timing.
+Concept: the loop that ties the pieces together. ``add_request`` hands a tokenized prompt
+to the scheduler; ``step()`` schedules, runs the model, feeds the sampled tokens back to the
+scheduler and turns them into ``RequestOutput``s: one per request when it finishes, or every
+step for ``output_kind`` DELTA or CUMULATIVE (NOTE 2). It also detokenises, applies stop
+strings (NOTE 3) and keeps the timing.
 
-Follows: the docs page "The model runner" (one engine step: schedule, execute, update);
-``step()`` reads top to bottom in a dozen lines.
+Follows: the docs page "The model runner" (one engine step: schedule, execute, update).
 Mirrors: ``vllm/v1/engine/llm_engine.py`` and ``vllm/v1/engine/core.py`` (``EngineCore.step``)
 with the output processor folded in; nano-vllm's ``LLMEngine.step``.
 
-Invariants: every request added is either unfinished in the scheduler or has been
-returned exactly once as a finished ``RequestOutput`` (or aborted). ``check_invariants()``
-checks, between steps, what holds at every one: the engine tracks exactly the scheduler's
-unfinished requests; the runner holds state only for those and for the finished ones the
-next step reports; and for every request that ran this step and still runs, the runner's
-copy (its block ids, its output tokens) equals the scheduler's, as vLLM's worker and
-scheduler must agree although only ``SchedulerOutput`` and ``ModelRunnerOutput`` pass
-between them.
+Invariants: every request added is either unfinished in the scheduler or returned exactly
+once as a finished ``RequestOutput`` (or aborted). ``check_invariants()`` checks between
+steps that the engine tracks exactly the scheduler's unfinished requests, the runner holds
+state only for those and for the finished ones the next step reports, and the runner's copy
+of each request that ran and still runs (block ids, output tokens) equals the scheduler's, as
+vLLM's worker and scheduler agree with only ``SchedulerOutput``/``ModelRunnerOutput`` between.
 
-NOTE 1 (a step that raises): if anything after ``schedule()`` raises (the forward, the
-sampler, a logits processor, the scheduler's update, the draft proposer, the detokenizer,
-the stop-string search, the making of the outputs; ``KeyboardInterrupt`` included), the
-step's requests are aborted and their blocks freed (those that finished in the step too:
-their outputs never left), the blocks the step cached leave the prefix cache unless the
-forward wrote them, the runner empties its persistent batch, and the exception goes on to
-the caller. Requests the step did not schedule carry on. vLLM's engine instead
-reports itself dead; an offline engine can do better, because nothing else shares it.
-NOTE 2 (streaming): a request that streams (DELTA or CUMULATIVE) or has stop strings is
-detokenised every step by an ``IncrementalDetokenizer``, so its text never ends in half a
-character. Other requests are decoded once, when they finish, which costs nothing per step;
-one with ``detokenize=False`` never (``sampling_params.py`` NOTE 8).
-NOTE 3 (stop strings): after a step, the new text (plus, for each stop string, the last
-``len(stop) - 1`` characters before it, for one split across tokens) is searched for the
-request's stop strings; as in vLLM, a stop string counts only if it ends in the text of an
-output after the first ``min_tokens``. If several end in the new text, the one that starts
-first wins (vLLM takes the first in the list). On a hit the text is cut,
-the scheduler finishes the request (``finish_requests`` frees its blocks at once), and
-the output says ``finish_reason="stop"`` and ``stop_reason=<the string>``. While a request
-without ``include_stop_str_in_output`` streams, its last ``len(longest stop) - 1``
-characters are held back: they might be the start of a stop string that must not be sent.
-A request stopped by a token (EOS, or one of its ``stop_token_ids``) keeps that token's id
-but not its text, unless ``include_stop_str_in_output``: vLLM's detokenizer leaves out the
-last token when ``stop_terminated``, so a stop token is treated as a stop string is.
-NOTE 4 (an undo that fails too): the undo runs every part whatever another part raised
-(``try``/``finally``): the scheduler frees the step's requests, the runner empties its
-batch, and the engine forgets them. A second exception on the way (a logits processor
-that raises again when the batch is emptied) is logged and attached to the first as a
-note; the caller gets the first, the one that explains the failure.
-NOTE 5 (logprobs): the runner sends each logprob as token ids, logprobs and a rank
-(``LogprobEntry``); the engine turns them into vLLM's ``{token_id: Logprob}`` with each
-token's text, keeps them beside the token ids, and reports them as it reports the tokens:
-a DELTA output carries the logprobs of its own tokens, and its prompt logprobs once.
+NOTE 1 (a step that raises): if anything after ``schedule()`` raises (forward, sampler, a
+logits processor, the scheduler's update, proposer, detokenizer, stop strings, outputs;
+``KeyboardInterrupt`` too), the step's requests are aborted and their blocks freed (finished
+ones too: their outputs never left), blocks it cached leave the prefix cache unless the
+forward wrote them, the runner empties its batch, and the exception reaches the caller;
+other requests carry on. vLLM's engine reports itself dead; one shared by nobody need not.
+NOTE 2 (streaming): a request that streams or has stop strings is detokenised every step by
+an ``IncrementalDetokenizer`` (never half a character); others once, when they finish; one
+with ``detokenize=False`` never (``sampling_params.py`` NOTE 8).
+NOTE 3 (stop strings): the new text, plus ``len(stop) - 1`` characters before it (a stop split
+across tokens), is searched; as in vLLM a stop counts only if it ends in an output after the
+first ``min_tokens``. Of several, the one that starts first wins (vLLM: first in the list).
+A hit cuts the text, the scheduler finishes the request (``finish_requests`` frees its blocks
+at once), and the output says ``finish_reason="stop"``, ``stop_reason=<the string>``. A
+streaming request without ``include_stop_str_in_output`` holds back its last ``len(longest
+stop) - 1`` characters: they might start a stop string. A stop token (EOS, ``stop_token_ids``)
+keeps its id but not its text unless ``include_stop_str_in_output``, as vLLM's detokenizer
+leaves out the last token when ``stop_terminated``.
+NOTE 4 (an undo that fails too): every part of the undo runs (``try``/``finally``); a second
+exception is logged and noted on the first, which the caller gets: it explains the failure.
+NOTE 5 (logprobs): the runner sends token ids, logprobs and ranks (``LogprobEntry``); the
+engine turns them into vLLM's ``{token_id: Logprob}`` with each token's text and reports
+them as it reports tokens (a DELTA output: its own tokens', and prompt logprobs once).
 ``cumulative_logprob`` sums the chosen tokens' logprobs (None when none were asked for).
-NOTE 6 (n completions): a request with ``SamplingParams.n`` > 1 is added as n child requests
-(``engine/parallel_sampling.py``), which the scheduler and the runner see as any other;
-``step`` and ``abort_request`` hand each child's output to its ``ParentRequest``, which
-gathers them into the parent's, and ``unfinished_request_ids`` names the parent.
-NOTE 7 (bad words): the engine has the tokenizer, so it turns a request's ``bad_words``
-into token sequences when the request is added (``sample/bad_words.py`` NOTE 1), checks
-them against the vocabulary, and hands them to the scheduler with the ``Request``; they
-reach the persistent batch with the request. An engine without a tokenizer refuses them.
-NOTE 8 (speculative decoding): with a proposer (``LLM(speculative_config=...)``), after
-each step every running request that sampled a token in it gets its drafts
-(``Request.spec_token_ids``, from ``spec_decode/ngram_proposer.py``); one that computed only
-part of its prompt gets none (vLLM: drafts only for requests that sampled). The scheduler
-schedules them with its one real token, and the runner keeps those the target agrees with.
-NOTE 9 (an observer): ``observer`` (None by default) is called after every step, a failed
-one too (after the undo, with the error), and reads whatever state it wants; what it
-raises is logged (and noted on the step's error), never raised in the step's place. The
-step pays one ``is not None`` check (2 ns against a millisecond or more a step; the measurement
-is in ``tinyvllm/trace/recorder.py``). ``tinyvllm.trace.record`` installs one.
+NOTE 6 (n completions): ``SamplingParams.n`` > 1 adds n child requests
+(``engine/parallel_sampling.py``) that scheduler and runner see as any other; ``step`` and
+``abort_request`` hand each child's output to its ``ParentRequest``, which gathers them;
+``unfinished_request_ids`` names the parent.
+NOTE 7 (bad words): the engine has the tokenizer, so it turns ``bad_words`` into token
+sequences when a request is added (``sample/bad_words.py`` NOTE 1), checks them against the
+vocabulary and hands them on with the ``Request``; an engine without a tokenizer refuses them.
+NOTE 8 (speculative decoding): with a proposer, every running request that sampled a token
+in a step gets drafts (``Request.spec_token_ids``, ``spec_decode/ngram_proposer.py``), a
+partial prefill none, as in vLLM; the runner keeps those the target agrees with.
+NOTE 9 (an observer): ``observer`` (None by default) is called after every step, a failed one
+too (after the undo, with the error); what it raises is logged and noted, never raised in
+the step's place. The step pays one ``is not None`` check (``trace/recorder.py`` measures it).
 NOTE 10 (no token left): a request whose ``allowed_token_ids`` are all banned by its own
-parameters from the start is refused here (``check_some_token_is_allowed``); one that runs
-out of tokens later (a multi-token bad word banning the last allowed id) ends with
-``finish_reason="error"`` in that step (``sample/sampler.py`` NOTE 7), never with a token it banned.
+parameters is refused here (``check_some_token_is_allowed``); one that runs out later ends with
+``finish_reason="error"`` (``sample/sampler.py`` NOTE 7), never with a token it banned.
 """
 
 from __future__ import annotations
