@@ -15,66 +15,48 @@ Concept: the order of operations is the whole design.
 7. greedy rows (temperature 0) take the argmax here;
 8. random rows: divide by temperature, run the argmax-invariant processors (MinP), apply
    top-k then top-p, and draw with the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``
-   (on the CPU ``q = -log(U)``, NOTE 2);
-   a seeded request draws its ``q`` from its own ``torch.Generator``, so the same seed gives
-   the same tokens whatever else is in the batch.
+   (on the CPU ``q = -log(U)``, NOTE 2); a seeded row's ``q`` comes from a generator seeded
+   with its draw key (``sample/draw_keys.py``), so it ignores the rest of the batch.
 
 Seed: 001 ch. 9.2 (which processors run where), ch. 13.9 (forcing before sampling).
 Mirrors: ``vllm/v1/sample/sampler.py`` (``Sampler.forward``, ``apply_logits_processors``)
 and ``vllm/v1/sample/ops/topk_topp_sampler.py``.
-
-Calling convention (the model runner, each step):
-``input_batch.remove_request(...)``/``add_request(...)``, ``input_batch.condense()``,
-``input_batch.refresh()``, then
-``Sampler()(logits, input_batch.make_sampling_metadata()) -> SamplerOutput``; the caller
+Called by the model runner each step, after the batch's removals, additions, ``condense()``
+and ``refresh()``: ``Sampler()(logits, input_batch.make_sampling_metadata())``; the caller
 appends each sampled token to its request's output list before the next refresh.
 
 NOTE 1: the sampler reads only the frozen ``SamplingMetadata`` (``sample/metadata.py``),
-never the worker's persistent batch: ``sample/`` does not import ``worker/``. Whether the
-sort over V is needed at all is decided when the metadata is built (``top_k``/``top_p``
-are None when no row uses them).
-NOTE 2 (the CPU draws differently): on a GPU ``q`` comes from ``exponential_``. On the CPU
-that kernel costs about 10 ms per step at R=32, V=16384, most of the sampler's time, so
-there ``q = -log(U)`` with ``U`` from ``uniform_`` (the inverse-CDF form of Exp(1)): the
-same distribution at about a quarter of the cost. ``U`` is drawn from ``[tiny, 1)``, not
-``[0, 1)``: the generator returns exactly 0 with probability 2**-24 per entry, and then
-``q`` would be infinite and the entry's score ``p / q`` 0, the score of a masked token; a
-row whose only surviving token drew it would return token 0. With ``tiny`` that entry
-gets ``q`` of about 87 instead, and U is otherwise unchanged (``tiny`` is far below the
-generator's resolution of 2**-24). The token streams differ between CPU
-and GPU for the same seed; they already did, since a CPU ``torch.Generator`` (Mersenne
-Twister) and a CUDA one (Philox) give different numbers for one seed. A seed makes a
-request reproducible on one device type, not across them.
-NOTE 3 (logprobs before sampling, gathered after): the raw logprobs of the rows that ask
-are computed first, since the steps below edit the logits, and gathered for the sampled
-tokens last, once those are known: ``SamplerOutput.logprobs`` row i is batch row
-``logprob_rows[i]``. A batch that asks none computes none.
-NOTE 4 (steps 2-6, vLLM's order): vLLM V1's ``Sampler`` masks the allowed tokens, bans
-the bad words, runs the non-argmax-invariant processors and applies the penalties, in
-that order, all before the greedy argmax, so that greedy rows obey them too. Each of
-these steps costs nothing in a batch that does not use it: the metadata then holds no
-mask, no bad words and no penalty state. The forcing comes after the penalties, so that
-no penalty can bring a forced logit down (a repetition penalty would divide it, the
-forced token being often in the prompt).
-NOTE 5 (speculative decoding, ``sample_spec``): a request verifying k drafts has k + 1
-rows. Only MinTokens is built then (seed 001 ch. 11.4; min_p and logit_bias are refused,
-``engine/request_checks.py``), judging each row by its position (``apply_with_spec_decode``);
-penalties, bad words, allowed ids and the thinking budget act on each row as if the drafts
-before it had been generated; temperature, top-k and top-p are each request's, per row.
-Every row then draws its token as a plain step would at its position (keyed by it for a
-seeded request), and ``sample/rejection_sampler.py`` keeps the drafts while they equal the
-rows' tokens. It works on a copy: the runner takes logprobs from the raw logits.
-NOTE 6 (no wait for the device before the tokens): every index the sampler needs goes up
-with ``upload`` (pinned, ``non_blocking``), never as a Python list (which PyTorch copies
-up and waits for); per-request values are spread over a request's rows by
-``repeat_interleave`` given its ``output_size``; the path (all greedy, all random, mixed)
-is chosen from the metadata's host flags. The one read is of the sampled ids with their
-no-token verdicts, ``sampled_to_host`` (``tinyvllm/device_syncs.py``).
+never the worker's persistent batch (``sample/`` does not import ``worker/``). Whether the
+sort over V is needed is decided when the metadata is built.
+NOTE 2 (the CPU draws differently): on a GPU ``q`` comes from ``exponential_``; on the CPU
+that kernel is most of the sampler's time, so ``q = -log(U)`` with ``U`` from ``uniform_``
+(the inverse-CDF form of Exp(1)), the same distribution for a fraction of the cost. ``U`` is
+drawn from ``[tiny, 1)``: an exact 0 (probability 2**-24) would give ``p / q = 0``, a masked
+token's score, and a row with one surviving token would return token 0. The streams differ
+between CPU and GPU for one seed (and their generators differ anyway): a seed makes a
+request reproducible on one device type. Figures: docs/sampler.md, "Random sampling on the CPU".
+NOTE 3 (logprobs before sampling, gathered after): the raw logprobs of the rows that ask are
+computed first, since the steps below edit the logits, and gathered for the sampled tokens
+last: ``SamplerOutput.logprobs`` row i is batch row ``logprob_rows[i]``. A batch that asks
+none computes none.
+NOTE 4 (steps 2-6, vLLM's order): vLLM V1 masks the allowed tokens, bans the bad words, runs
+the non-argmax-invariant processors and applies the penalties, in that order, before the
+greedy argmax, so greedy rows obey them too; each costs nothing in a batch that does not use
+it. The forcing comes after the penalties, so no penalty can bring a forced logit down.
+NOTE 5 (speculative decoding, ``sample_spec``): a request verifying k drafts has k + 1 rows.
+Only MinTokens is built then (seed 001 ch. 11.4; min_p and logit_bias are refused), judging
+each row by its position (``apply_with_spec_decode``); penalties, bad words, allowed ids and
+the thinking budget act on each row as if the drafts before it had been generated. Every
+row draws as a plain step would at its position, and ``sample/rejection_sampler.py`` keeps
+the drafts while they equal the rows' tokens. It works on a copy of the logits.
+NOTE 6 (no wait for the device before the tokens): every index goes up with ``upload``
+(pinned, ``non_blocking``), never as a Python list; per-request values are spread over a
+request's rows by ``repeat_interleave``; the path is chosen from host flags. The one read is
+the sampled ids with their no-token verdicts, ``sampled_to_host`` (``device_syncs.py``).
 NOTE 7 (a row with no token): allowed ids, bad words, MinTokens and penalties can together
-leave a row nothing to pick (every logit -inf, or NaN from inf / inf). Argmax and the race
-would still return an index, a token the request banned; so each row's final scores are
-checked (``rows_without_a_token``, read with the tokens) and such a request gets no token:
-the runner reports it and the scheduler ends it with ``finish_reason="error"``. What its
+leave a row nothing (every logit -inf, or NaN). Argmax would still return a banned token, so
+each row's final scores are checked (``rows_without_a_token``, read with the tokens) and such
+a request gets no token; the scheduler ends it with ``finish_reason="error"``. What its
 parameters alone forbid is refused when it is added (``LLMEngine.add_request``).
 """
 # --8<-- [end:header]
