@@ -1,76 +1,62 @@
 """Resolving ``model``: a local folder, or a Hugging Face model id fetched into the hub cache.
 
-Concept: one function, ``resolve_model(model, revision)``, turns what a user types after
-``--model`` (or passes as ``LLM(model=...)``) into the local folder the loader reads
-(``models/loader.py``). A local folder is returned as it is. Any other string that is a
-valid hub id (``name`` or ``org/name``) is looked up in the Hugging Face cache and, unless
-the machine is offline, downloaded into it with ``huggingface_hub.snapshot_download``,
-fetching only what tinyvllm reads: the config, the generation config, the tokenizer
-files and the safetensors weights. Whatever goes wrong on the way (no such model, no such
-revision, a gated model, offline with an empty cache, no network) is one ``ValueError``
-line naming the id, the revision and what to do.
+Concept: ``resolve_model(model, revision)`` turns what a user types after ``--model`` (or
+passes as ``LLM(model=...)``) into the local folder the loader reads (``models/loader.py``).
+A local folder is returned as it is. Any other valid hub id (``name`` or ``org/name``) is
+looked up in the Hugging Face cache and, unless offline, downloaded into it with
+``huggingface_hub.snapshot_download``, fetching only what tinyvllm reads (config, generation
+config, tokenizer files, safetensors weights). Whatever goes wrong (no such model or
+revision, a gated model, offline with an empty cache, no network) is one ``ValueError`` line
+naming the id, the revision and what to do.
 
-Mirrors: vLLM's ``--model`` (a local path or a hub id; config and tokenizer through
-transformers, ``vllm/transformers_utils/config.py``) and ``download_weights_from_hf`` in
-``vllm/model_executor/model_loader/weight_utils.py``: ``snapshot_download`` with the
-allow-patterns of the weight format, ``local_files_only`` when ``HF_HUB_OFFLINE`` is set.
+Mirrors: vLLM's ``--model`` (a local path or a hub id; ``vllm/transformers_utils/config.py``)
+and ``download_weights_from_hf`` in ``vllm/model_executor/model_loader/weight_utils.py``
+(``snapshot_download`` with the weight format's allow-patterns, ``local_files_only`` offline).
 
 Invariants:
-- A local folder wins: if ``model`` names an existing folder it is returned, and the hub is
-  never imported, let alone asked (NOTE 1). Only a ``str`` can be a hub id; an
-  ``os.PathLike`` is always a folder.
-- Nothing but ``ALLOW_PATTERNS`` is fetched, and nothing below the repository's top
-  folder (``IGNORE_PATTERNS``): never pickled weights (``*.bin``, ``*.pt``, ``*.pth``), nor
-  other frameworks' (``*.h5``, ``*.msgpack``, ``*.onnx``, ``*.gguf``) (NOTE 2).
-- Offline (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` true) nothing leaves the machine:
-  ``local_files_only=True`` (NOTE 3). The cache folder and the offline switch are read
-  from the environment at each call, not when huggingface_hub was imported (NOTE 4).
-- Every failure the user can fix is a ``ValueError`` on one line whose ``__cause__`` is the
-  hub's own error; anything else (a bug) propagates as it is (NOTE 5).
-- The resolved snapshot has safetensors weights, or it is refused naming the id (NOTE 6).
-- The cache files the hub reads to find a snapshot are checked before it reads them (NOTE 7).
-- No torch, transformers, fastapi or uvicorn: the command line resolves and checks the
-  model before it imports the engine.
+- A local folder wins, and the hub is then never imported (NOTE 1). Only a ``str`` can be a
+  hub id; an ``os.PathLike`` is always a folder.
+- Nothing but ``ALLOW_PATTERNS`` is fetched, nothing below the top folder
+  (``IGNORE_PATTERNS``): never pickled weights (``*.bin``, ``*.pt``, ``*.pth``) nor other
+  frameworks' (``*.h5``, ``*.msgpack``, ``*.onnx``, ``*.gguf``) (NOTE 2).
+- Offline (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``) nothing leaves the machine (NOTE 3);
+  the cache folder and the switch are read at each call, not at import (NOTE 4).
+- A failure the user can fix is a one-line ``ValueError`` whose ``__cause__`` is the hub's
+  error; anything else (a bug) propagates as it is (NOTE 5).
+- The snapshot has safetensors weights, or it is refused naming the id (NOTE 6); the cache
+  files the hub reads to find it are checked first (NOTE 7).
+- No torch, transformers, fastapi or uvicorn: the CLI checks a model before the engine loads.
 
 Left out: ``repo_type`` other than models, ``local_dir`` downloads, tokens as arguments
-(the hub reads ``HF_TOKEN`` itself), ``--tokenizer`` and ``--tokenizer-revision``,
-ModelScope, and the pickled ``*.bin`` weights vLLM falls back to.
+(the hub reads ``HF_TOKEN``), ``--tokenizer(-revision)``, ModelScope, ``*.bin`` fallbacks.
 
-NOTE 1 (a local folder wins): ``org/name`` is both a valid hub id and a relative path. As
-in vLLM and transformers, an existing folder of that spelling is what is meant, and a
-``revision`` with a local folder is a ValueError rather than a warning: a folder has one
-version, and a user who asked for another would otherwise run the wrong weights without
-knowing. A string that is neither an existing folder nor a valid id (``/abs/path``,
-``./x``, ``a/b/c``, ``""``) is a missing folder, and the hub is not asked.
-NOTE 2 (what is fetched): ``snapshot_download`` keeps a repository file when it matches
-one of ``allow_patterns`` and none of ``ignore_patterns`` (``fnmatch`` rules, where ``*``
-also matches ``/``). The allow-list names every file the loader and the tokenizer read;
-``*/*`` then drops every file in a subfolder, because the loader reads only the top folder
-and repositories keep other formats there (Llama's ``original/*.pth``, ``onnx/``).
-NOTE 3 (offline): huggingface_hub reads ``HF_HUB_OFFLINE`` (or, when that is unset,
-``TRANSFORMERS_OFFLINE``) once, at import, and then refuses every request. Passing
-``local_files_only=True`` as well makes the offline path explicit and independent of when
-the variable was set: the snapshot that ``refs/<revision>`` names (or the commit hash
-given) is returned from the cache, or ``LocalEntryNotFoundError`` is raised.
+NOTE 1 (a local folder wins): ``org/name`` is both a hub id and a relative path; as in vLLM
+and transformers an existing folder is what is meant, and a ``revision`` with it is a
+ValueError, not a warning: a folder has one version, and the user would otherwise run the
+wrong weights unknowingly. Neither a folder nor a valid id (``/abs/path``, ``./x``,
+``a/b/c``, ``""``) is a missing folder; the hub is not asked.
+NOTE 2 (what is fetched): a file is kept when it matches ``allow_patterns`` and no
+``ignore_patterns`` (``fnmatch``: ``*`` matches ``/`` too). The allow-list names every file
+the loader and tokenizer read; ``*/*`` drops subfolders, which the loader never reads and
+where repositories keep other formats (Llama's ``original/*.pth``, ``onnx/``).
+NOTE 3 (offline): huggingface_hub reads ``HF_HUB_OFFLINE`` (else ``TRANSFORMERS_OFFLINE``)
+once, at import; ``local_files_only=True`` makes the offline path explicit and independent
+of when the variable was set: the snapshot ``refs/<revision>`` names (or the commit given)
+comes from the cache, or ``LocalEntryNotFoundError`` is raised.
 NOTE 4 (the cache folder): ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else
 ``HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``
-(an empty variable is unset): huggingface_hub's rule, evaluated at each call and passed
-as ``cache_dir``, so a variable set after importing transformers still counts.
-NOTE 5 (errors): the classes are huggingface_hub's (``huggingface_hub.errors``, present
-since 0.24; ``IncompleteSnapshotError`` only in 2.x, so it is looked up by name). Checked
-most specific first: ``GatedRepoError`` is a ``RepositoryNotFoundError``,
-``RevisionNotFoundError`` and both of those are ``HfHubHTTPError``, which is an ``OSError``;
-``IncompleteSnapshotError`` is a ``LocalEntryNotFoundError``. A connection error that
-escapes the hub (a proxy error is re-raised as it is) is recognised by its class coming
-from the HTTP library (``httpx``, ``httpx2``, ``requests``, ``urllib3``).
-NOTE 6 (no safetensors): a repository with only ``pytorch_model.bin`` downloads no weights
-(``*.bin`` is not allowed), and a cache filled by another tool may hold the ``*.bin``: the
-snapshot is refused here, naming the id, the revision and the pickled files found.
-NOTE 7 (the cache's own files): huggingface_hub reads ``refs/<revision>`` and joins what
-it holds to ``snapshots/`` (a binary ref was a bare ``UnicodeDecodeError``, ``../..`` the
-cache root, a FIFO a hang); 2.x also reads ``trees/<commit>.json``. Both go through
-``models/model_files.py`` first (a regular file inside the model's cache folder, under a
-cap), and the ref must be a 40-hex commit hash; a refusal names the id and the file.
+(empty means unset): the hub's rule, evaluated at each call and passed as ``cache_dir``.
+NOTE 5 (errors): the classes are ``huggingface_hub.errors`` (0.24+; ``IncompleteSnapshotError``
+only in 2.x, looked up by name), checked most specific first: ``GatedRepoError`` is a
+``RepositoryNotFoundError``; that and ``RevisionNotFoundError`` are ``HfHubHTTPError``s,
+``OSError``s; ``IncompleteSnapshotError`` is a ``LocalEntryNotFoundError``. A connection error
+escaping the hub is known by its class's module (``httpx(2)``, ``requests``, ``urllib3``).
+NOTE 6 (no safetensors): a repository with only ``pytorch_model.bin`` downloads no weights, and
+a cache filled by another tool may hold ``*.bin``: refused, naming id, revision and files.
+NOTE 7 (the cache's own files): the hub reads ``refs/<revision>`` and joins it to ``snapshots/``
+(a binary ref would be a bare ``UnicodeDecodeError``, ``../..`` the cache root, a FIFO a
+hang); 2.x also reads ``trees/<commit>.json``. Both go through ``models/model_files.py``
+first, the ref must be a 40-hex commit, and a refusal names the id and the file.
 """
 
 from __future__ import annotations
