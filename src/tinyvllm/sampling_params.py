@@ -17,58 +17,46 @@ up to the context), ``stop_token_ids``, ``stop`` (stop strings),
 (free-form, for custom logits processors), ``detokenize`` (NOTE 8).
 
 Invariants: an instance is frozen; ``stop_token_ids`` is a tuple of non-negative ints;
-``stop`` and ``bad_words`` are tuples of non-empty strings (a single str becomes a
-1-tuple); ``allowed_token_ids`` is None or a non-empty tuple of token ids; ``top_k`` -1 is
-stored as 0;
-``logit_bias`` and ``extra_args`` are private copies (mutating the caller's dict later
-changes nothing); numpy and torch integer scalars are stored as Python ints.
+``stop`` and ``bad_words`` are tuples of non-empty strings (a single str becomes a 1-tuple);
+``allowed_token_ids`` is None or a non-empty tuple of token ids; ``top_k`` -1 is stored as
+0; ``logit_bias`` and ``extra_args`` are private copies; numpy/torch integers become ints.
 
-Validates (``tinyvllm.validation``'s rule): a field of the wrong type raises ``TypeError``
-(``top_k=2.5``, ``seed="7"``, ``ignore_eos=1``, ``stop_token_ids=5``), a value out of range
-``ValueError`` (``top_k=-1``, ``seed=2**70``); both name the field and the value. Whether
-token ids lie in the vocabulary, and whether the engine can honour
-``thinking_token_budget``, needs the model: ``LLM.generate`` and ``LLMEngine.add_request``
-check that.
+Validates (``tinyvllm.validation``'s rule): a wrong type raises ``TypeError`` (``top_k=2.5``,
+``seed="7"``, ``ignore_eos=1``), a value out of range ``ValueError`` (``seed=2**70``); both
+name the field and the value. Token ids against the vocabulary, and whether the engine can
+honour ``thinking_token_budget``, need the model: ``LLM.generate`` and ``add_request`` check.
 
-NOTE 1 (temperature): 0 is greedy; a positive temperature must be at least 1e-2 (the
-value below which vLLM clamps, with a warning) and at most float32's largest value.
-Logits are divided by it in float32: ``logits / 1e-40`` overflows to inf, the softmax
-gives NaN, and every draw returns token 0; a temperature that is inf in float32 turns a
-masked ``-inf`` into NaN. We refuse rather than clamp, so nothing changes silently.
-NOTE 2 (logit_bias): each bias is a finite number in [-100, 100], OpenAI's limits. A bias
-of 1e39 is inf in float32, and so is ``100 / temperature`` for a tiny temperature; with
-an inf logit the softmax is NaN and the draw always returns token 0.
-NOTE 3 (output_kind): what ``LLMEngine.step()`` reports for this request, as vLLM's
-``RequestOutputKind``. FINAL_ONLY (the default here): one output, when the request
-finishes. DELTA: an output every step that adds text or tokens, holding only what is
-new. CUMULATIVE: an output every step that adds tokens, holding everything so far. vLLM's
-``SamplingParams`` defaults to CUMULATIVE and its ``LLM.generate`` switches to FINAL_ONLY;
-here FINAL_ONLY is the default so that ``step()`` keeps returning finished requests only.
-NOTE 4 (stop strings): the engine looks for them in the detokenised text after each step
-(``engine/detokenizer.py``), from ``min_tokens`` outputs on. The text is cut before the
-stop string, or after it with ``include_stop_str_in_output``; the request finishes with
-``finish_reason="stop"`` and ``stop_reason`` the string.
+NOTE 1 (temperature): 0 is greedy; a positive one is at least 1e-2 (below it vLLM clamps,
+with a warning) and at most float32's largest value. Logits are divided by it in float32:
+``logits / 1e-40`` overflows to inf, the softmax gives NaN and every draw returns token 0;
+an inf temperature turns a masked ``-inf`` into NaN. We refuse rather than clamp silently.
+NOTE 2 (logit_bias): each bias is finite, in [-100, 100] (OpenAI's limits): 1e39 is inf in
+float32, as ``100 / temperature`` is for a tiny temperature, and an inf logit makes the
+softmax NaN and the draw token 0.
+NOTE 3 (output_kind): what ``LLMEngine.step()`` reports, as vLLM's ``RequestOutputKind``.
+FINAL_ONLY (the default here): one output, when the request finishes. DELTA: an output every
+step that adds text or tokens, holding only what is new. CUMULATIVE: everything so far.
+vLLM's ``SamplingParams`` defaults to CUMULATIVE and its ``LLM.generate`` to FINAL_ONLY;
+FINAL_ONLY here keeps ``step()`` returning finished requests only.
+NOTE 4 (stop strings): searched in the detokenised text after each step, from ``min_tokens``
+outputs on; the text is cut before the string (after it with ``include_stop_str_in_output``)
+and the request finishes with ``finish_reason="stop"``, ``stop_reason`` the string.
 NOTE 5 (penalties, vLLM's semantics and ranges): ``presence_penalty`` in [-2, 2] is
-subtracted once from the logit of every token the output already holds;
-``frequency_penalty`` in [-2, 2] is subtracted once per occurrence in the output;
-``repetition_penalty`` > 0 (1 = off; at least float32's smallest normal, 2**-126, since a
-denormal one turns every positive logit into inf and the row into NaN) divides a positive logit and multiplies a negative
-one, for every token of the prompt or the output (``sample/penalties.py``).
-NOTE 6 (logprobs): ``logprobs=k`` returns, per output token, the sampled token's logprob
-and rank plus the k most likely tokens (0: the sampled token alone); ``prompt_logprobs=k``
-the same for every prompt token after the first. Both come from the model's raw logits,
-before any processor or penalty (vLLM's default ``logprobs_mode``); k = -1 is the whole
-vocabulary, as in vLLM. The engine caps k at its ``max_logprobs`` (``LLM(max_logprobs=...)``:
-20 by default, as vLLM; -1 for no cap).
-NOTE 7 (n): ``n`` completions of one prompt. The engine adds one child request per
-completion; they share the prompt's blocks through the prefix cache, and a seeded parent
-gives child ``i`` the seed ``seed + i`` (wrapped into int64). ``n`` is at most 16384, vLLM's default
-``VLLM_MAX_N_SEQUENCES``: one request must not ask for more children than the process can
-hold (``n=2**63`` used to be accepted, and the engine was killed for memory adding them).
-NOTE 8 (detokenize): ``detokenize=False`` returns the token ids with an empty text, and
-logprobs without their tokens' text: the tokenizer's ``decode`` is never called for the
-request (vLLM's throughput benchmark turns it off). Stop strings are found in the text, so
-they need ``detokenize=True`` (vLLM refuses them too).
+subtracted once from every token the output holds; ``frequency_penalty`` in [-2, 2] once
+per occurrence; ``repetition_penalty`` > 0 (1 = off; at least 2**-126, float32's smallest
+normal: a denormal one makes positive logits inf) divides a positive logit and multiplies
+a negative one, for every prompt or output token (``sample/penalties.py``).
+NOTE 6 (logprobs): ``logprobs=k`` returns, per output token, the sampled token's logprob and
+rank plus the k most likely (0: the sampled one alone); ``prompt_logprobs=k`` the same for
+every prompt token after the first. Both come from the raw logits (vLLM's default
+``logprobs_mode``); k = -1 is the whole vocabulary. The engine caps k at ``max_logprobs``
+(20 by default, as vLLM; -1 for no cap).
+NOTE 7 (n): ``n`` completions, one child request each, sharing the prompt's blocks through the
+prefix cache; a seeded parent gives child ``i`` the seed ``seed + i`` (wrapped into int64).
+``n`` is at most 16384, vLLM's ``VLLM_MAX_N_SEQUENCES``: no more children than a process holds.
+NOTE 8 (detokenize): ``detokenize=False`` returns token ids with an empty text and logprobs
+without text: ``decode`` is never called for the request (vLLM's throughput benchmark turns
+it off). Stop strings are found in the text, so they need it (vLLM refuses them too).
 """
 
 from __future__ import annotations
