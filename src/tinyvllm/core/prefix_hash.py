@@ -36,37 +36,24 @@ block's identity. They enter the key as ``("lora", name)`` and ``("salt", salt)`
 LoRA called "x" can never be confused with a salt "x".
 
 NOTE 4 (the bytes sha256 reads): ``sha256_hash`` hashes ``stable_bytes`` of the key
-``(parent hash value, token ids, extra keys)``, a tagged, length-prefixed encoding: every
-field starts with a one-byte type tag and every variable-length field with its length,
-so the bytes decode back to exactly one value, and two different keys never share their
-bytes. Token ids go in as packed 32-bit ints, so the key of a block of 16 tokens without
-extra keys is at most 113 bytes, two sha256 compression rounds (``repr``, used before,
-gave about 200 bytes, four rounds, after a decimal conversion of the 256-bit parent).
-``append_block_hashes``, the loop behind ``hash_request_tokens`` and the block pool,
-builds those bytes inline for sha256 and passes the key tuple itself to any other hash
-function: the values are ``hash_block_tokens``'s either way.
+``(parent hash value, token ids, extra keys)``: every field starts with a one-byte type tag
+and every variable-length field with its length, so the bytes decode back to exactly one
+value and two different keys never share their bytes. Token ids are packed 32-bit ints, so
+a 16-token block's key without extra keys is at most 113 bytes, two sha256 rounds.
+``append_block_hashes`` (behind ``hash_request_tokens`` and the block pool) builds those
+bytes inline for sha256 and passes the key tuple to any other hash function: the values
+are ``hash_block_tokens``'s either way.
 
 NOTE 5 (a plain tuple, not a NamedTuple, not bytes): a full ``gc.collect()`` walks every
-object the collector tracks, and a full prefix cache holds one block hash per block.
-CPython stops tracking an exact ``tuple`` once a collection finds only untracked items in
-it (ints, strs, such tuples; one level of nesting per collection, so a key takes two
-collections, three with extra keys), but a NamedTuple is a tuple subclass and stays
-tracked for ever. ``BlockHash`` was a NamedTuple; it is now the plain tuple, and
-``HASH_VALUE``, ``TOKEN_IDS`` and ``EXTRA_KEYS`` name its positions. ``python
-bench/hashing.py`` (section ``gc``; 2026-11-26, 2 AMD EPYC cores, Python 3.11, in a
-process whose own ~197k objects took ~100 ms to collect) timed one full collection with
-300k cached blocks in a ``BlockPool``: NamedTuple keys 233 ms, plain tuples 185 ms (1.26x
-faster), the same keys as ``stable_bytes`` 210 ms (1.11x); with 100k blocks 145, 132
-(1.11x) and 137 ms (1.06x). Tracked objects per cached block fell from 3 (its
-``KVCacheBlock``, its ``{block id: block}`` dict, its hash) to 2. Bytes, vLLM's choice,
-are never tracked, yet they were slower to collect than the untracked tuple in seven runs
-of eight. They are 5x smaller (146 against 746 bytes a key, token ints counted) and a
-first lookup is 1.7x faster (300 against 530 ns), but the tuple is the documents' (hash
-value, token ids, extra keys) as it stands, and NOTE 1 holds as it did. What is left is
-the process's own objects and the blocks (134 ms with nothing cached), the per-key dicts
-(24 ms) and the map's visits of its keys (26 ms). ``gc.freeze()`` at the end of start-up,
-as vLLM does (``freeze_gc_heap``), took the collection from 185 to 40 ms in the same run:
-the engine's choice, not this module's.
+tracked object, and a full prefix cache holds one block hash per block. CPython stops
+tracking an exact ``tuple`` once a collection finds only untracked items in it (one level of
+nesting per collection), but a NamedTuple, a tuple subclass, stays tracked for ever. So
+``BlockHash`` is the plain tuple, and ``HASH_VALUE``, ``TOKEN_IDS`` and ``EXTRA_KEYS`` name
+its positions: a cached block costs the collector 2 tracked objects, not 3. Bytes (vLLM's
+choice) are never tracked and are smaller, but were no faster to collect, and the tuple is
+the documents' (hash value, token ids, extra keys) as it stands, NOTE 1 included.
+``gc.freeze()`` after start-up (vLLM's ``freeze_gc_heap``) is the engine's choice, not this
+module's. Figures: ``bench/hashing.py``'s ``gc`` section in bench/README.md.
 
 Left out: multimodal extra keys (image hashes) and hybrid-model block sizes.
 """
