@@ -18,47 +18,44 @@ Mirrors: ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch``: ``add_request``,
 Invariants (``check_invariants``): after ``condense`` rows ``0 .. num_reqs - 1`` are live
 and nothing lies beyond; ``req_id_to_index`` and ``req_ids`` agree; each live row's
 ``temperature``/``top_p``/``top_k`` equal its request's params; a row has a seed exactly
-when its request has one; rows with no request hold the neutral values; a row
-has penalty state exactly when its request uses a penalty, built from its own prompt and
-live output list, and bad-word token ids exactly when its request has bad words (NOTE 7).
+when its request has one; rows with no request hold the neutral values; a row has penalty
+state exactly when its request uses a penalty, built from its own prompt and live output
+list, and bad-word token ids exactly when its request has bad words (NOTE 7).
 
 NOTE 1: within a step, every removal comes before the first addition: ``add_request``
 reads the builder's holes, after which ``removed_append`` raises (ch. 8.3).
 NOTE 2: MinTokens must hold back EOS as well as ``stop_token_ids`` (vLLM's
-``all_stop_token_ids``). ``add_request(eos_token_id=...)`` hands the processors a copy
-of the params with EOS appended to ``stop_token_ids`` unless ``ignore_eos``.
+``all_stop_token_ids``): ``add_request(eos_token_id=...)`` hands the processors a copy of
+the params with EOS appended to ``stop_token_ids`` unless ``ignore_eos``.
 NOTE 3: with ``max_num_blocks_per_req`` the batch also keeps the persistent block table
 (``worker/block_table.py``) in step with its rows: a row's ids are written when a request
 enters it, moved by ``condense``, swapped by ``swap_states`` and cleared on removal.
 NOTE 4: a seeded row carries only its request's seed: the sampler keys each draw by the
 seed and the position of the token drawn (``sample/draw_keys.py``), so nothing about a
 request's randomness needs to survive it leaving and re-entering the batch.
-NOTE 5 (the sampling metadata is reused): in a run of decode steps the batch usually
-does not change from one step to the next, and building ``SamplingMetadata`` costs about
-ten small tensor operations. ``make_sampling_metadata`` keeps the record it built and
-hands it out again until a ``refresh()`` sees a change (an addition, removal, move or
-swap), the only ways its values can change. The record is frozen and its tensors are
-copies, so handing out the same object twice is safe.
+NOTE 5 (the sampling metadata is reused): in a run of decode steps the batch usually does
+not change, and building ``SamplingMetadata`` costs about ten small tensor operations. So
+``make_sampling_metadata`` hands out the record it built until a ``refresh()`` sees a change
+(an addition, removal, move or swap), the only ways its values can change; the record is
+frozen and its tensors are copies, so handing it out twice is safe.
 NOTE 6 (every processor hears of every change): ``refresh`` gives the update to every
 processor even when one raises, and raises the first error after. After a failed step
 ``reset`` removes every row in one update; a processor that raises there again must not
 keep the others from dropping their rows, or they would apply a finished request's
 masks to whatever request next takes its row.
-NOTE 7 (penalties, allowed tokens, bad words): these need per-row state only for the
-requests that use them. The penalties' prompt masks and output counts live in a
-``PenaltyState`` (``sample/penalties.py``, its NOTE 2 on memory): rows enter it in
-``add_request`` (counted from the prompt and the whole output so far, so a preempted
-request that comes back is counted right), move and swap with their rows, leave it on
-removal and ``reset``, and ``refresh`` adds each step's new tokens. A request's bad-word
-token ids (tokenized by the engine, ``sample/bad_words.py`` NOTE 1) move with its row
-like its seed. ``allowed_token_ids`` needs no state here: the metadata's mask
-``[P, V]`` is built from the params of the rows that have one, when the metadata is
-built (NOTE 5), so it costs nothing while the batch is unchanged. Penalties and
-``allowed_token_ids`` need the vocabulary size (``InputBatch(vocab_size=...)``).
-NOTE 8 (no wait for the device): the metadata's flags (``all_greedy``, ``all_random``, is
-top-p or top-k used, the top-k/top-p plan) are read from the host tensors the batch keeps, and the device copies
-are made with ``upload`` (pinned, ``non_blocking``): building the metadata never makes the
-host wait for a forward still running on the GPU (``tinyvllm/device_syncs.py``).
+NOTE 7 (penalties, allowed tokens, bad words): per-row state only for the requests that use
+them. The penalties' prompt masks and output counts live in a ``PenaltyState``
+(``sample/penalties.py``, its NOTE 2 on memory): rows enter it in ``add_request`` (counted
+from the prompt and the whole output so far, so a preempted request comes back counted
+right), move and swap with their rows, leave on removal and ``reset``, and ``refresh`` adds
+each step's new tokens. Bad-word token ids (tokenized by the engine, ``sample/bad_words.py``
+NOTE 1) move with the row like its seed. ``allowed_token_ids`` needs no state here: its
+``[P, V]`` mask is built with the metadata (NOTE 5), so it costs nothing while the batch is
+unchanged. Penalties and allowed ids need ``InputBatch(vocab_size=...)``.
+NOTE 8 (no wait for the device): the metadata's flags (``all_greedy``, ``all_random``, the
+top-k/top-p plan) are read from the batch's host tensors and the device copies made with
+``upload`` (pinned, ``non_blocking``): building the metadata never waits for a forward still
+running on the GPU (``tinyvllm/device_syncs.py``).
 Left out: token-id buffers (the runner's ``InputBuffers``), LoRA, pooling.
 """
 # --8<-- [end:header]
