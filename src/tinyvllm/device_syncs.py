@@ -40,12 +40,10 @@ NOTE 2 (what synchronises), following PyTorch's CUDA copy and indexing code:
   copy:  a blocking copy to the device (``torch.tensor(data, device=...)``, ``to(device)``
          or ``copy_`` without ``non_blocking=True``): PyTorch waits for the stream after
          it, and so does indexing a device tensor with host indices (a list of ints, or a
-         host tensor), which copies the indices up first, and writing a host tensor, or a
-         Python number into one element (``t[i] = 5``) or through indices
-         (``t[rows, cols] = 1.0``): PyTorch makes the number a one-element host tensor and
-         copies it up (found on an H100 by the GPU twin; a number filling a slice, ``t[i]
-         = 0`` on a row, is a fill on the device; ``fill_at`` writes through indices
-         without the copy);
+         host tensor), which copies them up first, and writing a host tensor, or a Python
+         number into one element (``t[i] = 5``) or through indices (``t[rows, cols] = 1``),
+         made a one-element host tensor and copied up (a number filling a slice is a fill
+         on the device; ``fill_at`` writes through indices without the copy);
   shape: an output whose size depends on values: ``nonzero``, ``masked_select``,
          ``unique``, ``bincount``, one-argument ``where``, ``repeat_interleave`` by a
          tensor without ``output_size``, indexing with a boolean mask.
