@@ -1,77 +1,59 @@
-"""The decoder: one Llama-style transformer for Llama, Qwen2 and Qwen3, over the paged KV cache.
+"""The decoder: one Llama-style transformer for Llama, Qwen2 and Qwen3 over the paged KV cache.
 
-Concept: a ``DecoderForCausalLM`` turns the N scheduled tokens of a step (any mix of
-prefill chunks and decodes, back to back) into hidden states, reading and writing the
-paged KV cache through the step's ``AttentionMetadata``. Per layer: RMSNorm, one fused
-q/k/v projection, (Qwen3) RMSNorm on each q and k head, rotary embedding at each token's
-position, the backend's KV write of k and v into the layer's cache, ``paged_attention`` over
-everything cached, output projection, residual; then RMSNorm and a fused SiLU-gated MLP.
-``compute_logits`` maps only the rows the runner asks for to the vocabulary, in float32.
-The three families differ by flags of the ``ModelSpec``: ``qk_norm`` (Qwen3), ``qkv_bias``
-(Qwen2), ``rope_scaling`` (llama3), ``tie_word_embeddings``.
+Concept: ``DecoderForCausalLM`` turns the N scheduled tokens of a step (prefill chunks and
+decodes, back to back) into hidden states, through the paged KV cache and the step's
+``AttentionMetadata``. Per layer: RMSNorm, fused q/k/v projection, (Qwen3) RMSNorm per q/k
+head, rotary embedding, the backend's KV write, ``paged_attention``, output projection,
+residual; then RMSNorm and a fused SiLU-gated MLP. ``compute_logits`` maps only the rows the
+runner asks for to the vocabulary, in float32. The families differ by ``ModelSpec`` flags:
+``qk_norm`` (Qwen3), ``qkv_bias`` (Qwen2), ``rope_scaling`` (llama3), ``tie_word_embeddings``.
 
 Follows: seed 003 "KV cache物理内存分配" (the per-layer cache ``(2, num_blocks, block_size,
-num_kv_heads, head_size)``, ``key_cache = kv[0]``, ``value_cache = kv[1]``; attention reads
-slots and block ids from the attention metadata); seed 000 "CUDA Graphs", "嵌套 Wrapper 设计"
-(the forward runs as pieces between attention ops, NOTE 5).
-Mirrors: ``vllm/model_executor/models/llama.py`` (and ``qwen2.py``, ``qwen3.py``), with
-``vllm/model_executor/layers/rotary_embedding.py`` and ``layernorm.py`` folded in (their
-one-kernel CUDA forms are ``rms_norm.py`` and ``rotary.py``).
+num_kv_heads, head_size)``: keys ``kv[0]``, values ``kv[1]``); seed 000 "CUDA Graphs",
+"嵌套 Wrapper 设计" (the forward runs as pieces between attention ops, NOTE 5).
+Mirrors: ``vllm/model_executor/models/llama.py`` (and ``qwen2.py``, ``qwen3.py``) with
+``layers/rotary_embedding.py`` and ``layernorm.py`` folded in (their one-kernel CUDA forms
+are ``rms_norm.py`` and ``rotary.py``).
 
-Invariants: the arithmetic is transformers' own, operation for operation, so float32
-results match ``AutoModelForCausalLM`` to rounding; padding rows (past
-``query_start_loc[-1]``, CUDA graphs) write nothing to the cache and leave the real rows
-unchanged; no Python loop runs over tokens, and nothing in the forward reads a tensor's
-value on the host (a CUDA graph could not capture it).
+Invariants: the arithmetic is transformers' own, operation for operation, so float32 results
+match ``AutoModelForCausalLM`` to rounding; padding rows (past ``query_start_loc[-1]``)
+write nothing to the cache and leave the real rows unchanged; no Python loop runs over
+tokens, and the forward reads no tensor's value on the host (a CUDA graph could not).
 
-NOTE 1 (fused projections): q, k and v share one ``Linear`` whose weight is the three
-checkpoint matrices stacked along the output dimension, ``[(H + 2 * Hkv) * D, hidden]``
-(rows ``[0, H*D)`` are q, then k, then v; the bias likewise); gate and up share one whose
-weight is ``[2 * I, hidden]`` (gate rows first). One matmul instead of three (or two), as in
-vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``; ``load_model`` stacks them.
-NOTE 2 (transformers' rounding): RMSNorm computes its variance in float32 and multiplies by
-the weight after casting back; ``inv_freq`` and cos/sin are computed in float32 and cast to
-the model dtype, exactly as transformers does, so the same weights give the same numbers.
-NOTE 3 (inv_freq stays float32): the rotary module recomputes ``inv_freq`` in float32 from
-the spec after every ``.to()`` / ``to_empty()``, so casting the model to bfloat16 never
-rounds the frequencies.
-NOTE 4 (flat names): the module tree drops Hugging Face's ``model.`` level
-(``embed_tokens``, ``layers``, ``norm``, ``lm_head``); ``load_model`` maps the names.
-NOTE 5 (the piecewise split, by hand): vLLM gets the pieces of its piecewise CUDA graphs
-from torch.compile, which splits the traced forward at every attention op. Here the split
-is written out: ``pieces[0]`` is the embedding and layer 0 up to its attention;
-``pieces[i]`` is the rest of layer ``i - 1`` and layer ``i`` up to its attention; the last
-finishes the last layer and applies the final norm. ``attention_op`` (KV write + paged
-attention) runs between them. Each piece allocates the buffer the next attention writes
-into, so under piecewise graphs every tensor crossing a split has a fixed address. The
-runner may replace each entry of ``pieces`` with a wrapper (``worker/cuda_graph.py``); the
-model itself knows nothing of graphs.
-NOTE 6 (the LM head for one to three rows on the CPU): the LM head is the largest matrix
-(``[V, hidden]``, 32 MiB for a 16k vocabulary at hidden 512 in float32). For one to three
-rows, MKL's matrix-vector path over that layout ran 2 to 2.4 times slower on our CPU than a
-product with a column-major copy, ``hidden @ weight.t().contiguous()``; at four rows and
-more the two were equal (one thread, vocabulary 16384, hidden 512).
-So on the CPU ``compute_logits`` keeps that copy, made at the first such step and remade if
-the weight changes, and uses it for up to ``SMALL_LM_HEAD_ROWS`` rows: batch-1 decoding and
-the last few requests of a batch. The sums run in another order, so logits differ from the
-``Linear`` path by float rounding. The copy costs the LM head's size again in host memory,
-so it is skipped when the weight is over ``SMALL_LM_HEAD_MAX_BYTES``.
+NOTE 1 (fused projections): q, k and v share one ``Linear`` whose weight stacks the three
+checkpoint matrices, ``[(H + 2 * Hkv) * D, hidden]`` (q rows, then k, then v; the bias
+likewise); gate and up share one, ``[2 * I, hidden]`` (gate first). One matmul instead of
+three (or two), as vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``;
+``load_model`` stacks them.
+NOTE 2 (transformers' rounding): RMSNorm's variance is float32 and the weight multiplies
+after the cast back; ``inv_freq`` and cos/sin are float32, cast to the model dtype, as
+transformers does, so the same weights give the same numbers.
+NOTE 3 (inv_freq stays float32): recomputed from the spec after every ``.to()`` /
+``to_empty()``, so casting the model to bfloat16 never rounds the frequencies.
+NOTE 4 (flat names): no Hugging Face ``model.`` level; ``load_model`` maps the names.
+NOTE 5 (the piecewise split, by hand): vLLM's torch.compile splits the traced forward at
+every attention op; here ``pieces[0]`` is the embedding and layer 0 up to its attention,
+``pieces[i]`` the rest of layer ``i - 1`` and layer ``i`` up to its attention, the last
+finishes the last layer and the final norm; ``attention_op`` (KV write + paged attention)
+runs between them. Each piece allocates the buffer the next attention writes into, so every
+tensor crossing a split has a fixed address. The runner may wrap each piece
+(``worker/cuda_graph.py``); the model knows nothing of graphs.
+NOTE 6 (the LM head for one to three rows on the CPU): for so few rows MKL's matrix-vector
+path over ``[V, hidden]`` is slower than ``hidden @ weight.t().contiguous()`` (equal from four
+rows; figures in docs/model_runner.md), so on the CPU ``compute_logits`` keeps that copy
+(remade if the weight changes) for up to ``SMALL_LM_HEAD_ROWS`` rows, unless the weight is
+over ``SMALL_LM_HEAD_MAX_BYTES`` (the copy doubles its memory); logits differ by rounding.
 NOTE 7 (the MLP in place): ``silu`` and the product with ``up`` overwrite the gate half of
-the gate/up output instead of allocating two ``[N, I]`` tensors; the operations and their
-rounding are transformers' own.
-NOTE 8 (a backend's plan per step): some of a backend's work depends only on the step,
-not on the layer: the batched torch backend reads the lengths on the host and builds its
-gather indices and masks. A backend with a ``plan_step`` gets it called once per forward,
-and each layer's ``attention_op`` passes the result on, as vLLM's attention metadata
-builders run once per step for all layers. The plan is built eagerly, outside any piece,
-and only backends that are never captured (``NEVER``) have one.
-NOTE 9 (the residual adds ride with the norms): each residual add is followed by a norm,
-so ``RMSNorm.add_forward`` does both (one kernel on CUDA, ``rms_norm.py`` NOTE 3; the
-torch add and norm elsewhere, the same operations as ``x + delta`` then ``norm``). For the
-add after the MLP that norm is the next layer's ``input_layernorm``, in the next piece:
-``after_attention`` returns the residual stream and the MLP's output apart, and
-``before_attention`` (or the final norm) adds them, as vLLM's layers pass
-``hidden_states, residual``. The first layer has nothing to add.
+the gate/up output instead of allocating two ``[N, I]`` tensors, with transformers' rounding.
+NOTE 8 (a backend's plan per step): a backend's host work that depends only on the step (the
+torch backend's lengths, gather indices, masks) is its ``plan_step``, called once per
+forward; each layer's ``attention_op`` passes the plan on, as vLLM's metadata builders run
+once per step. It is built eagerly, outside any piece: only ``NEVER`` backends have one.
+NOTE 9 (the residual adds ride with the norms): each residual add is followed by a norm, so
+``RMSNorm.add_forward`` does both (one kernel on CUDA, ``rms_norm.py`` NOTE 3). After the MLP
+that norm is the next layer's ``input_layernorm``, in the next piece: ``after_attention``
+returns the residual stream and the MLP's output apart and ``before_attention`` (or the
+final norm) adds them, as vLLM's layers pass ``hidden_states, residual``.
 
 Left out: tensor parallelism, quantisation, sliding windows, rope types other than default
 and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
