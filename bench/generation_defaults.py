@@ -4,7 +4,8 @@ What it measures: for each candidate setting (greedy, and every combination of
 ``--temperatures`` x ``--top-ps`` x ``--top-ks`` x ``--min-ps`` x
 ``--repetition-penalties``), one completion of ``--max-tokens`` (64, the command line's
 default) for each prompt cut from held-out Python: the modules of
-``train_tiny.HELD_OUT_MODULES``, which neither the model nor its tokenizer was trained on.
+``tinyvllm.stdlib_tiny.train.HELD_OUT_MODULES``, which neither the model nor its tokenizer
+was trained on.
 A prompt is a top-level ``def`` or ``class`` of one of those modules with the whole lines
 after it that fit in ``--prompt-tokens`` (32), ending on code. By default every such
 prompt with 64 tokens after it is used (97 on Python 3.11): with 20 (``--num-prompts 20``
@@ -63,8 +64,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, run_header, set_threads, write_json  # noqa: E402  (it puts src/ on the path)
 from tinyvllm import LLM, SamplingParams, validation  # noqa: E402
-from tinyvllm.models import STDLIB_TINY  # noqa: E402
-from tinyvllm.models.train_tiny import HELD_OUT_MODULES, stdlib_sources  # noqa: E402
+from tinyvllm.stdlib_tiny import STDLIB_TINY  # noqa: E402
+from tinyvllm.stdlib_tiny.train import HELD_OUT_MODULES, stdlib_sources  # noqa: E402
 
 README_PROMPT = "def fibonacci(n):"
 NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}

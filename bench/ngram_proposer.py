@@ -51,7 +51,7 @@ def stdlib_token_ids() -> list[int]:
 
     from transformers import AutoTokenizer
 
-    from tinyvllm.models import STDLIB_TINY
+    from tinyvllm.stdlib_tiny import STDLIB_TINY
 
     lib = Path(sysconfig.get_paths()["stdlib"])
     text = "\n".join((lib / name).read_text() for name in MODULES)

@@ -61,7 +61,7 @@ def repeat_prompts(tokenizer, count: int, max_prompt_tokens: int, seed: int) -> 
     """Functions of the held-out modules, each followed by its own first lines again; and for
     each, the tokens a perfect copier would write next (the rest of the function)."""
     from tinyvllm.models.tiny import stdlib_dir
-    from tinyvllm.models.train_tiny import HELD_OUT_MODULES
+    from tinyvllm.stdlib_tiny.train import HELD_OUT_MODULES
 
     functions = []
     for module in HELD_OUT_MODULES:
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = set_threads(1)
 
     from tinyvllm import LLM, SamplingParams
-    from tinyvllm.models import STDLIB_TINY
+    from tinyvllm.stdlib_tiny import STDLIB_TINY
     from tinyvllm.models.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,6 +13,8 @@ are resolved against the file's package.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,59 @@ def test_nothing_below_the_engine_imports_the_trace_package():
 def test_config_does_not_import_the_worker():
     problems = worker_imports_under("config.py")
     assert not problems, "config.py imports the worker (CUDAGraphMode lives in config.py):\n" + "\n".join(problems)
+
+
+def test_the_shipped_model_package_sits_on_the_models():
+    """``stdlib_tiny/`` owns the shipped model: its folder path (``__init__.py``, which the
+    engine and the CLI read for their default model), its training and its loss plot. It sits
+    above ``models/`` (training builds on the tiny tokenizer helpers there) and below
+    everything else: it imports nothing of ours but ``models/``, and ``models/`` does not
+    import it."""
+    problems = worker_imports_under("stdlib_tiny", forbidden="tinyvllm", allowed=("tinyvllm.models", "tinyvllm.stdlib_tiny"))
+    assert not problems, "stdlib_tiny/ imports more of tinyvllm than models/:\n" + "\n".join(problems)
+    problems = worker_imports_under("models", forbidden="tinyvllm.stdlib_tiny")
+    assert not problems, "models/ imports stdlib_tiny/ (the layer above it):\n" + "\n".join(problems)
+
+
+def test_only_the_train_tiny_command_imports_the_training_code():
+    """The runtime reads the shipped model's folder path and nothing else of ``stdlib_tiny/``:
+    the training code (torch on the trainer's side, argparse, the SVG plot) is reached only
+    by ``tinyvllm train-tiny`` in ``cli.py``."""
+    runtime = [
+        p.relative_to(PACKAGE_ROOT).as_posix()
+        for p in sorted(PACKAGE_ROOT.rglob("*.py"))
+        if p.relative_to(PACKAGE_ROOT).parts[0] not in ("stdlib_tiny", "cli.py")
+    ]
+    for module in ("tinyvllm.stdlib_tiny.train", "tinyvllm.stdlib_tiny.plot"):
+        problems = worker_imports_under(*runtime, forbidden=module)
+        assert not problems, f"the runtime imports {module}:\n" + "\n".join(problems)
+    cli = [hit.split(": ", 2)[2] for hit in worker_imports_under("cli.py", forbidden="tinyvllm.stdlib_tiny.train")]
+    assert cli == [
+        "from tinyvllm.stdlib_tiny.train import DESCRIPTION, add_arguments",
+        "from tinyvllm.stdlib_tiny.train import run",
+    ], cli
+
+
+# Where kernels can run, and the choice between a kernel and the torch ops, are asked by
+# attention/, models/ and engine/ alike: their one home is the bottom-layer ``platform.py``.
+PLATFORM_NAMES = ("triton_can_run_on", "impl_from_env", "uses_kernel", "IMPLS")
+
+
+def test_platform_is_a_bottom_layer_without_torch():
+    problems = worker_imports_under("platform.py", forbidden="tinyvllm")
+    assert not problems, "platform.py imports tinyvllm (it is the bottom layer):\n" + "\n".join(problems)
+    code = "import sys, tinyvllm.platform\nprint(sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'triton')))\n"
+    src = str(PACKAGE_ROOT.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing tinyvllm.platform loaded {out.stdout.strip()}"
+
+
+def test_every_importer_of_the_platform_names_imports_them_from_platform():
+    misplaced = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != "tinyvllm.platform":
+                if any(alias.name in PLATFORM_NAMES for alias in node.names):
+                    misplaced.append(f"src/{path.relative_to(PACKAGE_ROOT.parent).as_posix()}: line {node.lineno}: {ast.unparse(node)}")
+    assert misplaced == [], "platform names imported from elsewhere:\n" + "\n".join(misplaced)

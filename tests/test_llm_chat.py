@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.models import STDLIB_TINY
+from tinyvllm.stdlib_tiny import STDLIB_TINY
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 HELLO = [{"role": "user", "content": "write a function that adds two numbers"}]

@@ -1,4 +1,4 @@
-"""The shipped model, ``src/tinyvllm/models/stdlib_tiny/``: it has learned, the engine
+"""The shipped model, ``src/tinyvllm/stdlib_tiny/``: it has learned, the engine
 runs it exactly, and its record is complete.
 
 Contract: on held-out standard-library modules (never trained on), the model's loss is at
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyvllm.models import STDLIB_TINY
-from tinyvllm.models.train_tiny import HELD_OUT_MODULES, SIZES, stdlib_sources, unigram_entropy, windows
+from tinyvllm.stdlib_tiny import STDLIB_TINY
+from tinyvllm.stdlib_tiny.train import HELD_OUT_MODULES, SIZES, stdlib_sources, unigram_entropy, windows
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = Path(STDLIB_TINY)
@@ -57,7 +57,7 @@ def tokenizer():
 
 
 def test_stdlib_tiny_beats_the_unigram_baseline_on_held_out_modules(hf_model, tokenizer):
-    from tinyvllm.models.train_tiny import encode_stream
+    from tinyvllm.stdlib_tiny.train import encode_stream
 
     sources = stdlib_sources()
     stream = encode_stream(tokenizer, [sources[name] for name in HELD_OUT_MODULES])

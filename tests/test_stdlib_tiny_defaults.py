@@ -3,7 +3,7 @@
 Contract:
 - ``bench/generation_defaults.py --quick`` runs every code path of the measurement and
   writes a record with the schema below (its figures mean nothing);
-- ``src/tinyvllm/models/stdlib_tiny/generation_config.json`` holds exactly the sampling
+- ``src/tinyvllm/stdlib_tiny/generation_config.json`` holds exactly the sampling
   fields the full run chose (``bench/results/generation_defaults.json``), beside its EOS;
 - the README's first command, ``tinyvllm generate --prompt "def fibonacci(n):"`` (on the
   CPU, the default seed), prints a completion whose share of repeated 4-grams is below
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tinyvllm.models import STDLIB_TINY
+from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.models.loader import load_generation_defaults, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

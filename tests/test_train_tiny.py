@@ -1,9 +1,10 @@
 """``tinyvllm train-tiny`` end to end, in seconds: a few steps on a few modules.
 
-Contract (``tinyvllm/models/train_tiny.py``): the command writes a Hugging Face folder
-that transformers and tinyvllm both load, whose stored weights are bfloat16 but run in
-float32, whose tokenizer knows ``<|endoftext|>``, ``<think>`` and ``</think>``, and beside
-it the record of the run (``training.json``, ``loss_curve.json``, ``loss_curve.svg``).
+Contract (``tinyvllm/stdlib_tiny/train.py``; the loss plot ``plot.py``): the command writes
+a Hugging Face folder that transformers and tinyvllm both load, whose stored weights are
+bfloat16 but run in float32, whose tokenizer knows ``<|endoftext|>``, ``<think>`` and
+``</think>``, and beside it the record of the run (``training.json``, ``loss_curve.json``,
+``loss_curve.svg``).
 The held-out modules are never trained on. The loss goes down.
 
 The run trains once per module (``trained`` fixture, about ten seconds on two cores).
@@ -19,8 +20,9 @@ import pytest
 import torch
 
 from tinyvllm import cli
-from tinyvllm.models import train_tiny
-from tinyvllm.models.train_tiny import HELD_OUT_MODULES, TrainConfig, learning_rate
+from tinyvllm.stdlib_tiny import plot
+from tinyvllm.stdlib_tiny import train as train_tiny
+from tinyvllm.stdlib_tiny.train import HELD_OUT_MODULES, TrainConfig, learning_rate
 
 MODULES = "json.decoder,string,difflib,pprint"
 STEPS = 40
@@ -159,11 +161,11 @@ def test_train_tiny_precision_is_resolved_and_recorded(trained):
 
 
 def test_train_tiny_loss_curve_averages_long_runs_into_at_most_max_points():
-    xs, ys, k = train_tiny.bucket_means([1, 2, 3, 4, 5], [5.0, 3.0, 4.0, 2.0, 1.0], max_points=2)
+    xs, ys, k = plot.bucket_means([1, 2, 3, 4, 5], [5.0, 3.0, 4.0, 2.0, 1.0], max_points=2)
     assert (xs, ys, k) == ([2.0, 4.5], [4.0, 1.5], 3)
-    assert train_tiny.bucket_means([1, 2], [2.0, 1.0], max_points=10) == ([1.0, 2.0], [2.0, 1.0], 1)
+    assert plot.bucket_means([1, 2], [2.0, 1.0], max_points=10) == ([1.0, 2.0], [2.0, 1.0], 1)
     curve = {"step": list(range(1, 2001)), "train_loss": [5.0 - i / 1000 for i in range(2000)], "lr": [], "eval": []}
-    svg = ET.fromstring(train_tiny.loss_curve_svg(curve, 6.0, max_points=500))
+    svg = ET.fromstring(plot.loss_curve_svg(curve, 6.0, max_points=500))
     [line] = svg.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(line.get("points").split()) == 500
     assert any("mean of 4 steps" in (t.text or "") for t in svg.iter("{http://www.w3.org/2000/svg}text"))

@@ -28,7 +28,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
-from tinyvllm.models import STDLIB_TINY  # noqa: E402
+from tinyvllm.stdlib_tiny import STDLIB_TINY  # noqa: E402
 
 MAX_TOKENS = 40
 TEXT_PROMPT = "def fibonacci(n):\n"

@@ -19,7 +19,7 @@ import os
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
-from tinyvllm.models import STDLIB_TINY  # noqa: E402
+from tinyvllm.stdlib_tiny import STDLIB_TINY  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):\n",

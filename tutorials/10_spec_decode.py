@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
-from tinyvllm.models import STDLIB_TINY  # noqa: E402
+from tinyvllm.stdlib_tiny import STDLIB_TINY  # noqa: E402
 
 torch.set_num_threads(1)
 SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}

@@ -202,7 +202,7 @@ def _check_engine_args(args):
 
     _check_counts(args)
     if args.model is None:  # the small model shipped with the package
-        from tinyvllm.models import STDLIB_TINY
+        from tinyvllm.stdlib_tiny import STDLIB_TINY
 
         args.model = STDLIB_TINY
     args.model_folder = resolve_model(args.model, args.revision)
@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny-model", help="write a tiny random-weight model folder")
     tiny.add_argument("folder")
     tiny.add_argument("--family", default="qwen3", choices=["qwen3", "qwen2", "llama"])
-    from tinyvllm.models.train_tiny import DESCRIPTION, add_arguments  # no torch at import
+    from tinyvllm.stdlib_tiny.train import DESCRIPTION, add_arguments  # no torch at import
 
     add_arguments(sub.add_parser("train-tiny", help="train a small model on the standard library's sources", description=DESCRIPTION))
     from tinyvllm.trace import command as trace_command  # no torch at import
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "train-tiny":
-            from tinyvllm.models.train_tiny import run
+            from tinyvllm.stdlib_tiny.train import run
 
             return run(args)
         if args.command == "trace":

@@ -108,7 +108,7 @@ from tinyvllm.engine.chat_template import check_template_kwargs, flatten_message
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.request_checks import check_defaults_with_speculation, check_request_against_model
 from tinyvllm.engine.startup_report import StartupReport
-from tinyvllm.models import STDLIB_TINY
+from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.llama import load_model
 from tinyvllm.models.loader import check_eos_token_ids, load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype

@@ -306,7 +306,7 @@ def seed003_kv_slots() -> Trace:
 
 def spec_decode_drafts() -> Trace:
     from tinyvllm import LLM
-    from tinyvllm.models import STDLIB_TINY
+    from tinyvllm.stdlib_tiny import STDLIB_TINY
 
     spec = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     llm = LLM(STDLIB_TINY, device="cpu", max_model_len=64, max_num_batched_tokens=16, enable_prefix_caching=False,

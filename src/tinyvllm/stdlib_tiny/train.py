@@ -5,9 +5,10 @@ wants to see real text come out of the engine. Every Python installation carries
 megabytes of good Python: the standard library's own ``.py`` sources. This module trains,
 on the CPU and from scratch, a byte-level BPE tokenizer and a Qwen3-architecture decoder
 on that text, and writes a Hugging Face folder that both transformers and tinyvllm load
-as it is. The folder the project ships (``src/tinyvllm/models/stdlib_tiny/``) was made
-by ``tinyvllm train-tiny``; ``tinyvllm generate`` and ``LLM()`` use it when no model is
-named.
+as it is. The folder the project ships is this package's own folder
+(``src/tinyvllm/stdlib_tiny/``, ``STDLIB_TINY``), made by ``tinyvllm train-tiny``;
+``tinyvllm generate`` and ``LLM()`` use it when no model is named. The loss curve's SVG is
+drawn by ``plot.py``.
 
 Mirrors: nothing in vLLM (an inference engine does not train). The folder layout is the
 one ``save_pretrained`` writes, so any Hugging Face tool reads it.
@@ -37,19 +38,16 @@ NOTE 5 (seeds): one seed drives the weight initialisation and the choice of trai
 windows. The tokenizer's training is deterministic on the same text. A run bounded by
 ``--max-steps`` alone repeats; one cut short by ``--minutes`` stops where the clock says.
 NOTE 6 (short windows first): at a fixed number of tokens, many small steps beat a few
-large ones here. Measured on two cores over the same 460k training tokens, held-out
-loss / unigram entropy was 0.97 for 150 steps of 6 x 512 tokens, 0.91 for 450 steps of
-2 x 512, and 0.87 for 450 steps of 8 x 128 (which also ran 1.8x more tokens per second:
-attention over 128 tokens is cheap). So most of the run trains on windows of ``seq_len``
-= 128 tokens; the last ``long_fraction`` of it trains on windows of ``context_len`` = 512
-with the same tokens per step, so the model also learns the positions it will be asked
-to use (``max_position_embeddings`` is ``context_len``, and held-out loss is measured on
-windows of that length).
+large ones here (the model card's table: held-out loss and speed per window shape). So
+most of the run trains on windows of ``seq_len`` = 128 tokens; the last
+``long_fraction`` of it trains on windows of ``context_len`` = 512 with the same tokens
+per step, so the model also learns the positions it will be asked to use
+(``max_position_embeddings`` is ``context_len``, and held-out loss is measured on windows
+of that length).
 NOTE 7 (precision): the weights and AdamW's state stay float32; ``bfloat16`` runs the
 forward and backward under ``torch.autocast``, whose matrix products use the CPU's native
-bfloat16 instructions (AVX512-BF16 or AMX). On the machine that trained the shipped model
-that made a step 1.4-1.6x faster at the same held-out loss (0.974 against 0.985 of
-float32 after 150 steps). ``auto`` picks it when the CPU has those instructions and
+bfloat16 instructions (AVX512-BF16 or AMX): faster per step at the same held-out loss
+(the model card's table). ``auto`` picks it when the CPU has those instructions and
 float32 otherwise, where bfloat16 would only be emulated.
 """
 
@@ -60,12 +58,13 @@ import dataclasses
 import json
 import math
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from tinyvllm.models.tiny import EOS_TOKEN, bpe_tokenizer, stdlib_dir
+from tinyvllm.stdlib_tiny.plot import loss_curve_svg
+
 # --8<-- [start:held_out]
 HELD_OUT_MODULES = (
     "bisect", "calendar", "colorsys", "fnmatch", "fractions", "getopt",
@@ -265,81 +264,6 @@ def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
-
-
-# -- the loss curve as an SVG ---------------------------------------------------------------------
-
-
-def bucket_means(steps: list[int], values: list[float], max_points: int) -> tuple[list[float], list[float], int]:
-    """(x, y, k): the means of consecutive runs of ``k`` steps and of their values, with
-    ``k`` the smallest run length that leaves at most ``max_points`` points (k = 1 keeps
-    every point). A short last run is averaged on its own."""
-    k = max(1, math.ceil(len(steps) / max_points))
-
-    def means(seq: list) -> list[float]:
-        return [statistics.fmean(seq[i : i + k]) for i in range(0, len(seq), k)]
-
-    return means(steps), means(values), k
-
-
-def loss_curve_svg(
-    curve: dict, baseline: float | None = None, width: int = 640, height: int = 360, max_points: int = 500
-) -> str:
-    """A hand-written SVG: training loss (a polyline; past ``max_points`` steps, the mean of
-    each run of k steps), held-out loss (dots joined by a dashed line) and the unigram
-    baseline (a horizontal line), against the step."""
-    left, right, top, bottom = 56, 16, 20, 44
-    steps, train, k = bucket_means(curve["step"], curve["train_loss"], max_points)
-    evals = curve["eval"]
-    values = train + [e["held_out_loss"] for e in evals] + ([baseline] if baseline else [])
-    y_max = math.ceil(max(values))
-    y_min = math.floor(min(values))
-    x_max = max(curve["step"][-1], 1)
-
-    def x(step: float) -> float:
-        return left + (width - left - right) * step / x_max
-
-    def y(value: float) -> float:
-        return top + (height - top - bottom) * (y_max - value) / max(y_max - y_min, 1e-9)
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-    ]
-    for v in range(y_min, y_max + 1):
-        out.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{width - right}" y2="{y(v):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v}</text>')
-    tick = 10 ** max(0, len(str(x_max)) - 1)
-    while tick > 1 and x_max // tick < 4:  # at least four ticks past 0
-        tick //= 2
-    for s in range(0, x_max + 1, tick):
-        out.append(f'<text x="{x(s):.1f}" y="{height - bottom + 16}" text-anchor="middle">{s}</text>')
-    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle">step</text>')
-    out.append(
-        f'<text x="14" y="{(top + height - bottom) / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 14 {(top + height - bottom) / 2})">loss (nats/token)</text>'
-    )
-    points = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in zip(steps, train))
-    out.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="1" points="{points}"/>')
-    if evals:
-        points = " ".join(f"{x(e['step']):.1f},{y(e['held_out_loss']):.1f}" for e in evals)
-        out.append(f'<polyline fill="none" stroke="#d62728" stroke-width="1.5" stroke-dasharray="4 3" points="{points}"/>')
-        for e in evals:
-            out.append(f'<circle cx="{x(e["step"]):.1f}" cy="{y(e["held_out_loss"]):.1f}" r="2.5" fill="#d62728"/>')
-    if baseline:
-        out.append(
-            f'<line x1="{left}" y1="{y(baseline):.1f}" x2="{width - right}" y2="{y(baseline):.1f}" '
-            f'stroke="#2ca02c" stroke-dasharray="6 4"/>'
-        )
-    train_label = "training loss" if k == 1 else f"training loss (mean of {k} steps)"
-    legend = [("#1f77b4", train_label), ("#d62728", "held-out loss"), ("#2ca02c", "unigram entropy (held out)")]
-    for i, (color, label) in enumerate(legend if baseline else legend[:2]):
-        ly = top + 14 + 16 * i
-        out.append(f'<line x1="{width - 250}" y1="{ly - 4}" x2="{width - 230}" y2="{ly - 4}" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<text x="{width - 224}" y="{ly}">{label}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -566,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tinyvllm.models.train_tiny", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m tinyvllm.stdlib_tiny.train", description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
