@@ -21,11 +21,11 @@ Left out: fp8 caches and their scales, layouts other than NHD.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from tinyvllm.platform import triton_can_run_on
 
 # A slot mapping entry meaning "this row is padding: write nothing" (CUDA-graph padding).
 PAD_SLOT_ID = -1
@@ -115,11 +115,6 @@ def _write_kv_cache_kernel(
     tl.store(kc, k, mask=mask)
     tl.store(vc, v, mask=mask)
 # --8<-- [end:kernel]
-
-
-def triton_can_run_on(device: torch.device) -> bool:
-    """Triton runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def write_kv_cache_triton(

@@ -45,8 +45,8 @@ import triton
 import triton.language as tl
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
-from tinyvllm.attention.kv_cache_write import triton_can_run_on
 from tinyvllm.arith import cdiv
+from tinyvllm.platform import triton_can_run_on
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
 # depend on tensor shapes only, and the launcher never reads a tensor's value on the host,

@@ -92,7 +92,6 @@ from typing import Any
 
 import torch
 
-from tinyvllm.attention.kv_cache_write import triton_can_run_on
 from tinyvllm.config import (
     CacheConfig,
     CompilationConfig,
@@ -113,6 +112,7 @@ from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.llama import load_model
 from tinyvllm.models.loader import check_eos_token_ids, load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype
 from tinyvllm.outputs import RequestOutput
+from tinyvllm.platform import triton_can_run_on
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters

@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyvllm.models.kernel_choice import uses_kernel
 from tinyvllm.models.rms_norm import rms_norm_torch
 from tinyvllm.models.rotary import check_rotary_args, load_angles, rotary_torch, rotate_halves
+from tinyvllm.platform import uses_kernel
 
 
 # --8<-- [start:torch]

@@ -49,8 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyvllm.attention.kv_cache_write import triton_can_run_on
-from tinyvllm.models.kernel_choice import impl_from_env, uses_kernel
+from tinyvllm.platform import impl_from_env, triton_can_run_on, uses_kernel
 
 IMPL_ENV = "TINYVLLM_RMS_NORM"
 
@@ -188,7 +187,7 @@ def add_rms_norm_triton(
 
 # --8<-- [start:choose]
 def rms_norm_impl() -> str:
-    """The implementation ``TINYVLLM_RMS_NORM`` asks for ("auto" when unset; ``kernel_choice.py``)."""
+    """The implementation ``TINYVLLM_RMS_NORM`` asks for ("auto" when unset; ``platform.py``)."""
     return impl_from_env(IMPL_ENV)
 
 

@@ -47,8 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyvllm.attention.kv_cache_write import triton_can_run_on
-from tinyvllm.models.kernel_choice import impl_from_env, uses_kernel
+from tinyvllm.platform import impl_from_env, triton_can_run_on, uses_kernel
 
 IMPL_ENV = "TINYVLLM_ROTARY"
 
@@ -184,7 +183,7 @@ def rotary_triton(
 
 # --8<-- [start:choose]
 def rotary_impl() -> str:
-    """The implementation ``TINYVLLM_ROTARY`` asks for ("auto" when unset; ``kernel_choice.py``)."""
+    """The implementation ``TINYVLLM_ROTARY`` asks for ("auto" when unset; ``platform.py``)."""
     return impl_from_env(IMPL_ENV)
 
 
