@@ -1,11 +1,11 @@
 """Sampling defaults from the model's ``generation_config.json`` (vLLM's ``generation_config``).
 
-Contract (``models/loader.py`` ``load_generation_defaults``, ``sampling_defaults.py``,
+Contract (``sampling_defaults.py``: ``load_generation_defaults`` and the rest,
 ``LLM(generation_config=...)``, ``LLM.get_default_sampling_params``, the command line):
 
-- the loader keeps vLLM's six fields (``repetition_penalty``, ``temperature``, ``top_k``,
-  ``top_p``, ``min_p``, ``max_new_tokens`` as ``max_tokens``), drops nulls, ignores every
-  other key (``do_sample`` included, as vLLM does) and refuses a malformed value with a
+- ``load_generation_defaults`` keeps vLLM's six fields (``repetition_penalty``,
+  ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``max_new_tokens`` as ``max_tokens``),
+  drops nulls, ignores every other key (``do_sample`` included, as vLLM does) and refuses a malformed value with a
   ValueError naming ``generation_config.json``, the field and the value;
 - ``"auto"`` reads the model folder's file, ``"vllm"`` ignores it, a folder path reads
   that folder's; a bad value is refused before the model folder is read;
@@ -30,8 +30,7 @@ from pathlib import Path
 import pytest
 
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.models.loader import load_generation_defaults
-from tinyvllm.sampling_defaults import merge_defaults
+from tinyvllm.sampling_defaults import load_generation_defaults, merge_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = dict(device="cpu", max_model_len=96, block_size=4)

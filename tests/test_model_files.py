@@ -28,11 +28,11 @@ from tinyvllm.models.loader import (
     find_weight_files,
     iter_safetensors,
     load_eos_token_ids,
-    load_generation_defaults,
     load_model_spec,
     load_tokenizer,
     read_tensor_infos,
 )
+from tinyvllm.sampling_defaults import load_generation_defaults
 
 
 @pytest.fixture

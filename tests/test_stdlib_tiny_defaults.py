@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 from tinyvllm.stdlib_tiny import STDLIB_TINY
-from tinyvllm.models.loader import load_generation_defaults, load_tokenizer
+from tinyvllm.models.loader import load_tokenizer
+from tinyvllm.sampling_defaults import load_generation_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "bench" / "results" / "generation_defaults.json"

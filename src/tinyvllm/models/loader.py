@@ -14,21 +14,20 @@ Supported: ``Qwen3ForCausalLM`` (q/k RMSNorm), ``Qwen2ForCausalLM`` (q/k/v bias)
 v4's form (top-level ``rope_theta``, ``rope_scaling``) and v5's (``rope_parameters``).
 
 What is checked (each failure a ``ValueError`` naming the file and the field):
-- Every file read or handed on: a regular file inside the folder, of bounded size (NOTE 6).
-- JSON files: valid UTF-8 JSON, an object at the top.
+- Every file read or handed on: a regular file inside the folder, of bounded size (NOTE 5).
+- JSON files: valid UTF-8 JSON, an object at the top (``model_files.read_json_object``).
 - ``config.json``: one supported architecture; sizes integers in [1, ``MAX_CONFIG_INT``];
   heads a multiple of KV heads, ``head_dim`` even; ``rms_norm_eps`` and ``rope_theta``
   finite > 0; bools and ``dtype`` as named; rope type default or llama3 with its fields.
 - Weights: safetensors only (NOTE 1); shards stay inside the folder (NOTE 3); every
   header parses and covers its file; no tensor in two files; every tensor the decoder
   needs with its shape and a float dtype, none it would ignore (``check_weights``, from
-  the headers alone); their bytes fit in the memory available (NOTE 6).
+  the headers alone); their bytes fit in the memory available (NOTE 5).
 - Tokenizer: the folder has tokenizer files (NOTE 4), and those in JSON parse; what
   transformers then refuses is wrapped in a ValueError naming the folder.
-- ``generation_config.json``: ``eos_token_id`` an int >= 0 or a list of them; the
-  sampling defaults (``load_generation_defaults``, NOTE 5) each a number
-  ``SamplingParams`` accepts. ``check_model_folder`` runs all of these but the
-  tokenizer's loading, without torch or transformers (the command line calls it first).
+- ``generation_config.json``: ``eos_token_id`` an int >= 0 or a list of them (its
+  sampling fields are ``sampling_defaults.py``'s). ``check_model_folder`` runs all of these
+  but the tokenizer's loading, without torch or transformers (the command line calls it first).
 
 NOTE 1 (no pickle): weights are read with safetensors only. A ``pytorch_model.bin`` is
 a pickle that can run code when loaded; we refuse it instead of unpickling it.
@@ -42,11 +41,7 @@ NOTE 4 (no tokenizer files): transformers v5 builds the class ``config.json`` na
 its default one-token vocabulary (``{"<|endoftext|>": 0}``), which turns every prompt
 into nothing. We ask for ``tokenizer.json``, ``tokenizer.model`` or ``vocab.json`` with
 ``merges.txt`` first.
-NOTE 5 (sampling defaults): vLLM's ``ModelConfig.get_diff_sampling_param`` keeps six
-fields of ``generation_config.json``, ``max_new_tokens`` renamed ``max_tokens``; a null
-is as good as absent, every other key (``do_sample`` too) is ignored. ``SamplingParams``
-checks each value, so the ranges are a request's.
-NOTE 6 (files that never end): a name linked to ``/dev/zero``, a FIFO, or a consistent
+NOTE 5 (files that never end): a name linked to ``/dev/zero``, a FIFO, or a consistent
 but absurd checkpoint (``vocab_size`` 2**31 - 1 and a sparse weights file) would read
 forever, hang, or fail inside torch. ``models/model_files.py`` reads each file within
 bounds, and the weights' bytes from the headers are compared with the memory available
@@ -58,7 +53,6 @@ tokenizer's ids fit ``vocab_size`` (some checkpoints list added tokens past it).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -66,7 +60,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tinyvllm.models.model_files import check_model_file, check_weights_fit, read_model_file
+from tinyvllm.models.model_files import (
+    check_model_file,
+    check_weights_fit,
+    json_type,
+    read_json_object,
+    require_model_folder,
+)
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
@@ -80,7 +80,7 @@ WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 # The tokenizer's JSON files, each parsed first so that a broken one is named.
 _TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json")
-# Every file of the folder transformers' AutoTokenizer may open: each checked first (NOTE 6).
+# Every file of the folder transformers' AutoTokenizer may open: each checked first (NOTE 5).
 TOKENIZER_FILES = (*_TOKENIZER_JSON, "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                    "chat_template.json")  # fmt: skip
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -130,35 +130,6 @@ class TensorInfo:
     shape: tuple[int, ...]
 
 
-def _require_folder(folder: str | Path) -> Path:
-    path = Path(folder)
-    if not path.is_dir():
-        raise ValueError(f"model folder {str(folder)!r} does not exist or is not a directory")
-    return path
-
-
-def _read_json(path: Path, folder: Path, kind: str = "config") -> dict[str, Any]:
-    """A JSON file of ``folder`` holding an object, read within bounds (NOTE 6); any other
-    content is a ValueError naming the file."""
-    data = read_model_file(path, folder, kind)  # missing, not a regular file, outside, too big
-    try:
-        value = json.loads(data)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object {{...}}, got {_json_type(value)}")
-    return value
-
-
-def _json_type(value: object) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a bool", int: "an integer", float: "a number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
 # -- typed fields: each failure names the file, the field and the value --------------------
 
 
@@ -171,7 +142,7 @@ def _int_field(table: dict[str, Any], key: str, where: str, default: Any = _REQU
             raise ValueError(f"{where}: required field {key!r} {missing}")
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}: field {key!r} must be an integer, got {value!r} ({_json_type(value)})")
+        raise ValueError(f"{where}: field {key!r} must be an integer, got {value!r} ({json_type(value)})")
     if value < minimum:
         raise ValueError(f"{where}: field {key!r} must be >= {minimum}, got {value}")
     if value > MAX_CONFIG_INT:
@@ -188,7 +159,7 @@ def _float_field(table: dict[str, Any], key: str, where: str, default: float | o
             raise ValueError(f"{where}: required field {key!r} {missing}")
         return float(default)  # type: ignore[arg-type]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: field {key!r} must be a number, got {value!r} ({_json_type(value)})")
+        raise ValueError(f"{where}: field {key!r} must be a number, got {value!r} ({json_type(value)})")
     try:
         number = float(value)
     except OverflowError:  # an integer past float's range
@@ -203,7 +174,7 @@ def _bool_field(table: dict[str, Any], key: str, where: str, default: bool) -> b
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ValueError(f"{where}: field {key!r} must be true or false, got {value!r} ({_json_type(value)})")
+        raise ValueError(f"{where}: field {key!r} must be true or false, got {value!r} ({json_type(value)})")
     return value
 
 
@@ -213,7 +184,7 @@ def _object_field(table: dict[str, Any], key: str, where: str) -> dict[str, Any]
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValueError(f"{where}: field {key!r} must be an object {{...}}, got {value!r} ({_json_type(value)})")
+        raise ValueError(f"{where}: field {key!r} must be an object {{...}}, got {value!r} ({json_type(value)})")
     return value
 
 
@@ -268,8 +239,8 @@ def _architecture(config: dict[str, Any], path: Path) -> str:
 def load_model_spec(folder: str | Path) -> ModelSpec:
     """Read and check ``config.json`` of a Hugging Face model folder (every check listed
     in the module header); a ValueError names the file, the field and the value."""
-    path = _require_folder(folder) / "config.json"
-    config = _read_json(path, Path(folder))
+    path = require_model_folder(folder) / "config.json"
+    config = read_json_object(path, Path(folder))
     where = str(path)
     arch = _architecture(config, path)
     family = SUPPORTED_ARCHITECTURES[arch]
@@ -331,10 +302,10 @@ def find_weight_files(folder: str | Path) -> list[Path]:
     """The safetensors files of a folder: those named by ``model.safetensors.index.json``
     when it exists (sharded checkpoints), else every ``*.safetensors``. Every file is a
     regular file inside the folder (NOTE 3)."""
-    path = _require_folder(folder)
+    path = require_model_folder(folder)
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = _read_json(index, path, "index").get("weight_map")
+        weight_map = read_json_object(index, path, "index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(
                 f"{index}: field 'weight_map' must be a non-empty object {{tensor: file}}, got {weight_map!r}"
@@ -388,7 +359,7 @@ def read_tensor_infos(files: Iterable[Path]) -> dict[str, TensorInfo]:
 def iter_safetensors(files: Iterable[Path], device: str = "cpu") -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` for every tensor of the files, without unpickling; an
     unreadable file or tensor is a ValueError naming it, and so are weights larger than
-    the memory available on ``device``, before any tensor is read (NOTE 6)."""
+    the memory available on ``device``, before any tensor is read (NOTE 5)."""
     from safetensors import SafetensorError, safe_open
 
     files = list(files)
@@ -473,7 +444,7 @@ def check_weights(spec: ModelSpec, infos: dict[str, TensorInfo], folder: str | P
 def check_tokenizer_files(folder: str | Path) -> None:
     """Refuse a folder with no tokenizer files (NOTE 4) instead of a one-token tokenizer,
     and name the tokenizer's JSON file that does not parse (transformers would not)."""
-    path = _require_folder(folder)
+    path = require_model_folder(folder)
     for name in ("config.json", *TOKENIZER_FILES):  # transformers would open them unchecked
         if os.path.lexists(path / name):
             check_model_file(path / name, path, "config" if name == "config.json" else "tokenizer")
@@ -484,13 +455,13 @@ def check_tokenizer_files(folder: str | Path) -> None:
         )
     for name in _TOKENIZER_JSON:
         if (path / name).exists():
-            _read_json(path / name, path, "tokenizer")
+            read_json_object(path / name, path, "tokenizer")
 
 
 def load_tokenizer(folder: str | Path):
     """The folder's tokenizer, through transformers' ``AutoTokenizer``; any failure to read
     the tokenizer files is a ValueError naming the folder."""
-    path = _require_folder(folder)
+    path = require_model_folder(folder)
     check_tokenizer_files(path)
     from transformers import AutoTokenizer
 
@@ -509,48 +480,14 @@ def _eos_id(value: object, gen: Path) -> int:
 
 def load_eos_token_ids(folder: str | Path, tokenizer=None) -> list[int]:
     """EOS ids from ``generation_config.json`` if present, else the tokenizer's."""
-    gen = _require_folder(folder) / "generation_config.json"
+    gen = require_model_folder(folder) / "generation_config.json"
     if os.path.lexists(gen):  # a dangling link is named, not taken for no file
-        eos = _read_json(gen, Path(folder)).get("eos_token_id")
+        eos = read_json_object(gen, Path(folder)).get("eos_token_id")
         if eos is not None:
             return [_eos_id(e, gen) for e in eos] if isinstance(eos, list) else [_eos_id(eos, gen)]
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         return [int(tokenizer.eos_token_id)]
     return []
-
-
-# NOTE 5: generation_config.json field -> SamplingParams field (vLLM's six)
-GENERATION_DEFAULT_FIELDS = {
-    "repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
-    "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens",
-}  # fmt: skip
-
-
-# --8<-- [start:generation_defaults]
-def load_generation_defaults(folder: str | Path) -> dict[str, Any]:
-    """The sampling defaults of ``folder/generation_config.json`` as ``SamplingParams``
-    keyword arguments (NOTE 5): ``{}`` when the file is absent or sets none of the fields.
-    A malformed value is a ValueError naming the file, the field and the value."""
-    from tinyvllm.sampling_params import SamplingParams  # no torch
-
-    gen = _require_folder(folder) / "generation_config.json"
-    if not os.path.lexists(gen):
-        return {}
-    config = _read_json(gen, Path(folder))
-    defaults: dict[str, Any] = {}
-    for key, name in GENERATION_DEFAULT_FIELDS.items():
-        value = config.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{gen}: field {key!r} must be a number, got {value!r} ({_json_type(value)})")
-        try:
-            SamplingParams(**{name: value})  # the same ranges as a request's
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{gen}: field {key!r} is refused: {e}") from None
-        defaults[name] = value
-    return defaults
-# --8<-- [end:generation_defaults]
 
 
 def check_eos_token_ids(folder: str | Path, eos_token_ids: list[int], tokenizer_eos: int | None, vocab_size: int) -> None:
@@ -576,7 +513,7 @@ def check_model_folder(folder: str | Path) -> ModelSpec:
     spec = load_model_spec(folder)
     infos = read_tensor_infos(find_weight_files(folder))
     check_weights(spec, infos, folder)
-    check_weights_fit(infos.values(), folder, "cpu")  # every tensor passes through CPU memory (NOTE 6)
+    check_weights_fit(infos.values(), folder, "cpu")  # every tensor passes through CPU memory (NOTE 5)
     check_tokenizer_files(folder)
     load_eos_token_ids(folder)
     return spec

@@ -6,7 +6,9 @@ and each of its names may be a link to ``/dev/zero``, a FIFO, or a consistent bu
 checkpoint. Every file the loader (``models/loader.py``) or the hub lookup
 (``models/hub.py``) reads goes through ``read_model_file``, every file it only hands on
 (to safetensors, to transformers' tokenizer) through ``check_model_file``, and the
-weights through ``check_weights_fit`` before any tensor is read.
+weights through ``check_weights_fit`` before any tensor is read. ``read_json_object``
+reads a JSON file that must hold an object (``config.json``, ``generation_config.json``,
+...) through ``read_model_file``: the loader and ``sampling_defaults.py`` share it.
 
 Mirrors: nothing one-to-one. vLLM lets transformers and safetensors open the files and
 learns that weights do not fit when an allocation fails inside ``load_model``.
@@ -19,6 +21,7 @@ Invariants:
   bytes read after (a file that grows in between is refused too).
 - The weights' bytes, from the safetensors headers, are at most the memory available on
   the device they are read into, or nothing is read (NOTE 3).
+- A JSON file read is valid UTF-8 JSON with an object at the top, or a ``ValueError``.
 - Every refusal is one ``ValueError`` naming the file (its path names the model folder)
   or, for the weights, the folder, the bytes needed and the bytes available.
 
@@ -39,6 +42,7 @@ headers, with no byte of the file read.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
@@ -136,6 +140,37 @@ def read_model_file(path: Path, folder: Path, kind: str) -> bytes:
     if len(data) > cap:
         raise _too_big(path, f"more than {cap}", kind)
     return data
+
+
+def require_model_folder(folder: str | Path) -> Path:
+    """``folder`` as a ``Path``; a ValueError naming it unless it is a directory."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise ValueError(f"model folder {str(folder)!r} does not exist or is not a directory")
+    return path
+
+
+def read_json_object(path: Path, folder: Path, kind: str = "config") -> dict[str, Any]:
+    """A JSON file of ``folder`` holding an object, read within bounds (``read_model_file``);
+    any other content is a ValueError naming the file."""
+    data = read_model_file(path, folder, kind)  # missing, not a regular file, outside, too big
+    try:
+        value = json.loads(data)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object {{...}}, got {json_type(value)}")
+    return value
+
+
+def json_type(value: object) -> str:
+    """What a JSON value is, for a message: "an object", "a list", "null", ..."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a bool", int: "an integer", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 # -- weights against memory (NOTE 3) ---------------------------------------------------------
