@@ -7,7 +7,10 @@ kernels know nothing of the KV-cache core; the worker reads only the scheduler's
 from it; ``validation.py`` is the bottom layer, which ``SamplingParams`` builds on. The step
 recorder ``tinyvllm/trace/`` only reads the engine's state: nothing below the engine
 (``core/``, ``worker/``, ``sample/``, ``attention/``, ``models/``) imports it, so recording
-stays off the engine's path (its one hook is ``LLMEngine.observer``). Each file is parsed with ``ast``, so imports
+stays off the engine's path (its one hook is ``LLMEngine.observer``). ``platform.py`` (where
+kernels can run, and the choice between a kernel and the torch ops) is a bottom layer too:
+``attention/``, ``models/`` and ``engine/`` all ask it, so it imports nothing of tinyvllm and
+no torch, and every layer may import it. Each file is parsed with ``ast``, so imports
 nested under ``if TYPE_CHECKING:`` or inside functions count too, and relative imports
 are resolved against the file's package.
 """
@@ -173,7 +176,10 @@ PLATFORM_NAMES = ("triton_can_run_on", "impl_from_env", "uses_kernel", "IMPLS")
 def test_platform_is_a_bottom_layer_without_torch():
     problems = worker_imports_under("platform.py", forbidden="tinyvllm")
     assert not problems, "platform.py imports tinyvllm (it is the bottom layer):\n" + "\n".join(problems)
-    code = "import sys, tinyvllm.platform\nprint(sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'triton')))\n"
+    code = (
+        "import sys, tinyvllm.platform\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'triton')))\n"
+    )
     src = str(PACKAGE_ROOT.parent)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src})
     assert out.returncode == 0, out.stderr
@@ -186,5 +192,6 @@ def test_every_importer_of_the_platform_names_imports_them_from_platform():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module != "tinyvllm.platform":
                 if any(alias.name in PLATFORM_NAMES for alias in node.names):
-                    misplaced.append(f"src/{path.relative_to(PACKAGE_ROOT.parent).as_posix()}: line {node.lineno}: {ast.unparse(node)}")
+                    rel = path.relative_to(PACKAGE_ROOT.parent).as_posix()
+                    misplaced.append(f"src/{rel}: line {node.lineno}: {ast.unparse(node)}")
     assert misplaced == [], "platform names imported from elsewhere:\n" + "\n".join(misplaced)
