@@ -13,9 +13,9 @@ requests may go on after SIGTERM); a bad value is one line, exit status 2.
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
 prompt is one user message, rendered by the model's chat template (``LLM.chat``;
-``--chat-template-kwargs JSON`` passes variables to it, such as Qwen3's ``enable_thinking``). ``--cudagraph-mode``
-and ``--enforce-eager`` choose how the model runs under CUDA graphs, as vLLM's
-``--compilation-config`` and ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a
+``--chat-template-kwargs JSON`` passes variables to it, such as Qwen3's ``enable_thinking``).
+``--cudagraph-mode`` and ``--enforce-eager`` choose how the model runs under CUDA graphs, as
+vLLM's ``--compilation-config`` and ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a
 tiny random-weight model folder (for trying the engine with no download). ``tinyvllm trace``
 records every engine step of a built-in workload or of ``--prompts FILE`` and writes a
 self-contained HTML viewer (``tinyvllm/trace/command.py``).
@@ -29,12 +29,10 @@ Errors (the contract ``tests/test_cli.py`` holds):
   message on stderr, exit status 2.
 - A user error (``ValueError``, ``TypeError``, ``OSError`` and so ``FileNotFoundError``):
   exactly one line on stderr, ``tinyvllm: error: <message>``, no traceback, exit status 2.
-  That covers every broken model folder (``models/loader.py`` turns each into one
-  ValueError naming the file and the field), a model id the hub does not have or that is
-  not cached while offline (``models/hub.py``), sampling values ``SamplingParams`` refuses
-  (``--max-tokens 0``, ``--temperature -1``, ``--top-p 2``), ``--device cuda`` with no GPU,
-  a ``--max-model-len`` past the model's or the KV cache's, an unwritable ``tiny-model``
-  folder.
+  That covers every broken model folder (``models/loader.py`` names the file and field),
+  a model id the hub lacks or, offline, the cache (``models/hub.py``), sampling values
+  ``SamplingParams`` refuses (``--max-tokens 0``, ``--top-p 2``), ``--device cuda`` with no
+  GPU, a ``--max-model-len`` past the model's or the KV cache's, an unwritable folder.
 - Ctrl-C (``KeyboardInterrupt``): one line, ``tinyvllm: error: interrupted``, exit status
   130 (128 + SIGINT, what shells report for a command killed by Ctrl-C).
 - The reader of the output went away (``tinyvllm trace --list | head -2``): nothing more is
@@ -48,9 +46,9 @@ Sampling defaults: ``--generation-config`` (``generate`` and ``serve``) is vLLM'
 ``vllm`` ignores them, a folder path reads that folder's file (``sampling_defaults.py``).
 ``generate``'s sampling flags default to unset: each one given wins, each one left out
 takes the model's value (``cli_sampling_params``). What neither sets: ``--max-tokens`` 64;
-and greedy when the model's generation config sets no sampling field (``--temperature``
-0, as this command always did), else ``SamplingParams``' own defaults for the fields it
-leaves out (temperature 1, as vLLM's ``LLM.generate`` gives the model's defaults).
+greedy (``--temperature`` 0) when the model's generation config sets no sampling field,
+else ``SamplingParams``' own defaults for the fields it leaves out (temperature 1), as
+vLLM's ``LLM.generate`` gives the model's defaults.
 
 Fail fast: ``generate`` checks the numbers, the sampling values, an empty ``--prompt``,
 resolves the model (``resolve_model``) and checks the whole folder (``check_model_folder``:
