@@ -1,81 +1,62 @@
 """LLM: the offline entry point, ``LLM(model=...).generate(prompts, sampling_params)``.
 
-Concept: build every part of the engine from a Hugging Face folder, check everything a
-user can get wrong before anything runs, then drive ``LLMEngine.step()`` until every
-prompt is finished, with a progress bar. Names and defaults follow vLLM's ``LLM`` so
-scripts port both ways.
+Concept: build every part of the engine from a Hugging Face folder, check everything a user
+can get wrong before anything runs, then drive ``LLMEngine.step()`` until every prompt is
+finished, with a progress bar. Names and defaults follow vLLM's ``LLM``, so scripts port.
 
-Start-up, in order: every argument checked, the device and the compilation config (NOTE 6)
--> the model folder (a hub id resolved into the hub cache, NOTE 9) -> the folder's config
-(architecture, shapes) -> dtype and attention backend -> limits (``max_model_len``, the
-token budget) -> the tokenizer, EOS ids and the reasoning config (NOTE 4) -> the model
-weights -> the number of KV blocks (profiled on a GPU, less what the CUDA graphs will
-hold; an override or a byte budget on the CPU) -> the KV tensors -> the persistent batch
-with the logits processors and block table -> the runner, which warms up and captures its
-CUDA graphs -> the scheduler and the engine.
+Start-up, in order: the arguments, the device and the compilation config (NOTE 6) -> the
+model folder (a hub id resolved, NOTE 9) -> its config -> dtype and attention backend ->
+limits (``max_model_len``, the token budget) -> tokenizer, EOS ids, reasoning config
+(NOTE 4) -> weights -> the number of KV blocks (profiled on a GPU, less what the CUDA graphs
+will hold; an override or a byte budget on the CPU) -> the KV tensors -> the persistent
+batch -> the runner, which warms up and captures its graphs -> the scheduler and engine.
 
 Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.generate``), ``vllm/v1/engine/core.py``
 (``_initialize_kv_caches``), ``vllm/v1/worker/gpu_worker.py`` (``determine_available_memory``).
 
-NOTE 1 (EOS): the request's EOS is the tokenizer's; further EOS ids listed in
+NOTE 1 (EOS): the request's EOS is the tokenizer's; further EOS ids in
 ``generation_config.json`` (Qwen3 lists two) become stop tokens unless ``ignore_eos``.
-NOTE 2 (defaults): ``max_model_len`` defaults to the model's ``max_position_embeddings``;
-``max_num_batched_tokens`` to ``max(8192, max_num_seqs)``.
-NOTE 3 (CUDA graphs): ``compilation_config`` is vLLM's dict (``cudagraph_mode``,
-``cudagraph_capture_sizes``, ``max_cudagraph_capture_size``) or a ``CompilationConfig``;
-``enforce_eager=True`` means mode NONE. The default mode is FULL_AND_PIECEWISE on CUDA and
-NONE on the CPU, where any other mode runs emulated graphs (seed 000, vLLM's "CUDA Graphs").
-NOTE 4 (reasoning): with no ``reasoning_config`` given, one is built from the tokenizer
-when its vocabulary has ``<think>`` and ``</think>`` as single tokens within the model's
-vocabulary (Qwen3's has); otherwise the engine has none, and a request with a
-``thinking_token_budget`` is refused rather than silently run without a budget. A given
-config's ids must lie in the vocabulary.
-NOTE 5 (Triton): the Triton kernels run on CUDA, or on the CPU under the interpreter
-(``TRITON_INTERPRET=1``), and tile a KV block and a head with ``tl.dot``, which needs
-``block_size`` and ``head_dim`` to be powers of two >= 16. ``LLM()`` refuses a Triton
-backend (asked for, or chosen by "auto" on CUDA) that could not run, instead of failing at
-the first step.
-NOTE 6 (validation): the constructor checks its arguments before it reads the folder
-(``tinyvllm.validation``'s rule: a wrong type is a TypeError, a wrong value a ValueError,
-both naming the parameter and the value), then what needs the model: the reasoning ids,
-the Triton backend, whether the KV pool fits in the device's free memory
-(``worker/kv_cache.py`` NOTE 3). ``generate`` checks every prompt and every params object
-against the model before the first request is queued. A prompt is a str or a dict with
-the keys of vLLM's ``TextPrompt``/``TokensPrompt``: ``"prompt"`` (text, tokenized unless
-ids are given), ``"prompt_token_ids"`` and ``"cache_salt"`` (prompts with different salts
-never share a cached block); any other key is a ValueError.
-NOTE 7 (custom logits processors): ``logits_processors`` takes ``LogitsProcessor``
-classes and ``"module.path:QualName"`` strings, as vLLM's ``LLM`` does; they run after the
-built-ins and after any installed plugin (``sample/logits_processors/loader.py``), and each
-one's ``validate_params`` is asked about every request in ``generate``.
-NOTE 8 (attention backends): "triton" (``attention/triton_attention.py``, CUDA-graph safe),
-"torch" (``attention/torch_sdpa.py``: decodes batched into one torch SDPA call per layer)
-and "reference" (``attention/reference.py``: a loop over requests, the specification).
-"auto" picks Triton on CUDA and torch on the CPU, where torch is the faster of the two
-that run without Triton's interpreter.
-NOTE 9 (model ids): ``model`` is a local folder or a Hugging Face model id (``org/name``),
-and the keyword ``revision`` a branch, tag or commit of the id; ``models/hub.py`` resolves
-the id into the hub cache (a local folder of the same spelling wins; offline under
-``HF_HUB_OFFLINE=1``), after every other argument is checked and before the folder is read.
-NOTE 10 (sampling defaults): the keyword ``generation_config`` is vLLM's: ``"auto"`` takes
-the sampling defaults of the model's ``generation_config.json``, ``"vllm"`` none, a folder
-path that folder's file (``sampling_defaults.py``). They are read once, at start-up, into
-``generation_defaults``; ``get_default_sampling_params()`` builds them and ``generate``
-uses them when it is given no ``SamplingParams``. EOS ids always come from the model folder.
+NOTE 2 (defaults): ``max_model_len`` is the model's ``max_position_embeddings``;
+``max_num_batched_tokens`` is ``max(8192, max_num_seqs)``.
+NOTE 3 (CUDA graphs): ``compilation_config`` is vLLM's dict or a ``CompilationConfig``;
+``enforce_eager=True`` means NONE. The default is FULL_AND_PIECEWISE on CUDA, NONE on the
+CPU, where any other mode runs emulated graphs (seed 000, vLLM's "CUDA Graphs").
+NOTE 4 (reasoning): with no ``reasoning_config``, one is built when the tokenizer has
+``<think>`` and ``</think>`` as single tokens in the model's vocabulary (Qwen3's has); else
+there is none, and a request with a ``thinking_token_budget`` is refused rather than run
+without a budget. A given config's ids must lie in the vocabulary.
+NOTE 5 (Triton): the kernels run on CUDA or under ``TRITON_INTERPRET=1`` and tile with
+``tl.dot`` (``block_size``, ``head_dim`` powers of two >= 16); ``LLM()`` refuses a Triton
+backend (asked for, or "auto" on CUDA) that could not run, not failing at the first step.
+NOTE 6 (validation): arguments first (``tinyvllm.validation``'s rule: a wrong type TypeError,
+a wrong value ValueError, naming both), then what needs the model: reasoning ids, Triton,
+whether the KV pool fits in free memory (``worker/kv_cache.py`` NOTE 3). ``generate`` checks
+every prompt and params object before queuing any. A prompt is a str or a dict with the keys
+of vLLM's ``TextPrompt``/``TokensPrompt``: ``"prompt"``, ``"prompt_token_ids"``,
+``"cache_salt"`` (different salts never share a cached block); any other key is a ValueError.
+NOTE 7 (custom logits processors): ``logits_processors`` takes ``LogitsProcessor`` classes and
+``"module.path:QualName"`` strings, as vLLM's ``LLM``; they run after the built-ins and any
+plugin (``logits_processors/loader.py``); ``validate_params`` is asked about every request.
+NOTE 8 (attention backends): "triton" (CUDA-graph safe), "torch" (``torch_sdpa.py``, decodes
+batched into SDPA calls) and "reference" (a loop over requests, the specification);
+"auto" picks Triton on CUDA and torch on the CPU, the faster without Triton's interpreter.
+NOTE 9 (model ids): ``model`` is a folder or a hub id (``org/name``), ``revision`` a branch,
+tag or commit; ``models/hub.py`` resolves it into the hub cache (a folder of that spelling
+wins), after the other arguments are checked and before the folder is read.
+NOTE 10 (sampling defaults): ``generation_config`` is vLLM's: ``"auto"`` takes the model's
+``generation_config.json`` defaults, ``"vllm"`` none, a folder its file, read once
+(``sampling_defaults.py``); ``get_default_sampling_params()`` builds them for a ``generate``
+given no params. EOS ids always come from the model folder.
 NOTE 11 (speculative decoding): ``speculative_config={"method": "ngram",
-"num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}`` turns on
-n-gram prompt lookup (``spec_decode/``): the engine proposes up to k drafts per decoding
-request after each step, and the next step verifies them (``sample/rejection_sampler.py``).
-As seed 001 ch. 11.4 says, only MinTokens is built then (custom processors are refused);
-requests asking for min_p or logit_bias are refused (``engine/request_checks.py``), and so
-is, at start-up, a model whose ``generation_config.json`` makes either a default (naming the
-file; ``generation_config="vllm"`` ignores it); bad words, allowed ids and logprobs act on
-every draft row, as in vLLM.
-NOTE 12 (chat): ``chat(messages)`` takes one conversation (a list of message dicts) or a
-list of them, renders each through the chat template (``chat_template.py``: the given one,
-else the tokenizer's), tokenizes the text without special tokens (the template writes
-them), and generates as ``generate`` does: conversation i is then checked as prompt i, and
-every conversation is rendered and checked before the first request is queued.
+"num_speculative_tokens": k, ...}`` turns on n-gram prompt lookup (``spec_decode/``): up to k
+drafts per decoding request after each step, verified the next (``rejection_sampler.py``).
+As seed 001 ch. 11.4 says, only MinTokens is built then (custom processors refused); min_p
+and logit_bias are refused per request, and at start-up when ``generation_config.json``
+makes either a default; bad words, allowed ids and logprobs act on every draft row.
+NOTE 12 (chat): ``chat(messages)`` takes one conversation or a list of them, renders each
+through the chat template (``chat_template.py``), tokenizes without special tokens (the
+template writes them) and generates as ``generate`` does, every conversation rendered and
+checked (as prompt i) before the first request is queued.
 """
 
 from __future__ import annotations
