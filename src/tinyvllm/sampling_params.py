@@ -174,8 +174,8 @@ class SamplingParams:
         repetition = checked["repetition_penalty"] = check_real("repetition_penalty", self.repetition_penalty)
         if not FLOAT32_TINY <= repetition <= FLOAT32_MAX:  # below: a denormal, dividing logits into inf
             raise ValueError(
-                f"repetition_penalty must be at least 2**-126 ~ 1.2e-38, the smallest normal float32 (1 is off), "
-                f"got {self.repetition_penalty!r}"
+                f"repetition_penalty must be greater than 0 (1 is off) and at least float32's smallest normal, "
+                f"2**-126 ~ 1.2e-38 (below it every positive logit divides into inf), got {self.repetition_penalty!r}"
             )
         checked["bad_words"] = _checked_strings("bad_words", self.bad_words)
         checked["allowed_token_ids"] = _checked_allowed_token_ids(self.allowed_token_ids)
