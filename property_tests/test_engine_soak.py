@@ -476,6 +476,7 @@ class EngineSoak(RuleBasedStateMachine):
 
 EngineSoak.TestCase.settings = settings(max_examples=150, stateful_step_count=50)
 TestEngineSoak = EngineSoak.TestCase
+TestEngineSoak.pytestmark = [pytest.mark.slow]  # 150 examples of 50 steps: about 20 s on two cores
 
 
 # ---------------------------------------------------------------------------------------
@@ -717,6 +718,7 @@ async def assert_idle(engine: AsyncLLM, when: str) -> None:
     blocks=st.sampled_from([16, 40]),
     caching=st.booleans(),
 )
+@pytest.mark.slow
 def test_async_consumers_soak(
     lanes: list[list[Client]], fault: tuple[str, int, bool] | None, budget: int, blocks: int, caching: bool
 ) -> None:
@@ -763,6 +765,7 @@ def test_async_consumers_soak(
     third=lanes_of(("full",)),
     blocks=st.sampled_from([16, 40]),
 )
+@pytest.mark.slow
 def test_async_llm_shutdown_and_restart(
     first: list[list[Client]],
     second: list[list[Client]],

@@ -22,6 +22,7 @@ def _run(*args):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU path; gpu.sh runs the real one")
+@pytest.mark.slow
 def test_dry_run_writes_json_with_every_section(tmp_path):
     out = tmp_path / "attention.json"
     result = _run("--dry-run", "--out", str(out))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,6 +35,7 @@ def test_sampler_cpu_quick_writes_ratios_for_both_thread_counts(tmp_path):
         assert all(v > 0 for v in by_threads["median_ms"].values())
 
 
+@pytest.mark.slow
 def test_hashing_quick_checks_the_new_hashes_and_writes_ratios(tmp_path):
     out = tmp_path / "hashing.json"
     result = _run("hashing.py", "--out", str(out))
@@ -52,6 +55,7 @@ def test_hashing_quick_checks_the_new_hashes_and_writes_ratios(tmp_path):
     assert all(d["gc_ms_median"] > 0 for d in gc_run["variants"].values())
 
 
+@pytest.mark.slow
 def test_bookkeeping_quick_reports_per_request_figures(tmp_path):
     out = tmp_path / "bookkeeping.json"
     result = _run("bookkeeping.py", "--cases", "stub", "--out", str(out))
@@ -67,6 +71,7 @@ def test_bookkeeping_quick_reports_per_request_figures(tmp_path):
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_bookkeeping_stub_sweep_case_sweeps_in_every_forward(tmp_path):
     """stub_sweep: the stub forward also rewrites a --sweep-mb buffer, every call; the plain
     stub never does. Timings mean nothing here."""
@@ -82,6 +87,7 @@ def test_bookkeeping_stub_sweep_case_sweeps_in_every_forward(tmp_path):
     assert "stub_sweep: bookkeeping" in result.stdout
 
 
+@pytest.mark.slow
 def test_bookkeeping_counts_the_median_of_its_runs(tmp_path):
     """--repeats 3: every case runs three times and the record is the median run's."""
     out = tmp_path / "bookkeeping.json"
@@ -93,6 +99,7 @@ def test_bookkeeping_counts_the_median_of_its_runs(tmp_path):
     assert case["bookkeeping_us_per_req_step"] == sorted(case["runs_bookkeeping_us_per_req_step"])[1]
 
 
+@pytest.mark.slow
 def test_bookkeeping_quick_splits_per_request_and_per_step_costs(tmp_path):
     out = tmp_path / "bookkeeping.json"
     result = _run("bookkeeping.py", "--cases", "tiny,tiny_wide", "--out", str(out))
@@ -113,6 +120,7 @@ def test_bookkeeping_quick_splits_per_request_and_per_step_costs(tmp_path):
     assert record["split_per_request_and_per_step_stub"] is None  # no stub cases in this run
 
 
+@pytest.mark.slow
 def test_cascade_dry_run_times_both_engines_on_the_same_prompts(tmp_path):
     """bench/cascade.py --dry-run: both engines (split on and off) ran every round and the
     ratio is theirs; timings mean nothing."""

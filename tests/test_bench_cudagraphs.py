@@ -14,6 +14,7 @@ ENV = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "TOKENIZERS_PAR
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 
+@pytest.mark.slow
 def test_cudagraphs_bench_dry_run(tmp_path):
     out_file = tmp_path / "cudagraphs.json"
     cmd = [sys.executable, str(ROOT / "bench" / "cudagraphs.py"), "--dry-run", "--out", str(out_file)]

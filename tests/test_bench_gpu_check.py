@@ -85,6 +85,7 @@ def test_a_failing_a_hanging_and_a_late_step_are_recorded_and_the_others_still_r
     assert "something broke" in log and "waiting" in log and "never runs" not in log
 
 
+@pytest.mark.slow
 def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     """``bash bench/gpu.sh --dry-run``: every step passes on the CPU, and the folder holds
     exactly ``gpu_summary.json`` and ``gpu.log``."""
@@ -131,6 +132,7 @@ def test_the_full_workload_is_nano_vllms_draw_for_draw():
     assert len(prompts) == 256 and sum(map(len, prompts)) == 142827
 
 
+@pytest.mark.slow
 def test_tests_not_started_by_the_deadline_are_skipped_and_named(tmp_path):
     """The root conftest's deadline: past it, pytest skips what has not started ("out of time")
     and still writes its report, which ``pytest_figures`` counts and names."""
@@ -200,6 +202,7 @@ def test_the_shared_model_folder_appears_only_when_complete(tmp_path):
     assert harness.shared_model_folder(requested, tmp_path, killed) == requested  # built once, reused
 
 
+@pytest.mark.slow
 def test_under_a_deadline_the_kernel_tests_run_first():
     files = ["tests/test_cudagraph_wrapper.py", "tests/test_triton_attention.py"]
 

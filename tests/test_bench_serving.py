@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from serve_fixtures import require_serve_extra
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
@@ -14,6 +16,7 @@ require_serve_extra()  # without the serve extra (the GPU machine) this module s
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_serving_bench_dry_run_counts_every_token(tmp_path):
     out = tmp_path / "serving.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TOKENIZERS_PARALLELISM="false")

@@ -39,6 +39,7 @@ def check_engine_record(engine: dict, caching: bool) -> None:
     assert engine["enable_prefix_caching"] is caching and engine["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_throughput_bench_dry_run(tmp_path):
     result = run_bench("throughput.py", tmp_path / "throughput.json", "--repeats", "2")
     assert result["dry_run"] is True and result["repeats"] == 2
@@ -92,6 +93,7 @@ def test_throughput_bench_cut_short_keeps_the_full_workload(tmp_path, monkeypatc
     check_engine_record(record["engine"], caching=False)
 
 
+@pytest.mark.slow
 def test_cpu_throughput_bench_dry_run(tmp_path):
     result = run_bench("cpu_throughput.py", tmp_path / "cpu.json")
     assert result["mode"] == "dry" and set(result["threads"]) == set(result["ratios"]) == {"1"}
@@ -161,6 +163,7 @@ def test_prefix_caching_bench_runs_the_cases_asked_for_and_refuses_unknown_ones(
 
 
 @pytest.mark.seed("004:benchmark")
+@pytest.mark.slow
 def test_prefix_caching_bench_dry_run(tmp_path):
     result = run_bench("prefix_caching.py", tmp_path / "prefix.json")
     assert result["mode"] == "dry" and set(result["threads"]) == {"1"} and result["complete"] is True
@@ -196,6 +199,7 @@ def test_prefix_caching_bench_dry_run(tmp_path):
         ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cpu_profile_dry_run_splits_the_whole_run_into_its_parts(tmp_path):
     """bench/cpu_profile.py --dry-run: the parts add up to the run, the forward's own parts
     were all hooked (the tiny model runs the torch backend's plan too); timings mean nothing."""
@@ -216,6 +220,7 @@ def test_cpu_profile_dry_run_splits_the_whole_run_into_its_parts(tmp_path):
     assert decode["bookkeeping_us_per_req_step"] > 0 and decode["bookkeeping_us_per_req_step_all_running"] > 0
 
 
+@pytest.mark.slow
 def test_cli_cudagraph_mode_flag_runs_emulated_graphs(tiny_model_dirs):
     cmd = [sys.executable, "-m", "tinyvllm", "generate", "--model", str(tiny_model_dirs["qwen3"]),
            "--prompt", "def add(a, b):", "--max-tokens", "3", "--device", "cpu", "--max-model-len", "64",

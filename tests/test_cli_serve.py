@@ -68,6 +68,7 @@ def test_serve_refuses_bad_values(tiny_model_dirs, flags, words):
 
 
 @pytest.mark.parametrize("shipped", [False, True])
+@pytest.mark.slow
 def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs, tmp_path, shipped):
     """``--served-model-name`` defaults to ``--model``; with no ``--model`` the shipped model
     is served, as ``stdlib_tiny``. Chat answers on both: the shipped model with its own chat

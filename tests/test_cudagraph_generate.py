@@ -80,6 +80,7 @@ EXPECTED_TRITON_STEPS = {  # which runtime modes must really happen on this work
 
 @pytest.mark.seed("000:nested", "000:capture")
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_cudagraph_triton_backend_equals_eager_with_real_full_and_piecewise_steps(tiny_model_dirs, mode):
     folder = tiny_model_dirs["qwen3"]
     llm, tokens = run(folder, "triton", mode)
@@ -96,6 +97,7 @@ def test_cudagraph_triton_backend_equals_eager_with_real_full_and_piecewise_step
 
 @pytest.mark.seed("000:nested")
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.slow
 def test_cudagraph_triton_full_and_piecewise_other_families(tiny_model_dirs, family):
     folder = tiny_model_dirs[family]
     llm, tokens = run(folder, "triton", "FULL_AND_PIECEWISE")
@@ -109,6 +111,7 @@ def test_cudagraph_triton_matches_reference_backend(tiny_model_dirs):
 
 
 @pytest.mark.seed("000:capture")
+@pytest.mark.slow
 def test_cudagraph_seeded_sampling_is_the_same_under_graphs(tiny_model_dirs):
     folder = str(tiny_model_dirs["qwen3"])
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=6, seed=11, ignore_eos=True)

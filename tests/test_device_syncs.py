@@ -258,6 +258,7 @@ def prompts_for(params: list[SamplingParams]) -> list[tuple[list[int], SamplingP
 
 
 @pytest.mark.parametrize("mode", [CUDAGraphMode.NONE, CUDAGraphMode.FULL_AND_PIECEWISE])
+@pytest.mark.slow
 def test_every_sampling_feature_waits_once_a_step(tiny_model_dirs, mode):
     """Requests join and leave the batch (different lengths), so metadata is rebuilt too."""
     steps, outputs, llm = counted_steps(
@@ -297,6 +298,7 @@ def test_prompt_logprobs_are_computed_before_the_step_waits(tiny_model_dirs, mon
 
 
 @pytest.mark.parametrize("spec", [None, NGRAM], ids=["plain", "speculative"])
+@pytest.mark.slow
 def test_preemption_chunking_and_prefix_hits_wait_once_a_step(tiny_model_dirs, spec):
     """The scheduler's paths through the runner's state update: requests preempted (their
     rows leave, their block tables are replaced on return), prompts cut into chunks, prompts

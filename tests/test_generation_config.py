@@ -233,6 +233,7 @@ def _generated(out: subprocess.CompletedProcess) -> tuple[str, int]:
     return "\n".join(text), int(figures.split("generated ")[1].split(" ")[0])
 
 
+@pytest.mark.slow
 def test_cli_applies_the_model_defaults_and_each_flag_wins(tiny_model_dirs, tmp_path):
     folder = str(_folder(tiny_model_dirs, tmp_path, {"temperature": 0.7, "max_new_tokens": 5}))
     greedy_64 = LLM(folder, device="cpu").generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=64))[0]

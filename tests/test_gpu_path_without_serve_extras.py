@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "without_packages.py"
 HIDDEN = ("fastapi", "uvicorn", "prometheus_client", "openai", "playwright")
@@ -82,6 +84,7 @@ def test_every_module_outside_entrypoints_imports_without_the_serving_packages()
     assert "tinyvllm.worker.model_runner" not in out.stdout.split("not imported:")[1]
 
 
+@pytest.mark.slow
 def test_cli_generate_works_and_serve_names_the_extra_without_the_serving_packages():
     out = run_without_serve_packages(
         "-m", "tinyvllm", "generate", "--prompt", "def add(a, b):", "--device", "cpu", "--max-tokens", "4"
@@ -95,6 +98,7 @@ def test_cli_generate_works_and_serve_names_the_extra_without_the_serving_packag
     assert "pip install 'tinyvllm[serve]'" in lines[0] and "No module named" in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_pytest_collects_the_gpu_tests_and_skips_serving_modules_without_the_serving_packages():
     out = run_without_serve_packages("-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p", "no:cacheprovider")
     assert out.returncode == 0, _report(out)

@@ -117,6 +117,7 @@ def test_bad_fused_input_is_refused_before_any_launch_and_nothing_is_written(cha
 
 
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+@pytest.mark.slow
 def test_the_engine_uses_it_for_qwen3_and_gives_the_same_tokens(tiny_model_dirs, monkeypatch, mode):
     """The tiny Qwen3 with every norm and rotary forced to kernels (so the q/k norms and the
     rotary go through the fused one, counted) against the torch ops, eager and in emulated

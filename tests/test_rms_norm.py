@@ -195,6 +195,7 @@ def test_bad_input_is_refused_before_any_launch(x, w, message):
 
 
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+@pytest.mark.slow
 def test_the_engine_gives_the_same_tokens_with_the_kernel_as_with_the_torch_ops(tiny_model_dirs, monkeypatch, mode):
     """Every norm of the tiny Qwen3 (before and after attention, q and k per head, the final
     one) through the kernel, eager and in emulated graphs: the same greedy tokens, logprobs

@@ -116,6 +116,7 @@ def test_bad_rotary_input_is_refused_before_any_launch_and_nothing_is_written(ch
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+@pytest.mark.slow
 def test_the_engine_gives_the_same_tokens_and_logprobs_with_the_kernel(tiny_model_dirs, monkeypatch, family, mode):
     """Every layer's q and k through the kernel, eager and in emulated graphs: in place on the
     q/k norms' outputs (Qwen3) and on views of the fused projection (Llama). The same

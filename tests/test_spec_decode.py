@@ -119,6 +119,7 @@ def test_an_abort_with_drafts_in_flight_frees_everything_and_the_rest_carry_on(t
 
 
 @pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+@pytest.mark.slow
 def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tiny_model_dirs, mode):
     """Chunked prefill, preemption, prefix hits and an abort with drafts in flight, together,
     with emulated CUDA graphs over the Triton backend: the tokens of every request that is not
@@ -144,6 +145,7 @@ def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tin
 
 
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+@pytest.mark.slow
 def test_greedy_equivalence_under_every_cudagraph_mode(tiny_model_dirs, mode):
     """Emulated graphs on the CPU, the Triton backend (ALWAYS): a batch in which every request
     verifies k drafts is a uniform decode of 1 + k tokens per request, served by FULL graphs."""
@@ -165,6 +167,7 @@ def test_greedy_equivalence_under_every_cudagraph_mode(tiny_model_dirs, mode):
     "support, mode",
     [("UNIFORM_BATCH", "FULL_AND_PIECEWISE"), ("UNIFORM_SINGLE_TOKEN_DECODE", "PIECEWISE")],
 )
+@pytest.mark.slow
 def test_a_backend_without_uniform_batch_gets_no_full_graph_for_verification(tiny_model_dirs, monkeypatch, caplog, support, mode):
     """Seed 000's UNIFORM_BATCH: a verification batch has 1 + k tokens per request, so a
     backend that captures only single-token decodes loses its FULL decode graphs (downgraded
@@ -464,6 +467,7 @@ def test_stats_and_metrics_report_the_acceptance(tiny_model_dirs):
     assert report.spec_mean_accepted_length == pytest.approx(1 + stats.num_accepted_tokens / stats.num_drafts)
 
 
+@pytest.mark.slow
 def test_bench_spec_decode_dry_run_writes_its_record(tmp_path):
     """``bench/spec_decode.py --dry-run``: both workloads at both batch sizes, the same greedy
     tokens with speculation on and off (the script refuses otherwise); figures mean nothing."""

@@ -56,6 +56,7 @@ def tokenizer():
     return load_tokenizer(FOLDER)
 
 
+@pytest.mark.slow
 def test_stdlib_tiny_beats_the_unigram_baseline_on_held_out_modules(hf_model, tokenizer):
     from tinyvllm.stdlib_tiny.train import encode_stream
 
@@ -96,6 +97,7 @@ def test_stdlib_tiny_greedy_equals_transformers(hf_model, tokenizer, prefix_cach
         assert out.outputs[0].token_ids == seq[0, len(ids) :].tolist(), prompt
 
 
+@pytest.mark.slow
 def test_stdlib_tiny_is_the_default_of_generate():
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "tinyvllm", "generate", "--prompt", "def fibonacci(n):", "--device", "cpu"]

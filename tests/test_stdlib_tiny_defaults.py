@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.models.loader import load_tokenizer
 from tinyvllm.sampling_defaults import load_generation_defaults
@@ -52,6 +54,7 @@ def _completion(*flags: str) -> str:
     return out.stdout[: out.stdout.rindex("\n[tinyvllm] prompt ")]  # the completion, before the figures line
 
 
+@pytest.mark.slow
 def test_readme_first_command_does_not_loop():
     bench = _bench_module()
     tokenizer = load_tokenizer(STDLIB_TINY)
@@ -78,6 +81,7 @@ def test_shipped_generation_config_holds_the_measured_choice():
     assert gap <= record["rule"]["tolerance"]
 
 
+@pytest.mark.slow
 def test_bench_generation_defaults_quick_writes_its_record(tmp_path):
     out = tmp_path / "generation_defaults.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TOKENIZERS_PARALLELISM="false")

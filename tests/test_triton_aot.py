@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from triton_aot_cases import all_cases  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the session's ahead-of-time compile takes about a minute on two cores
+
 CASES = all_cases()
 
 

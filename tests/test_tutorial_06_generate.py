@@ -9,6 +9,8 @@ script runs once per session: the output is shared with that test.
 
 import re
 
+import pytest
+
 from tutorial_runner import tutorial_output
 
 BLOCK_SIZE = 16  # LLM's default
@@ -28,6 +30,7 @@ def _table(out: str) -> dict[int, dict[str, str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_tutorial_06_generate():
     out = tutorial_output("06_generate.py")
     assert "model: stdlib_tiny" in out

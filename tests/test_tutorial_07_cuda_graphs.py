@@ -18,6 +18,7 @@ def tutorial_output() -> str:
 
 
 @pytest.mark.seed("000:dispatcher", "000:wrapper", "000:motivation")
+@pytest.mark.slow
 def test_cudagraph_tutorial_shows_piecewise_full_and_padding(tutorial_output):
     rows = [line.split("|") for line in tutorial_output.splitlines() if line[:4].strip().isdigit()]
     cells = [[c.strip() for c in row] for row in rows]

@@ -6,6 +6,7 @@ the offline engine's text, a stream that joins to the whole answer, the shared p
 ``docs/generated/08_serve_client.txt``; this test pins the facts the page relies on.
 """
 
+import pytest
 from serve_fixtures import require_serve_extra
 from tutorial_runner import tutorial_output
 
@@ -14,6 +15,7 @@ require_serve_extra()  # without the serve extra (the GPU machine) this module s
 BLOCK_SIZE = 4
 
 
+@pytest.mark.slow
 def test_tutorial_08_serve_client():
     out = tutorial_output("08_serve_client.py")
     assert "GET /v1/models: ['tiny-qwen3']" in out

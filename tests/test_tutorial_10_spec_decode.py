@@ -11,6 +11,8 @@ ones back). The script runs once per session: the output is shared with that tes
 
 import re
 
+import pytest
+
 from tutorial_runner import tutorial_output
 
 K = 3  # num_speculative_tokens in the script
@@ -20,6 +22,7 @@ def _tokens(cell: str) -> list[str]:
     return [] if cell == "-" else cell.split("|")
 
 
+@pytest.mark.slow
 def test_tutorial_10_spec_decode_steps_follow_the_rules():
     out = tutorial_output("10_spec_decode.py")
     # the cells join tokens with "|", so each row is cut at the table's fixed column widths

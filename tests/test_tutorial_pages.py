@@ -91,6 +91,7 @@ def test_tutorials_folder_holds_numbered_tutorials_and_the_regenerator():
 
 
 @pytest.mark.parametrize("stem", STEMS)
+@pytest.mark.slow
 def test_tutorial_output_matches_golden_file(stem: str):
     golden = REPO / "docs" / "generated" / f"{stem}.txt"
     assert golden.exists(), f"{golden.relative_to(REPO)} is missing; write it with {_regenerate(stem)}"
