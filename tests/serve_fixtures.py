@@ -83,6 +83,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_healthy(url: str, alive, seconds: float, why_not=lambda: "") -> None:
+    """Poll ``url + "/health"`` until it answers 200; fail when ``alive()`` turns False (the
+    server's process or thread ended: ``why_not()`` says why) or after ``seconds``."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert alive(), why_not()
+        assert time.monotonic() < deadline, f"the server did not start in {seconds:g} s"
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def running_server(llm, served_model_name: str, max_waiting_requests: int = 256, **app_options):
     """Serve ``llm`` with uvicorn in a daemon thread; yield the base URL (``http://127.0.0.1:PORT``)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from serve_fixtures import free_port, require_serve_extra
+from serve_fixtures import free_port, require_serve_extra, wait_until_healthy
 
 from tinyvllm import cli
 
@@ -127,7 +127,6 @@ def test_serve_answers_then_stops(torch_threads, monkeypatch, capsys):
     require_serve_extra()
     import importlib
     import threading
-    import time
 
     import httpx
 
@@ -145,16 +144,7 @@ def test_serve_answers_then_stops(torch_threads, monkeypatch, capsys):
     thread = threading.Thread(target=lambda: status.append(cli.main(argv)), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert thread.is_alive(), status
-            assert time.monotonic() < deadline, "the server did not start in 60 s"
-            time.sleep(0.1)
+        wait_until_healthy(f"http://127.0.0.1:{port}", thread.is_alive, 60, lambda: str(status))
         body = {"model": "stdlib_tiny", "prompt": "def f():", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30).json()
         assert answer["model"] == "stdlib_tiny" and answer["usage"]["completion_tokens"] == 3, answer

@@ -7,10 +7,9 @@ import argparse
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from serve_fixtures import free_port, require_serve_extra
+from serve_fixtures import free_port, require_serve_extra, wait_until_healthy
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
@@ -81,16 +80,7 @@ def test_serve_starts_and_answers_with_the_model_path_as_name(tiny_model_dirs, t
            "--port", str(port), "--device", "cpu", "--max-model-len", "64", "--num-gpu-blocks-override", "64"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the server did not start in 120 s"
-            time.sleep(0.2)
+        wait_until_healthy(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 120, proc.stdout.read)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == [model]  # --served-model-name defaults to --model
         out = client.completions.create(model=model, prompt="def f():", max_tokens=3, temperature=0)

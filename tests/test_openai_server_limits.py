@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from serve_fixtures import CHAT_TEMPLATE, free_port, require_serve_extra, running_server
+from serve_fixtures import CHAT_TEMPLATE, free_port, require_serve_extra, running_server, wait_until_healthy
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
@@ -263,16 +263,7 @@ def test_sigterm_drains_for_at_most_the_shutdown_timeout(folder):
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the server did not start in 120 s"
-            time.sleep(0.2)
+        wait_until_healthy(url, lambda: proc.poll() is None, 120, proc.stdout.read)
         chunks, short = [], {}
         body = {"model": "tiny", "messages": MESSAGES, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
