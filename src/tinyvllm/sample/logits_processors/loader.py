@@ -14,9 +14,9 @@ Errors: a malformed FQCN, a name that is not a class, or a class that is not a
 ``LogitsProcessor`` raise ``ValueError`` naming it; an import failure (of a plugin or of
 an FQCN's module) raises ``RuntimeError`` chained to the original exception.
 
-NOTE 1: ``EngineConfig`` has no speculative decoding yet. A config carrying a non-None
-``speculative_config`` attribute (tinyvllm has none; tests use a fake) selects the
-spec-decode mode.
+NOTE 1: a config whose ``speculative_config`` is not None (``EngineConfig``'s, set by
+``LLM(speculative_config=...)``; the loader's tests pass a fake) selects the spec-decode
+mode; ``min_p`` and ``logit_bias`` are refused per request instead (request_checks.py).
 NOTE 2: ``validate_logits_processors_parameters`` caches the loaded classes per tuple of
 names (``functools.lru_cache``): importing is slow and the set of installed plugins is
 fixed for the life of the process. Tests that fake entry points call
