@@ -11,7 +11,8 @@ and writes it back in place: one launch a layer, two fewer than the separate ker
 turns it off with them.
 
 Mirrors: vLLM's fused q/k norm and rotary for Qwen3 (``fused_qk_norm_rope``, a CUDA custom
-op), which also normalises and rotates in place.
+op put in by an opt-in compile pass, ``enable_qk_norm_rope_fusion``, off by default), which
+also normalises and rotates in place.
 
 Invariants: the result is ``rotary(rms_norm(q), rms_norm(k))`` to within the norm's
 rounding: the same roundings as the two kernels (the norm's in float32, then the dtype, then
