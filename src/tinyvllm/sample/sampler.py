@@ -78,13 +78,13 @@ from tinyvllm.sample.top_k_top_p import apply_top_k_top_p
 
 @dataclass(frozen=True)
 class SamplerOutput:
-    """What the sampler returns: ``sampled_token_ids`` ``[R]`` int64, row order of the batch;
-    for the rows that asked, their logprobs (NOTE 3)."""
+    """What the sampler returns: ``sampled_token_ids`` ``[R]`` int64, row order of the batch,
+    each row's no-token verdict (NOTE 7), and for the rows that asked, their logprobs (NOTE 3)."""
 
     sampled_token_ids: torch.Tensor
+    no_token: torch.Tensor  # [R] bool: the row had no token to sample (NOTE 7)
     logprobs: logprob_ops.LogprobsTensors | None = None  # [M, 1 + K]: row i is batch row logprob_rows[i]
     logprob_rows: tuple[int, ...] = ()
-    no_token: torch.Tensor | None = None  # [R] bool: the row had no token to sample (NOTE 7); None: not checked
 
 
 _TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32, ~1.2e-38
@@ -133,10 +133,10 @@ class Sampler:
         raw_logprobs = logprob_ops.compute_logprobs(logits[at]) if rows else None  # [M, V]
         sampled, no_token = self.sample(logits, md)  # [R], [R]
         if raw_logprobs is None:
-            return SamplerOutput(sampled, no_token=no_token)
+            return SamplerOutput(sampled, no_token)
         num_top = max(md.num_logprobs.values())
         tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[at], num_top)
-        return SamplerOutput(sampled, tensors, tuple(rows), no_token)
+        return SamplerOutput(sampled, no_token, tensors, tuple(rows))
 
     # --8<-- [start:sample_spec]
     def sample_spec(
