@@ -17,8 +17,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from tinyvllm.sampling_params import MAX_LOGPROBS
 from tinyvllm.validation import check_token_ids
+
+if TYPE_CHECKING:
+    from tinyvllm.models.loader import ModelSpec
 
 
 # --8<-- [start:modes]
@@ -237,11 +242,60 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The model as the worker loads it: every field resolved and checked.
+
+    Attributes:
+        model: a local folder (a hub id is resolved before this is built).
+        spec: its ``config.json`` as read by ``models/loader.py`` (``ModelSpec``).
+        dtype: "float32", "float16" or "bfloat16" (``"auto"`` already resolved).
+        attention_backend: "triton", "torch" or "reference" (``"auto"`` already resolved).
+        seed: the global seed set before the weights load.
+        logits_processors: custom processor classes or "module:QualName" strings, imported once.
+        max_logprobs: the most logprobs a request may ask for; -1: no cap.
+    """
+
+    model: str
+    spec: "ModelSpec"
+    dtype: str
+    attention_backend: str
+    seed: int = 0
+    logits_processors: tuple = ()
+    max_logprobs: int = MAX_LOGPROBS
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"ModelConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.attention_backend not in ("triton", "torch", "reference"):
+            raise ValueError(f"ModelConfig.attention_backend must be resolved, got {self.attention_backend!r}")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Where the model runs and how much of it the engine may take.
+
+    Attributes:
+        device: "cpu", "cuda" or "cuda:N" (``"auto"`` already resolved).
+        gpu_memory_utilization: the fraction of the GPU's memory the engine may use (CUDA).
+        num_gpu_blocks_override: KV blocks to allocate instead of profiling; None: profile
+            (CUDA) or the CPU's byte budget.
+        torch_threads: intra-op threads for the process; None: torch's as it is.
+    """
+
+    device: str = "cpu"
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    torch_threads: int | None = None
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """All configs of one engine, handed to components that need more than one.
 
     ``reasoning_config`` (seed 001 ch. 13) turns on the thinking-token budget; None
-    (the default) means the model has no think sections.
+    (the default) means the model has no think sections. ``model_config`` is None for an
+    engine assembled by hand (tests); ``cache_config.num_gpu_blocks`` is None until the
+    worker has sized the KV cache.
     """
 
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -249,6 +303,8 @@ class EngineConfig:
     reasoning_config: "ReasoningConfig | None" = None
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     speculative_config: SpeculativeConfig | None = None
+    model_config: ModelConfig | None = None
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
 
 
 @dataclass(frozen=True)
