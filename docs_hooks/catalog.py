@@ -12,6 +12,8 @@ Contract
   or, for a whole file, ``pytestmark = pytest.mark.seed("001:N")``. ``scan_tests`` reads the
   markers straight from the test files' syntax trees (nothing is imported, nothing runs), so
   the matrix and status tables built here always describe the suite as it is.
+- A section with nothing to build of its own carries ``prose_only``, the reason no test
+  marks it; its status row gives the reason instead of "not yet".
 - ``PAGE_SOURCES`` maps each walkthrough page to the source files it explains; the site links
   them under the page's title.
 - Pure functions only: the mkdocs hook (``site_pages.py``) and the tests
@@ -55,6 +57,11 @@ class SeedSection:
     topic: str  # what it is about, in English
     page: str  # the walkthrough page (docs-relative)
     tutorial: str | None = None  # tutorials/<stem>.py that replays it
+    # Why no test marks it, for a section with nothing of its own to build (a summary of
+    # other sections, a figure lost from the document, a feature tinyvllm has no use for).
+    # Such a section is explained on its page, and its status row says this instead of
+    # "not yet"; a test fails if a test is ever marked with it (the reason would be stale).
+    prose_only: str | None = None
 
     @property
     def seed(self) -> str:
@@ -65,6 +72,8 @@ S = SeedSection
 SEED_SECTIONS: tuple[SeedSection, ...] = (
     S("000:motivation", "动机", "why the design: graph capture tied to compilation, all or nothing; four design goals", "cuda_graphs.md", "07_cuda_graphs"),
     S("000:modes", "CudagraphModes", "CUDAGraphMode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE", "cuda_graphs.md"),
+    S("000:overview", "概述", "the design before and after: graph logic out of compilation, dispatch made explicit", "cuda_graphs.md",
+      prose_only="a summary of the sections after it, whose tests pin what it summarises (its two figures are lost)"),
     S("000:descriptor", "BatchDescriptor", "the key a graph is captured and replayed under", "cuda_graphs.md"),
     S("000:dispatcher", "CudagraphDispatcher", "keys, padding, dispatch FULL > PIECEWISE > NONE", "cuda_graphs.md", "07_cuda_graphs"),
     S("000:wrapper", "CUDAGraphWrapper", "capture, replay and pass-through; the forward context", "cuda_graphs_wrapper.md", "07_cuda_graphs"),
@@ -72,13 +81,20 @@ SEED_SECTIONS: tuple[SeedSection, ...] = (
     S("000:capture", "完整 CUDA 图捕获 & 热身", "warm-up and capture at start-up; persistent buffers", "cuda_graphs_capture.md"),
     S("000:cgsupport", "Attention 后端对 CUDA 图的兼容性", "AttentionCGSupport and the mode downgrades", "cuda_graphs_backends.md"),
     S("000:usage", "使用指南", "compilation_config, enforce_eager and the CLI flags", "cuda_graphs_backends.md"),
+    S("000:passes", "分段编译和完整图自定义通道", "compiler passes that need the whole graph, against piecewise compilation", "cuda_graphs_wrapper.md",
+      prose_only="not built: tinyvllm compiles nothing, so it has no such passes; its split at attention is written into the model"),
+    S("000:performance", "关于性能", "performance (the document's links are lost); the decode-step benchmark bench/cudagraphs.py", "cuda_graphs_backends.md"),
     S("001:7", "ch. 7", "LogitsProcessor interface, MoveDirectionality, BatchUpdate", "persistent_batch.md", "03_logits_processors"),
+    S("001:7.5", "ch. 7.5", "the type aliases RemovedRequest, AddedRequest, MovedRequest", "persistent_batch.md"),
     S("001:8", "ch. 8", "BatchUpdateBuilder: descending removed list, pop the lowest hole, get_and_reset", "persistent_batch.md", "03_logits_processors"),
     S("001:9", "ch. 9", "the LogitsProcessors container and the argmax-invariant split", "logits_processors.md"),
     S("001:10", "ch. 10", "MinP, LogitBias, MinTokens and process_dict_updates", "logits_processors.md", "03_logits_processors"),
     S("001:11", "ch. 11", "plugin loading: entry points, FQCNs, build_logitsprocs", "logits_processor_plugins.md"),
     S("001:12", "ch. 12", "AdapterLogitsProcessor: per-request callables as a batch processor", "logits_processor_plugins.md"),
     S("001:13", "ch. 13", "ThinkingBudgetStateHolder: counting think tokens and forcing the end", "thinking_budget.md", "04_thinking_budget"),
+    S("001:C", "appendix C", "the logits processors' lifecycle as a sequence diagram", "persistent_batch.md",
+      prose_only="the document's diagram is lost (a title only); the page draws one step's lifecycle, pinned under ch. 7, ch. 8 and appendix U2"),
+    S("001:D", "appendix D", "the thinking-budget state machine and force_index's three cases", "thinking_budget.md", "04_thinking_budget"),
     S("001:N", "appendix N", "process_dict_updates in five scenarios", "logits_processors.md", "03_logits_processors"),
     S("001:O", "appendix O", "thinking-budget state fields and the force_index formula", "thinking_budget.md", "04_thinking_budget"),
     S("001:P", "appendix P", "the adapter in depth: signature detection, output ids by reference", "logits_processor_plugins.md"),
@@ -340,6 +356,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _untested(section: SeedSection) -> str:
+    """The cell of a section no test marks: its prose-only reason, else "not yet"."""
+    return f"explained, no test of its own: {section.prose_only}" if section.prose_only else "not yet"
+
+
 def render_matrix(refs: list[TestRef], link) -> str:
     """Markdown of the matrix: seed section -> docs page -> test ids -> tutorial.
 
@@ -354,7 +375,7 @@ def render_matrix(refs: list[TestRef], link) -> str:
         for section, tests in section_status(refs):
             if section.seed != number:
                 continue
-            test_cell = ", ".join(link("test", t) for t in tests) if tests else "not yet"
+            test_cell = ", ".join(link("test", t) for t in tests) if tests else _untested(section)
             tut = link("tutorial", section.tutorial) if section.tutorial else "not yet"
             lines.append(
                 f"| {_cell(section.section)} | {_cell(section.topic)} | {link('page', section.page)} "
@@ -365,7 +386,7 @@ def render_matrix(refs: list[TestRef], link) -> str:
 
 
 def render_status(refs: list[TestRef], link) -> str:
-    """Markdown of the status table: one row per seed section, built and tested or not yet."""
+    """Markdown of the status table: one row per seed section: built and tested, prose only, or not yet."""
     lines = ["| seed | section | what | status | docs |", "|---|---|---|---|---|"]
     for section, tests in section_status(refs):
         if tests:
@@ -378,7 +399,7 @@ def render_status(refs: list[TestRef], link) -> str:
                 count += f", {gpu} of them on a GPU only"
             status = f"built, {count} (" + ", ".join(link("file", f) for f in files) + ")"
         else:
-            status = "not yet"
+            status = _untested(section)
         lines.append(
             f"| {section.seed} | {_cell(section.section)} | {_cell(section.topic)} | {status} "
             f"| {link('page', section.page)} |"

@@ -56,7 +56,7 @@ def test_get_and_reset_none_when_nothing_changed():
     assert BatchUpdateBuilder().get_and_reset(5) is None
 
 
-@pytest.mark.seed("001:8", "001:U2")
+@pytest.mark.seed("001:8", "001:U2", "001:7.5")
 def test_get_and_reset_snapshot_is_frozen_and_independent():
     builder = BatchUpdateBuilder()
     params = SamplingParams()
@@ -87,7 +87,7 @@ def test_reset_reports_batch_changed():
     assert builder.reset() is True
 
 
-@pytest.mark.seed("001:7")
+@pytest.mark.seed("001:7", "001:7.5")
 def test_added_output_list_is_a_live_reference():
     builder = BatchUpdateBuilder()
     out = [5]

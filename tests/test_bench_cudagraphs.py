@@ -15,6 +15,7 @@ MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 
 @pytest.mark.slow
+@pytest.mark.seed("000:performance")
 def test_cudagraphs_bench_dry_run(tmp_path):
     out_file = tmp_path / "cudagraphs.json"
     cmd = [sys.executable, str(ROOT / "bench" / "cudagraphs.py"), "--dry-run", "--out", str(out_file)]

@@ -91,6 +91,44 @@ def test_docs_catalog_status_marks_untested_sections_not_yet():
     assert "not yet" in rows["§2.4"]
 
 
+# Sections explained in prose that the status table once left out (issue 41): the page
+# that explains each, and whether a test pins it (False: the catalog says why none does).
+ADDED_SECTIONS = {
+    "000:overview": ("概述", "cuda_graphs.md", False),
+    "000:passes": ("分段编译和完整图自定义通道", "cuda_graphs_wrapper.md", False),
+    "000:performance": ("关于性能", "cuda_graphs_backends.md", True),
+    "001:7.5": ("ch. 7.5", "persistent_batch.md", True),
+    "001:C": ("appendix C", "persistent_batch.md", False),
+    "001:D": ("appendix D", "thinking_budget.md", True),
+}
+
+
+@pytest.mark.parametrize("key", sorted(ADDED_SECTIONS))
+def test_docs_catalog_lists_each_section_the_docs_explain(refs, key):
+    name, page, tested = ADDED_SECTIONS[key]
+    section = catalog.SECTION_BY_KEY.get(key)
+    assert section is not None, f"the catalog has no section {key}"
+    assert (section.section, section.page) == (name, page)
+    text = " ".join((REPO / "docs" / page).read_text(encoding="utf-8").split()).lower()
+    assert name.lower() in text, f"docs/{page} does not cite {name!r}"
+    marked = catalog.tests_by_section(refs).get(key, [])
+    assert bool(marked) == tested, f"{key}: tests {[r.name for r in marked]}, expected {'some' if tested else 'none'}"
+    assert (section.prose_only is None) == tested, f"{key}: prose_only={section.prose_only!r}"
+
+
+def test_docs_catalog_prose_only_sections_have_no_test_and_say_why(refs):
+    by_key = catalog.tests_by_section(refs)
+    prose = [s for s in catalog.SEED_SECTIONS if s.prose_only]
+    assert prose, "no section is marked prose_only"
+    for section in prose:
+        assert not by_key.get(section.key), f"{section.key} is prose_only but tests mark it: drop the reason"
+    rows = {line.split(" | ")[1]: line for line in catalog.render_status([], catalog.readme_link).splitlines()[2:]}
+    assert f"explained, no test of its own: {catalog.SECTION_BY_KEY['000:passes'].prose_only}" in rows["分段编译和完整图自定义通道"]
+    assert "not yet" in rows["§2.4"] and "explained" not in rows["§2.4"]
+    matrix = catalog.render_matrix([], lambda kind, target: str(target))
+    assert "| appendix C |" in matrix and "explained, no test of its own: the document's diagram is lost" in matrix
+
+
 def test_docs_catalog_readme_status_table_is_current(refs):
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert catalog.readme_status_block(refs) in text, (

@@ -301,7 +301,7 @@ def test_seed001_o1_initial_state_fields():
     assert (s["think_count"], s["start_thinking"], s["check_count_down"]) == (3, -4, 2)
 
 
-@pytest.mark.seed("001:O")
+@pytest.mark.seed("001:O", "001:D")
 def test_seed001_o3_remaining_above_spec_len_forces_nothing_yet():
     h = ThinkingBudgetStateHolder(ReasoningConfig((START,), (END,)), MAX, 3, CPU, False)
     h.sync_batch(BatchUpdate(1, [], [(0, SamplingParams(thinking_token_budget=10), [START], [])], []))

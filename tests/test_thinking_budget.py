@@ -44,7 +44,7 @@ def step(h, outputs, model_tokens, spec=None):
 
 # ---- appendix O.3: force_index ------------------------------------------------------------
 
-@pytest.mark.seed("001:O")
+@pytest.mark.seed("001:O", "001:D")
 @pytest.mark.parametrize(
     "budget, think_count, spec_len, expected",
     [(10, 8, 3, [2]), (10, 10, 3, [0]), (10, 12, 3, [0]), (10, 7, 3, [3]), (10, 9, 0, [0]), (5, 4, 4, [1])],
@@ -53,7 +53,7 @@ def test_thinking_budget_force_index_table_o3(budget, think_count, spec_len, exp
     assert compute_force_index(budget, think_count, spec_len) == expected
 
 
-@pytest.mark.seed("001:O", "001:13")
+@pytest.mark.seed("001:O", "001:13", "001:D")
 def test_thinking_budget_force_index_in_state_budget10_think8_spec3():
     # The diagram of O.3: drafts 0 and 1 are thinking tokens 9 and 10, draft 2 is forced.
     h = holder(spec=3)
@@ -69,7 +69,7 @@ def test_thinking_budget_force_index_in_state_budget10_think8_spec3():
     assert out == []
 
 
-@pytest.mark.seed("001:13")
+@pytest.mark.seed("001:13", "001:D")
 def test_thinking_budget_bonus_position_forced_in_bonus_call():
     h = holder(spec=3)
     add(h, 0, budget=10, prompt=[START])
