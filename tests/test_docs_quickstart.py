@@ -16,6 +16,7 @@ change to what they print, rewrite them with ``python tests/test_docs_quickstart
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -41,10 +42,12 @@ def _tinyvllm_commands() -> list[list[str]]:
 
 
 @pytest.fixture
-def restore_torch_threads():
-    """``generate`` sets torch's thread count for the process (cpu_threads.py): put it back."""
+def restore_torch_threads(monkeypatch):
+    """The engine sets torch's thread count for the process (cpu_threads.py): put it back.
+    ``OMP_NUM_THREADS`` unset, so the shipped model runs on one thread, as the golden files did."""
     import torch
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -130,6 +133,7 @@ def _rewrite() -> None:
     from tinyvllm import cli
 
     assert not torch.cuda.is_available(), "the golden files are CPU runs: hide the GPU (CUDA_VISIBLE_DEVICES=)"
+    os.environ.pop("OMP_NUM_THREADS", None)  # one thread for the shipped model, as the tests run it
     [argv] = [argv for argv in _tinyvllm_commands() if argv[0] == "generate"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
