@@ -24,13 +24,6 @@ DOCS = ROOT / "docs"
 NEXT = re.compile(r"^\*\*Next:\*\* \[[^\]]*\]\((?P<target>[^)#\s]*)(?:#[^)]*)?\)", re.M)
 GENERATED_NEXT = {"matrix.md": ROOT / "docs_hooks" / "site_pages.py"}  # pages the build writes
 
-# Pages under docs/tutorials/ are frozen while issue 37 lands (no edits), and one of their
-# Next: lines still names the page that followed it before the trace tool's page moved to
-# the Reference section. Each entry is the only other target its page may name; the lead
-# changes the line to the nav's next page when merging, and the entry goes.
-FROZEN_NEXT = {"tutorials/02_scheduler.md": "tracing.md"}
-
-
 class _NavLoader(yaml.SafeLoader):
     """Reads mkdocs.yml, whose ``!!python/name:`` tags a safe loader refuses; they become None."""
 
@@ -77,14 +70,7 @@ def test_reading_path_next_line_names_the_page_that_follows_in_the_nav(position:
     expected = NAV[position + 1] if position + 1 < len(NAV) else "index.md"
     targets = _next_targets(page)
     assert len(targets) == 1, f"docs/{page} has {len(targets)} Next: lines (a dead end, or two ways on): {targets}"
-    allowed = {expected, FROZEN_NEXT.get(page, expected)}
-    assert targets[0] in allowed, f"docs/{page}'s Next: names {targets[0]}, but the nav's next page is {expected}"
-
-
-def test_reading_path_frozen_exceptions_are_tutorial_pages_still_frozen():
-    for page, target in FROZEN_NEXT.items():
-        assert page.startswith("tutorials/") and page in NAV and target in NAV, page
-        assert _next_targets(page) == [target], f"{page} no longer names {target}: delete its FROZEN_NEXT entry"
+    assert targets[0] == expected, f"docs/{page}'s Next: names {targets[0]}, but the nav's next page is {expected}"
 
 
 def test_reading_path_starts_with_a_runnable_start_and_the_architecture_page():
