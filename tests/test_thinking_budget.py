@@ -215,7 +215,6 @@ def test_thinking_budget_t2_forcing_writes_1e9_and_clears_mask_each_call():
     assert logits[0, END1].item() == 0
 
 
-@pytest.mark.seed("001:T2")
 def test_thinking_budget_apply_to_rows_one_call_layout_and_plain_rows():
     """What the sampler calls: with ``rows_per_request`` (each request's draft rows, then its
     bonus row, in one call) a forcing request is forced at ``offset + force_index``; with
