@@ -4,7 +4,9 @@ tokenizations) and which token each sequence bans after a given output."""
 import pytest
 import torch
 
-from tinyvllm.sample.bad_words import apply_bad_words, apply_bad_words_with_drafts, banned_tokens, tokenize_bad_words
+from tinyvllm.sample.bad_words import apply_bad_words, banned_tokens, tokenize_bad_words
+from tinyvllm.sample.logits_processors import LogitsProcessors
+from tinyvllm.sample.metadata import SamplingMetadata
 
 
 class FakeTokenizer:
@@ -62,20 +64,33 @@ def test_apply_bad_words_masks_the_banned_tokens_of_each_row_only():
     assert torch.isinf(out).nonzero().tolist() == [[0, 3], [1, 7]]  # row 2 has no bad words
 
 
+def rows_of_drafts(bad, outputs, drafts):
+    """The bad words and outputs so far of a speculative step's rows: ``SamplingMetadata.expand``."""
+    md = SamplingMetadata(
+        temperature=torch.zeros(len(outputs)), all_greedy=True, all_random=False, top_p=None, top_k=None,
+        seeds={}, logitsprocs=LogitsProcessors(), thinking_budget=None, bad_words_token_ids=bad,
+        output_token_ids=tuple(outputs),
+    )  # fmt: skip
+    rows = md.expand(drafts)
+    return rows.bad_words_token_ids, rows.output_token_ids
+
+
 def test_with_drafts_each_row_bans_after_the_drafts_before_it():
     """Speculative decoding: request r owns ``len(drafts[r]) + 1`` rows, and row j judges the
-    output as if drafts 0 .. j - 1 were generated (vLLM's ``apply_bad_words_with_drafts``)."""
+    output as if drafts 0 .. j - 1 were generated (vLLM's ``apply_bad_words_with_drafts``):
+    the expansion gives each row its request's words and that output, ``apply_bad_words`` bans."""
     logits = torch.zeros(2 + 3 + 1, 8)  # request 0: 1 draft; request 1: 2 drafts; request 2: none
     outputs = [[4], [2], [5]]
     drafts = [[2], [7, 2], []]
     bad = {0: ((2, 3),), 1: ((2, 3), (7, 2, 6)), 2: ((5, 1),)}
-    out = apply_bad_words_with_drafts(logits, bad, outputs, drafts)
+    out = apply_bad_words(logits, *rows_of_drafts(bad, outputs, drafts))
     # request 0: row 0 after [4] bans nothing; row 1 after [4, 2] bans 3
     # request 1: row 2 after [2] bans 3; row 3 after [2, 7] bans nothing; row 4 after [2, 7, 2] bans 3 and 6
     # request 2: row 5 after [5] bans 1
     assert torch.isinf(out).nonzero().tolist() == [[1, 3], [2, 3], [4, 3], [4, 6], [5, 1]]
-    assert apply_bad_words_with_drafts(torch.zeros(6, 8), bad, outputs, drafts).equal(out)  # fresh logits, same bans
-    assert apply_bad_words_with_drafts(torch.zeros(6, 8), {}, outputs, drafts).eq(0).all()  # no bad words, no bans
+    assert apply_bad_words(torch.zeros(6, 8), *rows_of_drafts(bad, outputs, drafts)).equal(out)  # fresh logits, same bans
+    assert apply_bad_words(torch.zeros(6, 8), *rows_of_drafts({}, outputs, drafts)).eq(0).all()  # no bad words, no bans
+    assert [list(o) for o in rows_of_drafts(bad, outputs, drafts)[1]] == [[4], [4, 2], [2], [2, 7], [2, 7, 2], [5]]
 
 
 def test_the_tiny_tokenizer_bans_a_word_in_both_forms(tiny_model_dirs):

@@ -142,3 +142,34 @@ def test_state_refuses_logits_of_another_vocabulary():
     state.add_row(0, SamplingParams(presence_penalty=1.0), [0], [])
     with pytest.raises(ValueError, match="vocabulary"):
         state.apply(torch.zeros(1, V + 1))
+
+
+def test_penalties_of_draft_rows_equal_penalties_as_if_the_drafts_were_generated():
+    """A speculative step (``PenaltyState.expand``, through ``SamplingMetadata.expand``):
+    request r owns ``len(drafts[r]) + 1`` rows, and its row j is penalised exactly as the
+    plain path penalises the request once drafts ``0 .. j - 1`` are in its output."""
+    params = [
+        SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0),
+        None,  # request 1 uses no penalty: its rows are left alone
+        SamplingParams(frequency_penalty=-1.0, repetition_penalty=0.5),
+    ]
+    prompts, outputs = [[1, 2], [3], [0, 5]], [[3, 3], [4], [2]]
+    drafts = [[2, 3], [1], [5]]  # rows 0-2, 3-4, 5-6
+    state = PenaltyState(max_num_reqs=4, vocab_size=V, device="cpu")
+    for row, p in enumerate(params):
+        if p is not None:
+            state.add_row(row, p, prompts[row], outputs[row])
+    logits = torch.randn(7, V, generator=torch.Generator().manual_seed(0))
+    got = state.expand(drafts).apply(logits.clone())
+    starts = [0, 3, 5]
+    for r, p in enumerate(params):
+        for j in range(len(drafts[r]) + 1):
+            row = logits[starts[r] + j : starts[r] + j + 1]
+            if p is None:
+                assert torch.equal(got[starts[r] + j], row[0])
+                continue
+            alone = PenaltyState(max_num_reqs=1, vocab_size=V, device="cpu")
+            alone.add_row(0, p, prompts[r], [*outputs[r], *drafts[r][:j]])
+            assert torch.equal(got[starts[r] + j], alone.apply(row.clone())[0]), (r, j)
+    assert counts(state, 0) == bincount([3, 3])  # the drafts are counted on a copy, not in the state
+    state.check_invariants()

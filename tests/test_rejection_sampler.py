@@ -1,7 +1,8 @@
-"""The rejection sampler (``sample/rejection_sampler.py``) and the verification path of
-``Sampler.sample_spec``: a request keeps its drafts while each row's own token (its argmax,
-or its draw) equals them; counted over many keys, the tokens are distributed as the
-target's; and a seeded request's tokens are the draws a step without drafts makes."""
+"""The rejection sampler (``sample/rejection_sampler.py``) and the verification path (the
+``Sampler`` on the rows of ``SamplingMetadata.expand``, as the model runner calls them): a
+request keeps its drafts while each row's own token (its argmax, or its draw) equals them;
+counted over many keys, the tokens are distributed as the target's; and a seeded request's
+tokens are the draws a step without drafts makes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tinyvllm.sample.draw_keys import draw_key
 from tinyvllm.sample.logits_processors import LogitsProcessors
 from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.rejection_sampler import rejection_sample
-from tinyvllm.sample.sampler import Sampler
+from tinyvllm.sample.sampler import Sampler, sampled_to_host
 
 
 def test_a_request_keeps_drafts_while_its_rows_agree_then_the_first_disagreeing_token():
@@ -49,8 +50,12 @@ def logits_of(probs: torch.Tensor) -> torch.Tensor:
 
 
 def spec(probs: torch.Tensor, drafts, temperature, seeds=None, outputs=None) -> list[list[int]]:
+    """A verification step as the model runner runs it: the sampler on the drafts' rows, the
+    tokens to the host in one read, then the rejection sampler."""
     outputs = outputs if outputs is not None else tuple([] for _ in drafts)
-    return Sampler().sample_spec(logits_of(probs), metadata(temperature, seeds or {}, outputs), drafts)
+    rows = metadata(temperature, seeds or {}, outputs).expand(drafts)
+    out = Sampler()(logits_of(probs), rows)
+    return rejection_sample(*sampled_to_host(out.sampled_token_ids, out.no_token), drafts)
 
 
 def test_greedy_verification_keeps_drafts_while_they_are_the_argmax():

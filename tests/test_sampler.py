@@ -11,8 +11,10 @@ from tinyvllm.config import EngineConfig, ReasoningConfig, SchedulerConfig
 from tinyvllm.sample.logits_processors import LogitsProcessors, build_logitsprocs
 from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.draw_keys import draw_key
-from tinyvllm.sample.sampler import Sampler, SamplerOutput, apply_top_k_top_p, random_sample
+from tinyvllm.sample.ops.random_sample import random_sample
+from tinyvllm.sample.sampler import Sampler, SamplerOutput, apply_top_k_top_p
 from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
+from tinyvllm.sample.top_k_top_p import TopKTopPPlan
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.input_batch import InputBatch
 
@@ -259,6 +261,63 @@ def test_sampling_metadata_rejects_inconsistent_shapes():
         make_metadata([1.0, 1.0], seeds={1: 5}, outputs=())
     with pytest.raises(ValueError, match=r"temperature must have shape \[R\]"):
         make_metadata([[1.0]])
+
+
+def test_expand_spreads_every_request_over_its_rows():
+    """``SamplingMetadata.expand`` (NOTE 4 of ``sample/metadata.py``): request r owns
+    ``len(drafts[r]) + 1`` rows; each row has its request's values, and row j's output so
+    far ends with drafts ``0 .. j - 1``, so a seeded row's draw is keyed by its position."""
+    outputs = ([5], [], [7, 7])
+    md = make_metadata([0.5, 0.0, 1.0], top_k=[0, 3, 0], top_p=[0.9, 1.0, 1.0], seeds={0: 11, 2: 12}, outputs=outputs)
+    drafts = [[1, 2], [], [4]]  # rows 0-2, 3, 4-5
+    rows = md.expand(drafts)
+    assert rows.num_reqs == 6 and rows.rows_per_request == (3, 1, 2)
+    assert rows.temperature.tolist() == torch.tensor([0.5, 0.5, 0.5, 0.0, 1.0, 1.0]).tolist()
+    assert rows.top_k.tolist() == [0, 0, 0, 3, 0, 0]
+    assert rows.top_p.tolist() == torch.tensor([0.9, 0.9, 0.9, 1.0, 1.0, 1.0]).tolist()
+    assert rows.top_k_top_p_plan == TopKTopPPlan(top_k_rows=(3,), top_p_rows=(0, 1, 2), max_top_k=3)
+    assert (rows.all_greedy, rows.all_random) == (md.all_greedy, md.all_random)
+    assert dict(rows.seeds) == {0: 11, 1: 11, 2: 11, 4: 12, 5: 12}
+    assert [list(o) for o in rows.output_token_ids] == [[5], [5, 1], [5, 1, 2], [], [7, 7], [7, 7, 4]]
+    assert rows.output_token_ids[0] is outputs[0]  # a request's first row reads its live list
+    positions = {0: 1, 1: 2, 2: 3, 4: 2, 5: 3}  # each seeded row's output position
+    assert rows.draw_keys() == {row: draw_key(rows.seeds[row], pos) for row, pos in positions.items()}
+    assert rows.num_logprobs == {}  # a speculative step's logprobs are taken after the rejection
+    with pytest.raises(ValueError, match="drafts for 2 requests, the sampling metadata has 3"):
+        md.expand([[1], []])
+
+
+def test_expand_of_a_step_without_drafts_is_the_record_itself():
+    md = make_metadata([0.5, 0.0], seeds={0: 3}, outputs=([1], [2]))
+    assert md.expand([[], []]) is md and md.rows_per_request is None
+
+
+def test_expand_gives_every_row_its_requests_allowed_ids_and_bad_words():
+    """Allowed ids mask each row of a restricting request; a bad word bans at the row whose
+    drafts before it would complete it. The expanded rows sample what the plain sampler
+    samples for one request whose outputs already hold those drafts."""
+    v = 6
+    mask = torch.ones(1, v, dtype=torch.bool)
+    mask[0, [2, 3, 4]] = False  # request 1 may sample 2, 3 and 4 only
+    outputs = ([0], [1])
+    md = dataclasses.replace(
+        make_metadata([0.0, 0.0], outputs=outputs), allowed_token_ids_rows=torch.tensor([1]),
+        allowed_token_ids_mask=mask, bad_words_token_ids={0: ((3, 5),), 1: ((2, 4),)},
+    )  # fmt: skip
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]).repeat(5, 1)  # argmax 5 everywhere
+    drafts = [[3, 1], [2]]  # rows 0-2 (request 0), rows 3-4 (request 1)
+    got = Sampler()(logits, md.expand(drafts)).sampled_token_ids.tolist()
+    # request 0: row 1 follows draft 3, so (3, 5) bans 5 there; request 1: 4 is its best
+    # allowed token, banned at row 4, which follows draft 2 ((2, 4))
+    assert got == [5, 4, 5, 4, 3]
+    for r, d in enumerate(drafts):
+        for j in range(len(d) + 1):
+            one = dataclasses.replace(
+                make_metadata([0.0], outputs=([*outputs[r], *d[:j]],)), bad_words_token_ids={0: md.bad_words_token_ids[r]},
+                allowed_token_ids_rows=torch.tensor([0]) if r == 1 else None, allowed_token_ids_mask=mask if r == 1 else None,
+            )  # fmt: skip
+            row = [0, 3][r] + j
+            assert Sampler()(logits[:1], one).sampled_token_ids.tolist() == [got[row]], (r, j)
 
 
 def test_sampler_runs_from_metadata_alone():

@@ -86,9 +86,9 @@ def test_a_failed_verification_step_leaves_the_engine_serving(tiny_model_dirs, w
     if where == "forward":
         forward = spec.model.forward
         spec.model.forward = lambda *a, **kw: (in_flight[-1] and fault.trigger()) or forward(*a, **kw)
-    else:  # with a speculative config the runner samples through sample_spec
-        sample_spec = runner.sampler.sample_spec
-        runner.sampler.sample_spec = lambda *a: (in_flight[-1] and fault.trigger()) or sample_spec(*a)
+    else:  # the sampler's steps, on the rows of the drafts (SamplingMetadata.expand)
+        sample = runner.sampler.sample
+        runner.sampler.sample = lambda *a: (in_flight[-1] and fault.trigger()) or sample(*a)
     with pytest.raises(Boom):
         run(spec, PROMPTS, greedy(12))
     assert in_flight[-1] > 0, "the failed step verified no drafts"
@@ -284,14 +284,15 @@ def test_seed001_layout_2_3_1_and_forcing_on_a_draft_row_in_real_steps(tiny_mode
     apply_min = min_tokens.apply_with_spec_decode
     min_tokens.apply_with_spec_decode = lambda logits, rows: layouts.append(list(rows)) or apply_min(logits, rows)
     budget = batch.thinking_budget
-    apply_budget = budget.apply_to_spec_rows
+    apply_budget = budget.apply_to_rows
 
-    def spy(logits, rows):
+    def spy(logits, rows):  # rows: None in a step without drafts (one row per request)
         out = apply_budget(logits, rows)
-        forced.append((list(rows), (out.max(dim=-1).values >= FORCED_LOGIT).nonzero().flatten().tolist()))
+        layout = [1] * logits.shape[0] if rows is None else list(rows)
+        forced.append((layout, (out.max(dim=-1).values >= FORCED_LOGIT).nonzero().flatten().tolist()))
         return out
 
-    budget.apply_to_spec_rows = spy
+    budget.apply_to_rows = spy
     got = [o.outputs[0].token_ids for o in spec.generate(inputs, params, use_tqdm=False)]
     assert got == plain
     assert [2, 3, 1] in layouts, layouts

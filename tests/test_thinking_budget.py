@@ -215,6 +215,25 @@ def test_thinking_budget_t2_forcing_writes_1e9_and_clears_mask_each_call():
     assert logits[0, END1].item() == 0
 
 
+def test_thinking_budget_apply_to_rows_one_call_layout_and_plain_rows():
+    """What the sampler calls: with ``rows_per_request`` (each request's draft rows, then its
+    bonus row, in one call) a forcing request is forced at ``offset + force_index``; with
+    None (one row per request) it forces what the plain ``apply_to_logits`` forces."""
+    h = holder(spec=3)
+    add(h, 0, budget=10, prompt=[START], batch_size=3)  # request 0: 1 draft, thinking
+    add(h, 1, budget=10, prompt=[START], batch_size=3)  # request 1: 2 drafts, runs out at its draft 1
+    h.update_state([[7] * 9 + [7], [7] * 9 + [7, 7], [7]], [[7], [7, 7], []])
+    assert h._state[1]["force_index"] == [1] and h._state[0]["force_index"] == [1]
+    logits = h.apply_to_rows(torch.zeros(6, V), [2, 3, 1])  # rows 0-1, 2-4, 5
+    # request 0's force_index 1 is its bonus row (row 1); request 1's is its row 2 + 1 = 3
+    assert (logits.max(dim=-1).values >= FORCED_LOGIT).nonzero().flatten().tolist() == [1, 3]
+    assert logits[3, END1].item() == FORCED_LOGIT and h.mask.nonzero().flatten().tolist() == [1, 3]
+    plain = holder(end=(END1, END2))
+    outs = [add(plain, 0, 0, prompt=[START]), [], add(plain, 2, 0, prompt=[START], batch_size=3)]
+    plain.update_state(outs)
+    assert torch.equal(plain.apply_to_rows(torch.zeros(3, V)), plain.apply_to_logits(torch.zeros(3, V)))
+
+
 @pytest.mark.seed("001:13")
 def test_thinking_budget_spec_mode_draft_tokens_stripped_and_multi_token_end():
     h = holder(end=(END1, END2), spec=2)

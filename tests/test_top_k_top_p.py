@@ -4,10 +4,13 @@ what one sort of every row masks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tinyvllm.sample.logits_processors import LogitsProcessors
+from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.top_k_top_p import TopKTopPPlan, apply_top_k_top_p, plan_top_k_top_p
 
 
@@ -37,8 +40,15 @@ def test_the_plan_sends_each_row_its_own_way():
 
 def test_a_speculative_step_spreads_the_plan_over_each_requests_rows():
     plan = TopKTopPPlan(top_k_rows=(0, 2), top_p_rows=(1,), max_top_k=7)
+    md = SamplingMetadata(
+        temperature=torch.ones(3), all_greedy=False, all_random=True, top_p=torch.tensor([1.0, 0.9, 1.0]),
+        top_k=torch.tensor([7, 0, 3]), seeds={}, logitsprocs=LogitsProcessors(), thinking_budget=None,
+        top_k_top_p_plan=plan,
+    )  # fmt: skip
     drafts = [[11, 12], [], [13]]  # rows 0-2, 3, 4-5
-    assert plan.spread(drafts) == TopKTopPPlan(top_k_rows=(0, 1, 2, 4, 5), top_p_rows=(3,), max_top_k=7)
+    rows = md.expand(drafts)  # the plan of the step's rows (SamplingMetadata.expand)
+    assert rows.top_k_top_p_plan == TopKTopPPlan(top_k_rows=(0, 1, 2, 4, 5), top_p_rows=(3,), max_top_k=7)
+    assert rows.top_k.tolist() == [7, 7, 7, 0, 3, 3] and rows.top_p.tolist() == pytest.approx([1, 1, 1, 0.9, 1, 1])
 
 
 def test_a_row_with_top_k_and_top_p_keeps_the_nucleus_of_its_top_k():

@@ -23,8 +23,10 @@ NOTE 2 (the prompt does not count): with the word ``(a, b)`` and a prompt that e
 do we.
 NOTE 3 (speculative decoding): a request verifying k drafts owns k + 1 rows, and row j
 predicts the token after drafts ``0 .. j - 1``; so row j bans what the output would ban if
-those drafts had been generated (``apply_bad_words_with_drafts``, vLLM's function of the
-same name). A draft the ban hits is then rejected, as it must be.
+those drafts had been generated. ``SamplingMetadata.expand`` gives row j that output (the
+outputs, then the drafts before it) and the request's bad words, and the same
+``apply_bad_words`` bans (vLLM's ``apply_bad_words_with_drafts`` does it in a second
+function). A draft the ban hits is then rejected, as it must be.
 Left out: vLLM's special case for Mistral tokenizers.
 """
 # --8<-- [end:header]
@@ -36,7 +38,6 @@ from typing import Any
 
 import torch
 
-from tinyvllm.arith import spec_row_starts
 from tinyvllm.device_syncs import fill_at, upload
 
 BadWordsTokenIds = tuple[tuple[int, ...], ...]  # the token sequences of one request's bad words
@@ -80,31 +81,12 @@ def apply_bad_words(
     """Set the banned tokens of every row in ``bad_words`` to -inf, in place.
 
     ``logits`` ``[R, V]``; ``bad_words`` row -> its sequences; ``output_token_ids`` every
-    row's live output list. One indexed write for the whole batch.
+    row's output so far (a draft row's ends with the drafts before it, NOTE 3). One indexed
+    write for the whole batch.
     """
     bans = [(row, banned_tokens(sequences, output_token_ids[row])) for row, sequences in bad_words.items()]
     return _ban(logits, bans)
 # --8<-- [end:ban]
-
-
-# --8<-- [start:ban_drafts]
-def apply_bad_words_with_drafts(
-    logits: torch.Tensor,
-    bad_words: Mapping[int, BadWordsTokenIds],
-    output_token_ids: Sequence[Sequence[int]],
-    drafts: Sequence[Sequence[int]],
-) -> torch.Tensor:
-    """``apply_bad_words`` for speculative decoding (NOTE 3): batch row r owns
-    ``len(drafts[r]) + 1`` rows of ``logits`` ``[N, V]``, and its row j bans what the output
-    plus drafts ``0 .. j - 1`` would. In place."""
-    firsts = spec_row_starts(drafts)  # where each request's rows begin
-    bans = [
-        (firsts[row] + j, banned_tokens(sequences, [*output_token_ids[row], *drafts[row][:j]]))
-        for row, sequences in bad_words.items()
-        for j in range(len(drafts[row]) + 1)
-    ]
-    return _ban(logits, bans)
-# --8<-- [end:ban_drafts]
 
 
 def _ban(logits: torch.Tensor, bans: list[tuple[int, list[int]]]) -> torch.Tensor:

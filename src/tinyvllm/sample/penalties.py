@@ -13,6 +13,8 @@ Only repetition looks at the prompt. The ranges are ``SamplingParams``' (``sampl
 ``apply_penalties`` is that formula for a whole batch ``[R, V]`` from a prompt-presence
 mask and output counts; ``PenaltyState`` keeps that mask and those counts for every row of
 the persistent batch that uses a penalty, so that no step recounts a request's tokens.
+``PenaltyRows`` is one step's work on the logits: which rows read which slot, and for a
+speculative step's rows (``expand``) the drafts before each row, counted as if generated.
 
 Mirrors: vllm/model_executor/layers/utils.py apply_penalties and vllm/v1/sample/ops/penalties.py
 (``apply_all_penalties``, which turns the token lists into tensors for it). The state that
@@ -114,11 +116,40 @@ class PenaltyRow:
     num_counted: int  # outputs already in output_counts[slot]
 
 
+# --8<-- [start:penalty_rows]
+@dataclass(frozen=True, eq=False)
+class PenaltyRows:
+    """One step's penalty work, row by row: the rows of the logits to penalise ``[P]``, the
+    slot each reads ``[P]``, its three values ``[P]`` each, and, for draft rows, the tokens
+    each counts on top of its slot (``extra``: its index into the P rows ``[E]`` and the
+    token ``[E]``; None: none). Plain and draft rows alike go through ``apply``."""
+
+    state: PenaltyState
+    rows: torch.Tensor  # [P] int64, rows of the logits
+    slots: torch.Tensor  # [P] int64
+    presence: torch.Tensor  # [P] float32
+    frequency: torch.Tensor  # [P] float32
+    repetition: torch.Tensor  # [P] float32
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None  # ([E] index into P, [E] token ids)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``apply_penalties`` on these rows of ``logits`` ``[N, V]``, in place."""
+        counts = self.state.output_counts[self.slots]  # [P, V], a copy (a gather)
+        if self.extra is not None:
+            ones = torch.ones(self.extra[1].shape[0], dtype=counts.dtype, device=counts.device)
+            counts.index_put_(self.extra, ones, accumulate=True)
+        prompt_mask = self.state.prompt_mask[self.slots]  # [P, V]
+        penalised = apply_penalties(logits[self.rows], prompt_mask, counts, self.presence, self.frequency, self.repetition)
+        return logits.index_copy_(0, self.rows, penalised)
+# --8<-- [end:penalty_rows]
+
+
 class PenaltyState:
     """Prompt masks and output counts of the persistent batch's penalised rows (NOTE 1, 2).
 
     The batch calls ``add_row``, ``clear_row``, ``move_row`` and ``swap_rows`` as its rows
-    change, and ``count_new_tokens`` once per step; the sampler calls ``apply``.
+    change, and ``count_new_tokens`` once per step; the sampler calls ``apply`` (or, on a
+    speculative step's rows, ``apply`` of what ``expand`` returns).
     """
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str) -> None:
@@ -129,7 +160,7 @@ class PenaltyState:
         self.output_counts = torch.zeros(0, vocab_size, dtype=torch.int32, device=self.device)  # [P_cap, V]
         self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=self.device)  # [P_cap, V]
         self.free_slots: list[int] = []
-        self._index: tuple[torch.Tensor, ...] | None = None  # the gather of apply(); None: rebuild
+        self._index: PenaltyRows | None = None  # the rows apply() penalises; None: rebuild
 
     @property
     def capacity(self) -> int:
@@ -196,50 +227,36 @@ class PenaltyState:
             return logits
         if logits.shape[-1] != self.vocab_size:
             raise ValueError(f"logits have a vocabulary of {logits.shape[-1]}, the penalty state {self.vocab_size}")
-        if self._index is None:
+        if self._index is None:  # rebuilt when a row comes, goes or moves
             order = sorted(self.rows)
-            entries = [self.rows[row] for row in order]
-            self._index = (
-                self._ids(order),  # [P] batch rows
-                self._ids([e.slot for e in entries]),  # [P] their slots
-                *upload([[e.presence, e.frequency, e.repetition] for e in entries], torch.float32, self.device).T,
-            )  # presence, frequency, repetition: [P] each
-        rows, slots, presence, frequency, repetition = self._index
-        penalised = apply_penalties(
-            logits[rows], self.prompt_mask[slots], self.output_counts[slots], presence, frequency, repetition
-        )  # [P, V]
-        return logits.index_copy_(0, rows, penalised)
+            self._index = self._penalty_rows(order, [self.rows[row] for row in order])
+        return self._index.apply(logits)
     # --8<-- [end:apply]
 
-    # --8<-- [start:apply_spec]
-    def apply_spec(self, logits: torch.Tensor, drafts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Speculative decoding: batch row r owns ``len(drafts[r]) + 1`` rows of ``logits``,
-        and its row j sees the output so far plus drafts ``0 .. j - 1`` as if generated
-        (each position is penalised for the tokens before it). In place."""
-        if not self.rows:
-            return logits
-        offsets = spec_row_starts(drafts)
-        rows, slots, extra_rows, extra_tokens, params = [], [], [], [], []
+    # --8<-- [start:expand]
+    def expand(self, drafts: Sequence[Sequence[int]]) -> PenaltyRows:
+        """The penalty work of a speculative step (``SamplingMetadata.expand``): batch row r
+        owns ``len(drafts[r]) + 1`` rows of the logits, and its row j sees the output so far
+        plus drafts ``0 .. j - 1`` as if generated (each position is penalised for the tokens
+        before it)."""
+        starts = spec_row_starts(drafts)
+        rows, entries, extra_rows, extra_tokens = [], [], [], []
         for row, entry in sorted(self.rows.items()):
-            if row >= len(drafts):
-                continue
             for j in range(len(drafts[row]) + 1):
                 extra_rows.extend([len(rows)] * j)  # the drafts before position j
                 extra_tokens.extend(drafts[row][:j])
-                rows.append(offsets[row] + j)
-                slots.append(entry.slot)
-                params.append((entry.presence, entry.frequency, entry.repetition))
-        if not rows:
-            return logits
-        index, slot_index = self._ids(rows), self._ids(slots)
-        counts = self.output_counts[slot_index].clone()  # [M, V]
-        if extra_tokens:
-            ones = torch.ones(len(extra_tokens), dtype=counts.dtype, device=self.device)
-            counts.index_put_((self._ids(extra_rows), self._ids(extra_tokens)), ones, accumulate=True)
-        presence, frequency, repetition = upload(params, torch.float32, self.device).unbind(1)
-        penalised = apply_penalties(logits[index], self.prompt_mask[slot_index], counts, presence, frequency, repetition)
-        return logits.index_copy_(0, index, penalised)
-    # --8<-- [end:apply_spec]
+                rows.append(starts[row] + j)
+                entries.append(entry)
+        extra = (self._ids(extra_rows), self._ids(extra_tokens)) if extra_tokens else None
+        return self._penalty_rows(rows, entries, extra)
+    # --8<-- [end:expand]
+
+    def _penalty_rows(
+        self, rows: Sequence[int], entries: Sequence[PenaltyRow], extra: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> PenaltyRows:
+        values = upload([[e.presence, e.frequency, e.repetition] for e in entries], torch.float32, self.device)
+        values = values.reshape(-1, 3)  # [P, 3], P = 0 included
+        return PenaltyRows(self, self._ids(rows), self._ids([e.slot for e in entries]), *values.T, extra)
 
     def output_counts_of(self, row: int) -> torch.Tensor:
         """Row ``row``'s output counts ``[V]`` (a view)."""

@@ -4,7 +4,8 @@ Concept: a verification step runs the target model over each request's last toke
 k drafts at once, which gives k + 1 rows of logits: row j predicts the token after draft j
 (row 0 the token after the last confirmed one), row k the token after the last draft, the
 "bonus" row. The sampler draws one token from every row, as a step without drafts would
-draw at that position (``Sampler.sample_spec``); reading the rows in order, a draft is
+draw at that position (the same ``Sampler`` steps, on ``SamplingMetadata.expand``'s rows,
+``sample/sampler.py`` NOTE 5); reading the rows in order, a draft is
 kept while the row's own token equals it, and the first row whose token differs ends the
 request's step with that token; if every draft is kept, the bonus row adds its token. A
 step therefore yields between 1 and k + 1 tokens per request, each the target's own.

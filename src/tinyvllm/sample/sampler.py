@@ -15,26 +15,25 @@ Concept: the order of operations is the whole design.
 7. greedy rows (temperature 0) take the argmax here;
 8. random rows: divide by temperature, run the argmax-invariant processors (MinP), apply
    top-k then top-p, and draw with the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``
-   (on the CPU ``q = -log(U)``, NOTE 2); a seeded row's ``q`` comes from a generator seeded
-   with its draw key (``sample/draw_keys.py``), so it ignores the rest of the batch.
+   (``sample/ops/random_sample.py``; on the CPU ``q = -log(U)``, NOTE 2); a seeded row's
+   ``q`` comes from a generator seeded with its draw key (``sample/draw_keys.py``).
+A speculative step's rows take the same steps (NOTE 5).
 
 Seed: 001 ch. 9.2 (which processors run where), ch. 13.9 (forcing before sampling).
 Mirrors: ``vllm/v1/sample/sampler.py`` (``Sampler.forward``, ``apply_logits_processors``)
 and ``vllm/v1/sample/ops/topk_topp_sampler.py``.
-Called by the model runner each step, after the batch's removals, additions, ``condense()``
-and ``refresh()``: ``Sampler()(logits, input_batch.make_sampling_metadata())``; the caller
-appends each sampled token to its request's output list before the next refresh.
+Called by the model runner each step, after ``refresh()``: ``Sampler()(logits, md)`` with
+``md = input_batch.make_sampling_metadata()``, or ``md.expand(drafts)`` under speculation.
 
 NOTE 1: the sampler reads only the frozen ``SamplingMetadata`` (``sample/metadata.py``),
-never the worker's persistent batch (``sample/`` does not import ``worker/``). Whether the
+never the worker's persistent batch (``sample/`` does not import ``worker/``); whether the
 sort over V is needed is decided when the metadata is built.
 NOTE 2 (the CPU draws differently): on a GPU ``q`` comes from ``exponential_``; on the CPU
 that kernel is most of the sampler's time, so ``q = -log(U)`` with ``U`` from ``uniform_``
 (the inverse-CDF form of Exp(1)), the same distribution for a fraction of the cost. ``U`` is
 drawn from ``[tiny, 1)``: an exact 0 (probability 2**-24) would give ``p / q = 0``, a masked
-token's score, and a row with one surviving token would return token 0. The streams differ
-between CPU and GPU for one seed (and their generators differ anyway): a seed makes a
-request reproducible on one device type. Figures: docs/sampler.md, "Random sampling on the CPU".
+token's score. CPU and GPU streams differ for one seed: a seed makes a request reproducible
+on one device type. Figures: docs/sampler.md, "Random sampling on the CPU".
 NOTE 3 (logprobs before sampling, gathered after): the raw logprobs of the rows that ask are
 computed first, since the steps below edit the logits, and gathered for the sampled tokens
 last: ``SamplerOutput.logprobs`` row i is batch row ``logprob_rows[i]``. A batch that asks
@@ -43,16 +42,16 @@ NOTE 4 (steps 2-6, vLLM's order): vLLM V1 masks the allowed tokens, bans the bad
 the non-argmax-invariant processors and applies the penalties, in that order, before the
 greedy argmax, so greedy rows obey them too; each costs nothing in a batch that does not use
 it. The forcing comes after the penalties, so no penalty can bring a forced logit down.
-NOTE 5 (speculative decoding, ``sample_spec``): a request verifying k drafts has k + 1 rows.
-Only MinTokens is built then (seed 001 ch. 11.4; min_p and logit_bias are refused), judging
-each row by its position (``apply_with_spec_decode``); penalties, bad words, allowed ids and
-the thinking budget act on each row as if the drafts before it had been generated. Every
-row draws as a plain step would at its position, and ``sample/rejection_sampler.py`` keeps
-the drafts while they equal the rows' tokens. It works on a copy of the logits.
+NOTE 5 (speculative decoding, the same steps): a request verifying k drafts owns k + 1
+rows. ``SamplingMetadata.expand`` makes the step's record a record of rows
+(``sample/metadata.py`` NOTE 4), so those rows take steps 1-8 like any other: allowed ids, bad words and penalties
+see each row's output so far (the drafts before it as if generated), and each row draws as
+a plain step would at its position. Only MinTokens is built then (seed 001 ch. 11.4); it
+and the thinking budget judge each row by its position (``rows_per_request``). The runner
+hands the rows' tokens to ``sample/rejection_sampler.py``.
 NOTE 6 (no wait for the device before the tokens): every index goes up with ``upload``
-(pinned, ``non_blocking``), never as a Python list; per-request values are spread over a
-request's rows by ``repeat_interleave``; the path is chosen from host flags. The one read is
-the sampled ids with their no-token verdicts, ``sampled_to_host`` (``device_syncs.py``).
+(pinned, ``non_blocking``), never as a Python list; the path is chosen from host flags. The
+one read is the sampled ids with their no-token verdicts, ``sampled_to_host``.
 NOTE 7 (a row with no token): allowed ids, bad words, MinTokens and penalties can together
 leave a row nothing (every logit -inf, or NaN). Argmax would still return a banned token, so
 each row's final scores are checked (``rows_without_a_token``, read with the tokens) and such
@@ -63,16 +62,15 @@ parameters alone forbid is refused when it is added (``LLMEngine.add_request``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tinyvllm.device_syncs import upload
 from tinyvllm.sample import logprobs as logprob_ops
-from tinyvllm.sample.bad_words import apply_bad_words, apply_bad_words_with_drafts
+from tinyvllm.sample.bad_words import apply_bad_words
 from tinyvllm.sample.metadata import SamplingMetadata
-from tinyvllm.sample.rejection_sampler import rejection_sample
+from tinyvllm.sample.ops.random_sample import random_sample, rows_without_a_token
 from tinyvllm.sample.top_k_top_p import apply_top_k_top_p
 
 
@@ -85,39 +83,6 @@ class SamplerOutput:
     no_token: torch.Tensor  # [R] bool: the row had no token to sample (NOTE 7)
     logprobs: logprob_ops.LogprobsTensors | None = None  # [M, 1 + K]: row i is batch row logprob_rows[i]
     logprob_rows: tuple[int, ...] = ()
-
-
-_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32, ~1.2e-38
-
-
-# --8<-- [start:ops]
-def rows_without_a_token(scores: torch.Tensor) -> torch.Tensor:
-    """``[R]`` bool: the rows of ``scores`` ``[R, V]`` (logits or probabilities) with nothing
-    to pick: every entry ``-inf``, or a NaN anywhere (NOTE 7). One reduction over V."""
-    return ~(scores.amax(dim=-1) > float("-inf"))  # NaN > -inf is False
-
-
-def random_sample(probs: torch.Tensor, draw_keys: Mapping[int, int]) -> torch.Tensor:
-    """One token per row from ``probs`` ``[R, V]``; the rows in ``draw_keys`` draw their noise
-    from a generator seeded with their key (``sample/draw_keys.py``), the others from the
-    global generator.
-
-    The race ``argmax(p / q)`` with ``q ~ Exp(1)`` per entry. On the CPU ``q = -log(U)``,
-    ``U ~ U[0, 1)``: the same distribution, drawn about 4x cheaper than ``exponential_``
-    (NOTE 2).
-    """
-    keyed = torch.Generator(device=probs.device) if draw_keys else None  # reseeded for each keyed row
-    if probs.device.type != "cpu":
-        q = torch.empty_like(probs).exponential_()  # [R, V]
-        for row, key in draw_keys.items():
-            q[row].exponential_(generator=keyed.manual_seed(key))
-        return probs.div(q).argmax(dim=-1)
-    q = torch.empty_like(probs).uniform_(_TINY, 1.0)  # [R, V], U in [tiny, 1): never 0 (NOTE 2)
-    for row, key in draw_keys.items():
-        q[row].uniform_(_TINY, 1.0, generator=keyed.manual_seed(key))
-    q.log_().neg_()  # q = -log(U) ~ Exp(1), finite and > 0
-    return torch.div(probs, q, out=q).argmax(dim=-1)
-# --8<-- [end:ops]
 
 
 # --8<-- [start:sampler]
@@ -138,60 +103,12 @@ class Sampler:
         tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[at], num_top)
         return SamplerOutput(sampled, no_token, tensors, tuple(rows))
 
-    # --8<-- [start:sample_spec]
-    def sample_spec(
-        self, logits: torch.Tensor, md: SamplingMetadata, drafts: Sequence[Sequence[int]]
-    ) -> list[list[int] | None]:
-        """Speculative decoding (NOTE 5): batch row r owns ``len(drafts[r]) + 1`` rows of
-        ``logits`` ``[N, V]``; returns the tokens each request keeps (``sample/rejection_sampler.py``),
-        None for a request that reached a row with no token to sample (NOTE 7)."""
-        rows_per_request = [len(d) + 1 for d in drafts]
-        if logits.shape[0] != sum(rows_per_request):
-            raise ValueError(f"logits have {logits.shape[0]} rows, the drafts need {sum(rows_per_request)}")
-        logits = logits.to(torch.float32, copy=True)  # [N, V]
-        num_rows = logits.shape[0]
-        repeat = upload(rows_per_request, torch.int64, logits.device)  # [R]
-        if md.allowed_token_ids_mask is not None:  # each request's mask on each of its rows
-            mask = torch.zeros(md.num_reqs, logits.shape[1], dtype=torch.bool, device=logits.device)  # [R, V]
-            mask[md.allowed_token_ids_rows] = md.allowed_token_ids_mask
-            logits.masked_fill_(mask.repeat_interleave(repeat, dim=0, output_size=num_rows), float("-inf"))
-        if md.bad_words_token_ids:
-            logits = apply_bad_words_with_drafts(logits, md.bad_words_token_ids, md.output_token_ids, drafts)
-        for proc in md.logitsprocs.non_argmax_invariant:  # MinTokens alone under a speculative config
-            logits = proc.apply_with_spec_decode(logits, rows_per_request)
-        if md.penalties is not None:
-            logits = md.penalties.apply_spec(logits, drafts)
-        if md.thinking_budget is not None:
-            logits = md.thinking_budget.apply_to_spec_rows(logits, rows_per_request)
-        argmax = logits.argmax(dim=-1)  # [N]
-        if md.all_greedy:
-            return rejection_sample(*sampled_to_host(argmax, rows_without_a_token(logits)), drafts)
-        # Every row draws its own token, as a step without drafts would at its position (NOTE 5):
-        # per-request values on each of the request's rows, [N].
-
-        def per_row(values: torch.Tensor) -> torch.Tensor:
-            return values.to(logits.device).repeat_interleave(repeat, output_size=num_rows)
-
-        temperature = per_row(md.temperature)
-        is_greedy = temperature == 0  # [N]
-        logits = logits / torch.where(is_greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
-        top_k = None if md.top_k is None else per_row(md.top_k)
-        top_p = None if md.top_p is None else per_row(md.top_p)
-        if top_k is not None or top_p is not None:
-            logits = apply_top_k_top_p(logits, top_k, top_p, md.top_k_top_p_plan.spread(drafts))
-        no_token = rows_without_a_token(logits)  # [N]: a greedy row's verdict (temperature keeps it)
-        probs = logits.softmax(dim=-1)  # [N, V]
-        drawn = random_sample(probs, md.draw_keys(rows_per_request))  # [N]
-        no_token = torch.where(is_greedy, no_token, rows_without_a_token(probs))
-        return rejection_sample(*sampled_to_host(torch.where(is_greedy, argmax, drawn), no_token), drafts)  # one wait
-    # --8<-- [end:sample_spec]
-
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """Steps 1-8 of the module header: one token id per row ``[R]``, and whether the row
         had no token to sample ``[R]`` (NOTE 7)."""
         logits = self.apply_logits_processors(logits.to(torch.float32, copy=True), md)  # [R, V]
         if md.thinking_budget is not None:
-            logits = md.thinking_budget.apply_to_logits(logits)
+            logits = md.thinking_budget.apply_to_rows(logits, md.rows_per_request)
         no_token = rows_without_a_token(logits)  # [R]: a greedy row's verdict
         if md.all_greedy:
             return logits.argmax(dim=-1), no_token  # [R], [R]
@@ -221,8 +138,11 @@ class Sampler:
             logits[rows] = logits[rows].masked_fill(md.allowed_token_ids_mask, float("-inf"))
         if md.bad_words_token_ids:
             logits = apply_bad_words(logits, md.bad_words_token_ids, md.output_token_ids)
-        for proc in md.logitsprocs.non_argmax_invariant:
-            logits = proc.apply(logits)
+        for proc in md.logitsprocs.non_argmax_invariant:  # MinTokens alone when rows are not requests (NOTE 5)
+            if md.rows_per_request is None:
+                logits = proc.apply(logits)
+            else:
+                logits = proc.apply_with_spec_decode(logits, list(md.rows_per_request))
         if md.penalties is not None:
             logits = md.penalties.apply(logits)
         return logits

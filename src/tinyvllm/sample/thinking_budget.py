@@ -40,6 +40,12 @@ to date as the document does but index with the rows collected on the host, copi
 with ``upload`` (``tinyvllm/device_syncs.py``), and write them with ``index_fill_``,
 ``index_copy_`` and ``fill_at``: the document's ``mask[row] = True`` and
 ``force_token_ids[row] = token`` copy each number up and wait (seen on an H100).
+NOTE 4 (one layout for the sampler): under speculation the document forces in two calls, a
+target call over the draft rows and a bonus call over one row per request
+(``apply_to_logits`` with ``predict_bonus_token``, kept with its tests). tinyvllm samples a
+step's rows in one call, each request's draft rows then its bonus row
+(``SamplingMetadata.expand``), so the sampler calls ``apply_to_rows`` with that layout; a
+plain step is one row per request, where ``force_index`` is always 0.
 Left out: ``bonus_token_forced`` bookkeeping of the two-call spec path (kept as a field).
 """
 # --8<-- [end:header]
@@ -299,30 +305,29 @@ class ThinkingBudgetStateHolder:
         state["check_count_down"] = budget - think_count if thinking else budget
     # --8<-- [end:machine]
 
-    # --8<-- [start:spec_rows]
-    def apply_to_spec_rows(self, logits: torch.Tensor, rows_per_request: Sequence[int]) -> torch.Tensor:
-        """Speculative decoding's one-call layout: request r owns ``rows_per_request[r]``
-        rows (its drafts' rows, then the bonus row). A forcing request's pending end token
-        is forced at its row ``force_index``: a draft row, or the bonus row when the budget
-        runs out after every draft (appendix O.3)."""
+    # --8<-- [start:rows]
+    def apply_to_rows(self, logits: torch.Tensor, rows_per_request: Sequence[int] | None = None) -> torch.Tensor:
+        """What the sampler calls (NOTE 4): request r owns ``rows_per_request[r]`` rows of
+        ``logits``, back to back (None: one each); with drafts, its drafts' rows, then the
+        bonus row. A forcing request's pending end token is forced at its row ``force_index``:
+        a draft row, or the bonus row when the budget runs out after every draft (appendix O.3)."""
         if not self.is_enabled or not self._state:
             return logits
+        counts = rows_per_request if rows_per_request is not None else [1] * logits.shape[0]
         offsets = [0]
-        for n in rows_per_request:
+        for n in counts:
             offsets.append(offsets[-1] + n)
-        rows, tokens = [], []
-        for seq_idx, state in self._state.items():
-            if seq_idx >= len(rows_per_request) or not state["in_end"] or not state["force_index"]:
+        forced: list[tuple[int, int]] = []  # (row, end token) of each forced row
+        for seq_idx in sorted(self._state):
+            state = self._state[seq_idx]
+            if seq_idx >= len(counts) or not state["in_end"] or not state["force_index"]:
                 continue
             force_idx = state["force_index"][0]
-            if force_idx < rows_per_request[seq_idx]:
-                rows.append(offsets[seq_idx] + force_idx)
-                tokens.append(self.think_end_token_ids[state["end_count"]])
-        if rows:
-            at, forced = upload([rows, tokens], torch.int64, logits.device)  # [F], [F]: no wait (device_syncs)
-            fill_at(logits, (at, forced), FORCED_LOGIT)
-        return logits
-    # --8<-- [end:spec_rows]
+            row = offsets[seq_idx] + force_idx
+            if force_idx < counts[seq_idx] and row < self.mask.shape[0]:
+                forced.append((row, self.think_end_token_ids[state["end_count"]]))
+        return self._force(logits, forced)
+    # --8<-- [end:rows]
 
     def apply_to_logits(
         self,
@@ -344,7 +349,6 @@ class ThinkingBudgetStateHolder:
         ``logits`` is ``[N, V]``: one row per request, or, with speculation, one row per
         draft (target call) or per request (bonus call, ``predict_bonus_token``).
         """
-        self.mask[:] = False
         forced: list[tuple[int, int]] = []  # (row, end token) of each forced row
         n_layout = max(len(spec_token_ids_for_layout), max(self._state) + 1)
         self.cu_num_tokens = token_row_offsets(n_layout, spec_token_ids_for_layout, self.in_spec_mode, predict_bonus_token)
@@ -362,13 +366,19 @@ class ThinkingBudgetStateHolder:
                 row = self.cu_num_tokens[seq_idx]
             if row < logits.shape[0] and row < self.mask.shape[0]:
                 forced.append((row, self.think_end_token_ids[state["end_count"]]))
+        return self._force(logits, forced)
+    # --8<-- [end:forcing]
+
+    def _force(self, logits: torch.Tensor, forced: list[tuple[int, int]]) -> torch.Tensor:
+        """Write ``FORCED_LOGIT`` at each ``(row, token)`` of ``logits``, and keep ``mask`` and
+        ``force_token_ids`` saying which rows were forced to what, as the document does."""
+        self.mask[:] = False
         if forced:  # the rows from the host list, not mask.nonzero(): no wait for the device (NOTE 3)
             rows, tokens = upload(forced, torch.int64, logits.device).unbind(1)  # [M], [M]
             self.mask.index_fill_(0, rows, True)  # not mask[row] = True, a wait each (NOTE 3)
             self.force_token_ids.index_copy_(0, rows, tokens)
             fill_at(logits, (rows, tokens), FORCED_LOGIT)
         return logits
-    # --8<-- [end:forcing]
 
     @staticmethod
     def _find_last_sequence_index(target_list: Sequence[int], token_ids: Sequence[int]) -> int:

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tinyvllm.arith import spec_row_starts
 from tinyvllm.device_syncs import upload
 
 
@@ -52,15 +51,6 @@ class TopKTopPPlan:
     top_k_rows: tuple[int, ...]  # top_k > 0: topk(max_top_k), then the row's top-p among those
     top_p_rows: tuple[int, ...]  # top_p < 1 and no top-k: a sort over the vocabulary
     max_top_k: int
-
-    def spread(self, drafts: Sequence[Sequence[int]]) -> TopKTopPPlan:
-        """The plan for a speculative step, where request r owns ``len(drafts[r]) + 1`` rows."""
-        starts = spec_row_starts(drafts)
-
-        def every_row_of(requests: tuple[int, ...]) -> tuple[int, ...]:
-            return tuple(i for r in requests for i in range(starts[r], starts[r + 1]))
-
-        return TopKTopPPlan(every_row_of(self.top_k_rows), every_row_of(self.top_p_rows), self.max_top_k)
 
 
 def plan_top_k_top_p(top_k: Sequence[int] | None, top_p: Sequence[float] | None) -> TopKTopPPlan:

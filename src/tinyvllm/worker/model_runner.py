@@ -78,6 +78,7 @@ from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.logprobs import LogprobsTensors
+from tinyvllm.sample.rejection_sampler import rejection_sample
 from tinyvllm.sample.sampler import Sampler, sampled_to_host
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.attention_metadata import build_step_inputs
@@ -495,7 +496,9 @@ class ModelRunner:
             end += n
             rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
         logits = self.model.compute_logits(hidden[upload(rows, torch.int64, hidden.device)])  # [sum(k_r + 1), V]
-        tokens = self.sampler.sample_spec(logits, metadata, drafts)  # it edits a copy: logits stay raw
+        sampler_output = self.sampler(logits, metadata.expand(drafts))  # a plain step's steps, row by row; on a copy
+        ids, no_token = sampled_to_host(sampler_output.sampled_token_ids, sampler_output.no_token)  # the wait
+        tokens = rejection_sample(ids, no_token, drafts)  # the drafts each request keeps, then its own token
         firsts = spec_row_starts(drafts)  # where each request's rows begin in ``logits``
         kept_rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
         for row, k in sorted(metadata.num_logprobs.items()):
