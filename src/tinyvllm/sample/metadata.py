@@ -225,7 +225,7 @@ class OutputWithDrafts(Sequence[int]):
     def __len__(self) -> int:
         return len(self.output) + len(self.drafts)
 
-    def __getitem__(self, index):  # an int, or a slice (a list)
+    def __getitem__(self, index: int | slice) -> int | list[int]:  # a slice gives a list
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         if index < 0:
