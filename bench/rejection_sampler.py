@@ -38,7 +38,7 @@ from harness import ROOT, run_header, set_threads, write_json
 from tinyvllm.arith import spec_row_starts
 from tinyvllm.sample.draw_keys import draw_key
 from tinyvllm.sample.rejection_sampler import rejection_sample
-from tinyvllm.sample.sampler import random_sample, rows_without_a_token
+from tinyvllm.sample.ops.random_sample import random_sample, rows_without_a_token
 
 CASES = [(1, 32768), (16, 32768), (64, 32768), (1, 151936), (16, 151936), (64, 151936)]
 QUICK_CASES = [(1, 512), (4, 512)]

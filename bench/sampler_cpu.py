@@ -33,7 +33,8 @@ from harness import ROOT, machine_info, versions, write_json  # noqa: E402  (it 
 from tinyvllm.sample import sampler as sampler_module  # noqa: E402
 from tinyvllm.sample.logits_processors import LogitsProcessors  # noqa: E402
 from tinyvllm.sample.metadata import SamplingMetadata  # noqa: E402
-from tinyvllm.sample.sampler import Sampler, random_sample  # noqa: E402
+from tinyvllm.sample.ops.random_sample import random_sample  # noqa: E402
+from tinyvllm.sample.sampler import Sampler  # noqa: E402
 
 
 def old_random_sample(probs: torch.Tensor, draw_keys: Mapping[int, int]) -> torch.Tensor:

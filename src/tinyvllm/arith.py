@@ -5,7 +5,7 @@ here, below every package, so that the attention kernels and the worker need not
 the KV-cache core to divide (vLLM keeps it in ``vllm/utils/math_utils.py``). In a
 speculative step request r owns ``len(drafts[r]) + 1`` rows of logits, back to back;
 ``spec_row_starts`` says where each request's rows begin (vLLM's ``cu_num_draft_tokens``
-plus one row each), for the rejection sampler, the bad words, the penalties and the runner.
+plus one row each), for the rejection sampler, ``SamplingMetadata.expand``, the penalties and the runner.
 """
 
 from collections.abc import Sequence
