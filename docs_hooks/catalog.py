@@ -146,13 +146,15 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/sample/logits_processors/adapter.py",
     ),
     "thinking_budget.md": ("src/tinyvllm/sample/thinking_budget.py",),
-    "sampler.md": (
+    "sampler.md": ("src/tinyvllm/sample/sampler.py", "src/tinyvllm/sample/metadata.py"),
+    "sampler_draw.md": (
         "src/tinyvllm/sample/sampler.py",
-        "src/tinyvllm/sample/metadata.py",
-        "src/tinyvllm/sample/penalties.py",
-        "src/tinyvllm/sample/bad_words.py",
+        "src/tinyvllm/sample/top_k_top_p.py",
+        "src/tinyvllm/sample/ops/random_sample.py",
         "src/tinyvllm/sample/draw_keys.py",
     ),
+    "sampler_penalties.md": ("src/tinyvllm/sample/penalties.py", "src/tinyvllm/sample/bad_words.py"),
+    "sampler_logprobs.md": ("src/tinyvllm/sample/logprobs.py",),
     "kv_cache_memory.md": (
         "src/tinyvllm/worker/attention_metadata.py",
         "src/tinyvllm/attention/metadata.py",

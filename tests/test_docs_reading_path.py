@@ -7,7 +7,10 @@
   and the architecture page lie within the first eight pages of the nav;
 - the GPU pages form one "Performance on a GPU" section after speculative decoding, and the
   trace tool's page is in the Reference section;
-- the home page's "Start here" list names every page of the path, in the nav's order.
+- the home page's "Start here" list names every page of the path, in the nav's order;
+- a chapter split into pages a reader can finish (issue 41) lists its pages one after the
+  other in the nav, none over 450 lines, and every link from the docs into one of them
+  with an anchor lands on a heading of that page.
 """
 
 from __future__ import annotations
@@ -107,3 +110,52 @@ def test_reading_path_home_page_lists_the_path_in_nav_order():
     assert set(links) == set(NAV) - {"index.md"}, sorted(set(NAV) - {"index.md"} ^ set(links))
     path = [link for link in links if link not in {"tracing.md", "glossary.md", "matrix.md"}]  # the reference pages, last
     assert path == [page for page in NAV if page in path], "the home page's reading path and the nav disagree on the order"
+
+
+# Chapters split into pages a reader can finish (issue 41): their pages, in reading order.
+SPLIT_CHAPTERS: dict[str, tuple[str, ...]] = {
+    "sampler": ("sampler.md", "sampler_draw.md", "sampler_penalties.md", "sampler_logprobs.md"),
+}
+MAX_PAGE_LINES = 450
+
+
+def _heading_anchors(page: str) -> set[str]:
+    """The ids mkdocs' toc gives the headings of a page (its default slugify)."""
+    anchors = set()
+    in_fence = False
+    for line in (DOCS / page).read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_fence = not in_fence
+        match = None if in_fence else re.match(r"^#{1,6} (.+?)\s*$", line)
+        if match:
+            text = re.sub(r"[^\w\s-]", "", match.group(1).replace("`", "")).strip().lower()
+            anchors.add(re.sub(r"[-\s]+", "-", text))
+    return anchors
+
+
+@pytest.mark.parametrize("chapter", sorted(SPLIT_CHAPTERS))
+def test_reading_path_a_split_chapter_is_pages_in_a_row_none_over_the_limit(chapter: str):
+    pages = SPLIT_CHAPTERS[chapter]
+    assert all(page in NAV for page in pages), [page for page in pages if page not in NAV]
+    start = NAV.index(pages[0])
+    assert tuple(NAV[start : start + len(pages)]) == pages, f"the nav does not list {pages} one after the other"
+    lengths = {page: len((DOCS / page).read_text(encoding="utf-8").splitlines()) for page in pages}
+    assert all(n <= MAX_PAGE_LINES for n in lengths.values()), lengths
+
+
+@pytest.mark.parametrize("chapter", sorted(SPLIT_CHAPTERS))
+def test_reading_path_links_into_a_split_chapter_land_on_a_heading(chapter: str):
+    pages = set(SPLIT_CHAPTERS[chapter])
+    anchors = {page: _heading_anchors(page) for page in pages}
+    broken, checked = [], 0
+    for source in sorted(DOCS.rglob("*.md")):
+        here = posixpath.dirname(source.relative_to(DOCS).as_posix())
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", source.read_text(encoding="utf-8")):
+            page = posixpath.normpath(posixpath.join(here, target)) if target else source.relative_to(DOCS).as_posix()
+            if page in pages:
+                checked += 1
+                if anchor not in anchors[page]:
+                    broken.append(f"{source.relative_to(ROOT)} -> {page}#{anchor}")
+    assert checked, f"no link into the {chapter} pages has an anchor: the scan is broken"
+    assert not broken, broken
+

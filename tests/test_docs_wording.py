@@ -62,9 +62,9 @@ GLOSSARY_TERMS: dict[str, str] = {
     "proposer": "spec_decode.md",
     "rejection sampler": "spec_decode.md",
     "acceptance rate": "spec_decode.md",
-    "logprob": "sampler.md",
-    "rank": "sampler.md",
-    "penalty": "sampler.md",
+    "logprob": "sampler_logprobs.md",
+    "rank": "sampler_logprobs.md",
+    "penalty": "sampler_penalties.md",
     "device wait": "device_syncs.md",
     "trace": "tracing.md",
 }

@@ -33,7 +33,7 @@ that kernel is most of the sampler's time, so ``q = -log(U)`` with ``U`` from ``
 (the inverse-CDF form of Exp(1)), the same distribution for a fraction of the cost. ``U`` is
 drawn from ``[tiny, 1)``: an exact 0 (probability 2**-24) would give ``p / q = 0``, a masked
 token's score. CPU and GPU streams differ for one seed: a seed makes a request reproducible
-on one device type. Figures: docs/sampler.md, "Random sampling on the CPU".
+on one device type. Figures: docs/sampler_draw.md, "Random sampling on the CPU".
 NOTE 3 (logprobs before sampling, gathered after): the raw logprobs of the rows that ask are
 computed first, since the steps below edit the logits, and gathered for the sampled tokens
 last: ``SamplerOutput.logprobs`` row i is batch row ``logprob_rows[i]``. A batch that asks
