@@ -142,6 +142,18 @@ class SamplingMetadata:
         (``sample/draw_keys.py``; a draft row's output so far ends with the drafts before it)."""
         return {row: draw_key(seed, len(self.output_token_ids[row])) for row, seed in self.seeds.items()}
 
+    @property
+    def no_penalties(self) -> bool:
+        """True when no row uses a penalty (vLLM's flag of the same name)."""
+        return self.penalties is None
+
+    @property
+    def num_reqs(self) -> int:
+        """R: the number of rows of the logits this step, one per request (or, in a record from
+        ``expand``, ``sum(rows_per_request)``)."""
+        return self.temperature.shape[0]
+# --8<-- [end:metadata]
+
     # --8<-- [start:expand]
     def expand(self, drafts: Sequence[Sequence[int]]) -> SamplingMetadata:
         """The record of a speculative step's rows (NOTE 4): request r owns ``len(drafts[r]) + 1``
@@ -199,18 +211,6 @@ class SamplingMetadata:
             rows_per_request=tuple(len(d) + 1 for d in drafts),
         )  # fmt: skip
     # --8<-- [end:expand]
-
-    @property
-    def no_penalties(self) -> bool:
-        """True when no row uses a penalty (vLLM's flag of the same name)."""
-        return self.penalties is None
-
-    @property
-    def num_reqs(self) -> int:
-        """R: the number of rows of the logits this step, one per request (or, in a record from
-        ``expand``, ``sum(rows_per_request)``)."""
-        return self.temperature.shape[0]
-# --8<-- [end:metadata]
 
 
 class OutputWithDrafts(Sequence[int]):
