@@ -42,16 +42,19 @@ NOTE 7 (speculative decoding): ``speculative_config={"method": "ngram",
 NOTE 8 (custom logits processors): ``logits_processors`` takes ``LogitsProcessor`` classes and
 ``"module.path:QualName"`` strings, as vLLM's ``LLM``, imported here so a bad name fails
 before any weight loads; they run after the built-ins and any plugin.
+NOTE 9 (the command line): ``add_cli_args`` declares the engine flags every engine command
+takes and ``from_cli_args`` reads them back, as vLLM's; ``tinyvllm --help`` and a typo must
+not wait for torch, so this module imports torch, and what needs it, only where it is used.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from tinyvllm.config import (
     CacheConfig,
@@ -66,17 +69,22 @@ from tinyvllm.config import (
 from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.loader import load_model_spec, resolve_dtype
 from tinyvllm.platform import triton_can_run_on
-from tinyvllm.sample.logits_processors.interface import LogitsProcessor
-from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs
 from tinyvllm.sampling_defaults import check_generation_config
 from tinyvllm.sampling_params import MAX_LOGPROBS
 from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.validation import INT64_MAX, INT64_MIN, check_bool, check_int, check_optional_int, check_real
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
-from tinyvllm.worker.kv_cache import available_memory_bytes, bytes_per_block, check_fits_one_request, check_kv_cache_fits
+
+if TYPE_CHECKING:
+    import torch
+
+    from tinyvllm.sample.logits_processors.interface import LogitsProcessor
+
+    LogitsProcessorSpec = str | type[LogitsProcessor]
 
 ATTENTION_BACKENDS = ("auto", "triton", "torch", "reference")  # NOTE 6
-LogitsProcessorSpec = str | type[LogitsProcessor]
+# The five CUDAGraphMode names, spelled out so that `tinyvllm --help` imports no torch (NOTE 9).
+MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 
 @dataclass
@@ -105,9 +113,72 @@ class EngineArgs:
     max_logprobs: int = MAX_LOGPROBS
     torch_threads: int | None = None
 
+    # --8<-- [start:add_cli_args]
+    @staticmethod
+    def add_cli_args(p: argparse.ArgumentParser) -> None:
+        """The flags that build the engine, shared by ``generate``, ``serve`` and ``trace`` (not ``--model``)."""
+        p.add_argument("--no-prefix-caching", action="store_true")
+        p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch", "reference"])
+        p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+        p.add_argument("--device", default="auto")
+        p.add_argument("--max-model-len", type=int, default=None)
+        p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+        p.add_argument(
+            "--cudagraph-mode", default=None, choices=MODE_NAMES,
+            help="CUDA graphs (default: FULL_AND_PIECEWISE on CUDA, NONE on the CPU, where other modes are emulated)",
+        )  # fmt: skip
+        p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (cudagraph mode NONE)")
+        p.add_argument(
+            "--generation-config", default="auto", metavar="{auto,vllm,PATH}",
+            help="sampling defaults: the model's generation_config.json (auto), none (vllm), or a folder's",
+        )  # fmt: skip
+        p.add_argument(
+            "--max-logprobs", type=int, default=MAX_LOGPROBS,
+            help="the most logprobs (or prompt logprobs) a request may ask for; -1: no cap (vLLM's engine argument)",
+        )  # fmt: skip
+        p.add_argument(
+            "--speculative-config", default=None, metavar="JSON",
+            help='speculative decoding, as vLLM\'s: \'{"method": "ngram", "num_speculative_tokens": 3, '
+            '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
+        )  # fmt: skip
+        p.add_argument(
+            "--threads", type=int, default=None, metavar="N",
+            help="torch CPU threads (default: 1 for a model under 100M parameters on the CPU, else torch's; cpu_threads.py)",
+        )  # fmt: skip
+    # --8<-- [end:add_cli_args]
+
+    # --8<-- [start:from_cli_args]
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, torch_threads: int | None = None) -> EngineArgs:
+        """The arguments the parsed flags give; ``args.model_folder`` (the CLI resolved a hub id
+        already) wins over ``--model``, and ``args.speculative`` is ``--speculative-config``
+        parsed. ``tinyvllm trace`` adds ``--block-size``, ``--max-num-seqs`` and
+        ``--max-num-batched-tokens``; the other commands take the defaults."""
+        folder = getattr(args, "model_folder", None)  # resolved once: the engine does not ask the hub again
+        return cls(
+            folder or args.model, revision=None if folder else getattr(args, "revision", None), dtype=args.dtype,
+            device=args.device, max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
+            attention_backend=args.attention_backend, num_gpu_blocks_override=args.num_gpu_blocks_override,
+            enforce_eager=args.enforce_eager,
+            compilation_config={"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else None,
+            generation_config=getattr(args, "generation_config", "auto"),
+            block_size=getattr(args, "block_size", 16), max_num_seqs=getattr(args, "max_num_seqs", 256),
+            max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),  # tinyvllm trace's own flags
+            speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", MAX_LOGPROBS),
+            torch_threads=torch_threads,
+        )  # fmt: skip
+    # --8<-- [end:from_cli_args]
+
     # --8<-- [start:create_engine_config]
     def create_engine_config(self) -> EngineConfig:
         """Check every argument, resolve the model folder and read its spec; no weights load."""
+        from tinyvllm.worker.kv_cache import (  # torch: NOTE 9
+            available_memory_bytes,
+            bytes_per_block,
+            check_fits_one_request,
+            check_kv_cache_fits,
+        )
+
         # --8<-- [start:arguments]
         model, dtype, attention_backend = self.model, self.dtype, self.attention_backend
         if not isinstance(model, (str, os.PathLike)):
@@ -181,6 +252,8 @@ class EngineArgs:
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
+    import torch  # NOTE 9
+
     if isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
@@ -248,6 +321,8 @@ def _checked_logits_processors(value: object) -> tuple[LogitsProcessorSpec, ...]
             raise TypeError(
                 f"logits_processors[{index}] must be a LogitsProcessor class or a 'module:QualName' string, got {item!r}"
             )
+    from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs  # torch: NOTE 9
+
     procs = tuple(value)
     cached_load_custom_logitsprocs(procs)  # ValueError (not a LogitsProcessor, bad name), RuntimeError (import)
     return procs

@@ -35,13 +35,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tinyvllm.config import CompilationConfig, EngineConfig, ReasoningConfig, SpeculativeConfig
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
-from tinyvllm.engine.engine_args import EngineArgs, LogitsProcessorSpec
+from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.input_processor import PromptType
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.startup_report import StartupReport
@@ -50,6 +50,9 @@ from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.validation import check_bool
+
+if TYPE_CHECKING:
+    from tinyvllm.engine.engine_args import LogitsProcessorSpec
 
 
 class LLM:
