@@ -38,6 +38,28 @@ async def collect(engine: AsyncLLM, prompt, params, request_id) -> list:
     return [out async for out in engine.generate(prompt, params, request_id)]
 
 
+def test_an_async_llm_built_from_engine_args_matches_the_offline_engine_and_imports_no_llm(folder, expected):
+    """``AsyncLLM`` stands on the engine and its processors (``LLMEngine.from_engine_args``), not on ``LLM``."""
+    import ast
+    from pathlib import Path
+
+    from tinyvllm.engine import async_llm
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    imported = {node.module for node in ast.walk(ast.parse(Path(async_llm.__file__).read_text())) if isinstance(node, ast.ImportFrom)}
+    assert "tinyvllm.engine.llm" not in imported and "tinyvllm" not in imported
+
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(folder, **ENGINE), max_waiting_requests=8)
+        results = await asyncio.gather(*[collect(engine, p, greedy(), f"r{i}") for i, p in enumerate(PROMPTS)])
+        await engine.shutdown()
+        return engine, results
+
+    engine, results = asyncio.run(main())
+    assert [outs[-1].outputs[0].text for outs in results] == expected
+    assert engine.max_waiting_requests == 8 and engine.max_model_len == 96
+
+
 def test_concurrent_generates_match_the_offline_engine(folder, expected):
     async def main():
         engine = AsyncLLM(LLM(folder, **ENGINE).engine)

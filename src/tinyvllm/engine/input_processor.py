@@ -247,6 +247,8 @@ class InputProcessor:
             raise ValueError(f"{name}: cache_salt must be a non-empty string or None, got ''")
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"{name}: prompt must be a str or None, got {prompt!r}")
+        if self.max_model_len is not None and len(ids) > self.max_model_len:  # the scheduler asserts it
+            raise ValueError(f"{name}: prompt of {len(ids)} tokens is longer than max_model_len {self.max_model_len}")
         check_token_ids(f"{name}: prompt_token_ids", ids, self.vocab_size)
         check_request_against_model(
             f"{name}: sampling_params", params, self.vocab_size, self.reasoning_config is not None,

@@ -303,6 +303,7 @@ class LLMEngine:
         scheduler, runner = self.scheduler, self.model_runner
         scheduler.check_invariants()
         runner.check_invariants()
+        self.output_processor.check_invariants()
         if self.proposer is not None:
             self.proposer.check_invariants()
         unfinished, tracked = set(scheduler.requests), set(self.output_processor.request_states)

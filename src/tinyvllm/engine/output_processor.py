@@ -206,6 +206,14 @@ class OutputProcessor:
             del self.parent_requests[parent.request_id]
         return siblings
 
+    def check_invariants(self) -> None:
+        """Every child linked to a parent has a state, and its parent is registered (module header)."""
+        for child, (parent, _) in self._parent_of.items():
+            assert child in self.request_states, f"child {child!r} of {parent.request_id!r} is linked but has no state"
+            assert self.parent_requests.get(parent.request_id) is parent, (
+                f"child {child!r} is linked to {parent.request_id!r}, which is not a registered parent"
+            )
+
     def unfinished_request_ids(self) -> set[str]:
         """The requests tracked and not yet returned finished or aborted (a parent by its own id)."""
         return {self._parent_of[rid][0].request_id if rid in self._parent_of else rid for rid in self.request_states}
