@@ -9,7 +9,8 @@ Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig`
 ``CUDAGraphMode`` enum lives there too, so the worker imports it from here).
 Invalid values raise ``ValueError`` naming the field and the value; ``ReasoningConfig``,
 which users build and pass to ``LLM``, follows ``tinyvllm.validation``'s rule (a wrong type
-is a ``TypeError``). Whether its ids lie in the vocabulary is checked by ``LLM``.
+is a ``TypeError``). Whether its ids lie in the vocabulary is checked by the input processor
+(``engine/input_processor.py``), which has the model's vocabulary size.
 """
 
 from __future__ import annotations

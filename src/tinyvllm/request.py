@@ -85,8 +85,8 @@ class Request:
         self.eos_token_id = eos_token_id
         self.lora_name = lora_name
         self.cache_salt = cache_salt
-        # Its bad words as token sequences: set by LLMEngine.add_request, which has the
-        # tokenizer (``sample/bad_words.py`` NOTE 1); they travel to the persistent batch.
+        # Its bad words as token sequences: made by the input processor, which has the
+        # tokenizer (``sample/bad_words.py`` NOTE 1), set by LLMEngine; they travel to the persistent batch.
         self.bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
