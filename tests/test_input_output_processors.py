@@ -16,6 +16,19 @@ from tinyvllm.outputs import EngineCoreOutput
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 
 
+def test_llm_takes_exactly_the_engine_args_with_their_defaults():
+    """``LLM(...)``'s parameters are ``EngineArgs``' fields, same names, same defaults, so that
+    ``LLM``, ``AsyncLLM.from_engine_args`` and the CLI cannot drift apart."""
+    import inspect
+
+    from tinyvllm import LLM
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    params = {name: p.default for name, p in inspect.signature(LLM.__init__).parameters.items() if name != "self"}
+    fields = {f.name: f.default for f in dataclasses.fields(EngineArgs)}
+    assert params == fields
+
+
 def _processor(**kw) -> InputProcessor:
     return InputProcessor(None, 0, vocab_size=512, max_model_len=10, **kw)
 

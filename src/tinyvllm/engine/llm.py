@@ -86,11 +86,13 @@ class LLM:
         torch_threads: int | None = None,
     ) -> None:
         engine_args = EngineArgs(
-            model, dtype, device, max_model_len, block_size, gpu_memory_utilization, num_gpu_blocks_override,
-            enable_prefix_caching, max_num_seqs, max_num_batched_tokens, attention_backend, seed, reasoning_config,
-            compilation_config, enforce_eager, logits_processors, revision=revision,
-            generation_config=generation_config, speculative_config=speculative_config, max_logprobs=max_logprobs,
-            torch_threads=torch_threads,
+            model=model, dtype=dtype, device=device, max_model_len=max_model_len, block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_gpu_blocks_override,
+            enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, attention_backend=attention_backend, seed=seed,
+            reasoning_config=reasoning_config, compilation_config=compilation_config, enforce_eager=enforce_eager,
+            logits_processors=logits_processors, revision=revision, generation_config=generation_config,
+            speculative_config=speculative_config, max_logprobs=max_logprobs, torch_threads=torch_threads,
         )  # fmt: skip
         self.engine = LLMEngine.from_engine_args(engine_args)  # NOTE 1
         self._ids = itertools.count()
