@@ -316,7 +316,8 @@ class SchedulerStateMachine(RuleBasedStateMachine):
 
     @rule(bad=st.sampled_from(["duplicate", "too_long"]), data=st.data())
     def add_bad_scheduler_request(self, bad: str, data: st.DataObject) -> None:
-        """A duplicate id or a prompt longer than max_model_len: ValueError, queues unchanged."""
+        """A duplicate id (ValueError) or a prompt longer than max_model_len (an AssertionError:
+        the input processor refuses it first, ``engine/input_processor.py``): queues unchanged."""
         self._broken = True
         s = self.scheduler
         before = ([r.request_id for r in s.waiting], [r.request_id for r in s.running], sorted(s.requests))
@@ -328,7 +329,7 @@ class SchedulerStateMachine(RuleBasedStateMachine):
             request = Request("too_long", [0] * (self.config.max_model_len + 1), SamplingParams())
         try:
             s.add_request(request)
-        except ValueError as e:
+        except (ValueError if bad == "duplicate" else AssertionError) as e:
             event(f"rejected: {bad}")
             note(f"rejected {bad}: {e}")
         else:

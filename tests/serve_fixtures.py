@@ -109,7 +109,7 @@ def running_server(llm, served_model_name: str, max_waiting_requests: int = 256,
     from tinyvllm.engine.async_llm import AsyncLLM
     from tinyvllm.entrypoints.openai_server import build_app
 
-    async_llm = AsyncLLM(llm, max_waiting_requests=max_waiting_requests)
+    async_llm = AsyncLLM(llm.engine, max_waiting_requests=max_waiting_requests)
     app = build_app(async_llm, served_model_name, **app_options)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -38,9 +38,31 @@ async def collect(engine: AsyncLLM, prompt, params, request_id) -> list:
     return [out async for out in engine.generate(prompt, params, request_id)]
 
 
+def test_an_async_llm_built_from_engine_args_matches_the_offline_engine_and_imports_no_llm(folder, expected):
+    """``AsyncLLM`` stands on the engine and its processors (``LLMEngine.from_engine_args``), not on ``LLM``."""
+    import ast
+    from pathlib import Path
+
+    from tinyvllm.engine import async_llm
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    imported = {node.module for node in ast.walk(ast.parse(Path(async_llm.__file__).read_text())) if isinstance(node, ast.ImportFrom)}
+    assert "tinyvllm.engine.llm" not in imported and "tinyvllm" not in imported
+
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(folder, **ENGINE), max_waiting_requests=8)
+        results = await asyncio.gather(*[collect(engine, p, greedy(), f"r{i}") for i, p in enumerate(PROMPTS)])
+        await engine.shutdown()
+        return engine, results
+
+    engine, results = asyncio.run(main())
+    assert [outs[-1].outputs[0].text for outs in results] == expected
+    assert engine.max_waiting_requests == 8 and engine.max_model_len == 96
+
+
 def test_concurrent_generates_match_the_offline_engine(folder, expected):
     async def main():
-        engine = AsyncLLM(LLM(folder, **ENGINE))
+        engine = AsyncLLM(LLM(folder, **ENGINE).engine)
         kinds = [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY, RequestOutputKind.CUMULATIVE] * 2
         runs = [collect(engine, p, greedy(output_kind=k), f"r{i}") for i, (p, k) in enumerate(zip(PROMPTS, kinds))]
         results = await asyncio.gather(*runs)
@@ -61,7 +83,7 @@ def test_concurrent_generates_match_the_offline_engine(folder, expected):
 def test_consumer_that_stops_early_aborts_and_frees_blocks(folder):
     async def main():
         llm = LLM(folder, **ENGINE)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         stream = engine.generate(PROMPTS[0], greedy(max_tokens=40, output_kind=RequestOutputKind.DELTA), "early")
         first = await stream.__anext__()
         held_while_running = used_blocks(llm)
@@ -82,7 +104,7 @@ def test_consumer_that_stops_early_aborts_and_frees_blocks(folder):
 def test_cancelled_task_aborts_its_request(folder):
     async def main():
         llm = LLM(folder, **ENGINE)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         task = asyncio.create_task(collect(engine, PROMPTS[1], greedy(max_tokens=60), "cancel-me"))
         while engine.stats.num_running_reqs == 0:
             await asyncio.sleep(0.005)
@@ -102,7 +124,7 @@ def test_cancelled_task_aborts_its_request(folder):
 def test_explicit_abort_ends_the_stream(folder):
     async def main():
         llm = LLM(folder, **ENGINE)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         stream = engine.generate(PROMPTS[2], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "a1")
         await stream.__anext__()
         await engine.abort("a1")
@@ -117,7 +139,7 @@ def test_explicit_abort_ends_the_stream(folder):
 def test_waiting_bound_refuses_with_a_dedicated_error(folder):
     async def main():
         llm = LLM(folder, max_num_seqs=1, **ENGINE)  # one running; the rest wait
-        engine = AsyncLLM(llm, max_waiting_requests=2)
+        engine = AsyncLLM(llm.engine, max_waiting_requests=2)
         params = greedy(max_tokens=30, output_kind=RequestOutputKind.DELTA)
         streams = [engine.generate(PROMPTS[i], params, f"w{i}") for i in range(3)]
         await streams[0].__anext__()  # the first request runs (a generator adds its request when first iterated)
@@ -144,7 +166,7 @@ def test_waiting_bound_refuses_with_a_dedicated_error(folder):
 def test_bad_request_raises_from_generate_and_queues_nothing(folder):
     async def main():
         llm = LLM(folder, **ENGINE)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         with pytest.raises(ValueError, match="outside the vocabulary"):
             await collect(engine, PROMPTS[0], greedy(logit_bias={10_000: 1.0}), "bad")
         with pytest.raises(ValueError, match="more than max_model_len"):
@@ -159,7 +181,7 @@ def test_bad_request_raises_from_generate_and_queues_nothing(folder):
 
 def test_duplicate_request_id_is_refused(folder):
     async def main():
-        engine = AsyncLLM(LLM(folder, **ENGINE))
+        engine = AsyncLLM(LLM(folder, **ENGINE).engine)
         stream = engine.generate(PROMPTS[0], greedy(max_tokens=30, output_kind=RequestOutputKind.DELTA), "dup")
         await stream.__anext__()
         with pytest.raises(ValueError, match="already in use"):
@@ -178,7 +200,7 @@ TIMEOUT = 60  # seconds: a consumer left waiting is a failure, not a stuck test 
 def test_abort_ends_the_consumer_with_a_final_abort_output(folder):
     async def main():
         llm = LLM(folder, **ENGINE)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         stream = engine.generate(PROMPTS[2], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "a1")
         first = await stream.__anext__()
         await engine.abort("a1")
@@ -199,7 +221,7 @@ async def _drain(stream) -> list:
 def test_shutdown_ends_live_consumers_with_engine_dead_error(folder):
     async def main():
         llm = LLM(folder, **ENGINE)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         stream = engine.generate(PROMPTS[0], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "s1")
         await stream.__anext__()
         waiting = asyncio.create_task(_drain(stream))
@@ -221,7 +243,7 @@ def test_shutdown_ends_live_consumers_with_engine_dead_error(folder):
 
 def test_a_cancelled_consumer_after_shutdown_raises_nothing_new(folder):
     async def main():
-        engine = AsyncLLM(LLM(folder, **ENGINE))
+        engine = AsyncLLM(LLM(folder, **ENGINE).engine)
         task = asyncio.create_task(collect(engine, PROMPTS[1], greedy(max_tokens=60), "c1"))
         while engine.stats.num_running_reqs == 0:
             await asyncio.sleep(0.005)
@@ -235,7 +257,7 @@ def test_a_cancelled_consumer_after_shutdown_raises_nothing_new(folder):
 
 def test_the_same_async_llm_serves_a_second_event_loop(folder, expected):
     llm = LLM(folder, **ENGINE)
-    engine = AsyncLLM(llm)
+    engine = AsyncLLM(llm.engine)
     first = asyncio.run(asyncio.wait_for(collect(engine, PROMPTS[0], greedy(), "loop1"), TIMEOUT))
     second = asyncio.run(asyncio.wait_for(collect(engine, PROMPTS[1], greedy(), "loop2"), TIMEOUT))
     asyncio.run(engine.shutdown())
@@ -244,7 +266,7 @@ def test_the_same_async_llm_serves_a_second_event_loop(folder, expected):
 
 def test_a_request_left_by_a_dead_loop_is_aborted_when_a_new_loop_starts(folder, expected):
     llm = LLM(folder, **ENGINE)
-    engine = AsyncLLM(llm)
+    engine = AsyncLLM(llm.engine)
     loop = asyncio.new_event_loop()
     stream = engine.generate(PROMPTS[0], greedy(max_tokens=60, output_kind=RequestOutputKind.DELTA), "orphan")
     loop.run_until_complete(stream.__anext__())
@@ -258,7 +280,7 @@ def test_a_request_left_by_a_dead_loop_is_aborted_when_a_new_loop_starts(folder,
 def test_an_id_used_again_right_after_its_consumer_closed_gets_only_its_own_outputs(folder, expected):
     async def main():
         llm = LLM(folder, **ENGINE)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         results = []
         for round_ in range(5):  # the old request's step is often in flight when the id comes back
             stream = engine.generate(
@@ -284,7 +306,7 @@ def test_a_failed_step_whose_undo_raises_ends_every_consumer_of_the_step(folder,
     async def main():
         llm = LLM(folder, **ENGINE)
         llm.engine.model_runner.input_batch.logitsprocs.non_argmax_invariant.insert(0, StubbornProcessor(first=3))
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         runs = [collect(engine, PROMPTS[i], greedy(max_tokens=20), f"f{i}") for i in range(2)]
         results = await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), TIMEOUT)
         after = await asyncio.wait_for(collect(engine, PROMPTS[4], greedy(), "after"), TIMEOUT)

@@ -86,7 +86,7 @@ def assert_clean(llm):
     engine.check_invariants()  # the scheduler, the runner, and their copies of each request
     # Finished requests' runner states go when the next step tells the runner; nothing else stays.
     assert set(engine.model_runner.requests) <= engine.scheduler.finished_req_ids
-    assert engine._tracked == {}
+    assert engine.output_processor.request_states == {}
 
 
 @pytest.fixture(scope="module")
@@ -268,11 +268,11 @@ def inject_late(llm, where: str, fault: Fault, monkeypatch) -> None:
         update = detokenizer.IncrementalDetokenizer.update
         monkeypatch.setattr(detokenizer.IncrementalDetokenizer, "update", lambda self, ids: (fault.trigger(), update(self, ids))[1])
     elif where == "stop_strings":
-        search = engine._update_text
-        monkeypatch.setattr(engine, "_update_text", lambda *a: (fault.trigger(), search(*a))[1])
+        search = engine.output_processor._update_text
+        monkeypatch.setattr(engine.output_processor, "_update_text", lambda *a: (fault.trigger(), search(*a))[1])
     else:
-        make = engine._make_output
-        monkeypatch.setattr(engine, "_make_output", lambda *a: (fault.trigger(), make(*a))[1])
+        make = engine.output_processor._make_output
+        monkeypatch.setattr(engine.output_processor, "_make_output", lambda *a: (fault.trigger(), make(*a))[1])
 
 
 LATE = ["proposer", "detokenizer", "stop_strings", "output"]
@@ -314,7 +314,7 @@ def test_an_async_consumer_of_a_request_finished_in_a_late_failing_step_gets_the
     inject_late(llm, "detokenizer", Fault(at=1), monkeypatch)  # before the engine forgets the request
 
     async def main():
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, stop=["x y z"])
         try:
             with pytest.raises(Boom):

@@ -11,7 +11,7 @@ import pytest
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import ReasoningConfig
 from tinyvllm.core.prefix_hash import hash_request_tokens
-from tinyvllm.engine.llm import reasoning_config_from_tokenizer
+from tinyvllm.engine.input_processor import reasoning_config_from_tokenizer
 from tinyvllm.request import Request
 
 ENGINE = dict(device="cpu", max_model_len=64, block_size=4)

@@ -126,7 +126,7 @@ def test_n_counts_against_the_waiting_bound(folder):
 
 def test_async_llm_refuses_n_past_the_bound_as_a_value_error(folder):
     async def main():
-        engine = AsyncLLM(LLM(folder, **ENGINE), max_waiting_requests=2)
+        engine = AsyncLLM(LLM(folder, **ENGINE).engine, max_waiting_requests=2)
         try:
             with pytest.raises(ValueError, match=r"n=3 .*max_waiting_requests 2"):
                 async for _ in engine.generate(PROMPT, SamplingParams(n=3, max_tokens=2), "r"):

@@ -149,7 +149,7 @@ def test_a_failed_step_ends_the_parent_with_all_its_children(folder):
 def test_async_llm_streams_n_completions_under_one_id(folder):
     async def main():
         llm = make_llm(folder)
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         outs = [o async for o in engine.generate({"prompt_token_ids": PROMPT},
                                                  sampled(n=2, output_kind=RequestOutputKind.DELTA), "par")]  # fmt: skip
         await engine.shutdown()

@@ -397,7 +397,7 @@ def test_a_bad_word_that_drafts_would_complete_is_rejected(tiny_model_dirs):
 def test_stop_strings_and_min_tokens_give_the_same_text_with_several_tokens_a_step(tiny_model_dirs):
     """A verification step keeps up to 4 tokens, so the ``min_tokens`` boundary often falls
     inside one step's tokens: the engine then detokenises the step in two parts
-    (``LLMEngine._update_text``), and a stop string counts only if it ends after the first
+    (``OutputProcessor._update_text``), and a stop string counts only if it ends after the first
     ``min_tokens`` outputs, as one token at a time. Text, finish reason and stop reason
     equal a run without speculation for every boundary (the token ids may run past the
     stop string to the end of the step, as in vLLM)."""

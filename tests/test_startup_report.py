@@ -45,7 +45,7 @@ def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, ca
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with caplog.at_level(logging.INFO, logger="tinyvllm.engine.llm"):
+        with caplog.at_level(logging.INFO, logger="tinyvllm.engine.llm_engine"):
             llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, block_size=4, num_gpu_blocks_override=40,
                       compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]},
                       torch_threads=1)  # fmt: skip
@@ -61,7 +61,7 @@ def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, ca
     assert report.kv_cache_bytes == sum(t.numel() * t.element_size() for t in kv)
     assert report.cudagraph_memory_bytes is None  # no trial capture on the CPU
     assert report.capture_s > 0 and report.load_s > 0
-    logged = [r.getMessage() for r in caplog.records if r.name == "tinyvllm.engine.llm"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "tinyvllm.engine.llm_engine"]
     assert len(logged) == 1 and all(line in logged[0] for line in report.lines())
 
 

@@ -63,7 +63,7 @@ def free_port() -> int:
 
 def start_server(llm: LLM) -> tuple[uvicorn.Server, str]:
     """What ``tinyvllm serve`` runs, in a thread: AsyncLLM -> FastAPI app -> uvicorn."""
-    app = build_app(AsyncLLM(llm), served_model_name=NAME)
+    app = build_app(AsyncLLM(llm.engine), served_model_name=NAME)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()

@@ -62,6 +62,7 @@ line (``generate``'s figures, ``serve``'s first line).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -70,49 +71,17 @@ import time
 from pathlib import Path
 
 from tinyvllm.cpu_threads import choose_torch_threads, count_parameters  # torch-free, like everything --help needs
-from tinyvllm.sampling_params import MAX_LOGPROBS
-
-# The five CUDAGraphMode names (worker/cudagraph_dispatcher.py), spelled out so that
-# `tinyvllm --help` does not import the engine.
-MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+from tinyvllm.engine.engine_args import EngineArgs  # torch-free at import (engine_args.py NOTE 9)
 USER_ERRORS = (ValueError, TypeError, OSError)  # FileNotFoundError is an OSError
 EXIT_USER_ERROR = 2  # as argparse's
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
-# --8<-- [start:engine_args]
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """The flags that build the engine, shared by ``generate`` and ``serve`` (not ``--model``)."""
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "triton", "torch", "reference"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    p.add_argument(
-        "--cudagraph-mode", default=None, choices=MODE_NAMES,
-        help="CUDA graphs (default: FULL_AND_PIECEWISE on CUDA, NONE on the CPU, where other modes are emulated)",
-    )  # fmt: skip
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (cudagraph mode NONE)")
-    p.add_argument(
-        "--generation-config", default="auto", metavar="{auto,vllm,PATH}",
-        help="sampling defaults: the model's generation_config.json (auto), none (vllm), or a folder's",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-logprobs", type=int, default=MAX_LOGPROBS,
-        help="the most logprobs (or prompt logprobs) a request may ask for; -1: no cap (vLLM's engine argument)",
-    )  # fmt: skip
-    p.add_argument(
-        "--speculative-config", default=None, metavar="JSON",
-        help='speculative decoding, as vLLM\'s: \'{"method": "ngram", "num_speculative_tokens": 3, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'',
-    )  # fmt: skip
-    p.add_argument(
-        "--threads", type=int, default=None, metavar="N",
-        help="torch CPU threads (default: 1 for a model under 100M parameters on the CPU, else torch's; cpu_threads.py)",
-    )  # fmt: skip
-# --8<-- [end:engine_args]
+    """The flags that build the engine, shared by ``generate`` and ``serve`` (not ``--model``):
+    ``EngineArgs``' own (``engine/engine_args.py``, vLLM's ``EngineArgs.add_cli_args``)."""
+    EngineArgs.add_cli_args(p)
 
 
 def _add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -308,19 +277,8 @@ def llm_from_args(args):
     """The ``LLM`` the engine flags describe (the folder ``_check_engine_args`` resolved)."""
     from tinyvllm import LLM
 
-    folder = getattr(args, "model_folder", None)  # resolved once: LLM does not ask the hub again
-    revision = None if folder else getattr(args, "revision", None)
-    llm = LLM(
-        folder or args.model, revision=revision, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching, attention_backend=args.attention_backend,
-        num_gpu_blocks_override=args.num_gpu_blocks_override, enforce_eager=args.enforce_eager,
-        compilation_config={"cudagraph_mode": args.cudagraph_mode} if args.cudagraph_mode else None,
-        generation_config=getattr(args, "generation_config", "auto"),
-        block_size=getattr(args, "block_size", 16), max_num_seqs=getattr(args, "max_num_seqs", 256),
-        max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),  # tinyvllm trace's own flags
-        speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", MAX_LOGPROBS),
-        torch_threads=_torch_threads(args),
-    )  # fmt: skip
+    engine_args = EngineArgs.from_cli_args(args, _torch_threads(args))  # vLLM's from_cli_args
+    llm = LLM(**{field.name: getattr(engine_args, field.name) for field in dataclasses.fields(engine_args)})
     if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
         print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)
     return llm

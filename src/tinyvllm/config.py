@@ -9,7 +9,8 @@ Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig`
 ``CUDAGraphMode`` enum lives there too, so the worker imports it from here).
 Invalid values raise ``ValueError`` naming the field and the value; ``ReasoningConfig``,
 which users build and pass to ``LLM``, follows ``tinyvllm.validation``'s rule (a wrong type
-is a ``TypeError``). Whether its ids lie in the vocabulary is checked by ``LLM``.
+is a ``TypeError``). Whether its ids lie in the vocabulary is checked by the input processor
+(``engine/input_processor.py``), which has the model's vocabulary size.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tinyvllm.sampling_params import MAX_LOGPROBS
@@ -253,15 +255,18 @@ class ModelConfig:
         seed: the global seed set before the weights load.
         logits_processors: custom processor classes or "module:QualName" strings, imported once.
         max_logprobs: the most logprobs a request may ask for; -1: no cap.
+        generation_config: where the sampling defaults come from: "auto" (the model's
+            ``generation_config.json``), "vllm" (none) or a folder; read by the input processor.
     """
 
-    model: str
+    model: str | Path
     spec: "ModelSpec"
     dtype: str
     attention_backend: str
     seed: int = 0
     logits_processors: tuple = ()
     max_logprobs: int = MAX_LOGPROBS
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):

@@ -15,10 +15,10 @@ Invariants:
   processors keep a reference to it and read it live);
 - ``0 <= num_computed_tokens <= num_tokens``.
 
-Validates (``tinyvllm.validation``'s rule): the id a non-empty str, the prompt non-empty
-token ids >= 0 (numpy and torch integers become ints), ``cache_salt`` a non-empty str or None; a
-wrong type is a ``TypeError``, a wrong value a ``ValueError``. Whether the ids lie in the
-vocabulary is for ``LLMEngine.add_request``, which knows the model.
+Checks nothing a user gave: the input processor (``engine/input_processor.py``) has checked
+the id, the prompt and ``cache_salt`` once, before the request is built; the constructor
+only asserts what it relies on (a non-empty str id, a non-empty prompt of ints >= 0,
+``SamplingParams``, a non-empty ``cache_salt`` or None).
 
 Left out: multimodal inputs, speculative tokens, pooling, priorities.
 """
@@ -29,7 +29,6 @@ import enum
 from collections.abc import Sequence
 
 from tinyvllm.sampling_params import SamplingParams
-from tinyvllm.validation import check_token_ids
 
 
 class RequestStatus(enum.IntEnum):
@@ -73,27 +72,21 @@ class Request:
         lora_name: str | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a non-empty str, got {request_id!r} ({type(request_id).__name__})")
-        if not request_id:
-            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        prompt = check_token_ids(f"request {request_id!r}: prompt_token_ids", prompt_token_ids)
-        if not prompt:
-            raise ValueError(f"request {request_id!r}: the prompt is empty (prompt_token_ids={prompt!r})")
-        if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"request {request_id!r}: sampling_params must be SamplingParams, got {sampling_params!r}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"request {request_id!r}: cache_salt must be a str or None, got {cache_salt!r}")
-        if cache_salt == "":  # vLLM's API refuses it too: an empty salt is no salt, not a tenant of its own
-            raise ValueError(f"request {request_id!r}: cache_salt must be a non-empty string or None, got ''")
+        # Checked by the input processor (module header); assertions only.
+        prompt = list(prompt_token_ids)
+        assert isinstance(request_id, str) and request_id, f"request_id must be a non-empty str, got {request_id!r}"
+        assert prompt, f"request {request_id!r}: the prompt is empty (prompt_token_ids={prompt!r})"
+        assert all(type(t) is int and t >= 0 for t in prompt), f"request {request_id!r}: prompt_token_ids {prompt!r}"
+        assert isinstance(sampling_params, SamplingParams), f"request {request_id!r}: sampling_params {sampling_params!r}"
+        assert cache_salt is None or (isinstance(cache_salt, str) and cache_salt), f"cache_salt {cache_salt!r}"
         self.request_id = request_id
         self.prompt_token_ids: list[int] = prompt
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.lora_name = lora_name
         self.cache_salt = cache_salt
-        # Its bad words as token sequences: set by LLMEngine.add_request, which has the
-        # tokenizer (``sample/bad_words.py`` NOTE 1); they travel to the persistent batch.
+        # Its bad words as token sequences: made by the input processor, which has the
+        # tokenizer (``sample/bad_words.py`` NOTE 1), set by LLMEngine; they travel to the persistent batch.
         self.bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0

@@ -203,20 +203,18 @@ class Scheduler:
     # -- requests in and out ---------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a new request. Raises ValueError, changing nothing, on bad input."""
+        """Queue a new request. Raises ValueError, changing nothing, for an id in use or a
+        request the pool could never hold; the prompt was checked by the input processor
+        (``engine/input_processor.py``) and is only asserted here."""
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"duplicate request id {rid!r}")
-        if request.num_prompt_tokens == 0:
-            raise ValueError(f"request {rid!r}: the prompt is empty")
-        if request.num_prompt_tokens > self.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
-                f"max_model_len {self.max_model_len}"
-            )
-        max_tokens = request.sampling_params.max_tokens  # None: up to the context
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {max_tokens}")
+        # The input processor checked the prompt (engine/input_processor.py); assertions only.
+        assert request.num_prompt_tokens > 0, f"request {rid!r}: the prompt is empty"
+        assert request.num_prompt_tokens <= self.max_model_len, (
+            f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than max_model_len {self.max_model_len}"
+        )
+        max_tokens = request.sampling_params.max_tokens  # None: up to the context; SamplingParams refuses < 1
         if request.status != RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
             raise ValueError(f"request {rid!r} is not fresh: {request!r}")
         final_len = min(request.num_prompt_tokens + (max_tokens or self.max_model_len), self.max_model_len)

@@ -1,6 +1,7 @@
 """AsyncLLM: many concurrent callers, one engine, ``async for out in engine.generate(...)``.
 
-Concept: an ``asyncio`` front for ``LLMEngine``. Each call of ``generate`` adds one
+Concept: an ``asyncio`` front for ``LLMEngine``, built on the engine and its input and
+output processors (``LLMEngine.from_engine_args``), not on ``LLM``. Each call of ``generate`` adds one
 request and gets its own ``asyncio.Queue``; one background task steps the engine and
 puts each ``RequestOutput`` into its request's queue. The engine is not thread-safe and
 a step takes milliseconds to seconds, so every engine call (add, abort, step) runs in
@@ -51,7 +52,7 @@ NOTE 7 (tokenizing off the engine's thread): a text prompt is tokenized by a
 ``PromptTokenizer`` (``engine/prompt_tokenizer.py``): a copy of the tokenizer on a thread of
 its own, so a 10 MB prompt never stops the other requests' steps. ``generate`` hands the
 engine thread token ids only, at most ``max_model_len`` of them (a longer prompt is refused
-before it gets there, with ``LLM.prepare_request``'s message). ``self.tokenizer`` is that
+before it gets there, with the input processor's message). ``self.tokenizer`` is that
 copy; the server renders chat templates with it, on that thread
 (``run_in_tokenizer_thread``).
 """
@@ -65,6 +66,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tinyvllm.engine.engine_args import EngineArgs
+from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.prompt_tokenizer import PromptTokenizer
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import SamplingParams
@@ -98,13 +101,13 @@ class EngineStats:
 
 
 class AsyncLLM:
-    """Serve one ``LLM``'s engine to concurrent asyncio callers."""
+    """Serve one engine to concurrent asyncio callers (an ``LLM``'s too: ``AsyncLLM(llm.engine)``)."""
 
-    def __init__(self, llm, max_waiting_requests: int = 256) -> None:
-        self.llm = llm
-        self.engine = llm.engine
-        self.max_model_len = llm.config.scheduler_config.max_model_len
-        self.prompt_tokenizer = PromptTokenizer(llm.get_tokenizer(), self.max_model_len)  # NOTE 7
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int = 256) -> None:
+        self.engine = engine
+        self.input_processor = engine.input_processor  # prompts to checked requests (input_processor.py)
+        self.max_model_len = self.input_processor.max_model_len
+        self.prompt_tokenizer = PromptTokenizer(engine.tokenizer, self.max_model_len)  # NOTE 7
         self.tokenizer = self.prompt_tokenizer.tokenizer  # the tokenizer thread's copy
         self.max_waiting_requests = check_int("max_waiting_requests", max_waiting_requests, 1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinyvllm-engine")  # NOTE 1
@@ -115,6 +118,15 @@ class AsyncLLM:
         self._dead: BaseException | None = None  # why no request can be served any more (NOTE 6)
         self.stats = self._snapshot()
 
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, max_waiting_requests: int = 256) -> AsyncLLM:
+        """Build the engine from the arguments (``LLMEngine.from_engine_args``) and serve it."""
+        return cls(LLMEngine.from_engine_args(engine_args), max_waiting_requests)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's sampling defaults (``engine_args.py`` NOTE 5), as ``LLM``'s."""
+        return SamplingParams(**self.input_processor.generation_defaults)
+
     # --8<-- [start:generate]
     async def generate(
         self, prompt: str | dict, sampling_params: SamplingParams, request_id: str
@@ -123,7 +135,7 @@ class AsyncLLM:
 
         It ends after the output with ``finished=True``: the last one of a finished request,
         or the ``finish_reason="abort"`` one after ``abort(request_id)``. Raises what
-        ``LLM.prepare_request`` raises for a bad request, ``ValueError`` for a request id in
+        the input processor raises for a bad request, ``ValueError`` for a request id in
         use, ``TooManyWaitingRequestsError`` past the waiting bound (NOTE 3), the step's own
         exception when a step fails, ``EngineDeadError`` after ``shutdown`` (NOTE 6).
         """
@@ -170,7 +182,7 @@ class AsyncLLM:
     # --8<-- [start:tokenized]
     async def _tokenized(self, prompt: str | dict) -> str | dict:
         """The prompt with its token ids, tokenized on the tokenizer's thread (NOTE 7); a prompt of
-        more than ``max_model_len`` ids is refused here. Anything else is left to ``prepare_request``."""
+        more than ``max_model_len`` ids is refused here. Anything else is left to the input processor."""
         tokenizer = self.prompt_tokenizer
         if isinstance(prompt, str):
             return {"prompt": prompt, "prompt_token_ids": await self.run_in_tokenizer_thread(tokenizer.encode, prompt)}
@@ -185,7 +197,7 @@ class AsyncLLM:
     # --8<-- [start:shutdown]
     async def shutdown(self) -> None:
         """Stop serving (NOTE 6): the stepping task stops, the requests this front added are
-        aborted (the ``LLM`` is left with none), every live ``generate`` raises
+        aborted (the engine is left with none of them), every live ``generate`` raises
         ``EngineDeadError``, and so does every later call. Calling it again does nothing."""
         if self._dead is not None and self._executor is None:
             return
@@ -261,7 +273,8 @@ class AsyncLLM:
     # -- what runs in the worker thread (NOTE 1) -------------------------------------
 
     def _add(self, prompt: str | dict, params: SamplingParams, request_id: str, queue: asyncio.Queue) -> None:
-        text, ids, params, salt = self.llm.prepare_request(0, prompt, params)
+        request = self.input_processor.process_inputs(request_id, prompt, params)
+        params = request.sampling_params
         bound, waiting = self.max_waiting_requests, len(self.engine.scheduler.waiting)
         if params.n > bound:  # NOTE 3: it could never be queued, so not "try again later"
             raise ValueError(f"n={params.n} sequences can never wait together: max_waiting_requests {bound}")
@@ -270,7 +283,7 @@ class AsyncLLM:
                 f"{waiting} requests are waiting, the most this server queues is {bound} (max_waiting_requests)"
                 f"{'' if params.n == 1 else f' and this one adds n={params.n}'}; try again later"
             )
-        self.engine.add_request(request_id, ids, params, prompt=text, cache_salt=salt)
+        self.engine.add_core_request(request)
         self._routes[request_id] = queue
         self.stats = self._snapshot()
 

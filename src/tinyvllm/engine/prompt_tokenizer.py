@@ -12,7 +12,7 @@ in another, through a tokenizer run in a thread pool (``serving_engine.py``,
 
 Invariants: ``self.tokenizer`` is used by the tokenizer thread alone (and by the caller
 only before serving starts); ``encode`` refuses, naming the prompt's index, a prompt of
-more than ``max_model_len`` tokens, with the same message ``LLM.prepare_request`` gives.
+more than ``max_model_len`` tokens, with the same message the input processor gives.
 
 NOTE 1 (one copy per thread): a Hugging Face fast tokenizer must not be used by two
 threads at once (its Rust object is borrowed mutably by each call that sets truncation

@@ -3,8 +3,8 @@
 Concept: ``SamplingParams`` checks every field on its own, with no model. Some values only
 mean something against the model the engine serves: token ids must lie in its vocabulary
 (``logit_bias``, ``stop_token_ids``, ``allowed_token_ids``), a ``thinking_token_budget``
-needs a reasoning config, and logprobs are capped. ``LLM.generate`` and
-``LLMEngine.add_request`` run this check for every request before anything is queued;
+needs a reasoning config, and logprobs are capped. The input processor
+(``engine/input_processor.py``) runs this check once for every request before it is queued;
 ``check_defaults_with_speculation`` makes the same refusal once, at start-up, for the
 model's own sampling defaults.
 

@@ -411,9 +411,9 @@ class DrainingServer(uvicorn.Server):
 
 def banner(serving: OpenAIServing, host: str, port: int, shutdown_timeout: float) -> list[str]:
     """What ``serve`` prints once it listens: the model, where, the context and the KV cache."""
-    llm = serving.async_llm.llm
-    blocks = llm.engine.scheduler.kv_cache_manager.num_gpu_blocks
-    block_size = llm.config.cache_config.block_size
+    engine = serving.async_llm.engine
+    blocks = engine.scheduler.kv_cache_manager.num_gpu_blocks
+    block_size = engine.config.cache_config.block_size
     address = f"[{host}]" if ":" in host else host
     return [
         f"serving {serving.served_model_name!r} at http://{address}:{port}/v1",
@@ -435,7 +435,7 @@ def run_server(
     shutdown_timeout = check_real("shutdown_timeout", shutdown_timeout)
     if shutdown_timeout < 0:
         raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {shutdown_timeout!r}")
-    async_llm = AsyncLLM(llm, max_waiting_requests=max_waiting_requests)
+    async_llm = AsyncLLM(llm.engine, max_waiting_requests=max_waiting_requests)
     app = build_app(async_llm, served_model_name, **app_options)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_GRACE_S)  # fmt: skip

@@ -121,11 +121,11 @@ class OpenAIServing:
         self.async_llm = async_llm
         self.served_model_name = served_model_name
         self.max_model_len = async_llm.max_model_len
-        self.vocab_size: int = async_llm.llm.spec.vocab_size
+        self.vocab_size: int = async_llm.input_processor.vocab_size
         self.metrics = ServerMetrics(async_llm, served_model_name)
         self.chat_template = chat_template  # --chat-template; else the tokenizer's (chat.py)
-        self.default_params: SamplingParams = async_llm.llm.get_default_sampling_params()  # the model's (step 3)
-        self.default_max_tokens: int | None = async_llm.llm.generation_defaults.get("max_tokens")
+        self.default_params: SamplingParams = async_llm.get_default_sampling_params()  # the model's (step 3)
+        self.default_max_tokens: int | None = async_llm.input_processor.generation_defaults.get("max_tokens")
         self._loop_tokenizer = copy.deepcopy(async_llm.tokenizer)  # used on the event loop alone
         self.closing = False  # abort_all was called: no new engine request (NOTE 7)
 
@@ -331,7 +331,7 @@ class OpenAIServing:
             firsts = await self.until_disconnect(first_outputs(streams), raw_request)  # NOTE 1
         except Disconnected:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-        except (ValueError, TypeError) as error:  # SamplingParams, prepare_request, add_request
+        except (ValueError, TypeError) as error:  # SamplingParams, the input processor, add_request
             raise self._bad_request(error, names) from None
         except TooManyWaitingRequestsError as error:
             raise APIError(503, str(error), "ServiceUnavailableError") from None
