@@ -10,11 +10,12 @@ Who checks what (the docs page "Generating text", section "Everything is checked
 anything runs"):
 - ``SamplingParams.__post_init__`` and ``ReasoningConfig.__post_init__``: types and ranges
   that need no model (no vocabulary);
-- ``LLM.__init__``: its own arguments, then what needs the model (the reasoning ids
-  against the vocabulary, the Triton kernel's tiling, whether the KV pool fits in memory);
-- ``LLM.generate``: the prompts and the sampling params, each request against the model
-  (``engine/request_checks.py``), all before the first request is queued;
-- ``LLMEngine.add_request``: the same model checks, for callers that skip ``generate``.
+- ``EngineArgs.create_engine_config``: every engine argument, then what needs the model
+  (the Triton kernel's tiling, whether the KV pool fits in memory); the input processor's
+  start-up checks the reasoning ids against the vocabulary;
+- the input processor (``engine/input_processor.py``): each prompt and its sampling params
+  against the model (``engine/request_checks.py``), once, for ``LLM.generate`` (every
+  request before the first is queued), ``AsyncLLM`` and ``LLMEngine.add_request``.
 
 This module is the bottom layer: it imports nothing of tinyvllm (``SamplingParams`` builds on it).
 

@@ -26,7 +26,7 @@ from tinyvllm.validation import check_token_ids
 # Fields a speculative engine refuses, with the value that means "off": seed 001 ch. 11.4
 # builds only MinTokens under a speculative config ("min_p and logit_bias parameters won't
 # work with speculative decoding"); vLLM warns and ignores them, we refuse. (Bad words,
-# allowed ids and logprobs work on draft rows, as in vLLM: ``Sampler.sample_spec``.)
+# allowed ids and logprobs work on draft rows, as in vLLM: ``SamplingMetadata.expand``.)
 NOT_WITH_SPECULATION = {"min_p": 0.0, "logit_bias": None}
 
 

@@ -16,8 +16,8 @@ leading whitespace is stripped, and the word is encoded without special tokens t
 as it is, and with one space in front. The spaced form is kept only when its first token
 differs from the plain form's and both have the same length, that is when the space was
 merged into a new first token rather than added as a token of its own or absorbed by the
-tokenizer. The engine does this once per request, in ``LLMEngine.add_request``, where the
-tokenizer is; the token ids then travel with the request to the persistent batch.
+tokenizer. The engine does this once per request, in its input processor
+(``engine/input_processor.py``), where the tokenizer is; the token ids then travel with the request to the persistent batch.
 NOTE 2 (the prompt does not count): with the word ``(a, b)`` and a prompt that ends in
 ``a``, the first output may be ``b``; vLLM compares with the output tokens only, and so
 do we.

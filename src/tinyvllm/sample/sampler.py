@@ -56,7 +56,8 @@ NOTE 7 (a row with no token): allowed ids, bad words, MinTokens and penalties ca
 leave a row nothing (every logit -inf, or NaN). Argmax would still return a banned token, so
 each row's final scores are checked (``rows_without_a_token``, read with the tokens) and such
 a request gets no token; the scheduler ends it with ``finish_reason="error"``. What its
-parameters alone forbid is refused when it is added (``LLMEngine.add_request``).
+parameters alone forbid is refused when it is added (the input processor,
+``engine/input_processor.py``).
 """
 # --8<-- [end:header]
 
