@@ -7,12 +7,11 @@ finished, with a progress bar. Names and defaults follow vLLM's ``LLM``, so scri
 Start-up, in order: the arguments, the device and the compilation config (NOTE 6) -> the
 model folder (a hub id resolved, NOTE 9) -> its config -> dtype and attention backend ->
 limits (``max_model_len``, the token budget) -> tokenizer, EOS ids, reasoning config
-(NOTE 4) -> weights -> the number of KV blocks (profiled on a GPU, less what the CUDA graphs
-will hold; an override or a byte budget on the CPU) -> the KV tensors -> the persistent
-batch -> the runner, which warms up and captures its graphs -> the scheduler and engine.
+(NOTE 4) -> the executor, whose worker loads the weights, says what the KV cache may take
+(``worker/worker.py``), allocates the blocks chosen from that, builds the batch and the
+runner and captures its graphs -> the scheduler and the engine (it calls the executor only).
 
-Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.generate``), ``vllm/v1/engine/core.py``
-(``_initialize_kv_caches``), ``vllm/v1/worker/gpu_worker.py`` (``determine_available_memory``).
+Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.generate``).
 
 NOTE 1 (EOS): the request's EOS is the tokenizer's; further EOS ids in
 ``generation_config.json`` (Qwen3 lists two) become stop tokens unless ``ignore_eos``.
@@ -62,11 +61,9 @@ checked (as prompt i) before the first request is queued.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 import logging
 import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,28 +73,26 @@ import torch
 from tinyvllm.config import (
     CacheConfig,
     CompilationConfig,
+    DeviceConfig,
     EngineConfig,
+    ModelConfig,
     ReasoningConfig,
     SchedulerConfig,
     SpeculativeConfig,
 )
-from tinyvllm.arith import cdiv
 from tinyvllm.core.scheduler import Scheduler
-from tinyvllm.device_syncs import pin_memory_for
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.executor.abstract import initialize_kv_caches
+from tinyvllm.executor.uniproc_executor import UniProcExecutor
 from tinyvllm.engine.request_checks import check_defaults_with_speculation, check_request_against_model
-from tinyvllm.engine.startup_report import StartupReport
 from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.models.hub import check_revision, resolve_model
-from tinyvllm.models.llama import load_model
 from tinyvllm.models.loader import check_eos_token_ids, load_eos_token_ids, load_model_spec, load_tokenizer, resolve_dtype
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.platform import triton_can_run_on
-from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.logits_processors.interface import LogitsProcessor
 from tinyvllm.sample.logits_processors.loader import cached_load_custom_logitsprocs, validate_logits_processors_parameters
-from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.sampling_defaults import check_generation_config, generation_defaults
 from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
@@ -110,20 +105,8 @@ from tinyvllm.validation import (
     check_real,
     check_token_ids,
 )
-from tinyvllm.worker.attention_metadata import build_attention_metadata
-from tinyvllm.worker.input_batch import InputBatch
-from tinyvllm.worker.kv_cache import (
-    CPU_KV_CACHE_BYTES,
-    allocate_kv_caches,
-    available_gpu_kv_bytes,
-    available_memory_bytes,
-    bytes_per_block,
-    check_fits_one_request,
-    check_kv_cache_fits,
-    num_blocks_from_budget,
-)
+from tinyvllm.worker.kv_cache import available_memory_bytes, bytes_per_block, check_fits_one_request, check_kv_cache_fits
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
-from tinyvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -319,162 +302,37 @@ class LLM:
             for name in ("reasoning_start_token_ids", "reasoning_end_token_ids"):
                 check_token_ids(f"reasoning_config.{name}", getattr(reasoning_config, name), spec.vocab_size)
 
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)  # for the process; threads started later inherit it
-        torch.manual_seed(seed)
-        started = time.perf_counter()
-        self.model = load_model(model, dtype=self.dtype, device=self.device, attention_backend=attention_backend)
-        self.spec = spec
-        loaded = time.perf_counter()
         # --8<-- [start:kv_start_up]
-        if num_gpu_blocks_override is not None:
-            num_blocks = num_gpu_blocks_override
-        else:
-            if self.device.type == "cuda":
-                self._profile_forward(scheduler_config, block_size)
-                budget = available_gpu_kv_bytes(gpu_memory_utilization, self.device)
-                self.cudagraph_memory_bytes = self._measure_cudagraph_bytes(
-                    scheduler_config, compilation, block_size, reasoning_config
-                )
-                budget -= self.cudagraph_memory_bytes
-            else:
-                budget = CPU_KV_CACHE_BYTES
-            num_blocks = num_blocks_from_budget(budget, per_block, block_size, max_model_len, max_num_seqs)
-            check_fits_one_request(num_blocks, block_size, max_model_len)
-        check_kv_cache_fits(num_blocks, per_block, available_memory_bytes(self.device))
-        cache_config = CacheConfig(
-            block_size=block_size, num_gpu_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching
-        )
-        self.config = EngineConfig(scheduler_config, cache_config, reasoning_config, compilation, self.speculative_config)
-        kv_caches = allocate_kv_caches(
-            spec.num_hidden_layers, num_blocks, block_size, spec.num_key_value_heads, spec.head_dim,
-            self.dtype, self.device,
-        )
+        model_config = ModelConfig(
+            model=str(model), spec=spec, dtype=str(self.dtype).removeprefix("torch."),
+            attention_backend=attention_backend, seed=seed, logits_processors=self.logits_processors,
+            max_logprobs=self.max_logprobs,
+        )  # fmt: skip
+        device_config = DeviceConfig(str(self.device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads)
+        cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+        config = EngineConfig(
+            scheduler_config, cache_config, reasoning_config, compilation, self.speculative_config,
+            model_config, device_config,
+        )  # fmt: skip
+        executor = UniProcExecutor(config, self.eos_token_id)  # the worker: threads, seed, weights
+        self.config = initialize_kv_caches(executor, config)  # KV blocks, the runner, its graphs
         # --8<-- [end:kv_start_up]
-        sized = time.perf_counter()
-        runner = self._build_runner(kv_caches, block_size, scheduler_config, compilation, reasoning_config)
-        runner.capture_model()  # warm-up and CUDA-graph capture (nothing to do in mode NONE)
-        measured = self.device.type == "cuda" and num_gpu_blocks_override is None and runner.cudagraph_mode.name != "NONE"
-        self.startup_report = self._startup_report(runner, per_block, measured, loaded - started, sized - loaded, sized)
+        worker = executor.driver_worker
+        self.model, self.spec = worker.model, spec
+        self.cudagraph_memory_bytes = worker.cudagraph_memory_bytes  # what the graphs took from the KV budget
+        self.startup_report = worker.startup_report
         logger.info("tinyvllm start-up:\n  %s", "\n  ".join(self.startup_report.lines()))
-        scheduler = Scheduler(scheduler_config, cache_config, log_stats=True)
+        scheduler = Scheduler(scheduler_config, self.config.cache_config, log_stats=True)
         spec_config = self.speculative_config
         proposer = None if spec_config is None else NgramProposer(
             spec_config.num_speculative_tokens, spec_config.prompt_lookup_min, spec_config.prompt_lookup_max, max_model_len
         )  # fmt: skip
         self.engine = LLMEngine(
-            scheduler, runner, self.tokenizer, self.eos_token_id,
+            scheduler, executor, self.tokenizer, self.eos_token_id,
             vocab_size=spec.vocab_size, reasoning_config=reasoning_config, proposer=proposer,
             max_logprobs=self.max_logprobs,
         )  # fmt: skip
         self._ids = itertools.count()
-
-    def _startup_report(
-        self, runner: ModelRunner, bytes_per_block: int, measured: bool, load_s: float, memory_s: float, sized: float
-    ) -> StartupReport:
-        """What start-up chose (``engine/startup_report.py``), once the runner has captured."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
-        cache, scheduler = self.config.cache_config, self.config.scheduler_config
-        return StartupReport(
-            device=f"{self.device}{name}", dtype=str(self.dtype).removeprefix("torch."),
-            attention_backend=self.model.attention_backend, cudagraph_mode=runner.cudagraph_mode.name,
-            capture_sizes=tuple(runner.dispatcher.capture_sizes) if runner.cudagraph_mode != CUDAGraphMode.NONE else (),
-            block_size=cache.block_size, num_kv_blocks=cache.num_gpu_blocks,
-            kv_cache_bytes=cache.num_gpu_blocks * bytes_per_block, cudagraph_memory_bytes=self.cudagraph_memory_bytes if measured else None,
-            max_model_len=scheduler.max_model_len, max_num_seqs=scheduler.max_num_seqs,
-            max_num_batched_tokens=scheduler.max_num_batched_tokens,
-            load_s=load_s, memory_s=memory_s, capture_s=time.perf_counter() - sized, torch_threads=torch.get_num_threads(),
-        )  # fmt: skip
-
-    def _build_runner(
-        self,
-        kv_caches: list[torch.Tensor],
-        block_size: int,
-        scheduler_config: SchedulerConfig,
-        compilation: CompilationConfig,
-        reasoning_config: ReasoningConfig | None,
-    ) -> ModelRunner:
-        """The persistent batch with its logits processors and block table, and the runner."""
-        max_num_seqs = scheduler_config.max_num_seqs
-        spec_config = self.speculative_config
-        num_spec = spec_config.num_speculative_tokens if spec_config is not None else 0
-        config = EngineConfig(scheduler_config, CacheConfig(block_size=block_size), reasoning_config, compilation, spec_config)
-        pin = pin_memory_for(self.device)  # the processors' host buffers, pinned on CUDA
-        logitsprocs = build_logitsprocs(config, self.device, pin, False, self.logits_processors)  # MinTokens alone with spec
-        thinking = maybe_create_thinking_budget_state_holder(reasoning_config, max_num_seqs, num_spec, self.device, pin)
-        blocks_per_req = cdiv(scheduler_config.max_model_len, block_size)
-        input_batch = InputBatch(
-            max_num_seqs, self.device, logitsprocs, thinking, max_num_blocks_per_req=blocks_per_req,
-            vocab_size=self.spec.vocab_size,  # penalties and allowed_token_ids mask over it
-        )  # fmt: skip
-        return ModelRunner(
-            self.model, kv_caches, block_size, input_batch, self.device, self.eos_token_id,
-            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
-            max_model_len=scheduler_config.max_model_len, compilation_config=compilation,
-            num_speculative_tokens=num_spec,
-        )  # fmt: skip
-
-    # --8<-- [start:graph_memory]
-    def _measure_cudagraph_bytes(
-        self,
-        scheduler_config: SchedulerConfig,
-        compilation: CompilationConfig,
-        block_size: int,
-        reasoning_config: ReasoningConfig | None,
-    ) -> int:
-        """GPU memory the CUDA graphs will hold, so the KV budget leaves room for it.
-
-        Graphs bake in the KV cache's address, so they can only be captured after the cache
-        exists; to size the cache first, a trial runner over a one-block cache captures every
-        graph, the reserved memory it adds is measured, and everything is freed again.
-        """
-        spec = self.model.spec
-        torch.cuda.synchronize(self.device)
-        before = torch.cuda.memory_reserved(self.device)
-        caches = allocate_kv_caches(
-            spec.num_hidden_layers, 1, block_size, spec.num_key_value_heads, spec.head_dim, self.dtype, self.device
-        )
-        trial = self._build_runner(caches, block_size, scheduler_config, compilation, reasoning_config)
-        if trial.capture_model() == 0:
-            used = 0
-        else:
-            torch.cuda.synchronize(self.device)
-            used = torch.cuda.memory_reserved(self.device) - before
-        trial.release_cudagraphs()  # the model's pieces must not keep the trial's graphs alive
-        del trial, caches
-        gc.collect()
-        torch.cuda.empty_cache()
-        return max(0, used)
-    # --8<-- [end:graph_memory]
-
-    # --8<-- [start:profile]
-    @torch.inference_mode()
-    def _profile_forward(self, scheduler_config: SchedulerConfig, block_size: int) -> None:
-        """Run the worst-case batch once so the activation peak is known (GPU only)."""
-        n = scheduler_config.max_num_batched_tokens
-        per_req = min(n, scheduler_config.max_model_len)
-        lens = [per_req] * (n // per_req) + ([n % per_req] if n % per_req else [])
-        spec = self.model.spec
-        blocks = cdiv(per_req, block_size)
-        caches = allocate_kv_caches(
-            spec.num_hidden_layers, blocks, block_size, spec.num_key_value_heads, spec.head_dim, self.dtype, self.device
-        )
-        metadata = build_attention_metadata(
-            [0] * len(lens), lens, [list(range(blocks))] * len(lens), block_size, device=self.device
-        )
-        torch.cuda.reset_peak_memory_stats(self.device)
-        input_ids = torch.zeros(n, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, metadata.positions, caches, metadata)
-        rows = min(scheduler_config.max_num_seqs, n)
-        self.model.compute_logits(hidden[:rows])
-        del caches, hidden
-        torch.cuda.synchronize(self.device)
-        # Hand the profile's blocks back to the device, so that ``total - free`` counts only
-        # what stays allocated and the activation peak is counted once, by the allocator stats.
-        torch.cuda.empty_cache()
-    # --8<-- [end:profile]
 
     # --8<-- [start:default_sampling_params]
     def get_default_sampling_params(self) -> SamplingParams:

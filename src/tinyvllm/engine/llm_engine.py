@@ -87,6 +87,7 @@ from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingPa
 from tinyvllm.engine.request_checks import check_request_against_model
 from tinyvllm.validation import check_token_ids
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
+from tinyvllm.executor.abstract import Executor
 from tinyvllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ class LLMEngine:
     def __init__(
         self,
         scheduler: Scheduler,
-        model_runner: ModelRunner,
+        model_executor: Executor,
         tokenizer=None,
         eos_token_id: int | None = None,
         *,
@@ -171,7 +172,7 @@ class LLMEngine:
         max_logprobs: int = MAX_LOGPROBS,
     ):
         self.scheduler = scheduler
-        self.model_runner = model_runner
+        self.model_executor = model_executor  # the engine's one door to the device
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.vocab_size = vocab_size  # None: unknown, token ids are not checked against a vocabulary
@@ -182,6 +183,12 @@ class LLMEngine:
         self._parents: dict[str, ParentRequest] = {}  # a request with n > 1, by its id (NOTE 6)
         self._parent_of: dict[str, tuple[ParentRequest, int]] = {}  # child id -> (parent, index)
         self.observer: StepObserver | None = None  # NOTE 9
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        """The one-process executor's runner, for tests, benches, the step recorder and
+        ``check_invariants`` to read; the engine calls only ``model_executor``."""
+        return self.model_executor.driver_worker.model_runner
 
     # --8<-- [start:add_request]
     def add_request(
@@ -295,7 +302,7 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         self._note_first_scheduling(scheduler_output)
         try:
-            model_output = self.model_runner.execute_model(scheduler_output)
+            model_output = self.model_executor.execute_model(scheduler_output)
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
             if self.proposer is not None:
                 self._propose_drafts(core_outputs)  # NOTE 8: the next step verifies them
@@ -450,7 +457,7 @@ class LLMEngine:
             try:
                 self.scheduler.abort_failed_step(scheduler_output)
             finally:
-                self.model_runner.recover_from_failed_step(step_ids)
+                self.model_executor.recover_from_failed_step(step_ids)
         except BaseException as second:  # the first error is the one the caller gets (NOTE 4)
             error.add_note(f"tinyvllm: undoing the failed step also raised {second!r}")
             logger.error("undoing a failed step raised %r (the step raised %r)", second, error)
@@ -477,7 +484,7 @@ class LLMEngine:
         request are compared (module header). Call it between steps."""
         scheduler, runner = self.scheduler, self.model_runner
         scheduler.check_invariants()
-        runner.check_invariants()
+        self.model_executor.check_invariants()  # the worker's runner checks itself
         if self.proposer is not None:
             self.proposer.check_invariants()
         unfinished, tracked = set(scheduler.requests), set(self._tracked)
