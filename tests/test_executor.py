@@ -80,9 +80,21 @@ def test_the_worker_wraps_the_models_pieces_and_unwraps_them_on_release(qwen3):
     worker = executor.driver_worker
     assert worker.model_runner.cudagraph_mode == CUDAGraphMode.PIECEWISE
     assert all(isinstance(p, CUDAGraphWrapper) and p.entries for p in worker.model.pieces)  # captured
+    worker.check_invariants()
     worker.release_cudagraphs()
     assert not any(isinstance(p, CUDAGraphWrapper) for p in worker.model.pieces)
     assert worker.model_runner.cudagraph_mode == CUDAGraphMode.NONE and worker.model_runner.full_graph is None
+    worker.check_invariants()
+
+
+def test_worker_check_invariants_names_pieces_that_do_not_match_the_mode(qwen3):
+    config = engine_config(qwen3, override=20, mode=CUDAGraphMode.PIECEWISE)
+    executor = UniProcExecutor(config)
+    initialize_kv_caches(executor, config)
+    worker = executor.driver_worker
+    worker.model.pieces = [p.runnable for p in worker.model.pieces]  # unwrapped behind the runner's back
+    with pytest.raises(AssertionError, match="the model's pieces wrapped .* the runner's mode is PIECEWISE"):
+        executor.check_invariants()
 
 
 def test_check_health_raises_after_shutdown_and_so_does_every_call(qwen3):

@@ -484,7 +484,7 @@ class LLMEngine:
         request are compared (module header). Call it between steps."""
         scheduler, runner = self.scheduler, self.model_runner
         scheduler.check_invariants()
-        self.model_executor.check_invariants()  # the worker's runner checks itself
+        self.model_executor.check_invariants()  # the worker and its runner check themselves
         if self.proposer is not None:
             self.proposer.check_invariants()
         unfinished, tracked = set(scheduler.requests), set(self._tracked)

@@ -15,7 +15,8 @@ Mirrors: ``vllm/v1/worker/gpu_worker.py`` (``Worker``: ``init_device``, ``load_m
 ``execute_model``) and ``vllm/v1/worker/gpu_model_runner.py`` (``profile_run``).
 
 Invariants: the worker is the one place that writes the model's ``pieces`` (it installs the
-PIECEWISE wrappers of a ``CUDAGraphSetup`` and takes them off again); ``model_runner`` is
+PIECEWISE wrappers of a ``CUDAGraphSetup`` and takes them off again), and they are wrapped
+exactly when the runner's mode has piecewise graphs (``check_invariants``); ``model_runner`` is
 None until ``initialize_from_config``; ``startup_report`` is None until the graphs are
 captured; ``cudagraph_memory_bytes`` is 0 unless a GPU trial capture measured it.
 
@@ -47,6 +48,7 @@ from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
 from tinyvllm.worker.attention_metadata import build_attention_metadata
+from tinyvllm.worker.cuda_graph import CUDAGraphWrapper
 from tinyvllm.worker.cudagraph_capture import capture_model, eager_pieces, init_cudagraphs, release_cudagraphs
 from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 from tinyvllm.worker.input_batch import InputBatch
@@ -245,7 +247,15 @@ class Worker:
         self.model_runner.recover_from_failed_step(failed_req_ids)
 
     def check_invariants(self) -> None:
-        self.model_runner.check_invariants()
+        """The model's pieces are wrapped exactly when the runner's mode has piecewise graphs
+        (module header), then the runner checks itself. Call it between steps."""
+        runner = self.model_runner
+        wrapped = [isinstance(p, CUDAGraphWrapper) for p in self.model.pieces]
+        expected = runner.cudagraph_mode.has_piecewise_cudagraphs()
+        assert wrapped == [expected] * len(wrapped), (
+            f"the model's pieces wrapped {wrapped}, but the runner's mode is {runner.cudagraph_mode.name}"
+        )
+        runner.check_invariants()
 
     def shutdown(self) -> None:
         """Drop the runner (its KV cache and graphs); the worker serves no step after this."""
