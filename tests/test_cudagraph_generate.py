@@ -246,7 +246,7 @@ def test_cudagraph_padding_rows_do_not_change_real_rows(tiny_model_dirs):
 @pytest.mark.seed("000:usage")
 def test_cudagraph_capture_sizes_are_limited_by_what_a_step_can_hold():
     from tinyvllm.config import CompilationConfig
-    from tinyvllm.worker.model_runner import resolve_capture_sizes
+    from tinyvllm.worker.cudagraph_capture import resolve_capture_sizes
 
     default = CompilationConfig()
     assert resolve_capture_sizes(default, max_num_seqs=4, max_num_batched_tokens=8192, max_model_len=64) == [1, 2, 4, 8]
@@ -264,7 +264,7 @@ def test_cudagraph_release_unwraps_the_pieces(tiny_model_dirs):
               "cudagraph_capture_sizes": [2]}, **ENGINE)  # fmt: skip
     runner = llm.engine.model_runner
     assert all(hasattr(p, "entries") for p in llm.model.pieces)
-    runner.release_cudagraphs()
+    llm.engine.model_executor.driver_worker.release_cudagraphs()  # the worker owns the wrapping
     assert not any(hasattr(p, "entries") for p in llm.model.pieces) and runner.full_graph is None
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     llm.generate({"prompt_token_ids": [5, 6]}, params, use_tqdm=False)

@@ -137,7 +137,7 @@ def test_allowed_token_ids_restrict_every_sampled_token(qwen3, hf_models):
 
 
 def test_bad_words_need_the_engine_tokenizer_and_are_checked_before_queueing(qwen3):
-    engine = LLMEngine(qwen3.engine.scheduler, qwen3.engine.model_runner, tokenizer=None, vocab_size=512)
+    engine = LLMEngine(qwen3.engine.scheduler, qwen3.engine.model_executor, tokenizer=None, vocab_size=512)
     with pytest.raises(ValueError, match="bad_words.*tokenizer"):
         engine.add_request("x", [1, 2], greedy(bad_words=["w"]))
     assert not engine.has_unfinished_requests()

@@ -1,4 +1,4 @@
-"""``LLM``'s start-up report (``engine/startup_report.py``): what start-up chose, as one block
+"""``LLM``'s start-up report (``worker/startup_report.py``): what start-up chose, as one block
 of lines: logged on every device, printed by the command line on a GPU."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tinyvllm import LLM
-from tinyvllm.engine.startup_report import StartupReport, format_bytes, summarize_sizes
+from tinyvllm.worker.startup_report import StartupReport, format_bytes, summarize_sizes
 
 
 def test_format_bytes_and_summarize_sizes():

@@ -269,7 +269,7 @@ def test_a_single_stop_string_becomes_a_tuple():
 def test_stop_strings_need_a_tokenizer(llm):
     from tinyvllm.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine(llm.engine.scheduler, llm.engine.model_runner, tokenizer=None)
+    engine = LLMEngine(llm.engine.scheduler, llm.engine.model_executor, tokenizer=None)
     with pytest.raises(ValueError, match="needs text"):
         engine.add_request("no-tok", [5, 6, 7], greedy(stop=["a"]))
     assert not llm.engine.scheduler.has_unfinished_requests()  # nothing was queued

@@ -44,7 +44,7 @@ from tinyvllm.engine.chat_template import check_template_kwargs, flatten_message
 from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.input_processor import PromptType
 from tinyvllm.engine.llm_engine import LLMEngine
-from tinyvllm.engine.startup_report import StartupReport
+from tinyvllm.worker.startup_report import StartupReport
 from tinyvllm.models.loader import ModelSpec
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams

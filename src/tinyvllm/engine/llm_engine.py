@@ -66,11 +66,13 @@ from tinyvllm.outputs import EngineCoreOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
+from tinyvllm.executor.abstract import Executor, initialize_kv_caches
+from tinyvllm.executor.uniproc_executor import UniProcExecutor
 from tinyvllm.worker.model_runner import ModelRunner
 
 if TYPE_CHECKING:
     from tinyvllm.engine.engine_args import EngineArgs
-    from tinyvllm.engine.startup_report import StartupReport
+    from tinyvllm.worker.startup_report import StartupReport
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class LLMEngine:
     def __init__(
         self,
         scheduler: Scheduler,
-        model_runner: ModelRunner,
+        model_executor: Executor,
         tokenizer=None,
         eos_token_id: int | None = None,
         *,
@@ -101,7 +103,7 @@ class LLMEngine:
         input_processor: InputProcessor | None = None,
     ):
         self.scheduler = scheduler
-        self.model_runner = model_runner
+        self.model_executor = model_executor  # the engine's one door to the device
         if input_processor is None:  # an engine assembled by hand: the checks it can make (NOTE 3)
             input_processor = InputProcessor(
                 tokenizer, eos_token_id, vocab_size=vocab_size, max_model_len=scheduler.max_model_len,
@@ -119,23 +121,22 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
         """Build every part from the arguments (NOTE 5); what ``LLM`` and ``AsyncLLM`` call."""
-        from tinyvllm.engine.device_startup import start_device
-
         config = engine_args.create_engine_config()  # every argument checked, the model folder read
         input_processor = InputProcessor.from_config(config)
         config = dataclasses.replace(config, reasoning_config=input_processor.reasoning_config)
-        started = start_device(config, input_processor.eos_token_id)  # weights, KV cache, runner, graphs
-        config = started.config  # with the number of KV blocks
-        logger.info("tinyvllm start-up:\n  %s", "\n  ".join(started.startup_report.lines()))
+        executor = UniProcExecutor(config, input_processor.eos_token_id)  # the device, the weights
+        config = initialize_kv_caches(executor, config)  # KV blocks sized and allocated, runner, graphs
+        worker = executor.driver_worker
+        logger.info("tinyvllm start-up:\n  %s", "\n  ".join(worker.startup_report.lines()))
         scheduler = Scheduler(config.scheduler_config, config.cache_config, log_stats=True)
         spec_config = config.speculative_config
         proposer = None if spec_config is None else NgramProposer(
             spec_config.num_speculative_tokens, spec_config.prompt_lookup_min, spec_config.prompt_lookup_max,
             config.scheduler_config.max_model_len,
         )  # fmt: skip
-        engine = cls(scheduler, started.runner, proposer=proposer, input_processor=input_processor)
-        engine.config, engine.startup_report = config, started.startup_report
-        engine.cudagraph_memory_bytes = started.cudagraph_memory_bytes
+        engine = cls(scheduler, executor, proposer=proposer, input_processor=input_processor)
+        engine.config, engine.startup_report = config, worker.startup_report
+        engine.cudagraph_memory_bytes = worker.cudagraph_memory_bytes
         return engine
     # --8<-- [end:from_engine_args]
 
@@ -158,6 +159,12 @@ class LLMEngine:
     @property
     def reasoning_config(self) -> ReasoningConfig | None:
         return self.input_processor.reasoning_config
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        """The one-process executor's runner, for tests, benches, the step recorder and
+        ``check_invariants`` to read; the engine calls only ``model_executor``."""
+        return self.model_executor.driver_worker.model_runner
 
     # --8<-- [start:add_request]
     def add_request(
@@ -232,7 +239,7 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         self.output_processor.note_first_scheduling(scheduler_output)
         try:
-            model_output = self.model_runner.execute_model(scheduler_output)
+            model_output = self.model_executor.execute_model(scheduler_output)
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
             if self.proposer is not None:
                 self._propose_drafts(core_outputs)  # NOTE 7: the next step verifies them
@@ -281,7 +288,7 @@ class LLMEngine:
             try:
                 self.scheduler.abort_failed_step(scheduler_output)
             finally:
-                self.model_runner.recover_from_failed_step(step_ids)
+                self.model_executor.recover_from_failed_step(step_ids)
         except BaseException as second:  # the first error is the one the caller gets (NOTE 4)
             error.add_note(f"tinyvllm: undoing the failed step also raised {second!r}")
             logger.error("undoing a failed step raised %r (the step raised %r)", second, error)
@@ -302,7 +309,7 @@ class LLMEngine:
         request are compared (module header). Call it between steps."""
         scheduler, runner = self.scheduler, self.model_runner
         scheduler.check_invariants()
-        runner.check_invariants()
+        self.model_executor.check_invariants()  # the worker and its runner check themselves
         self.output_processor.check_invariants()
         if self.proposer is not None:
             self.proposer.check_invariants()

@@ -12,9 +12,9 @@ token and report one token per request whose step reached the end of its tokens.
 Follows: the docs page "The model runner" (parts (a)-(e)); seed 003 "KV cache物理内存分配"
 (the runner owns the KV tensors); seed 001 appendix U2 (the batch is updated, condensed and
 refreshed once per step); seed 000 "CUDA Graphs" (dispatch, then the forward under a forward
-context; "完整 CUDA 图捕获 & 热身": eager warm-up, capture on dummy batches).
+context). The worker builds it and captures its graphs (``worker.py``, ``cudagraph_capture.py``).
 Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``_update_states``, ``_prepare_inputs``,
-``execute_model``, ``_dummy_run``, ``capture_model``), ``gpu_input_batch.CachedRequestState``.
+``execute_model``), ``gpu_input_batch.CachedRequestState``.
 
 Invariants: after ``_update_states`` the batch holds exactly this step's scheduled requests,
 rows ``0 .. R-1``, block-table row r holding row r's block ids; each ``RunnerRequestState``
@@ -27,9 +27,9 @@ NOTE 1 (a request not scheduled this step leaves the batch): skipped or preempte
 NOTE 2 (partial prefills get no token): a row whose step ends inside its prompt gets none; its
 draw is thrown away, and as a seeded draw is keyed by position (``sample/draw_keys.py``), a
 seeded request's tokens do not depend on how its prompt was chunked.
-NOTE 3 (the mode): ``cudagraph_mode`` (None: FULL_AND_PIECEWISE on CUDA, NONE on the CPU) is
-downgraded to what the attention backend supports (``resolve_cudagraph_mode``); on the CPU a
-mode other than NONE runs emulated graphs that check every rule a real graph imposes.
+NOTE 3 (the mode): the runner runs under the ``CUDAGraphSetup`` the worker hands it (the mode
+after the backend's downgrade, the dispatcher, the FULL wrapper; ``cudagraph_capture.py``
+NOTE 1); it never writes the model's ``pieces``, which the worker wraps.
 NOTE 4 (padding): FULL pads tokens to ``desc.num_tokens`` and requests to ``desc.num_reqs``;
 PIECEWISE pads only tokens (attention runs eagerly on the real requests); NONE pads nothing.
 Padding writes no KV and its outputs are never read.
@@ -49,8 +49,8 @@ block's positions would never be computed.
 NOTE 9 (speculative decoding): a request with drafts (``scheduled_spec_decode_tokens``)
 computes its last real token and k drafts at once; those k + 1 logits rows say whether the
 target agrees with each draft and what follows. ``sample/rejection_sampler.py`` decides;
-``num_computed_tokens`` takes back the rejected ones. With a speculative config every step
-samples this way (``Sampler.sample_spec``), so the thinking budget and MinTokens see one layout.
+``num_computed_tokens`` takes back the rejected ones. The rows take the sampler's plain
+steps on ``SamplingMetadata.expand(drafts)`` (``sample/sampler.py`` NOTE 5).
 NOTE 10 (logprobs with drafts): kept token ``i`` was predicted by verified row ``i``, so its
 logprobs are that row's raw ones, as without speculation (vLLM's PR #26060); rejected rows
 are not reported. Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
@@ -71,28 +71,21 @@ import torch
 from tinyvllm.arith import spec_row_starts
 from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
 from tinyvllm.attention.metadata import AttentionMetadata
-from tinyvllm.config import CompilationConfig
 from tinyvllm.arith import cdiv
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
-from tinyvllm.sample.logprobs import LogprobsTensors
 from tinyvllm.sample.rejection_sampler import rejection_sample
 from tinyvllm.sample.sampler import Sampler, sampled_to_host
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.attention_metadata import build_step_inputs
-from tinyvllm.worker.block_table import PAD_BLOCK_ID
-from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, EmulatedPool, set_forward_context
-from tinyvllm.worker.cudagraph_dispatcher import (
-    BatchDescriptor,
-    CUDAGraphMode,
-    CudagraphDispatcher,
-    default_capture_sizes,
-    resolve_cudagraph_mode,
-)
+from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
+from tinyvllm.worker.cudagraph_capture import CUDAGraphSetup
+from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode
 from tinyvllm.worker.input_batch import InputBatch
-from tinyvllm.worker.input_buffers import PAD_TOKEN_ID, InputBuffers
+from tinyvllm.worker.input_buffers import InputBuffers
+from tinyvllm.worker.prompt_logprobs import PendingPromptLogprobs, collect_prompt_logprobs, queue_prompt_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -127,18 +120,6 @@ class RunnerRequestState:
 
 
 @dataclass(frozen=True)
-class PendingPromptLogprobs:
-    """One request's prompt logprobs of this step, queued on the device (NOTE 11)."""
-
-    state: RunnerRequestState
-    start: int  # positions start .. end - 1 predict prompt tokens start + 1 .. end
-    end: int
-    k: int  # the top logprobs kept per position
-    tensors: LogprobsTensors | None  # None: this step computed no such position
-    prompt_done: bool  # the step reaches the end of the prompt: the whole list goes out
-
-
-@dataclass(frozen=True)
 class StepDispatch:
     """How the last step ran: its real size, the runtime mode and the padded key."""
 
@@ -151,34 +132,6 @@ class StepDispatch:
     @property
     def num_padding_tokens(self) -> int:
         return self.batch_descriptor.num_tokens - self.num_tokens
-
-
-# --8<-- [start:capture_sizes]
-def resolve_capture_sizes(
-    config: CompilationConfig, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
-) -> list[int]:
-    """The capture sizes to use: the configured ones, else vLLM's defaults up to
-    ``max_cudagraph_capture_size`` (default ``min(2 * max_num_seqs, 512)``). A step never
-    holds more than the token budget, nor more than ``max_num_seqs`` requests of
-    ``max_model_len`` tokens: larger sizes are dropped, and the default list is never built
-    past that limit, however large the maximum asked for."""
-    limit = min(max_num_batched_tokens, max_num_seqs * max_model_len)
-    why = "max_num_batched_tokens (or max_num_seqs * max_model_len)"
-    if config.cudagraph_capture_sizes is None:
-        max_size = config.max_cudagraph_capture_size or min(2 * max_num_seqs, 512)
-        if config.max_cudagraph_capture_size is not None and max_size > limit:
-            logger.warning("max_cudagraph_capture_size %d exceeds %s = %d: capturing up to %d", max_size, why, limit, limit)
-        return default_capture_sizes(min(max_size, limit))
-    sizes = list(config.cudagraph_capture_sizes)  # sorted, no repeats
-    usable = [s for s in sizes if s <= limit]
-    if len(usable) < len(sizes):
-        dropped = sizes[len(usable) :]
-        shown = dropped if len(dropped) <= 8 else [*dropped[:4], "...", *dropped[-2:]]
-        logger.warning(
-            "%d cudagraph capture sizes exceed %s = %d and are dropped: %s", len(dropped), why, limit, shown
-        )  # fmt: skip
-    return usable
-# --8<-- [end:capture_sizes]
 
 
 class ModelRunner:
@@ -195,7 +148,7 @@ class ModelRunner:
         *,
         max_num_batched_tokens: int,
         max_model_len: int,
-        compilation_config: CompilationConfig | None = None,
+        cudagraphs: CUDAGraphSetup,
         num_speculative_tokens: int = 0,
     ) -> None:
         if input_batch.block_table is None:
@@ -216,45 +169,11 @@ class ModelRunner:
         # sampler, and a uniform decode batch has 1 + k tokens per request.
         self.speculative = num_speculative_tokens > 0
         self.uniform_decode_query_len = 1 + num_speculative_tokens
-        self._init_cudagraphs(compilation_config or CompilationConfig(), max_num_batched_tokens)
-
-    # --8<-- [start:init_cudagraphs]
-    def _init_cudagraphs(self, config: CompilationConfig, max_num_batched_tokens: int) -> None:
-        """Resolve the mode (NOTE 3), initialise the dispatcher's keys, install the wrappers."""
-        max_num_seqs = self.input_batch.max_num_reqs
-        requested = config.cudagraph_mode
-        if requested is None:
-            requested = CUDAGraphMode.FULL_AND_PIECEWISE if self.device.type == "cuda" else CUDAGraphMode.NONE
-        mode = resolve_cudagraph_mode(
-            requested, self.model.cudagraph_support, piecewise_available=True,
-            uniform_decode_query_len=self.uniform_decode_query_len,
-        )  # fmt: skip
-        sizes = []
-        if mode != CUDAGraphMode.NONE:
-            sizes = resolve_capture_sizes(config, max_num_seqs, max_num_batched_tokens, self.max_model_len)
-        if mode != CUDAGraphMode.NONE and not sizes:
-            logger.warning("cudagraph_mode %s -> NONE: no capture size fits the token budget", mode.name)
-            mode = CUDAGraphMode.NONE
-        self.emulate_cudagraphs = self.device.type != "cuda"
-        if mode != CUDAGraphMode.NONE and self.emulate_cudagraphs:
-            logger.warning("cudagraph_mode %s on %s: CUDA graphs are emulated (no speed-up)", mode.name, self.device)
-        self.cudagraph_mode = mode
-        self.dispatcher = CudagraphDispatcher(sizes or [1], max_num_seqs)
-        self.dispatcher.initialize_cudagraph_keys(mode, self.uniform_decode_query_len)
-        if mode == CUDAGraphMode.NONE:
-            pool = None
-        else:  # one pool for every graph (cuda_graph.py NOTES 4 and 5)
-            pool = EmulatedPool() if self.emulate_cudagraphs else torch.cuda.graph_pool_handle()
-        pieces = self._eager_pieces()
-        if mode.has_piecewise_cudagraphs():
-            pieces = [CUDAGraphWrapper(p, CUDAGraphMode.PIECEWISE, self.emulate_cudagraphs, pool=pool) for p in pieces]
-        self.model.pieces = pieces
-        self.full_graph = (
-            CUDAGraphWrapper(self.model, CUDAGraphMode.FULL, self.emulate_cudagraphs, pool=pool)
-            if mode.has_full_cudagraphs()
-            else None
-        )
-    # --8<-- [end:init_cudagraphs]
+        # NOTE 3: the worker's graph set-up (cudagraph_capture.py); the model's pieces are its to wrap
+        self.cudagraph_mode = cudagraphs.mode
+        self.dispatcher = cudagraphs.dispatcher
+        self.emulate_cudagraphs = cudagraphs.emulate
+        self.full_graph = cudagraphs.full_graph
 
     # -- (a) states and the persistent batch ---------------------------------------------
 
@@ -364,21 +283,7 @@ class ModelRunner:
             self.input_batch.reset()
     # --8<-- [end:recover]
 
-    # -- start-up: warm-up and capture ---------------------------------------------------
-
-    # --8<-- [start:capture]
-    def _dummy_run(self, mode: CUDAGraphMode, desc: BatchDescriptor) -> None:
-        """Run a dummy batch shaped like ``desc`` in runtime mode ``mode`` (NOTE 5)."""
-        if desc.uniform:
-            lens = [self.uniform_decode_query_len] * desc.num_reqs
-        else:  # spread evenly: no dummy request is longer than max_model_len
-            num_reqs = desc.num_reqs or min(desc.num_tokens, self.input_batch.max_num_reqs)
-            base, extra = divmod(desc.num_tokens, num_reqs)
-            lens = [base + 1] * extra + [base] * (num_reqs - extra)
-        block_ids = [[PAD_BLOCK_ID] * cdiv(n, self.block_size) for n in lens]
-        self._forward([PAD_TOKEN_ID] * sum(lens), [0] * len(lens), lens, block_ids, dispatch=(mode, desc), dummy=True)
-        if self.device.type == "cuda":  # the next dummy rewrites the pinned host buffers (input_buffers NOTE 2)
-            torch.cuda.synchronize(self.device)
+    # -- between steps -----------------------------------------------------------------
 
     # --8<-- [start:check_invariants]
     def check_invariants(self) -> None:
@@ -408,30 +313,6 @@ class ModelRunner:
                 wrapper.check_invariants()
     # --8<-- [end:check_invariants]
 
-    def _eager_pieces(self) -> list:
-        """The model's pieces without any wrapper (a runner before this one may have wrapped them)."""
-        return [getattr(p, "runnable", p) for p in self.model.pieces]
-
-    def release_cudagraphs(self) -> None:
-        """Drop every captured graph and unwrap the model's pieces (the trial capture)."""
-        self.model.pieces = self._eager_pieces()
-        self.full_graph = None
-        self.cudagraph_mode = CUDAGraphMode.NONE
-        self.dispatcher.initialize_cudagraph_keys(CUDAGraphMode.NONE)
-
-    @torch.inference_mode()
-    def capture_model(self) -> int:
-        """Warm up eagerly, then capture every key the dispatcher holds; returns the count."""
-        if self.input_batch.num_reqs:
-            raise RuntimeError("capture_model runs at start-up, before any request is in the batch")
-        captured = 0
-        for mode, descs in self.dispatcher.get_capture_descs():  # PIECEWISE first, largest first
-            for desc in descs:
-                self._dummy_run(CUDAGraphMode.NONE, desc)  # warm-up: eager, same shapes
-                self._dummy_run(mode, desc)  # the wrapper of this mode captures
-                captured += 1
-        return captured
-    # --8<-- [end:capture]
 
     # -- one step ------------------------------------------------------------------------
 
@@ -530,36 +411,8 @@ class ModelRunner:
     def _queue_prompt_logprobs(
         self, states: list[RunnerRequestState], computed: list[int], num_sched: list[int], hidden: torch.Tensor
     ) -> list[PendingPromptLogprobs]:
-        """NOTE 8, first half, before the step waits for its tokens: queue the logprobs of the
-        prompt tokens this step computed, for the requests that ask (NOTE 11)."""
-        pending: list[PendingPromptLogprobs] = []
-        start = 0  # where the request's tokens begin in ``hidden`` (the tokens lie row by row)
-        for state, c, n in zip(states, computed, num_sched):
-            first, start = start, start + n
-            k = state.sampling_params.prompt_logprobs
-            if k is None or state.prompt_logprobs_sent:
-                continue
-            num_prompt = len(state.prompt_token_ids)
-            end = min(c + n, num_prompt - 1)  # positions c .. end - 1 predict prompt tokens c + 1 .. end
-            tensors = None
-            if end > c:
-                logprobs = logprob_ops.compute_logprobs(self.model.compute_logits(hidden[first : first + end - c]))
-                k = logprob_ops.num_top(k, logprobs.shape[-1])
-                targets = upload(state.prompt_token_ids[c + 1 : end + 1], torch.int64, logprobs.device)  # [end - c]
-                tensors = logprob_ops.gather_logprobs(logprobs, targets, k)
-            pending.append(PendingPromptLogprobs(state, c, end, k, tensors, c + n >= num_prompt))
-        return pending
+        """NOTE 8, first half, before the step waits (NOTE 11): ``prompt_logprobs.py``."""
+        return queue_prompt_logprobs(self.model, states, computed, num_sched, hidden)
 
-    @staticmethod
-    def _collect_prompt_logprobs(pending: list[PendingPromptLogprobs]) -> dict[str, list[LogprobEntry]]:
-        """NOTE 8, second half, after the wait: the queued logprobs on the host; a request's
-        whole list once its prompt is done, and only once."""
-        finished: dict[str, list[LogprobEntry]] = {}
-        for p in pending:
-            if p.tensors is not None:
-                p.state.prompt_logprobs[p.start : p.end] = logprob_ops.row_entries(p.tensors, [p.k] * (p.end - p.start))
-            if p.prompt_done:
-                finished[p.state.req_id] = list(p.state.prompt_logprobs)
-                p.state.prompt_logprobs_sent = True
-        return finished
+    _collect_prompt_logprobs = staticmethod(collect_prompt_logprobs)  # NOTE 8, second half, after the wait
     # --8<-- [end:logprobs]

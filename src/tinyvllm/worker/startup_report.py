@@ -4,15 +4,16 @@ Concept: an engine decides a lot on its own at start-up: the attention backend `
 resolves to, the CPU threads torch runs on (``cpu_threads.py``), the CUDA-graph mode after the backend's downgrade, the capture sizes that fit
 the token budget, how many KV blocks the memory left over holds, how much of it the graphs
 took, and how long loading, warm-up and capture took. A user who cannot see those choices
-cannot tell a slow run from a misconfigured one. ``LLM`` builds this record once, logs it
-(INFO, logger ``tinyvllm.engine.llm``), and the command line prints it on a GPU.
+cannot tell a slow run from a misconfigured one. The worker (``worker.py``), which made
+those choices, builds this record once it has captured; ``LLM`` logs it (INFO, logger
+``tinyvllm.engine.llm``), and the command line prints it on a GPU.
 
 Mirrors: the start-up lines of vLLM's ``gpu_model_runner.py`` and ``kv_cache_utils.py``
 ("Model loading took ...", "GPU KV cache size: ... tokens", "Maximum concurrency ...",
 "Graph capturing finished in ... secs, took ... GiB").
 
 Invariants: a frozen record; ``lines()`` is a pure function of it.
-Left out: per-layer memory, the profile run's activation peak (``LLM._profile_forward``).
+Left out: per-layer memory, the profile run's activation peak (``Worker.profile_run``).
 """
 
 from __future__ import annotations

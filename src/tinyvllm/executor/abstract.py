@@ -1,0 +1,125 @@
+"""Executor: the one door from the engine to the device, whatever number of workers is behind it.
+
+Concept: the engine calls an executor, never a worker or a runner: ``determine_available_memory``,
+``initialize_kv_cache``, ``execute_model`` each step, ``recover_from_failed_step`` after a
+failed one, ``check_invariants`` between steps, ``check_health`` and ``shutdown``. Each is
+written on the one general call, ``collective_rpc(method, args, kwargs)``: run ``method``
+(a worker method's name, or a function taking the worker first) on every worker and return
+their results in a list, in worker order. An executor with one worker in this process
+(``uniproc_executor.py``) implements just that call; one with a worker per device would
+send it to each (the tensor-parallel issue plugs in here). ``initialize_kv_caches`` is the
+engine's side of start-up written on this interface (NOTE 1).
+
+Mirrors: ``vllm/v1/executor/abstract.py`` (``Executor``) and ``vllm/v1/engine/core.py``
+(``EngineCore._initialize_kv_caches``).
+
+Invariants: after ``shutdown`` every call but ``shutdown`` raises ``RuntimeError``;
+``execute_model`` returns the first (driver) worker's output; ``initialize_kv_caches``
+returns the config with ``cache_config.num_gpu_blocks`` filled, the number of blocks every
+worker allocated.
+
+NOTE 1 (the number of KV blocks): every worker says how many bytes its KV cache may take;
+the smallest answer decides, as in vLLM, so that every worker holds the same blocks. The
+bytes become blocks (``worker/kv_cache.py``: capped at ``max_num_seqs`` requests of
+``max_model_len`` tokens, at least one such request); ``num_gpu_blocks_override`` fixes the
+number instead. Whatever decided it, the pool must fit in the memory the device has free
+(``kv_cache.py`` NOTE 3) before any block is allocated.
+NOTE 2 (the EOS id): the tokenizer's EOS travels to the worker's persistent batch
+(``worker.py`` NOTE 3), beside the config: it is the tokenizer's, not the config's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tinyvllm.config import EngineConfig
+from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.outputs import ModelRunnerOutput
+from tinyvllm.worker.kv_cache import (
+    available_memory_bytes,
+    bytes_per_block,
+    check_fits_one_request,
+    check_kv_cache_fits,
+    num_blocks_from_budget,
+)
+
+
+class Executor(ABC):
+    """The engine's door to its worker(s); subclasses implement ``_init_executor`` and
+    ``collective_rpc`` (module header)."""
+
+    def __init__(self, config: EngineConfig, eos_token_id: int | None = None) -> None:
+        self.config = config
+        self.eos_token_id = eos_token_id  # NOTE 2
+        self.is_closed = False
+        self._init_executor()  # the worker(s): init_device, load_model
+
+    @abstractmethod
+    def _init_executor(self) -> None:
+        """Start the worker(s), set up each device and load the weights."""
+
+    @abstractmethod
+    def collective_rpc(
+        self, method: str | Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """Run ``method`` on every worker; their results, in worker order."""
+
+    # --8<-- [start:interface]
+    def determine_available_memory(self) -> list[int]:
+        """Each worker's bytes for the KV cache."""
+        return self.collective_rpc("determine_available_memory")
+
+    def initialize_kv_cache(self, config: EngineConfig) -> None:
+        """Allocate ``config.cache_config.num_gpu_blocks`` blocks, build the runner, capture."""
+        self.collective_rpc("initialize_from_config", args=(config,))
+        self.collective_rpc("compile_or_warm_up_model")
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
+
+    def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
+        self.collective_rpc("recover_from_failed_step", args=(failed_req_ids,))
+
+    def check_invariants(self) -> None:
+        self.collective_rpc("check_invariants")
+
+    def check_health(self) -> None:
+        """Raise ``RuntimeError`` when the executor cannot serve a step."""
+        if self.is_closed:
+            raise RuntimeError("the executor is shut down")
+
+    def shutdown(self) -> None:
+        """Release the worker(s); a second call does nothing."""
+        if not self.is_closed:
+            self.collective_rpc("shutdown")
+            self.is_closed = True
+    # --8<-- [end:interface]
+
+
+# --8<-- [start:initialize_kv_caches]
+def initialize_kv_caches(executor: Executor, config: EngineConfig) -> EngineConfig:
+    """Size the KV cache from what the workers say they can hold (NOTE 1), have every worker
+    allocate it, build its runner and capture; the config with ``num_gpu_blocks`` filled."""
+    model, device, cache = config.model_config, config.device_config, config.cache_config
+    scheduler, spec = config.scheduler_config, model.spec
+    per_block = bytes_per_block(
+        spec.num_hidden_layers, cache.block_size, spec.num_key_value_heads, spec.head_dim, getattr(torch, model.dtype)
+    )  # fmt: skip
+    available = min(executor.determine_available_memory())
+    if device.num_gpu_blocks_override is not None:
+        num_blocks = device.num_gpu_blocks_override
+    else:
+        num_blocks = num_blocks_from_budget(
+            available, per_block, cache.block_size, scheduler.max_model_len, scheduler.max_num_seqs
+        )  # fmt: skip
+        check_fits_one_request(num_blocks, cache.block_size, scheduler.max_model_len)
+    check_kv_cache_fits(num_blocks, per_block, available_memory_bytes(torch.device(device.device)))
+    config = dataclasses.replace(config, cache_config=dataclasses.replace(cache, num_gpu_blocks=num_blocks))
+    executor.initialize_kv_cache(config)
+    return config
+# --8<-- [end:initialize_kv_caches]

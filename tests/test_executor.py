@@ -1,0 +1,126 @@
+"""The executor -> worker -> runner seam (``executor/``, ``worker/worker.py``): the engine
+reaches the device only through ``Executor``, every call of which is written on
+``collective_rpc``; the worker sizes the KV cache (the CPU's byte budget, or the override's
+bytes), allocates the blocks the engine chose, builds the runner and wraps the model's pieces."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.config import CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+from tinyvllm.executor.abstract import initialize_kv_caches
+from tinyvllm.executor.uniproc_executor import UniProcExecutor
+from tinyvllm.models.loader import load_model_spec
+from tinyvllm.worker.cuda_graph import CUDAGraphWrapper
+from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
+from tinyvllm.worker.kv_cache import CPU_KV_CACHE_BYTES
+from tinyvllm.worker.worker import Worker
+
+BLOCK_SIZE = 4
+
+
+def engine_config(folder, override=None, mode=CUDAGraphMode.NONE) -> EngineConfig:
+    spec = load_model_spec(folder)
+    return EngineConfig(
+        SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=64),
+        CacheConfig(block_size=BLOCK_SIZE),
+        compilation_config=CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=(1, 2, 4)),
+        model_config=ModelConfig(model=str(folder), spec=spec, dtype="float32", attention_backend="torch"),
+        device_config=DeviceConfig(device="cpu", num_gpu_blocks_override=override),
+    )
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_model_dirs):
+    return tiny_model_dirs["qwen3"]
+
+
+def test_collective_rpc_runs_on_the_one_worker_and_returns_a_list(qwen3):
+    executor = UniProcExecutor(engine_config(qwen3, override=20), eos_token_id=7)
+    assert isinstance(executor.driver_worker, Worker) and executor.driver_worker.model is not None  # loaded
+    assert executor.collective_rpc(lambda worker: (worker.device.type, worker.eos_token_id)) == [("cpu", 7)]
+    per_block = executor.driver_worker.kv_bytes_per_block()
+    spec = load_model_spec(qwen3)  # 2 (K and V) x layers x block x kv heads x head dim x 4 bytes
+    assert per_block == 2 * spec.num_hidden_layers * BLOCK_SIZE * spec.num_key_value_heads * spec.head_dim * 4
+    assert executor.collective_rpc("kv_bytes_per_block") == [per_block]
+    assert executor.collective_rpc(lambda worker, a, b=0: a + b, args=(2,), kwargs={"b": 3}) == [5]
+
+
+def test_available_memory_is_the_cpu_budget_or_the_overrides_bytes(qwen3):
+    executor = UniProcExecutor(engine_config(qwen3))
+    assert executor.determine_available_memory() == [CPU_KV_CACHE_BYTES]
+    overridden = UniProcExecutor(engine_config(qwen3, override=20))
+    assert overridden.determine_available_memory() == [20 * overridden.driver_worker.kv_bytes_per_block()]
+    assert overridden.driver_worker.cudagraph_memory_bytes == 0  # nothing measured off a GPU
+
+
+def test_initialize_kv_caches_fills_the_blocks_and_builds_a_runner_over_them(qwen3):
+    config = engine_config(qwen3, override=20)
+    executor = UniProcExecutor(config)
+    worker = executor.driver_worker
+    assert worker.model_runner is None and worker.startup_report is None  # until the cache exists
+    sized = initialize_kv_caches(executor, config)
+    assert config.cache_config.num_gpu_blocks is None and sized.cache_config.num_gpu_blocks == 20
+    runner = worker.model_runner
+    assert [tuple(t.shape[:3]) for t in runner.kv_caches] == [(2, 20, BLOCK_SIZE)] * len(runner.kv_caches)
+    assert worker.startup_report.num_kv_blocks == 20 and worker.startup_report.cudagraph_mode == "NONE"
+
+
+def test_without_an_override_the_cpu_budget_is_capped_at_what_max_num_seqs_can_use(qwen3):
+    config = engine_config(qwen3)
+    sized = initialize_kv_caches(UniProcExecutor(config), config)
+    assert sized.cache_config.num_gpu_blocks == 4 * 64 // BLOCK_SIZE  # 4 requests of 64 tokens (kv_cache.py NOTE 1)
+
+
+def test_the_worker_wraps_the_models_pieces_and_unwraps_them_on_release(qwen3):
+    config = engine_config(qwen3, override=20, mode=CUDAGraphMode.PIECEWISE)
+    executor = UniProcExecutor(config)
+    initialize_kv_caches(executor, config)
+    worker = executor.driver_worker
+    assert worker.model_runner.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    assert all(isinstance(p, CUDAGraphWrapper) and p.entries for p in worker.model.pieces)  # captured
+    worker.check_invariants()
+    worker.release_cudagraphs()
+    assert not any(isinstance(p, CUDAGraphWrapper) for p in worker.model.pieces)
+    assert worker.model_runner.cudagraph_mode == CUDAGraphMode.NONE and worker.model_runner.full_graph is None
+    worker.check_invariants()
+
+
+def test_worker_check_invariants_names_pieces_that_do_not_match_the_mode(qwen3):
+    config = engine_config(qwen3, override=20, mode=CUDAGraphMode.PIECEWISE)
+    executor = UniProcExecutor(config)
+    initialize_kv_caches(executor, config)
+    worker = executor.driver_worker
+    worker.model.pieces = [p.runnable for p in worker.model.pieces]  # unwrapped behind the runner's back
+    with pytest.raises(AssertionError, match="the model's pieces wrapped .* the runner's mode is PIECEWISE"):
+        executor.check_invariants()
+
+
+def test_check_health_raises_after_shutdown_and_so_does_every_call(qwen3):
+    config = engine_config(qwen3, override=20)
+    executor = UniProcExecutor(config)
+    initialize_kv_caches(executor, config)
+    executor.check_health()  # healthy: no error
+    executor.shutdown()
+    assert executor.driver_worker.model_runner is None  # the runner and its KV cache are dropped
+    with pytest.raises(RuntimeError, match="the executor is shut down"):
+        executor.check_health()
+    with pytest.raises(RuntimeError, match="the executor is shut down"):
+        executor.collective_rpc("check_invariants")
+    executor.shutdown()  # a second call does nothing
+
+
+def test_the_engine_steps_through_its_executor(qwen3):
+    llm = LLM(str(qwen3), device="cpu", max_model_len=64, block_size=BLOCK_SIZE, num_gpu_blocks_override=20)
+    executor = llm.engine.model_executor
+    assert isinstance(executor, UniProcExecutor)
+    assert llm.engine.model_runner is executor.driver_worker.model_runner  # the test-only accessor
+    assert str(llm.config.model_config.model) == str(qwen3) and llm.config.device_config.device == "cpu"
+    calls = []
+    execute = executor.execute_model
+    executor.execute_model = lambda out: calls.append(out) or execute(out)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    (out,) = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 3 and len(calls) == 3  # one prefill step, two decode steps
+    llm.engine.check_invariants()
