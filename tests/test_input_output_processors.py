@@ -11,7 +11,7 @@ import pytest
 
 from tinyvllm.engine.input_processor import EngineCoreRequest, InputProcessor
 from tinyvllm.engine.output_processor import OutputProcessor
-from tinyvllm.models.loader import load_tokenizer
+from tinyvllm.models.tokenizer import load_tokenizer
 from tinyvllm.outputs import EngineCoreOutput
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 

@@ -16,12 +16,11 @@ from tinyvllm.models.loader import (
     expected_tensor_names,
     find_weight_files,
     iter_safetensors,
-    load_eos_token_ids,
     load_model_spec,
-    load_tokenizer,
     read_tensor_infos,
     resolve_dtype,
 )
+from tinyvllm.models.tokenizer import load_eos_token_ids, load_tokenizer
 from tinyvllm.models.tiny import build_tiny_model
 
 

@@ -27,11 +27,10 @@ from tinyvllm.models.loader import (
     expected_tensor_shapes,
     find_weight_files,
     iter_safetensors,
-    load_eos_token_ids,
     load_model_spec,
-    load_tokenizer,
     read_tensor_infos,
 )
+from tinyvllm.models.tokenizer import load_eos_token_ids, load_tokenizer
 from tinyvllm.sampling_defaults import load_generation_defaults
 
 

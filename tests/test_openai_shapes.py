@@ -300,7 +300,7 @@ def test_load_chat_template(tmp_path):
 
 
 def test_prompt_tokenizer_refuses_only_what_certainly_cannot_fit(tiny_model_dirs):
-    from tinyvllm.models.loader import load_tokenizer
+    from tinyvllm.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dirs["qwen3"])
     longest = max_token_bytes(tokenizer)
@@ -329,7 +329,7 @@ def test_prompt_tokenizer_refuses_only_what_certainly_cannot_fit(tiny_model_dirs
 def test_no_bound_for_a_tokenizer_with_a_normalizer(tiny_model_dirs):
     from tokenizers import normalizers
 
-    from tinyvllm.models.loader import load_tokenizer
+    from tinyvllm.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dirs["qwen3"])
     tokenizer.backend_tokenizer.normalizer = normalizers.NFC()  # Qwen's: it may shorten a text

@@ -51,7 +51,7 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tinyvllm.models.loader import load_tokenizer
+    from tinyvllm.models.tokenizer import load_tokenizer
 
     return load_tokenizer(FOLDER)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tinyvllm.stdlib_tiny import STDLIB_TINY
-from tinyvllm.models.loader import load_tokenizer
+from tinyvllm.models.tokenizer import load_tokenizer
 from tinyvllm.sampling_defaults import load_generation_defaults
 
 ROOT = Path(__file__).resolve().parents[1]

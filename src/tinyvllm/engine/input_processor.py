@@ -47,7 +47,7 @@ from typing import Any
 from tinyvllm.config import EngineConfig, ReasoningConfig
 from tinyvllm.engine.parallel_sampling import ParentRequest
 from tinyvllm.engine.request_checks import check_defaults_with_speculation, check_request_against_model
-from tinyvllm.models.loader import check_eos_token_ids, load_eos_token_ids, load_tokenizer
+from tinyvllm.models.tokenizer import check_eos_token_ids, load_eos_token_ids, load_tokenizer
 from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sample.logits_processors.loader import validate_logits_processors_parameters
 from tinyvllm.sampling_defaults import generation_defaults

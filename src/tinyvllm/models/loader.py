@@ -1,8 +1,7 @@
-"""Loading a Hugging Face model folder: config.json, safetensors, tokenizer, EOS.
+"""Loading a Hugging Face model folder: config.json and safetensors (the tokenizer: NOTE 4).
 
 Concept: turn a local folder as ``save_pretrained`` writes it into plain values the
-engine can trust: a frozen ``ModelSpec`` (architecture and shapes), the weight tensors,
-the tokenizer and the EOS token ids. Every problem with the folder is one ``ValueError``
+engine can trust: a frozen ``ModelSpec`` (architecture and shapes) and the weight tensors. Every problem with the folder is one ``ValueError``
 naming the file and the field (or tensor) and the value found, before anything runs;
 nothing from deep inside (``KeyError``, ``SafetensorError``, ...) escapes.
 
@@ -23,11 +22,9 @@ What is checked (each failure a ``ValueError`` naming the file and the field):
   header parses and covers its file; no tensor in two files; every tensor the decoder
   needs with its shape and a float dtype, none it would ignore (``check_weights``, from
   the headers alone); their bytes fit in the memory available (NOTE 5).
-- Tokenizer: the folder has tokenizer files (NOTE 4), and those in JSON parse; what
-  transformers then refuses is wrapped in a ValueError naming the folder.
-- ``generation_config.json``: ``eos_token_id`` an int >= 0 or a list of them (its
-  sampling fields are ``sampling_defaults.py``'s). ``check_model_folder`` runs all of these
-  but the tokenizer's loading, without torch or transformers (the command line calls it first).
+- Tokenizer files and EOS ids: ``models/tokenizer.py`` (NOTE 4). ``check_model_folder``
+  runs all of these but the tokenizer's loading, without torch or transformers (the
+  command line calls it first).
 
 NOTE 1 (no pickle): weights are read with safetensors only. A ``pytorch_model.bin`` is
 a pickle that can run code when loaded; we refuse it instead of unpickling it.
@@ -37,10 +34,8 @@ NOTE 3 (shards stay inside): an index's shard name that is absolute or climbs ou
 ``..`` is refused, and so is any file resolving outside the folder, but for a hub
 snapshot's links into ``../../blobs/`` (otherwise a downloaded folder could make us read
 any file on the machine).
-NOTE 4 (no tokenizer files): transformers v5 builds the class ``config.json`` names with
-its default one-token vocabulary (``{"<|endoftext|>": 0}``), which turns every prompt
-into nothing. We ask for ``tokenizer.json``, ``tokenizer.model`` or ``vocab.json`` with
-``merges.txt`` first.
+NOTE 4 (the tokenizer and EOS ids): read by ``models/tokenizer.py``, whose checks
+``check_model_folder`` runs too.
 NOTE 5 (files that never end): a name linked to ``/dev/zero``, a FIFO, or a consistent
 but absurd checkpoint (``vocab_size`` 2**31 - 1 and a sparse weights file) would read
 forever, hang, or fail inside torch. ``models/model_files.py`` reads each file within
@@ -60,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tinyvllm.models.tokenizer import check_tokenizer_files, load_eos_token_ids
 from tinyvllm.models.model_files import (
     check_model_file,
     check_weights_fit,
@@ -78,11 +74,6 @@ _DTYPES = ("float32", "float16", "bfloat16")
 WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
 # Checkpoint tensors that carry nothing the decoder needs (old Llama exports saved the buffer).
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
-# The tokenizer's JSON files, each parsed first so that a broken one is named.
-_TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json")
-# Every file of the folder transformers' AutoTokenizer may open: each checked first (NOTE 5).
-TOKENIZER_FILES = (*_TOKENIZER_JSON, "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
-                   "chat_template.json")  # fmt: skip
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 _REQUIRED = object()  # sentinel: a field with no default
 MAX_CONFIG_INT = 2**31 - 1  # sizes past it are typos (and overflow int32 index arithmetic)
@@ -436,75 +427,6 @@ def check_weights(spec: ModelSpec, infos: dict[str, TensorInfo], folder: str | P
                 )
         elif not (name.endswith(IGNORED_TENSOR_SUFFIXES) or (name == "lm_head.weight" and spec.tie_word_embeddings)):
             raise ValueError(f"tensor {name!r} in {info.file} is not used by this decoder (unsupported feature)")
-
-
-# -- tokenizer and EOS ------------------------------------------------------------------------
-
-
-def check_tokenizer_files(folder: str | Path) -> None:
-    """Refuse a folder with no tokenizer files (NOTE 4) instead of a one-token tokenizer,
-    and name the tokenizer's JSON file that does not parse (transformers would not)."""
-    path = require_model_folder(folder)
-    for name in ("config.json", *TOKENIZER_FILES):  # transformers would open them unchecked
-        if os.path.lexists(path / name):
-            check_model_file(path / name, path, "config" if name == "config.json" else "tokenizer")
-    present = (path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()
-    if not (present or ((path / "vocab.json").is_file() and (path / "merges.txt").is_file())):
-        raise ValueError(
-            f"no tokenizer files in {path}: expected tokenizer.json, tokenizer.model, or vocab.json with merges.txt"
-        )
-    for name in _TOKENIZER_JSON:
-        if (path / name).exists():
-            read_json_object(path / name, path, "tokenizer")
-
-
-def load_tokenizer(folder: str | Path):
-    """The folder's tokenizer, through transformers' ``AutoTokenizer``; any failure to read
-    the tokenizer files is a ValueError naming the folder."""
-    path = require_model_folder(folder)
-    check_tokenizer_files(path)
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as e:  # transformers and tokenizers raise many types on a bad file
-        reason = " ".join(str(e).split())
-        raise ValueError(f"cannot load a tokenizer from {path} ({type(e).__name__}: {reason})") from e
-
-
-def _eos_id(value: object, gen: Path) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{gen}: field 'eos_token_id' must be a token id (an integer >= 0), got {value!r}")
-    return value
-
-
-def load_eos_token_ids(folder: str | Path, tokenizer=None) -> list[int]:
-    """EOS ids from ``generation_config.json`` if present, else the tokenizer's."""
-    gen = require_model_folder(folder) / "generation_config.json"
-    if os.path.lexists(gen):  # a dangling link is named, not taken for no file
-        eos = read_json_object(gen, Path(folder)).get("eos_token_id")
-        if eos is not None:
-            return [_eos_id(e, gen) for e in eos] if isinstance(eos, list) else [_eos_id(eos, gen)]
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        return [int(tokenizer.eos_token_id)]
-    return []
-
-
-def check_eos_token_ids(folder: str | Path, eos_token_ids: list[int], tokenizer_eos: int | None, vocab_size: int) -> None:
-    """Every EOS id must be a row of the model's vocabulary: EOS ids become stop tokens of
-    every request, which would otherwise all be refused for a field their users never set.
-    The message names where the id came from."""
-    gen = Path(folder) / "generation_config.json"
-    source = str(gen) if gen.is_file() else "the tokenizer"  # where load_eos_token_ids read them
-    named = [(token_id, source) for token_id in eos_token_ids]
-    if tokenizer_eos is not None:
-        named.append((tokenizer_eos, "the tokenizer's eos_token"))
-    for token_id, where in named:
-        if not 0 <= token_id < vocab_size:
-            raise ValueError(
-                f"{where}: eos_token_id {token_id} is outside the model's vocabulary [0, {vocab_size}) "
-                "(config.json's vocab_size)"
-            )
 
 
 def check_model_folder(folder: str | Path) -> ModelSpec:
