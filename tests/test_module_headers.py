@@ -1,4 +1,5 @@
-"""Every module under src/tinyvllm opens with a header that explains, in at most 60 lines.
+"""Every module under src/tinyvllm opens with a header that explains, in at most 60 lines,
+and holds one concept, in at most 520 lines.
 
 A module header says the concept, the vLLM file it mirrors, its invariants and the numbered
 ``NOTE n`` why-notes; measurements and history belong on the docs page or the bench README
@@ -63,3 +64,33 @@ def test_header_problems_names_long_headers_and_missing_ones(tmp_path):
 def test_every_module_header_is_at_most_60_lines():
     problems = header_problems()
     assert not problems, f"module headers over {MAX_HEADER_LINES} lines or missing:\n" + "\n".join(problems)
+
+
+# One concept per module: a module past this many lines holds two (issue 37 split llm.py,
+# llm_engine.py, model_runner.py and loader.py at it); the facade ``LLM`` is held tighter.
+MAX_MODULE_LINES = 520
+MAX_LLM_LINES = 380
+
+
+def long_modules(src: Path = SRC, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """``path: N lines`` for every module of ``src`` over ``limit`` lines."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        count = len(path.read_text().splitlines())
+        if count > limit:
+            found.append(f"{path.relative_to(src.parents[1]).as_posix()}: {count} lines")
+    return found
+
+
+def test_long_modules_names_each_module_over_the_limit(tmp_path):
+    pkg = tmp_path / "src" / "tinyvllm"
+    pkg.mkdir(parents=True)
+    (pkg / "short.py").write_text("x = 1\n" * 3)
+    (pkg / "long.py").write_text("x = 1\n" * 4)
+    assert long_modules(pkg, limit=3) == ["src/tinyvllm/long.py: 4 lines"]
+
+
+def test_no_module_is_over_520_lines_and_llm_py_over_380():
+    assert not long_modules(), f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long_modules())
+    llm = len((SRC / "engine" / "llm.py").read_text().splitlines())
+    assert llm <= MAX_LLM_LINES, f"engine/llm.py has {llm} lines, more than {MAX_LLM_LINES}"
