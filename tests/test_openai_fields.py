@@ -510,8 +510,8 @@ def test_the_table_walks_every_field():
 
 
 def docs_table() -> dict[str, tuple[str, str]]:
-    """``docs/serving.md``'s field table: ``{field: (endpoints, fate)}``."""
-    page = (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")
+    """``docs/serving_endpoints.md``'s field table: ``{field: (endpoints, fate)}``."""
+    page = (ROOT / "docs" / "serving_endpoints.md").read_text(encoding="utf-8")
     section = page.split("## Every field, honoured or refused", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| \*\*(\w+)\*\* \|", section, re.M)
     table = {field: (endpoints.strip(), fate) for field, endpoints, fate in rows}

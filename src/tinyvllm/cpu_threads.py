@@ -26,7 +26,7 @@ a worker thread's team, added to the main thread's, crosses that line, so the sa
 ten times the CPU for the same work, and ``GOMP_SPINCOUNT=1000`` or ``OMP_WAIT_POLICY=PASSIVE``
 made the main thread as fast as the worker. One thread has no team and nothing to wait for.
 NOTE 2 (the rule): under ``SMALL_MODEL_PARAMETERS`` one thread, else torch's default.
-Measured on the 2-core CI machine (docs page "Generating text"): the shipped 5.7M model ran
+Measured on the 2-core CI machine (docs/generating_text_cli.md, "CPU threads"): the shipped 5.7M model ran
 as fast on one thread as on two with the machine to itself, and 3-6x faster with another
 process busy; a decode matmul of Qwen3-0.6B's shape gained at most 1.2x from a second
 thread, and nothing with the machine busy. The line between (100M) is a judgement: where

@@ -6,7 +6,7 @@ value (its ``repr``). Integer scalars from numpy or torch are accepted wherever 
 (``operator.index`` converts them), so ``np.int64(3)`` is token id 3; a ``bool`` never is
 (Python counts it as an int, but ``top_k=True`` is never meant as 1).
 
-Who checks what (the docs page "Generating text", section "Everything is checked before
+Who checks what (docs/generating_text_generate.md, section "Everything is checked before
 anything runs"):
 - ``SamplingParams.__post_init__`` and ``ReasoningConfig.__post_init__``: types and ranges
   that need no model (no vocabulary);

@@ -3,7 +3,7 @@
 Concept: what ``POST /v1/completions`` and ``POST /v1/chat/completions`` accept, field by
 field, and how a body becomes ``SamplingParams`` keyword arguments. Every field that
 OpenAI's two APIs or vLLM's extra parameters define has one of three fates (the table on
-the docs page "Serving", section "Every field, honoured or refused"):
+docs/serving_endpoints.md, section "Every field, honoured or refused"):
 
 - honoured: it reaches ``SamplingParams``, the prompt, the chat template or the response;
 - refused: a value that asks for anything is a 400 naming the field (``REFUSED``);
