@@ -4,9 +4,10 @@ Concept: every knob the engine reads, grouped by the component that reads it. A 
 is built and checked once and never changed afterwards (no late filling of fields, no
 class attributes used as globals).
 
-Mirrors: ``vllm/config.py`` (``SchedulerConfig``, ``CacheConfig``, ``VllmConfig``) and
-``vllm/config/compilation.py`` (``CompilationConfig``: ``cudagraph_mode``, capture sizes; the
-``CUDAGraphMode`` enum lives there too, so the worker imports it from here).
+Mirrors: ``vllm/config/`` (``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``,
+``DeviceConfig``, ``VllmConfig``) and ``vllm/config/compilation.py`` (``CompilationConfig``:
+``cudagraph_mode``, capture sizes; the ``CUDAGraphMode`` enum lives there too, so the worker
+imports it from here).
 Invalid values raise ``ValueError`` naming the field and the value; ``ReasoningConfig``,
 which users build and pass to ``LLM``, follows ``tinyvllm.validation``'s rule (a wrong type
 is a ``TypeError``). Whether its ids lie in the vocabulary is checked by the input processor

@@ -100,7 +100,7 @@ class RunnerRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     output_token_ids: list[int]  # the live list the logits processors read
-    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # its bad words, tokenized by the engine
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # its bad words, tokenized by the input processor
     # NOTE 8: position p holds the logprobs of prompt token p + 1; None until computed
     prompt_logprobs: list[LogprobEntry | None] | None = None
     prompt_logprobs_sent: bool = False
