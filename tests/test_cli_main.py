@@ -187,6 +187,21 @@ def _one_line_error(capsys, *fragments: str) -> str:
     return out.err
 
 
+@pytest.mark.parametrize(
+    "field, flag", [("max_model_len", "--max-model-len"), ("num_gpu_blocks_override", "--num-gpu-blocks-override"),
+                    ("torch_threads", "--threads")],
+)  # fmt: skip
+def test_the_command_line_and_llm_refuse_a_count_by_one_rule(no_engine, capsys, field, flag):
+    """Issue 37: a count is checked by EngineArgs' rule wherever it comes from; the command
+    line only spells the flag (``engine_args.CLI_NAMES``), before torch loads."""
+    from tinyvllm import LLM
+
+    with pytest.raises(ValueError) as engine_error:
+        LLM(**{field: 0})
+    assert cli.main(["generate", "--prompt", "p", flag, "0"]) == 2
+    _one_line_error(capsys, str(engine_error.value).replace(field, flag))
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "p"], ["serve"], ["trace", "--prompts"]])
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_threads_below_one_is_refused_before_loading(no_engine, capsys, tmp_path, command, value):
@@ -194,7 +209,7 @@ def test_threads_below_one_is_refused_before_loading(no_engine, capsys, tmp_path
         (tmp_path / "p.txt").write_text("import os\n", encoding="utf-8")
         command = [*command, str(tmp_path / "p.txt")]
     assert cli.main([*command, "--threads", value]) == 2
-    _one_line_error(capsys, f"--threads must be >= 1, got {value}")
+    _one_line_error(capsys, f"--threads must be an int >= 1, got {value}")
 
 
 def test_empty_prompt_is_refused_before_loading(no_engine, capsys):

@@ -71,7 +71,12 @@ import time
 from pathlib import Path
 
 from tinyvllm.cpu_threads import choose_torch_threads, count_parameters  # torch-free, like everything --help needs
-from tinyvllm.engine.engine_args import EngineArgs  # torch-free at import (engine_args.py NOTE 9)
+from tinyvllm.engine.engine_args import (  # torch-free at import (engine_args.py NOTE 9)
+    CLI_NAMES,
+    EngineArgs,
+    check_counts,
+    resolve_max_model_len,
+)
 USER_ERRORS = (ValueError, TypeError, OSError)  # FileNotFoundError is an OSError
 EXIT_USER_ERROR = 2  # as argparse's
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -181,11 +186,8 @@ def _check_engine_args(args):
     source = check_generation_config(getattr(args, "generation_config", "auto"))
     generation_defaults(source, args.model_folder)  # a malformed field fails here, before torch
     args.speculative = _speculative_config_arg(getattr(args, "speculative_config", None))
-    if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
-        raise ValueError(
-            f"--max-model-len {args.max_model_len} exceeds the model's max_position_embeddings "
-            f"{spec.max_position_embeddings} (config.json of {args.model})"
-        )
+    if args.max_model_len is not None:  # the engine's rule, naming the flag (engine_args.py NOTE 9)
+        resolve_max_model_len(args.max_model_len, spec, "--max-model-len", f" (config.json of {args.model})")
 
 
 def _json_object_arg(flag: str, text: str) -> dict:
@@ -222,11 +224,8 @@ def _chat_template_kwargs_arg(args) -> dict | None:
 
 
 def _check_counts(args) -> None:
-    counts = {"--max-model-len": args.max_model_len, "--num-gpu-blocks-override": args.num_gpu_blocks_override,
-              "--threads": args.threads}  # fmt: skip
-    for flag, value in counts.items():
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+    """The engine's own rule for the counts (``engine_args.check_counts``), naming the flags."""
+    check_counts(args.max_model_len, args.num_gpu_blocks_override, args.threads, CLI_NAMES)
 
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")  # generate's, by field name

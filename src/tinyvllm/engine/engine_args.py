@@ -45,6 +45,9 @@ before any weight loads; they run after the built-ins and any plugin.
 NOTE 9 (the command line): ``add_cli_args`` declares the engine flags every engine command
 takes and ``from_cli_args`` reads them back, as vLLM's; ``tinyvllm --help`` and a typo must
 not wait for torch, so this module imports torch, and what needs it, only where it is used.
+The command line checks its flags before torch loads with the rules here (``check_counts``,
+``resolve_max_model_len``, ``SpeculativeConfig``, ``check_generation_config``), each spelling
+the flag's name: no rule of an engine argument is written twice.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,7 +70,7 @@ from tinyvllm.config import (
     SpeculativeConfig,
 )
 from tinyvllm.models.hub import check_revision, resolve_model
-from tinyvllm.models.loader import load_model_spec, resolve_dtype
+from tinyvllm.models.loader import ModelSpec, load_model_spec, resolve_dtype
 from tinyvllm.platform import triton_can_run_on
 from tinyvllm.sampling_defaults import check_generation_config
 from tinyvllm.sampling_params import MAX_LOGPROBS
@@ -83,6 +86,9 @@ if TYPE_CHECKING:
     LogitsProcessorSpec = str | type[LogitsProcessor]
 
 ATTENTION_BACKENDS = ("auto", "triton", "torch", "reference")  # NOTE 6
+# How the command line spells the counts it sets, so that the rules below name the flag (NOTE 9).
+CLI_NAMES = {"max_model_len": "--max-model-len", "num_gpu_blocks_override": "--num-gpu-blocks-override",
+             "torch_threads": "--threads"}  # fmt: skip
 # The five CUDAGraphMode names, spelled out so that `tinyvllm --help` imports no torch (NOTE 9).
 MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
@@ -190,18 +196,18 @@ class EngineArgs:
                 raise TypeError(f"{name} must be a str, got {value!r} ({type(value).__name__})")
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {attention_backend!r}")
-        max_model_len = check_optional_int("max_model_len", self.max_model_len, 1)
+        max_model_len, num_gpu_blocks_override, torch_threads = check_counts(
+            self.max_model_len, self.num_gpu_blocks_override, self.torch_threads
+        )  # None: the model's length, profiling, torch's threads as they are (cpu_threads.py)
         block_size = check_int("block_size", self.block_size, 1)
         gpu_memory_utilization = check_real("gpu_memory_utilization", self.gpu_memory_utilization)
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-        num_gpu_blocks_override = check_optional_int("num_gpu_blocks_override", self.num_gpu_blocks_override, 1)
         enable_prefix_caching = check_bool("enable_prefix_caching", self.enable_prefix_caching)
         max_num_seqs = check_int("max_num_seqs", self.max_num_seqs, 1)
         max_num_batched_tokens = check_optional_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         seed = check_int("seed", self.seed, INT64_MIN, INT64_MAX)
         max_logprobs = check_int("max_logprobs", self.max_logprobs, -1)  # -1: no cap, as vLLM
-        torch_threads = check_optional_int("torch_threads", self.torch_threads, 1)  # None: torch's as it is (cpu_threads.py)
         reasoning_config = self.reasoning_config
         if reasoning_config is not None and not isinstance(reasoning_config, ReasoningConfig):
             raise TypeError(f"reasoning_config must be a ReasoningConfig or None, got {reasoning_config!r}")
@@ -220,12 +226,7 @@ class EngineArgs:
             attention_backend = "triton" if device.type == "cuda" else "torch"  # NOTE 6
         if attention_backend == "triton":
             _check_triton(requested_backend, device, block_size, spec.head_dim)  # NOTE 6
-        max_model_len = spec.max_position_embeddings if max_model_len is None else max_model_len
-        if max_model_len > spec.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
-                f"{spec.max_position_embeddings}"
-            )
+        max_model_len = resolve_max_model_len(max_model_len, spec)  # NOTE 2
         scheduler_config = SchedulerConfig(
             max_num_batched_tokens=max(8192, max_num_seqs) if max_num_batched_tokens is None else max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
@@ -249,6 +250,30 @@ class EngineArgs:
             DeviceConfig(str(device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads),
         )
     # --8<-- [end:create_engine_config]
+
+
+# --8<-- [start:shared_rules]
+def check_counts(
+    max_model_len: object, num_gpu_blocks_override: object, torch_threads: object, names: Mapping[str, str] = {}
+) -> tuple[int | None, int | None, int | None]:
+    """The three optional counts, each None or an int >= 1; ``names`` spells them as the
+    caller takes them (the command line's ``CLI_NAMES``). Torch-free (NOTE 9)."""
+    values = {"max_model_len": max_model_len, "num_gpu_blocks_override": num_gpu_blocks_override,
+              "torch_threads": torch_threads}  # fmt: skip
+    return tuple(check_optional_int(names.get(key, key), value, 1) for key, value in values.items())
+
+
+def resolve_max_model_len(max_model_len: int | None, spec: ModelSpec, name: str = "max_model_len", where: str = "") -> int:
+    """NOTE 2: ``max_model_len``, or the model's ``max_position_embeddings`` when None; a
+    ValueError naming ``name`` (and ``where`` the model's config is) past it. Torch-free."""
+    if max_model_len is None:
+        return spec.max_position_embeddings
+    if max_model_len > spec.max_position_embeddings:
+        raise ValueError(
+            f"{name} {max_model_len} exceeds the model's max_position_embeddings {spec.max_position_embeddings}{where}"
+        )
+    return max_model_len
+# --8<-- [end:shared_rules]
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
