@@ -195,3 +195,77 @@ def test_every_importer_of_the_platform_names_imports_them_from_platform():
                     rel = path.relative_to(PACKAGE_ROOT.parent).as_posix()
                     misplaced.append(f"src/{rel}: line {node.lineno}: {ast.unparse(node)}")
     assert misplaced == [], "platform names imported from elsewhere:\n" + "\n".join(misplaced)
+
+
+def import_graph(src: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """Module -> the tinyvllm modules it imports, anywhere in its file (a function's body and
+    ``if TYPE_CHECKING:`` count); ``from pkg import name`` reaches ``pkg.name`` when that is a
+    module, else ``pkg``."""
+    modules: dict[str, Path] = {}
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src.parent).with_suffix("")
+        modules[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        reached: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                candidates = [[alias.name] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                candidates = [[f"{base}.{alias.name}", base] for alias in node.names]
+            else:
+                continue
+            for options in candidates:
+                hit = next((m for m in options if m in modules), None)
+                if hit is not None and hit != name:
+                    reached.add(hit)
+        graph[name] = reached
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                circles.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_import_circles_finds_a_circle_through_a_function_body_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_among_tinyvllm_modules():
+    """Issue 37: no two modules import each other, even lazily (a circle ties two concepts
+    into one; ``sample/sampler.py`` and ``sample/rejection_sampler.py`` had one)."""
+    graph = import_graph()
+    assert "tinyvllm.sample.sampler" in graph and graph["tinyvllm.engine.llm"], "the graph reads the package"
+    assert import_circles(graph) == []
