@@ -731,7 +731,7 @@ def test_async_consumers_soak(
         traps[site].arm(skip, then=traps["update_state"] if recovery_fails else None)
 
     async def main() -> list[tuple[str, Client, Ended]]:
-        engine = AsyncLLM(llm)
+        engine = AsyncLLM(llm.engine)
         results = await run_lanes(engine, lanes, "lane")
         for trap in traps.values():
             trap.disarm()
@@ -776,7 +776,7 @@ def test_async_llm_shutdown_and_restart(
 ) -> None:
     llm = make_llm(64, 16, blocks, True)
     violations = install_step_checks(llm)
-    engine = AsyncLLM(llm)
+    engine = AsyncLLM(llm.engine)
 
     async def serve(engine: AsyncLLM, lanes: list[list[Client]], when: str) -> list[tuple[str, Client, Ended]]:
         results = await run_lanes(engine, lanes, "lane")  # the same ids in every run
@@ -853,7 +853,7 @@ def test_async_llm_shutdown_and_restart(
 
     # A new AsyncLLM on the same LLM serves the old ids afresh.
     async def third_run() -> list[tuple[str, Client, Ended]]:
-        fresh_engine = AsyncLLM(llm)
+        fresh_engine = AsyncLLM(llm.engine)
         results = await serve(fresh_engine, third, "on a new AsyncLLM after shutdown")
         await asyncio.wait_for(fresh_engine.shutdown(), TIMEOUT)
         return results
