@@ -20,38 +20,20 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
+from docs_nav import nav, nav_pages
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 NEXT = re.compile(r"^\*\*Next:\*\* \[[^\]]*\]\((?P<target>[^)#\s]*)(?:#[^)]*)?\)", re.M)
 GENERATED_NEXT = {"matrix.md": ROOT / "docs_hooks" / "site_pages.py"}  # pages the build writes
 
-class _NavLoader(yaml.SafeLoader):
-    """Reads mkdocs.yml, whose ``!!python/name:`` tags a safe loader refuses; they become None."""
-
-
-_NavLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
-
-
-def _nav() -> list:
-    return yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_NavLoader)["nav"]
-
-
-def _pages(entry) -> list[str]:
-    if isinstance(entry, str):
-        return [entry]
-    if isinstance(entry, list):
-        return [page for item in entry for page in _pages(item)]
-    return [page for value in entry.values() for page in _pages(value)]
-
 
 def _sections() -> dict[str, list[str]]:
     """Each titled nav section (a title over a list) and its pages."""
-    return {title: _pages(value) for item in _nav() for title, value in item.items() if isinstance(value, list)}
+    return {title: nav_pages(value) for item in nav() for title, value in item.items() if isinstance(value, list)}
 
 
-NAV = _pages(_nav())
+NAV = nav_pages(nav())
 
 
 def _next_targets(page: str) -> list[str]:

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
+from docs_nav import nav, nav_pages
 from serve_fixtures import imports_serve_packages, require_serve_extra
 from tutorial_runner import tutorial_output
 
@@ -41,34 +41,12 @@ def _regenerate(stem: str) -> str:
     return f"`python {REGENERATOR} {stem[:2]}`"
 
 
-class _NavLoader(yaml.SafeLoader):
-    """Reads mkdocs.yml, whose ``!!python/name:`` tags a safe loader refuses; they become None."""
-
-
-_NavLoader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
-
-
-def _nav() -> list:
-    return yaml.load((REPO / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_NavLoader)["nav"]
-
-
-def _pages(entry) -> list[str]:
-    """Every page file under a nav entry (a str, a one-key dict, or a list of them)."""
-    if isinstance(entry, str):
-        return [entry]
-    if isinstance(entry, list):
-        return [page for item in entry for page in _pages(item)]
-    if isinstance(entry, dict):
-        return [page for value in entry.values() for page in _pages(value)]
-    raise AssertionError(f"unexpected nav entry {entry!r}")
-
-
 def _groups(entry) -> list[list[str]]:
     """The pages of every nav group (a titled list), nested groups included."""
     if isinstance(entry, list):
         return [group for item in entry for group in _groups(item)]
     if isinstance(entry, dict):
-        return [group for value in entry.values() if isinstance(value, list) for group in [_pages(value), *_groups(value)]]
+        return [group for value in entry.values() if isinstance(value, list) for group in [nav_pages(value), *_groups(value)]]
     return []
 
 
@@ -128,7 +106,7 @@ def test_tutorial_page_includes_script_and_golden_output(stem: str):
 @pytest.mark.parametrize("stem", STEMS)
 def test_tutorial_page_is_in_the_nav_beside_its_chapter(stem: str):
     page = f"tutorials/{stem}.md"
-    groups = [group for group in _groups(_nav()) if page in group]
+    groups = [group for group in _groups(nav()) if page in group]
     assert groups, f"{page} is in no group of mkdocs.yml's nav"
     beside = [p for group in groups for p in group if _is_chapter(p) and _links_to(p, stem)]
     assert beside, f"{page} sits in a nav group with no chapter that links to it: {groups}"
@@ -136,7 +114,7 @@ def test_tutorial_page_is_in_the_nav_beside_its_chapter(stem: str):
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_tutorial_page_is_linked_from_a_chapter(stem: str):
-    chapters = [page for page in _pages(_nav()) if _is_chapter(page)]  # generated pages are not files
+    chapters = [page for page in nav_pages(nav()) if _is_chapter(page)]  # generated pages are not files
     assert chapters, "the nav lists no chapter pages"
     linking = [page for page in chapters if _links_to(page, stem)]
     assert linking, f"no chapter page links to tutorials/{stem}.md (checked {len(chapters)} pages)"
