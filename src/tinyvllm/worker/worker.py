@@ -27,7 +27,12 @@ freed again: the worker unwraps the model's pieces, so the trial's graphs do not
 NOTE 2 (the profile): the worst-case batch (``max_num_batched_tokens`` tokens in requests
 of ``max_model_len``) runs once on a GPU so the activation peak is known; its blocks are
 handed back (``empty_cache``), so ``total - free`` counts only what stays allocated and the
-peak is counted once, by the allocator's statistics (``worker/kv_cache.py``).
+peak is counted once, by the allocator's statistics (``worker/kv_cache.py``). Both this
+baseline and the graphs' (NOTE 1) start after ``collect_garbage``: memory that only the cycle
+collector frees would otherwise count as used, or be freed by the ``gc.collect()`` and
+``empty_cache()`` that ``torch.cuda.graph`` runs as a capture starts, and the trial's
+``memory_reserved`` delta would come out short, even below 0 (vLLM's worker collects before
+its memory snapshot too).
 NOTE 3 (EOS): the tokenizer's EOS id reaches the persistent batch, which hands the logits
 processors each request's params with it as a stop token (``input_batch.py``).
 """
@@ -55,6 +60,14 @@ from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.kv_cache import CPU_KV_CACHE_BYTES, allocate_kv_caches, available_gpu_kv_bytes, bytes_per_block
 from tinyvllm.worker.model_runner import ModelRunner
 from tinyvllm.worker.startup_report import StartupReport
+
+
+def collect_garbage(device: torch.device) -> None:
+    """Free what only the cycle collector can (an earlier engine's model: its ``pieces`` are its
+    own bound methods) and hand the freed blocks back to the device (NOTE 2)."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
 
 
 class Worker:
@@ -104,6 +117,7 @@ class Worker:
             return override * self.kv_bytes_per_block()
         if self.device.type != "cuda":
             return CPU_KV_CACHE_BYTES
+        collect_garbage(self.device)  # NOTE 2: garbage is neither used memory nor the graphs'
         self.profile_run()
         budget = available_gpu_kv_bytes(self.device_config.gpu_memory_utilization, self.device)
         self.cudagraph_memory_bytes = self._measure_cudagraph_bytes()
@@ -142,7 +156,7 @@ class Worker:
     def _measure_cudagraph_bytes(self) -> int:
         """GPU memory the CUDA graphs will hold, so the KV budget leaves room for it (NOTE 1)."""
         spec = self.model_config.spec
-        torch.cuda.synchronize(self.device)
+        collect_garbage(self.device)  # else the capture's own collect may free it mid-measurement
         before = torch.cuda.memory_reserved(self.device)
         caches = allocate_kv_caches(
             spec.num_hidden_layers, 1, self.config.cache_config.block_size, spec.num_key_value_heads, spec.head_dim,
