@@ -295,6 +295,27 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How many devices the model is split over, and who starts their workers.
+
+    Attributes:
+        tensor_parallel_size: ranks the weights and the KV heads are split over (Megatron's
+            tensor parallelism, ``docs/tensor_parallel.md``); 1: one worker, no process group.
+        distributed_executor_backend: "uni" (one worker in the engine's process), "mp" (a
+            worker process per rank, the default for more than one) or "external_launcher"
+            (every rank started by ``torchrun``, each running the same engine on the same
+            inputs), as vLLM's.
+    """
+
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "uni"
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """All configs of one engine, handed to components that need more than one.
 
@@ -311,6 +332,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     model_config: ModelConfig | None = None
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,10 @@ collector frees would otherwise count as used, or be freed by the ``gc.collect()
 its memory snapshot too).
 NOTE 3 (EOS): the tokenizer's EOS id reaches the persistent batch, which hands the logits
 processors each request's params with it as a stop token (``input_batch.py``).
+NOTE 4 (ranks): with ``tensor_parallel_size`` N > 1 an executor builds N workers, ranks
+0 .. N-1, each in its own process; ``init_device`` joins them into one process group
+(``distributed/parallel_state.py``) before the weights load, so each loads only its slice.
+Every rank seeds alike and runs the same steps, so every rank samples the same ids.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ from tinyvllm.arith import cdiv
 from tinyvllm.config import EngineConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.device_syncs import pin_memory_for
+from tinyvllm.distributed.parallel_state import (
+    default_backend,
+    destroy_distributed_environment,
+    init_distributed_environment,
+)
 from tinyvllm.models import llama
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
@@ -73,10 +82,18 @@ def collect_garbage(device: torch.device) -> None:
 class Worker:
     """Loads the model, sizes and allocates the KV cache, builds the runner (module header)."""
 
-    def __init__(self, config: EngineConfig, eos_token_id: int | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        eos_token_id: int | None = None,
+        rank: int = 0,
+        distributed_init_method: str = "env://",
+    ) -> None:
         if config.model_config is None:
             raise ValueError("a Worker needs an EngineConfig with a model_config")
         self.config = config
+        self.rank = rank  # NOTE 4: this worker's place in the tensor-parallel group
+        self.distributed_init_method = distributed_init_method
         self.model_config, self.device_config = config.model_config, config.device_config
         self.device = torch.device(self.device_config.device)
         self.dtype: torch.dtype = getattr(torch, self.model_config.dtype)
@@ -92,7 +109,12 @@ class Worker:
         """The process's intra-op threads (None: torch's as it is, ``cpu_threads.py``), then the seed."""
         if self.device_config.torch_threads is not None:
             torch.set_num_threads(self.device_config.torch_threads)  # threads started later inherit it
-        torch.manual_seed(self.model_config.seed)
+        world_size = self.config.parallel_config.world_size
+        if world_size > 1:  # NOTE 4
+            init_distributed_environment(
+                world_size, self.rank, self.distributed_init_method, default_backend(self.device.type)
+            )  # fmt: skip
+        torch.manual_seed(self.model_config.seed)  # the same seed on every rank: the same draws
 
     def load_model(self) -> None:
         started = time.perf_counter()
@@ -276,3 +298,5 @@ class Worker:
         if self.model_runner is not None:
             self._release_cudagraphs(self.model_runner)
         self.model_runner = None
+        if self.config.parallel_config.world_size > 1:
+            destroy_distributed_environment()
