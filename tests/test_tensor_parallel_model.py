@@ -185,16 +185,17 @@ def _count_reads(counts: dict):
     safetensors.safe_open = Handle
 
 
-def prefill_logits(model, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prefill_logits(model, num_kv_heads: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """One prefill of ``TOKENS`` through a paged cache of ``num_kv_heads`` heads: the logits of
-    every row [T, V] (the LM head's matmul path) and of the last row alone [1, V] (NOTE 6's copy)."""
+    every row [T, V] (the LM head's matmul path) and of the last row alone [1, V] (NOTE 6's copy
+    on the CPU), on the CPU."""
     block_size, blocks = 4, [2, 0]
     shape = (2, 3, block_size, num_kv_heads, model.spec.head_dim)
-    caches = [torch.full(shape, float("nan")) for _ in range(model.spec.num_hidden_layers)]
-    meta = build_attention_metadata([0], [len(TOKENS)], [blocks], block_size)
+    caches = [torch.full(shape, float("nan"), device=device) for _ in range(model.spec.num_hidden_layers)]
+    meta = build_attention_metadata([0], [len(TOKENS)], [blocks], block_size, device=device)
     with torch.inference_mode():
-        hidden = model(torch.tensor(TOKENS), meta.positions, caches, meta)  # [T, hidden]
-        return model.compute_logits(hidden), model.compute_logits(hidden[-1:])
+        hidden = model(torch.tensor(TOKENS, device=device), meta.positions, caches, meta)  # [T, hidden]
+        return model.compute_logits(hidden).cpu(), model.compute_logits(hidden[-1:]).cpu()
 
 
 def worker_config(folder: str, tensor_parallel_size: int) -> EngineConfig:
@@ -412,3 +413,25 @@ def test_a_size_the_heads_do_not_split_over_is_refused_before_anything_is_read(f
     monkeypatch.setattr(safetensors, "safe_open", no_reading)
     with pytest.raises(ValueError, match=r"^tensor_parallel_size 3 does not divide the model's 4 attention heads$"):
         load_model(folders["qwen3"])
+
+
+def _cuda_logits_on_rank(rank: int, folders: dict) -> dict:
+    out = {}
+    for family in FAMILIES:
+        model = load_model(folders[family], device="cuda", attention_backend="torch")
+        out[family] = prefill_logits(model, kv_heads_per_rank(model.spec.num_key_value_heads, WORLD), "cuda")
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_two_ranks_sharing_one_gpu_over_gloo_give_one_ranks_logits(folders):
+    """NCCL wants a device per rank; gloo lets two ranks share the one GPU (all-gather via the host)."""
+    ranks = run_on_ranks(_cuda_logits_on_rank, (folders,))
+    for family in FAMILIES:
+        model = load_model(folders[family], device="cuda", attention_backend="torch")
+        full, last = prefill_logits(model, model.spec.num_key_value_heads, "cuda")
+        for out in ranks:
+            torch.testing.assert_close(out[family][0], full, atol=1e-4, rtol=0)
+            torch.testing.assert_close(out[family][1], last, atol=1e-4, rtol=0)
+            assert torch.equal(out[family][0].argmax(-1), full.argmax(-1))
