@@ -77,7 +77,10 @@ def run_on_ranks(fn, args: tuple = (), world_size: int = WORLD, timeout: float =
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, init_method, join, args, results)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, r, world_size, init_method, join, args, results))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     try:
@@ -111,7 +114,7 @@ def _layers_on_rank(rank: int) -> dict:
     hidden, head, heads, kv_heads, inter, vocab = 8, 2, 4, 2, 6, 11  # vocab 11: rank 1 has a padding row
     x = _dense_weights(0, 5, hidden)  # [N, hidden], the same on both ranks
     out = {}
-    w_q, w_k, w_v = _dense_weights(1, heads * head, hidden), _dense_weights(2, kv_heads * head, hidden), _dense_weights(3, kv_heads * head, hidden)
+    w_q, w_k, w_v = (_dense_weights(seed, rows, hidden) for seed, rows in ((1, heads * head), (2, kv_heads * head), (3, kv_heads * head)))
     qkv = QKVParallelLinear(hidden, head, heads, kv_heads, bias=False)
     for part, w in zip("qkv", (w_q, w_k, w_v)):
         qkv.weight_loader(qkv.weight, w, part)

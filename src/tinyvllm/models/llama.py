@@ -432,9 +432,11 @@ def weight_sources(model: DecoderForCausalLM) -> list[tuple[str, nn.Parameter, C
             sources += [(p + f"self_attn.{x}_proj.bias", qkv.bias, qkv.weight_loader, x) for x in "qkv"]
         sources += [(p + "self_attn.o_proj.weight", attn.o_proj.weight, attn.o_proj.weight_loader, None)]
         if spec.qk_norm:
-            sources += [(p + f"self_attn.{x}_norm.weight", getattr(attn, f"{x}_norm").weight, whole, None) for x in "qk"]
+            sources += [(p + "self_attn.q_norm.weight", attn.q_norm.weight, whole, None)]
+            sources += [(p + "self_attn.k_norm.weight", attn.k_norm.weight, whole, None)]
         gate_up = mlp.gate_up_proj
-        sources += [(p + f"mlp.{x}_proj.weight", gate_up.weight, gate_up.weight_loader, j) for j, x in enumerate(("gate", "up"))]
+        sources += [(p + "mlp.gate_proj.weight", gate_up.weight, gate_up.weight_loader, 0)]
+        sources += [(p + "mlp.up_proj.weight", gate_up.weight, gate_up.weight_loader, 1)]
         sources += [(p + "mlp.down_proj.weight", mlp.down_proj.weight, mlp.down_proj.weight_loader, None)]
     return sources
 

@@ -35,6 +35,8 @@ as vLLM's; a test may pass ``tp_size`` / ``tp_rank`` to build one rank's layer i
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -46,6 +48,8 @@ from tinyvllm.distributed.parallel_state import (
     tensor_model_parallel_all_reduce,
 )
 from tinyvllm.distributed.utils import kv_head_range, kv_heads_per_rank, shard_range, vocab_range
+
+LoadedWeight = Any  # a torch.Tensor, or a safetensors slice (``loader.CheckpointSlice``): NOTE 1
 
 
 def _tp(tp_size: int | None, tp_rank: int | None) -> tuple[int, int]:
@@ -61,18 +65,18 @@ def _empty(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape))  # filled by the weight loader, never initialised
 
 
-def read_rows(loaded_weight, start: int, stop: int) -> torch.Tensor:
+def read_rows(loaded_weight: LoadedWeight, start: int, stop: int) -> torch.Tensor:
     """Rows ``[start, stop)`` of a checkpoint tensor, reading only them (NOTE 1)."""
     return loaded_weight[start:stop]
 
 
-def read_columns(loaded_weight, start: int, stop: int) -> torch.Tensor:
+def read_columns(loaded_weight: LoadedWeight, start: int, stop: int) -> torch.Tensor:
     """Columns ``[start, stop)`` of a 2-D checkpoint tensor, reading only them (NOTE 1)."""
     return loaded_weight[:, start:stop]
 
 
 @torch.no_grad()
-def default_weight_loader(param: torch.Tensor, loaded_weight, shard_id: object = None) -> None:
+def default_weight_loader(param: torch.Tensor, loaded_weight: LoadedWeight, shard_id: object = None) -> None:
     """A replicated parameter (norms): every rank reads the whole tensor."""
     param.copy_(loaded_weight[:])
 
@@ -97,11 +101,10 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)  # nothing to reduce: each output is whole
 
     @torch.no_grad()
-    def weight_loader(self, param: torch.Tensor, loaded_weight, shard_id: object = None) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: LoadedWeight, shard_id: object = None) -> None:
         """The rank's rows of the checkpoint's ``[out, in]`` weight (or ``[out]`` bias)."""
         start, stop = shard_range(self.output_size, self.tp_size, self.tp_rank)
         param.copy_(read_rows(loaded_weight, start, stop))
-# --8<-- [end:column_parallel]
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -118,11 +121,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             shard_range(size, self.tp_size, self.tp_rank)  # each part must split evenly
 
     @torch.no_grad()
-    def weight_loader(self, param: torch.Tensor, loaded_weight, shard_id: object = None) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: LoadedWeight, shard_id: object = None) -> None:
         """Part ``shard_id`` (0 gate, 1 up): its rank's rows, at that part's offset (NOTE 2)."""
         start, stop = shard_range(self.output_sizes[shard_id], self.tp_size, self.tp_rank)
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         param.narrow(0, offset, stop - start).copy_(read_rows(loaded_weight, start, stop))
+# --8<-- [end:column_parallel]
 
 
 # --8<-- [start:qkv_parallel]
@@ -158,7 +162,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         return first * d, last * d, offset
 
     @torch.no_grad()
-    def weight_loader(self, param: torch.Tensor, loaded_weight, shard_id: object = None) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: LoadedWeight, shard_id: object = None) -> None:
         """Part ``shard_id`` ("q", "k" or "v"): the rank's heads of it (weight or bias)."""
         start, stop, offset = self.shard_rows(shard_id)
         param.narrow(0, offset, stop - start).copy_(read_rows(loaded_weight, start, stop))
@@ -190,7 +194,7 @@ class RowParallelLinear(nn.Module):
         return out if self.bias is None else out + self.bias  # NOTE 3
 
     @torch.no_grad()
-    def weight_loader(self, param: torch.Tensor, loaded_weight, shard_id: object = None) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: LoadedWeight, shard_id: object = None) -> None:
         """The rank's columns of the checkpoint's ``[out, in]`` weight; the bias whole."""
         if param.dim() == 1:
             param.copy_(loaded_weight[:])
@@ -224,7 +228,7 @@ class VocabParallelEmbedding(nn.Module):
         return tensor_model_parallel_all_reduce(out)
 
     @torch.no_grad()
-    def weight_loader(self, param: torch.Tensor, loaded_weight, shard_id: object = None) -> None:
+    def weight_loader(self, param: torch.Tensor, loaded_weight: LoadedWeight, shard_id: object = None) -> None:
         """The rank's rows of the checkpoint's ``[V, hidden]``; padding rows past ``V`` zero."""
         start = self.vocab_start_index
         real = max(0, min(self.vocab_end_index, self.num_embeddings) - start)
