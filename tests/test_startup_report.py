@@ -3,6 +3,7 @@ of lines: logged on every device, printed by the command line on a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 from tinyvllm import LLM
+from tinyvllm.models.loader import find_weight_files, read_tensor_infos
+from tinyvllm.models.model_files import weights_nbytes
 from tinyvllm.worker.startup_report import StartupReport, format_bytes, summarize_sizes
 
 
@@ -39,6 +42,12 @@ def test_the_report_says_every_choice():
         "limits: max_num_seqs 256, max_num_batched_tokens 8192",
         "took: loading 1.2 s, sizing the KV cache 5.0 s, warm-up and capture 12.3 s",
     ]
+    rank1 = dataclasses.replace(
+        report, tensor_parallel_size=2, rank=1, num_kv_heads=4, total_num_kv_heads=8, weight_bytes=3 * 2**29
+    )
+    assert rank1.lines() == report.lines() + ["rank 1 of 2: weights 1.50 GiB, KV heads 4 of 8"]
+    alone = dataclasses.replace(report, num_kv_heads=8, total_num_kv_heads=8, weight_bytes=2**30)
+    assert alone.lines() == report.lines()  # one rank: no rank line
 
 
 def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, caplog):
@@ -60,6 +69,10 @@ def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, ca
     kv = llm.engine.model_runner.kv_caches
     assert report.kv_cache_bytes == sum(t.numel() * t.element_size() for t in kv)
     assert report.cudagraph_memory_bytes is None  # no trial capture on the CPU
+    infos = read_tensor_infos(find_weight_files(tiny_model_dirs["qwen3"]))
+    assert "lm_head.weight" not in infos  # tied: the checkpoint stores the matrix once, and so do we
+    assert report.weight_bytes == weights_nbytes(infos.values()) == 427520
+    assert (report.tensor_parallel_size, report.rank, report.num_kv_heads, report.total_num_kv_heads) == (1, 0, 2, 2)
     assert report.capture_s > 0 and report.load_s > 0
     logged = [r.getMessage() for r in caplog.records if r.name == "tinyvllm.engine.llm_engine"]
     assert len(logged) == 1 and all(line in logged[0] for line in report.lines())

@@ -52,6 +52,8 @@ class GroupCoordinator:
         """Every rank's ``x`` concatenated along ``dim``, in rank order, on every rank."""
         if self.world_size == 1:
             return x
+        if self.backend == "gloo" and x.device.type != "cpu":  # NOTE 1: gloo gathers host tensors
+            return self.all_gather(x.cpu(), dim).to(x.device)
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)

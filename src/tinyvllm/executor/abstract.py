@@ -39,6 +39,7 @@ import torch
 
 from tinyvllm.config import EngineConfig
 from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.distributed.utils import kv_heads_per_rank
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.worker.kv_cache import (
     available_memory_bytes,
@@ -107,9 +108,10 @@ def initialize_kv_caches(executor: Executor, config: EngineConfig) -> EngineConf
     allocate it, build its runner and capture; the config with ``num_gpu_blocks`` filled."""
     model, device, cache = config.model_config, config.device_config, config.cache_config
     scheduler, spec = config.scheduler_config, model.spec
+    num_kv_heads = kv_heads_per_rank(spec.num_key_value_heads, config.parallel_config.tensor_parallel_size)
     per_block = bytes_per_block(
-        spec.num_hidden_layers, cache.block_size, spec.num_key_value_heads, spec.head_dim, getattr(torch, model.dtype)
-    )  # fmt: skip
+        spec.num_hidden_layers, cache.block_size, num_kv_heads, spec.head_dim, getattr(torch, model.dtype)
+    )  # fmt: skip  one rank's cache: every rank holds the same blocks of its own heads
     available = min(executor.determine_available_memory())
     if device.num_gpu_blocks_override is not None:
         num_blocks = device.num_gpu_blocks_override

@@ -12,24 +12,20 @@ Follows: seed 003 "KV cache物理内存分配" (the per-layer cache ``(2, num_bl
 num_kv_heads, head_size)``: keys ``kv[0]``, values ``kv[1]``); seed 000 "CUDA Graphs",
 "嵌套 Wrapper 设计" (the forward runs as pieces between attention ops, NOTE 5).
 Mirrors: ``vllm/model_executor/models/llama.py`` (and ``qwen2.py``, ``qwen3.py``) with
-``layers/rotary_embedding.py`` and ``layernorm.py`` folded in (their one-kernel CUDA forms
-are ``rms_norm.py`` and ``rotary.py``).
+``layers/rotary_embedding.py`` and ``layernorm.py`` folded in (CUDA: ``rms_norm.py``, ``rotary.py``).
 
 Invariants: the arithmetic is transformers' own, operation for operation, so float32 results
 match ``AutoModelForCausalLM`` to rounding; padding rows (past ``query_start_loc[-1]``)
 write nothing to the cache and leave the real rows unchanged; no Python loop runs over
 tokens, and the forward reads no tensor's value on the host (a CUDA graph could not).
 
-NOTE 1 (fused projections): q, k and v share one ``Linear`` whose weight stacks the three
+NOTE 1 (fused projections): q, k and v share one linear map whose weight stacks the three
 checkpoint matrices, ``[(H + 2 * Hkv) * D, hidden]`` (q rows, then k, then v; the bias
-likewise); gate and up share one, ``[2 * I, hidden]`` (gate first). One matmul instead of
-three (or two), as vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``;
-``load_model`` stacks them.
-NOTE 2 (transformers' rounding): RMSNorm's variance is float32 and the weight multiplies
-after the cast back; ``inv_freq`` and cos/sin are float32, cast to the model dtype, as
-transformers does, so the same weights give the same numbers.
-NOTE 3 (inv_freq stays float32): recomputed from the spec after every ``.to()`` /
-``to_empty()``, so casting the model to bfloat16 never rounds the frequencies.
+likewise); gate and up share one, ``[2 * I, hidden]`` (gate first): one matmul, not three
+(or two), as vLLM's; the layers' weight loaders stack them (``parallel_layers.py``).
+NOTE 2 (transformers' rounding): RMSNorm's variance in float32, the weight multiplied after
+the cast back; ``inv_freq`` and cos/sin float32, cast to the model dtype, as transformers.
+NOTE 3 (inv_freq stays float32): recomputed after every ``.to()`` / ``to_empty()``.
 NOTE 4 (flat names): no Hugging Face ``model.`` level; ``load_model`` maps the names.
 NOTE 5 (the piecewise split, by hand): vLLM's torch.compile splits the traced forward at
 every attention op; here ``pieces[0]`` is the embedding and layer 0 up to its attention,
@@ -54,9 +50,13 @@ NOTE 9 (the residual adds ride with the norms): each residual add is followed by
 that norm is the next layer's ``input_layernorm``, in the next piece: ``after_attention``
 returns the residual stream and the MLP's output apart and ``before_attention`` (or the
 final norm) adds them, as vLLM's layers pass ``hidden_states, residual``.
+NOTE 10 (tensor parallelism): the layers are ``parallel_layers.py``'s, for this process's
+rank of N: H / N query heads, ``kv_heads_per_rank`` KV heads (its cache too), I / N of the
+MLP, V / N of the vocabulary. ``load_model`` refuses an N the heads do not split over before
+reading anything, then reads only the rank's slices (``loader.py`` NOTE 6).
 
-Left out: tensor parallelism, quantisation, sliding windows, rope types other than default
-and llama3, ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
+Left out: quantisation, sliding windows, rope types other than default and llama3,
+``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
 """
 
 from __future__ import annotations
@@ -74,19 +74,29 @@ from tinyvllm.attention import reference, torch_sdpa, triton_attention
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from tinyvllm.attention.metadata import AttentionMetadata
+from tinyvllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.loader import (
     ModelSpec,
+    TensorInfo,
     check_weights,
+    checkpoint_slices,
     find_weight_files,
-    iter_safetensors,
     load_model_spec,
     read_tensor_infos,
+)
+from tinyvllm.models.model_files import check_weights_fit
+from tinyvllm.models.parallel_layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    default_weight_loader,
 )
 from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_applies, qk_norm_rotary_triton
 from tinyvllm.models.rms_norm import add_rms_norm, rms_norm, rms_norm_impl
 from tinyvllm.models.rotary import rotary, rotary_impl
-
-
 
 # NOTE 6: on the CPU, up to this many rows use a column-major copy of the LM head,
 # when the weight is at most this many bytes.
@@ -120,11 +130,12 @@ ATTENTION_BACKENDS = {
 }
 
 
-def kv_cache_shape(spec: ModelSpec, num_blocks: int, block_size: int) -> tuple[int, ...]:
-    """One layer's cache (seed 003): ``(2, num_blocks, block_size, Hkv, D)``, keys at index 0."""
+def kv_cache_shape(spec: ModelSpec, num_blocks: int, block_size: int, tensor_parallel_size: int = 1) -> tuple[int, ...]:
+    """One layer's cache on one rank (seed 003, NOTE 10): ``(2, num_blocks, block_size, Hkv / N, D)``,
+    keys at index 0."""
     if num_blocks < 1 or block_size < 1:
         raise ValueError(f"num_blocks = {num_blocks} and block_size = {block_size} must both be >= 1")
-    return (2, num_blocks, block_size, spec.num_key_value_heads, spec.head_dim)
+    return (2, num_blocks, block_size, kv_heads_per_rank(spec.num_key_value_heads, tensor_parallel_size), spec.head_dim)
 
 
 # --8<-- [start:rmsnorm]
@@ -196,11 +207,13 @@ class Attention(nn.Module):
 
     def __init__(self, spec: ModelSpec, backend: AttentionBackend) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = spec.num_attention_heads, spec.num_key_value_heads
         self.head_dim = spec.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            spec.hidden_size, self.head_dim, spec.num_attention_heads, spec.num_key_value_heads, bias=spec.qkv_bias
+        )  # NOTE 1
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # this rank's (NOTE 10)
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)  # NOTE 1
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(spec.num_attention_heads * self.head_dim, spec.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.scale = self.head_dim**-0.5
@@ -254,12 +267,12 @@ class MLP(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.intermediate_size = spec.intermediate_size
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+        self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [spec.intermediate_size] * 2, bias=False)
+        self.intermediate_size = self.gate_up_proj.output_size_per_partition // 2  # this rank's I / N (NOTE 10)
+        self.down_proj = RowParallelLinear(spec.intermediate_size, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [N, I] views
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [N, I / tp] views
         return self.down_proj(nn.functional.silu(gate, inplace=True).mul_(up))  # NOTE 7
 
 
@@ -303,16 +316,14 @@ class DecoderForCausalLM(nn.Module):
         self.spec = spec
         self.attention_backend = attention_backend
         backend = ATTENTION_BACKENDS[attention_backend]
-        # Built on the meta device (``load_model``), the weights come from the checkpoint: a
-        # ready tensor skips nn.Embedding's random init, whose code path imports torch._dynamo
-        # (1-2.6 s of the command line's start-up, measured with python -X importtime).
-        self.embed_tokens = nn.Embedding(
-            spec.vocab_size, spec.hidden_size, _weight=torch.empty(spec.vocab_size, spec.hidden_size)
-        )
+        # Built on the meta device (``load_model``), the weights come from the checkpoint: the
+        # parallel layers' empty weights skip nn.Embedding's random init, whose code path imports
+        # torch._dynamo (1-2.6 s of the command line's start-up, measured with python -X importtime).
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
         self.rotary = RotaryEmbedding(spec)
         self.layers = nn.ModuleList(DecoderLayer(spec, backend) for _ in range(spec.num_hidden_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
         self.tie_weights()
         # NOTE 5: the pieces between attention ops, in order; a runner may wrap each one.
         self.pieces: list = [self.first_piece, *(partial(self.middle_piece, i) for i in range(1, len(self.layers)))]
@@ -381,14 +392,15 @@ class DecoderForCausalLM(nn.Module):
 
     # --8<-- [start:compute_logits]
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[R, hidden] -> [R, V] float32 logits (the matmul runs in the model's dtype)."""
-        weight = self.lm_head.weight  # [V, hidden]
+        """[R, hidden] -> [R, V] float32 logits (the matmul runs in the model's dtype), the whole
+        vocabulary on every rank (each computes its V / tp columns, then they are gathered)."""
+        weight = self.lm_head.weight  # [V / tp, hidden]
         small = hidden.shape[0] <= SMALL_LM_HEAD_ROWS and weight.device.type == "cpu"
         if small and weight.numel() * weight.element_size() <= SMALL_LM_HEAD_MAX_BYTES:  # NOTE 6
-            return (hidden @ self._lm_head_columns()).float()  # [R, hidden] @ [hidden, V]
-        return self.lm_head(hidden).float()
+            return self.lm_head.gather((hidden @ self._lm_head_columns()).float())  # [R, hidden] @ [hidden, V / tp]
+        return self.lm_head.gather(self.lm_head(hidden).float())
 
-    def _lm_head_columns(self) -> torch.Tensor:  # [hidden, V], contiguous
+    def _lm_head_columns(self) -> torch.Tensor:  # [hidden, V / tp], contiguous
         """The LM head's weight, transposed and copied (NOTE 6); remade if the weight changed."""
         weight = self.lm_head.weight
         key = (weight.data_ptr(), weight._version, weight.dtype)
@@ -400,28 +412,62 @@ class DecoderForCausalLM(nn.Module):
 
 
 # --8<-- [start:load_model]
-@torch.no_grad()
-def _copy_weights(model: DecoderForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy checkpoint tensors into the model, stacking q/k/v and gate/up (NOTE 1)."""
-    spec = model.spec
-    model.embed_tokens.weight.copy_(tensors["model.embed_tokens.weight"])
-    model.norm.weight.copy_(tensors["model.norm.weight"])
+# --8<-- [start:sharded_load]
+def weight_sources(model: DecoderForCausalLM) -> list[tuple[str, nn.Parameter, Callable[..., None], object]]:
+    """Every checkpoint tensor the model reads: ``(name, parameter, weight_loader, shard_id)``.
+    The loader copies this rank's slice of the tensor into the parameter (NOTE 10); q/k/v and
+    gate/up land in their fused parameter at their part's offset (NOTE 1)."""
+    spec, whole = model.spec, default_weight_loader  # norms: replicated, read whole
+    sources = [("model.embed_tokens.weight", model.embed_tokens.weight, model.embed_tokens.weight_loader, None)]
+    sources.append(("model.norm.weight", model.norm.weight, whole, None))
     if not spec.tie_word_embeddings:
-        model.lm_head.weight.copy_(tensors["lm_head.weight"])
+        sources.append(("lm_head.weight", model.lm_head.weight, model.lm_head.weight_loader, None))
     for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        attn, mlp = layer.self_attn, layer.mlp
-        layer.input_layernorm.weight.copy_(tensors[p + "input_layernorm.weight"])
-        layer.post_attention_layernorm.weight.copy_(tensors[p + "post_attention_layernorm.weight"])
-        attn.qkv_proj.weight.copy_(torch.cat([tensors[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
+        p, attn, mlp = f"model.layers.{i}.", layer.self_attn, layer.mlp
+        sources += [(p + "input_layernorm.weight", layer.input_layernorm.weight, whole, None)]
+        sources += [(p + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight, whole, None)]
+        qkv = attn.qkv_proj
+        sources += [(p + f"self_attn.{x}_proj.weight", qkv.weight, qkv.weight_loader, x) for x in "qkv"]
         if spec.qkv_bias:
-            attn.qkv_proj.bias.copy_(torch.cat([tensors[p + f"self_attn.{x}_proj.bias"] for x in "qkv"]))
-        attn.o_proj.weight.copy_(tensors[p + "self_attn.o_proj.weight"])
+            sources += [(p + f"self_attn.{x}_proj.bias", qkv.bias, qkv.weight_loader, x) for x in "qkv"]
+        sources += [(p + "self_attn.o_proj.weight", attn.o_proj.weight, attn.o_proj.weight_loader, None)]
         if spec.qk_norm:
-            attn.q_norm.weight.copy_(tensors[p + "self_attn.q_norm.weight"])
-            attn.k_norm.weight.copy_(tensors[p + "self_attn.k_norm.weight"])
-        mlp.gate_up_proj.weight.copy_(torch.cat([tensors[p + f"mlp.{x}_proj.weight"] for x in ("gate", "up")]))
-        mlp.down_proj.weight.copy_(tensors[p + "mlp.down_proj.weight"])
+            sources += [(p + "self_attn.q_norm.weight", attn.q_norm.weight, whole, None)]
+            sources += [(p + "self_attn.k_norm.weight", attn.k_norm.weight, whole, None)]
+        gate_up = mlp.gate_up_proj
+        sources += [(p + "mlp.gate_proj.weight", gate_up.weight, gate_up.weight_loader, 0)]
+        sources += [(p + "mlp.up_proj.weight", gate_up.weight, gate_up.weight_loader, 1)]
+        sources += [(p + "mlp.down_proj.weight", mlp.down_proj.weight, mlp.down_proj.weight_loader, None)]
+    return sources
+
+
+@torch.no_grad()
+def _load_weights(model: DecoderForCausalLM, slices: dict) -> None:
+    """Each parameter's loader reads its rank's slice of the checkpoint tensor (NOTE 10)."""
+    for name, param, weight_loader, shard_id in weight_sources(model):
+        weight_loader(param, slices[name], shard_id)
+# --8<-- [end:sharded_load]
+
+
+class _MetaRead:
+    """A stand-in for a checkpoint tensor that reads nothing and records what a loader indexes."""
+
+    def __init__(self, info: TensorInfo, read: list[TensorInfo]) -> None:
+        self.info, self.read, self._meta = info, read, torch.empty(info.shape, device="meta")
+
+    def __getitem__(self, index: object) -> torch.Tensor:
+        piece = self._meta[index]
+        self.read.append(TensorInfo(self.info.file, self.info.dtype, tuple(piece.shape)))
+        return piece
+
+
+def rank_tensor_infos(model: DecoderForCausalLM, infos: dict[str, TensorInfo]) -> list[TensorInfo]:
+    """The parts of the checkpoint this rank reads, found by running its loaders on a model
+    still on the meta device (nothing is read): the memory check counts only these."""
+    read: list[TensorInfo] = []
+    for name, param, weight_loader, shard_id in weight_sources(model):
+        weight_loader(param, _MetaRead(infos[name], read), shard_id)
+    return read
 
 
 def load_model(
@@ -431,19 +477,27 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str = "reference",
 ) -> DecoderForCausalLM:
-    """Read the folder's spec, check every tensor (names, shapes, dtypes) from the safetensors
-    headers before reading any, then build the model on ``device`` in ``dtype`` and copy the
-    weights. A broken folder is a ValueError naming the file and the field or tensor."""
+    """Read the folder's spec, refuse a tensor-parallel size its heads do not split over, check
+    every tensor (names, shapes, dtypes) from the safetensors headers and this rank's bytes
+    against the memory before reading any, then build the model on ``device`` in ``dtype``
+    and copy this rank's slices in (NOTE 10). A broken folder is a ValueError naming the file
+    and the field or tensor."""
     if attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {attention_backend!r} is not one of {sorted(ATTENTION_BACKENDS)}")
     spec = load_model_spec(folder)
+    check_tensor_parallel_size(
+        get_tensor_model_parallel_world_size(), spec.num_attention_heads, spec.num_key_value_heads,
+        spec.intermediate_size,
+    )  # fmt: skip
     files = find_weight_files(folder)
-    check_weights(spec, read_tensor_infos(files), folder)  # headers only: nothing read yet
-    tensors = dict(iter_safetensors(files))
+    infos = read_tensor_infos(files)
+    check_weights(spec, infos, folder)  # headers only: nothing read yet
     with torch.device("meta"):  # no random init: shapes only, memory comes with to_empty
         model = DecoderForCausalLM(spec, attention_backend)
+    check_weights_fit(rank_tensor_infos(model, infos), Path(folder), "cpu")  # every slice passes through the CPU
     model = model.to(dtype=dtype).to_empty(device=device)
     model.tie_weights()  # moving off "meta" makes new Parameters, which unties them
-    _copy_weights(model, tensors)
+    with checkpoint_slices(files) as slices:
+        _load_weights(model, slices)
     return model.requires_grad_(False).eval()
 # --8<-- [end:load_model]

@@ -41,6 +41,10 @@ but absurd checkpoint (``vocab_size`` 2**31 - 1 and a sparse weights file) would
 forever, hang, or fail inside torch. ``models/model_files.py`` reads each file within
 bounds, and the weights' bytes from the headers are compared with the memory available
 (CPU in ``check_model_folder``, the device in ``iter_safetensors``) before any is read.
+NOTE 6 (a rank reads its slice): ``checkpoint_slices`` hands out each tensor unread, as a
+``CheckpointSlice``; indexing it (``w[a:b]``, ``w[:, a:b]``) reads only those rows or columns
+from the file, so a tensor-parallel rank never holds a whole split tensor (vLLM's loader
+calls safetensors' ``get_slice`` for the same reason).
 
 Left out: quantised checkpoints, multimodal configs, remote code; checking that the
 tokenizer's ids fit ``vocab_size`` (some checkpoints list added tokens past it).
@@ -51,6 +55,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -368,6 +373,43 @@ def iter_safetensors(files: Iterable[Path], device: str = "cpu") -> Iterator[tup
                 except (SafetensorError, OSError) as e:
                     raise _safetensors_error(f, e, name) from None
                 yield name, tensor
+
+
+class CheckpointSlice:
+    """One checkpoint tensor, not yet read: indexing reads only the indexed part (NOTE 6); a
+    failed read is a ValueError naming the tensor and its file."""
+
+    def __init__(self, handle: Any, name: str, file: Path) -> None:
+        self.name, self.file = name, file
+        self._slice = handle.get_slice(name)
+
+    def get_shape(self) -> list[int]:
+        return self._slice.get_shape()
+
+    def __getitem__(self, index: Any) -> Any:  # a torch.Tensor of the indexed part
+        from safetensors import SafetensorError
+
+        try:
+            return self._slice[index]
+        except (SafetensorError, OSError) as e:
+            raise _safetensors_error(self.file, e, self.name) from None
+
+
+@contextmanager
+def checkpoint_slices(files: Iterable[Path]) -> Iterator[dict[str, CheckpointSlice]]:
+    """Every tensor of the files as a ``CheckpointSlice`` (NOTE 6), open while the block runs.
+    Check the headers (``read_tensor_infos``) and the memory first: this reads nothing."""
+    from safetensors import SafetensorError, safe_open
+
+    with ExitStack() as stack:
+        slices: dict[str, CheckpointSlice] = {}
+        for f in files:
+            try:
+                handle = stack.enter_context(safe_open(str(f), framework="pt"))
+                slices |= {name: CheckpointSlice(handle, name, f) for name in handle.keys()}
+            except (SafetensorError, OSError) as e:
+                raise _safetensors_error(f, e) from None
+        yield slices
 
 
 def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:

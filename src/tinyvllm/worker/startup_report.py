@@ -7,6 +7,8 @@ took, and how long loading, warm-up and capture took. A user who cannot see thos
 cannot tell a slow run from a misconfigured one. The worker (``worker.py``), which made
 those choices, builds this record once it has captured; ``LLM`` logs it (INFO, logger
 ``tinyvllm.engine.llm``), and the command line prints it on a GPU.
+With tensor parallelism every rank builds its own, with one more line: the rank, its
+weights' bytes and the KV heads its cache holds (each rank holds a slice of both).
 
 Mirrors: the start-up lines of vLLM's ``gpu_model_runner.py`` and ``kv_cache_utils.py``
 ("Model loading took ...", "GPU KV cache size: ... tokens", "Maximum concurrency ...",
@@ -61,9 +63,19 @@ class StartupReport:
     memory_s: float  # the profile run and the trial capture that sized the KV cache
     capture_s: float  # warm-up and CUDA-graph capture of the real runner
     torch_threads: int  # torch.get_num_threads() once start-up set it (cpu_threads.py)
+    # Tensor parallelism: which rank this report is, what it holds (its own line when N > 1).
+    tensor_parallel_size: int = 1
+    rank: int = 0
+    num_kv_heads: int = 0  # the KV heads this rank's cache holds
+    total_num_kv_heads: int = 0  # the model's
+    weight_bytes: int = 0  # this rank's parameters, a tied matrix counted once
 
     def lines(self) -> list[str]:
         kv_tokens = self.num_kv_blocks * self.block_size
+        rank = [
+            f"rank {self.rank} of {self.tensor_parallel_size}: weights {format_bytes(self.weight_bytes)}, "
+            f"KV heads {self.num_kv_heads} of {self.total_num_kv_heads}"
+        ]
         return [
             f"device {self.device}, dtype {self.dtype}, attention backend {self.attention_backend}, "
             f"torch threads {self.torch_threads}",
@@ -79,5 +91,5 @@ class StartupReport:
             f"limits: max_num_seqs {self.max_num_seqs}, max_num_batched_tokens {self.max_num_batched_tokens}",
             f"took: loading {self.load_s:.1f} s, sizing the KV cache {self.memory_s:.1f} s, "
             f"warm-up and capture {self.capture_s:.1f} s",
-        ]
+        ] + (rank if self.tensor_parallel_size > 1 else [])
 # --8<-- [end:report]

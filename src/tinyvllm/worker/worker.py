@@ -57,6 +57,7 @@ from tinyvllm.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
 )
+from tinyvllm.distributed.utils import kv_heads_per_rank
 from tinyvllm.models import llama
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
@@ -123,10 +124,16 @@ class Worker:
         self._loaded = time.perf_counter()
         self._load_s = self._loaded - started
 
+    @property
+    def num_kv_heads(self) -> int:
+        """The KV heads this rank's cache holds (NOTE 4, ``distributed/utils.py`` NOTE 1)."""
+        spec, parallel = self.model_config.spec, self.config.parallel_config
+        return kv_heads_per_rank(spec.num_key_value_heads, parallel.tensor_parallel_size)
+
     def kv_bytes_per_block(self) -> int:
         spec = self.model_config.spec
         return bytes_per_block(
-            spec.num_hidden_layers, self.config.cache_config.block_size, spec.num_key_value_heads, spec.head_dim, self.dtype
+            spec.num_hidden_layers, self.config.cache_config.block_size, self.num_kv_heads, spec.head_dim, self.dtype
         )  # fmt: skip
 
     # --8<-- [start:available_memory]
@@ -157,7 +164,7 @@ class Worker:
         spec = self.model_config.spec
         blocks = cdiv(per_req, block_size)
         caches = allocate_kv_caches(
-            spec.num_hidden_layers, blocks, block_size, spec.num_key_value_heads, spec.head_dim, self.dtype, self.device
+            spec.num_hidden_layers, blocks, block_size, self.num_kv_heads, spec.head_dim, self.dtype, self.device
         )
         metadata = build_attention_metadata(
             [0] * len(lens), lens, [list(range(blocks))] * len(lens), block_size, device=self.device
@@ -181,7 +188,7 @@ class Worker:
         collect_garbage(self.device)  # else the capture's own collect may free it mid-measurement
         before = torch.cuda.memory_reserved(self.device)
         caches = allocate_kv_caches(
-            spec.num_hidden_layers, 1, self.config.cache_config.block_size, spec.num_key_value_heads, spec.head_dim,
+            spec.num_hidden_layers, 1, self.config.cache_config.block_size, self.num_kv_heads, spec.head_dim,
             self.dtype, self.device,
         )  # fmt: skip
         trial = self._build_runner(caches)
@@ -204,9 +211,9 @@ class Worker:
         self.config = config
         spec, cache = self.model_config.spec, config.cache_config
         kv_caches = allocate_kv_caches(
-            spec.num_hidden_layers, cache.num_gpu_blocks, cache.block_size, spec.num_key_value_heads, spec.head_dim,
+            spec.num_hidden_layers, cache.num_gpu_blocks, cache.block_size, self.num_kv_heads, spec.head_dim,
             self.dtype, self.device,
-        )  # fmt: skip  L x [2, num_blocks, block_size, Hkv, D]
+        )  # fmt: skip  L x [2, num_blocks, block_size, Hkv / tp, D]
         self._sized = time.perf_counter()
         self.model_runner = self._build_runner(kv_caches)
 
@@ -272,6 +279,9 @@ class Worker:
             max_num_batched_tokens=scheduler.max_num_batched_tokens,
             load_s=self._load_s, memory_s=self._sized - self._loaded, capture_s=time.perf_counter() - self._sized,
             torch_threads=torch.get_num_threads(),
+            tensor_parallel_size=self.config.parallel_config.tensor_parallel_size, rank=self.rank,
+            num_kv_heads=self.num_kv_heads, total_num_kv_heads=self.model_config.spec.num_key_value_heads,
+            weight_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),  # tied: once
         )  # fmt: skip
 
     # -- every step --------------------------------------------------------------------
