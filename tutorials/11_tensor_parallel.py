@@ -25,8 +25,8 @@ import inspect
 import math
 import os
 import queue
-import socket
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -186,28 +186,27 @@ def rank_main(rank: int, init_method: str, results) -> None:
 
 
 def part2_two_ranks() -> None:
-    with socket.socket() as s:  # a free port for the group's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
+    context = mp.get_context("spawn")  # a fresh interpreter per rank, as the engine's workers
     results = context.Queue()
-    processes = [context.Process(target=rank_main, args=(r, f"tcp://127.0.0.1:{port}", results)) for r in range(TP)]
-    for p in processes:
-        p.start()
-    reports: dict[int, tuple[list[str], list[str]]] = {}
-    while len(reports) < TP:  # never wait on a rank that died: its partner would wait forever too
-        try:
-            rank, lines, checks = results.get(timeout=1.0)
-            reports[rank] = lines, checks
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in processes):
-                for p in processes:
-                    p.kill()
-                raise SystemExit(f"a rank died: exit codes {[p.exitcode for p in processes]}") from None
-    for p in processes:
-        p.join(timeout=60)
-        if p.exitcode != 0:
-            raise SystemExit(f"a rank exited with {p.exitcode}")
+    with tempfile.TemporaryDirectory() as folder:  # the group's rendezvous: a file both ranks open
+        init_method = f"file://{folder}/rendezvous"
+        processes = [context.Process(target=rank_main, args=(r, init_method, results)) for r in range(TP)]
+        for p in processes:
+            p.start()
+        reports: dict[int, tuple[list[str], list[str]]] = {}
+        while len(reports) < TP:  # never wait on a rank that died: its partner would wait forever too
+            try:
+                rank, lines, checks = results.get(timeout=1.0)
+                reports[rank] = lines, checks
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in processes):
+                    for p in processes:
+                        p.kill()
+                    raise SystemExit(f"a rank died: exit codes {[p.exitcode for p in processes]}") from None
+        for p in processes:
+            p.join(timeout=60)
+            if p.exitcode != 0:
+                raise SystemExit(f"a rank exited with {p.exitcode}")
     print(f"\nTwo ranks, one gloo group, layer 0 of the shipped model, {TOKENS} token rows:\n")
     for rank in sorted(reports):
         print("\n".join(reports[rank][0]))
