@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 
+# --8<-- [start:group_coordinator]
 @dataclass(frozen=True)
 class GroupCoordinator:
     """One process group as this rank sees it; the one-rank group has ``group=None``."""
@@ -61,6 +62,7 @@ class GroupCoordinator:
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self.group)
+# --8<-- [end:group_coordinator]
 
 
 _TP = GroupCoordinator()
@@ -74,6 +76,7 @@ def default_backend(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+# --8<-- [start:init_distributed_environment]
 def init_distributed_environment(
     world_size: int, rank: int, distributed_init_method: str = "env://", backend: str = "gloo"
 ) -> None:
@@ -89,6 +92,7 @@ def init_distributed_environment(
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=distributed_init_method, world_size=world_size, rank=rank)
     _TP = GroupCoordinator(world_size, rank, backend, dist.group.WORLD)
+# --8<-- [end:init_distributed_environment]
 
 
 def destroy_distributed_environment() -> None:

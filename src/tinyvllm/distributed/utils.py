@@ -26,6 +26,7 @@ from __future__ import annotations
 from tinyvllm.arith import cdiv
 
 
+# --8<-- [start:check_tensor_parallel_size]
 def check_tensor_parallel_size(tensor_parallel_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int) -> None:
     """Refuse a size the model cannot be split over, in one line naming it (NOTE 1)."""
     n = tensor_parallel_size
@@ -41,16 +42,20 @@ def check_tensor_parallel_size(tensor_parallel_size: int, num_heads: int, num_kv
         )
     if intermediate_size % n:
         raise ValueError(f"tensor_parallel_size {n} does not divide the model's intermediate_size {intermediate_size}")
+# --8<-- [end:check_tensor_parallel_size]
 
 
+# --8<-- [start:shard_range]
 def shard_range(size: int, num_ranks: int, rank: int) -> tuple[int, int]:
     """``[start, stop)`` of rank ``rank``'s even slice of ``size`` (``size % num_ranks == 0``)."""
     if size % num_ranks:
         raise ValueError(f"{size} does not split evenly over {num_ranks} ranks")
     per = size // num_ranks
     return rank * per, (rank + 1) * per
+# --8<-- [end:shard_range]
 
 
+# --8<-- [start:kv_heads]
 def kv_heads_per_rank(num_kv_heads: int, num_ranks: int) -> int:
     """KV heads each rank's cache holds: a slice, or one replicated head (NOTE 1)."""
     return max(1, num_kv_heads // num_ranks)
@@ -62,10 +67,13 @@ def kv_head_range(num_kv_heads: int, num_ranks: int, rank: int) -> tuple[int, in
         return shard_range(num_kv_heads, num_ranks, rank)
     head = rank * num_kv_heads // num_ranks
     return head, head + 1
+# --8<-- [end:kv_heads]
 
 
+# --8<-- [start:vocab_range]
 def vocab_range(vocab_size: int, num_ranks: int, rank: int) -> tuple[int, int]:
     """``[start, stop)`` of the vocabulary rows rank ``rank`` holds; ``stop`` may pass
     ``vocab_size`` on the last rank (padding, NOTE 2)."""
     per = cdiv(vocab_size, num_ranks)
     return rank * per, (rank + 1) * per
+# --8<-- [end:vocab_range]
