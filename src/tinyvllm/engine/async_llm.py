@@ -69,6 +69,7 @@ from typing import Any
 from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.prompt_tokenizer import PromptTokenizer
+from tinyvllm.exceptions import EngineDeadError  # re-exported: it lived here first
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_int
@@ -76,10 +77,6 @@ from tinyvllm.validation import check_int
 
 class TooManyWaitingRequestsError(RuntimeError):
     """The scheduler already holds ``max_waiting_requests`` waiting requests (NOTE 3)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine's background task stopped; no request can be served."""
 
 
 @dataclass(frozen=True)

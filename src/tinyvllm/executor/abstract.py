@@ -24,6 +24,10 @@ bytes become blocks (``worker/kv_cache.py``: capped at ``max_num_seqs`` requests
 ``max_model_len`` tokens, at least one such request); ``num_gpu_blocks_override`` fixes the
 number instead. Whatever decided it, the pool must fit in the memory the device has free
 (``kv_cache.py`` NOTE 3) before any block is allocated.
+NOTE 3 (reading the workers): what the engine reads of its workers after start-up (each
+rank's ``StartupReport``, each rank's runner state for ``LLMEngine.check_invariants``)
+travels as a call too, a module function run on every worker, so it works whether the
+workers live in this process or in others (``multiproc_executor.py``).
 NOTE 2 (the EOS id): the tokenizer's EOS travels to the worker's persistent batch
 (``worker.py`` NOTE 3), beside the config: it is the tokenizer's, not the config's.
 """
@@ -40,6 +44,7 @@ import torch
 from tinyvllm.config import EngineConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.outputs import ModelRunnerOutput
+from tinyvllm.worker.startup_report import StartupReport
 from tinyvllm.worker.kv_cache import (
     available_memory_bytes,
     bytes_per_block,
@@ -47,6 +52,30 @@ from tinyvllm.worker.kv_cache import (
     check_kv_cache_fits,
     num_blocks_from_budget,
 )
+
+
+def worker_attribute(worker: object, name: str) -> Any:
+    """``worker.name``, as a call every worker runs (NOTE 3; a module function pickles by name)."""
+    return getattr(worker, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerView:
+    """What ``LLMEngine.check_invariants`` compares with its scheduler (NOTE 3): for each
+    request the runner holds, ``(block ids, output token ids)``; the ids in its batch."""
+
+    requests: dict[str, tuple[list[int], list[int]]]
+    batch_req_ids: tuple[str, ...]
+
+
+def runner_view(worker: object) -> RunnerView:
+    """The worker's ``RunnerView``, as a call every worker runs (NOTE 3)."""
+    runner = worker.model_runner
+    states = runner.requests
+    return RunnerView(
+        {rid: (list(s.block_ids), list(s.output_token_ids)) for rid, s in states.items()},
+        tuple(runner.input_batch.req_id_to_index),
+    )
 
 
 class Executor(ABC):
@@ -87,6 +116,10 @@ class Executor(ABC):
 
     def check_invariants(self) -> None:
         self.collective_rpc("check_invariants")
+
+    def startup_reports(self) -> list[StartupReport]:
+        """Each rank's start-up report, in rank order (NOTE 3)."""
+        return self.collective_rpc(worker_attribute, args=("startup_report",))
 
     def check_health(self) -> None:
         """Raise ``RuntimeError`` when the executor cannot serve a step."""

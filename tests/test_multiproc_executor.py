@@ -1,0 +1,166 @@
+"""The multiprocess executor (``executor/multiproc_executor.py``): two worker processes on the
+CPU (gloo), every call one message to each rank, results in rank order; every rank samples the
+same ids; a worker that dies becomes ``EngineDeadError`` within seconds; no worker process
+outlives the engine (``shutdown``, a parent killed with SIGKILL); a bad
+``tensor_parallel_size`` is refused before any process starts. Few engine starts: each one
+spawns two interpreters that import torch (about 2 s on two cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.exceptions import EngineDeadError
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks processes through /proc")
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+
+
+def children() -> set[int]:
+    """The pids of this process's live (not zombie) children."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def last_sampled(worker) -> dict[str, list[int]]:
+    """Each request's output tokens as this rank's runner holds them (runs in the worker)."""
+    return {rid: list(state.output_token_ids) for rid, state in worker.model_runner.requests.items()}
+
+
+def rank_of(worker) -> int:
+    return worker.rank
+
+
+def raise_here(worker):
+    raise ValueError(f"rank {worker.rank} says no")
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_model_dirs):
+    return str(tiny_model_dirs["qwen3"])
+
+
+def tp_llm(folder: str, **kwargs) -> LLM:
+    return LLM(folder, device="cpu", torch_threads=1, tensor_parallel_size=2, **kwargs)
+
+
+def test_two_ranks_answer_in_rank_order_and_sample_the_same_ids(qwen3):
+    llm = tp_llm(qwen3, seed=3)
+    executor = llm.engine.model_executor
+    try:
+        assert type(executor).__name__ == "MultiprocExecutor"
+        assert executor.collective_rpc(rank_of) == [0, 1]
+        assert len(set(executor.worker_pids)) == 2 and os.getpid() not in executor.worker_pids
+        # seeded sampling: both ranks draw the same ids, step by step (their runners agree)
+        prompts = [{"prompt_token_ids": [1, 2, 3, 4, 5]}, {"prompt_token_ids": [7, 8, 9]}]
+        engine, params = llm.engine, SamplingParams(max_tokens=5, temperature=1.0, seed=11)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt["prompt_token_ids"], params)
+        for _ in range(3):
+            engine.step()
+            per_rank = executor.collective_rpc(last_sampled)
+            assert per_rank[0] == per_rank[1] and any(per_rank[0].values())
+            engine.check_invariants()  # every rank's runner agrees with the scheduler
+        engine.abort_request(["0", "1"])
+        with pytest.raises(RuntimeError, match="no model runner in this process"):
+            llm.engine.model_runner
+        assert len(llm.engine.startup_reports) == 2 and llm.startup_report is llm.engine.startup_reports[0]
+        # a worker's exception outside a step comes back as itself, naming the rank; the engine is dead then
+        with pytest.raises(ValueError, match="rank 0 says no") as error:
+            executor.collective_rpc(raise_here)
+        assert "worker rank 0" in "".join(error.value.__notes__)
+        with pytest.raises(EngineDeadError):
+            llm.generate("again", GREEDY, use_tqdm=False)
+    finally:
+        pids = executor.worker_pids
+        executor.shutdown()
+    assert wait_gone(pids, 10) == []
+
+
+def test_a_killed_worker_is_engine_dead_error_within_seconds_and_shutdown_leaves_no_child(qwen3):
+    before = children()
+    llm = tp_llm(qwen3)
+    executor = llm.engine.model_executor
+    assert set(executor.worker_pids) <= children() - before
+    os.kill(executor.worker_pids[1], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(EngineDeadError, match="rank 1"):
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], GREEDY, use_tqdm=False)
+    assert time.monotonic() - started < 30
+    with pytest.raises(EngineDeadError):  # and every later call
+        llm.engine.step()
+    assert wait_gone(executor.worker_pids, 10) == []  # the monitor killed rank 0 too
+    executor.shutdown()
+    assert children() - before == set()
+
+
+def test_a_bad_tensor_parallel_size_is_refused_before_any_process_starts(qwen3):
+    before = children()
+    for size, error in [(0, ValueError), (-2, ValueError), ("2", TypeError), (True, TypeError), (3, ValueError)]:
+        with pytest.raises(error, match="tensor_parallel_size"):
+            LLM(qwen3, device="cpu", tensor_parallel_size=size)
+    with pytest.raises(ValueError, match="distributed_executor_backend"):
+        LLM(qwen3, device="cpu", tensor_parallel_size=2, distributed_executor_backend="uni")
+    with pytest.raises(ValueError, match="distributed_executor_backend"):
+        LLM(qwen3, device="cpu", tensor_parallel_size=2, distributed_executor_backend="ray")
+    assert children() == before
+
+
+PARENT = textwrap.dedent(
+    """
+    import json, sys, time
+    from tinyvllm import LLM
+
+    if __name__ == "__main__":
+        llm = LLM(sys.argv[1], device="cpu", torch_threads=1, tensor_parallel_size=2)
+        print(json.dumps(llm.engine.model_executor.worker_pids), flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_workers_leave_when_their_parent_is_killed(qwen3, tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    parent = subprocess.Popen([sys.executable, str(script), qwen3], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = json.loads(parent.stdout.readline())
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert wait_gone(pids, 10) == []
