@@ -64,6 +64,27 @@ def rank_of(worker) -> int:
     return worker.rank
 
 
+def sleep_then_say(worker, seconds: float) -> str:
+    time.sleep(seconds)
+    return "late"
+
+
+def interrupted_call(executor) -> None:
+    """A Ctrl-C (a KeyboardInterrupt raised in this thread) while the ranks run a call."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            executor.collective_rpc(sleep_then_say, args=(1.0,))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def raise_here(worker):
     raise ValueError(f"rank {worker.rank} says no")
 
@@ -95,6 +116,8 @@ def test_two_ranks_answer_in_rank_order_and_sample_the_same_ids(qwen3):
             assert per_rank[0] == per_rank[1] and any(per_rank[0].values())
             engine.check_invariants()  # every rank's runner agrees with the scheduler
         engine.abort_request(["0", "1"])
+        interrupted_call(executor)  # the replies it left are dropped before the next call
+        assert executor.collective_rpc(rank_of) == [0, 1]
         with pytest.raises(RuntimeError, match="no model runner in this process"):
             llm.engine.model_runner
         assert len(llm.engine.startup_reports) == 2 and llm.startup_report is llm.engine.startup_reports[0]
@@ -139,6 +162,48 @@ def test_a_bad_tensor_parallel_size_is_refused_before_any_process_starts(qwen3):
     assert children() == before
 
 
+async def aenumerate(stream):
+    count = 0
+    async for item in stream:
+        count += 1
+        yield count, item
+
+
+def test_a_killed_worker_ends_every_async_stream_with_engine_dead_error(qwen3):
+    import asyncio
+
+    from tinyvllm.engine.async_llm import AsyncLLM
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    engine = AsyncLLM.from_engine_args(EngineArgs(qwen3, device="cpu", torch_threads=1, tensor_parallel_size=2))
+    executor = engine.engine.model_executor
+    from tinyvllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+    async def stream(i: int) -> BaseException | None:
+        try:
+            async for count, _ in aenumerate(engine.generate({"prompt_token_ids": [1 + i, 2, 3]}, params, f"r{i}")):
+                if i == 0 and count == 3:  # mid-stream, every request running
+                    os.kill(executor.worker_pids[0], signal.SIGKILL)
+        except EngineDeadError as error:
+            return error
+        return None
+
+    async def main():
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(stream(i) for i in range(3))), 30)
+        finally:
+            await engine.shutdown()
+
+    try:
+        errors = asyncio.run(main())
+    finally:
+        executor.shutdown()
+    assert all(isinstance(e, EngineDeadError) for e in errors), errors
+    assert wait_gone(executor.worker_pids, 10) == []
+
+
 PARENT = textwrap.dedent(
     """
     import json, sys, time
@@ -164,3 +229,35 @@ def test_workers_leave_when_their_parent_is_killed(qwen3, tmp_path):
         parent.kill()
         parent.wait()
     assert wait_gone(pids, 10) == []
+
+
+def test_torchrun_with_the_external_launcher_gives_one_process_tokens(qwen3, tmp_path):
+    """Two ranks started by ``torchrun`` (gloo on the CPU), each running the same engine, give
+    rank 0 the tokens of one process."""
+    from tinyvllm.executor.multiproc_executor import free_port
+
+    from tp_torchrun_script import generate  # tests/ is on the path, as for engine_compare
+
+    out = tmp_path / "tokens.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), str(Path(__file__).parent / "tp_torchrun_script.py"), qwen3, str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["world_size"] == 2 and record["tokens"] == generate(qwen3)
+
+
+def test_the_command_line_refuses_a_bad_size_naming_its_flag(qwen3, capsys):
+    from tinyvllm import cli
+
+    before = children()
+    assert cli.main(["generate", "--prompt", "p", "--tensor-parallel-size", "0"]) == 2
+    assert "--tensor-parallel-size must be an int >= 1, got 0" in capsys.readouterr().err
+    assert cli.main(["generate", "--model", qwen3, "--prompt", "p", "--tensor-parallel-size", "3"]) == 2
+    assert "--tensor-parallel-size 3 does not divide the model's 4 attention heads" in capsys.readouterr().err
+    assert cli.main(["serve", "--tensor-parallel-size", "2", "--distributed-executor-backend", "uni"]) == 2
+    assert "--distributed-executor-backend 'uni' runs one worker" in capsys.readouterr().err
+    assert children() == before

@@ -291,6 +291,7 @@ class MultiprocExecutor(Executor):
                 results[rank] = reply[1]
             for rank in (sentinels[s] for s in ready if s in sentinels):
                 if self._owed[rank] and self._replies[rank] not in ready:
+                    self._procs[rank].join(1.0)  # reaped, so its exit code is known
                     raise self._declare_dead(f"worker rank {rank} exited with code {self._procs[rank].exitcode} during {what}")
             self._check_alive()  # the monitor may have declared it dead meanwhile
         return results
