@@ -212,23 +212,91 @@ PARENT = textwrap.dedent(
     if __name__ == "__main__":
         llm = LLM(sys.argv[1], device="cpu", torch_threads=1, tensor_parallel_size=2)
         print(json.dumps(llm.engine.model_executor.worker_pids), flush=True)
-        time.sleep(600)
+        if sys.argv[2] == "wait":
+            time.sleep(600)
     """
 )
 
 
-def test_workers_leave_when_their_parent_is_killed(qwen3, tmp_path):
+@pytest.mark.parametrize(
+    "end", ["SIGKILL to the parent", pytest.param("Ctrl-C to the process group", marks=pytest.mark.slow),
+            pytest.param("the script returns", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_no_worker_outlives_its_parent(qwen3, tmp_path, end):
+    """SIGKILL: the workers see their parent pipe close (and PR_SET_PDEATHSIG); Ctrl-C (SIGINT
+    to the whole group, as a terminal sends it): the workers ignore it, the parent's
+    KeyboardInterrupt ends the interpreter, whose exit stops them; a script that returns
+    without shutting down: the same exit handler (``weakref.finalize``)."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": SRC}
-    parent = subprocess.Popen([sys.executable, str(script), qwen3], stdout=subprocess.PIPE, text=True, env=env)
+    mode = "return" if end == "the script returns" else "wait"
+    parent = subprocess.Popen(
+        [sys.executable, str(script), qwen3, mode], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=env, start_new_session=True,
+    )  # fmt: skip
     try:
         pids = json.loads(parent.stdout.readline())
-        assert len(pids) == 2 and all(alive(p) for p in pids)
+        assert len(pids) == 2
+        if end == "SIGKILL to the parent":
+            parent.kill()
+        elif end.startswith("Ctrl-C"):
+            os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(30) != 0 or mode == "return"
     finally:
-        parent.kill()
-        parent.wait()
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
     assert wait_gone(pids, 10) == []
+
+
+@pytest.mark.slow
+def test_an_engine_collected_as_garbage_leaves_no_worker(qwen3):
+    import gc
+
+    llm = tp_llm(qwen3)
+    pids = llm.engine.model_executor.worker_pids
+    del llm
+    gc.collect()
+    assert wait_gone(pids, 15) == []
+
+
+def test_nccl_wants_a_gpu_per_rank(qwen3, monkeypatch):
+    """More ranks than GPUs is refused before any process starts (faked: a one-GPU machine);
+    with NCCL rank r takes ``cuda:r``, with gloo the ranks share the engine's device."""
+    import dataclasses
+
+    import torch
+
+    from tinyvllm.config import DeviceConfig, EngineConfig
+    from tinyvllm.executor.multiproc_executor import rank_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("TINYVLLM_DISTRIBUTED_BACKEND", raising=False)
+    before = children()
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 needs a GPU per rank .NCCL., but 1 are present"):
+        LLM(qwen3, device="cuda", attention_backend="torch", tensor_parallel_size=2)
+    assert children() == before
+    config = EngineConfig(device_config=DeviceConfig(device="cuda"))
+    assert rank_config(config, 1, "nccl").device_config.device == "cuda:1"
+    assert rank_config(config, 1, "gloo") is config
+    cpu = dataclasses.replace(config, device_config=DeviceConfig(device="cpu"))
+    assert rank_config(cpu, 1, "gloo") is cpu
+
+
+def test_the_message_bench_runs_and_writes_its_json(tmp_path):
+    out = tmp_path / "tensor_parallel.json"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    bench = Path(__file__).resolve().parents[1] / "bench" / "tensor_parallel.py"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--quick", "--out", str(out)], capture_output=True, text=True, env=env, timeout=120
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    message = json.loads(out.read_text())["parts"]["message"]
+    assert set(message["by_num_reqs"]) == {"1", "32", "256"}
+    sizes = [message["by_num_reqs"][n]["message_bytes"] for n in ("1", "32", "256")]
+    assert sizes == sorted(sizes) and all(r["send_ms"] > 0 for r in message["by_num_reqs"].values())
 
 
 def test_torchrun_with_the_external_launcher_gives_one_process_tokens(qwen3, tmp_path):

@@ -44,11 +44,15 @@ the main thread, since the signal follows the thread that started the process).
 NOTE 5 (Ctrl-C mid-call): a ``KeyboardInterrupt`` while replies are awaited leaves the
 workers running the call; each rank's owed replies are read and dropped before the next
 call, so the engine can undo the step (``llm_engine.py`` NOTE 1) and go on.
+NOTE 6 (a device per rank): with NCCL each rank takes its own GPU, rank r ``cuda:r`` (the
+engine refused more ranks than GPUs, ``engine_args.py`` NOTE 10); with gloo, ranks share the
+device the engine was given (two ranks on one GPU: a correctness check, not a speed-up).
 """
 
 from __future__ import annotations
 
 import copyreg
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -65,6 +69,7 @@ from typing import Any
 
 from tinyvllm.config import EngineConfig
 from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.distributed.parallel_state import default_backend
 from tinyvllm.exceptions import EngineDeadError
 from tinyvllm.executor.abstract import Executor
 from tinyvllm.executor.uniproc_executor import run_method
@@ -79,6 +84,14 @@ def read_only(mapping: dict) -> MappingProxyType:
 
 
 copyreg.pickle(MappingProxyType, lambda proxy: (read_only, (dict(proxy),)))  # NOTE 2
+
+
+def rank_config(config: EngineConfig, rank: int, backend: str) -> EngineConfig:
+    """The config rank ``rank`` builds its worker from: its own GPU under NCCL (NOTE 6)."""
+    device = config.device_config.device
+    if backend != "nccl" or not device.startswith("cuda"):
+        return config
+    return dataclasses.replace(config, device_config=dataclasses.replace(config.device_config, device=f"cuda:{rank}"))
 
 
 def free_port() -> int:
@@ -217,6 +230,7 @@ class MultiprocExecutor(Executor):
         context = multiprocessing.get_context("spawn")  # NOTE 1
         init_method = f"tcp://127.0.0.1:{free_port()}"
         pdeathsig = threading.current_thread() is threading.main_thread()  # NOTE 4
+        backend = default_backend(self.config.device_config.device.split(":")[0])
         self._stopping = False
         self._dead_reason: str | None = None
         self._procs, self._calls, self._replies, death_pipes = [], [], [], []
@@ -227,7 +241,7 @@ class MultiprocExecutor(Executor):
             death_out, death_in = context.Pipe(duplex=False)
             proc = context.Process(
                 target=worker_main, name=f"tinyvllm-worker-{rank}", daemon=True,
-                args=(rank, self.config, self.eos_token_id, init_method, call_out, reply_in, death_out, os.getpid(), pdeathsig),
+                args=(rank, rank_config(self.config, rank, backend), self.eos_token_id, init_method, call_out, reply_in, death_out, os.getpid(), pdeathsig),
             )  # fmt: skip
             proc.start()
             for child_end in (call_out, reply_in, death_out):
