@@ -44,7 +44,8 @@ def generate_both(folder: str, **kwargs):
             greedy = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
             sampled = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
             again = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
-            runs[size] = greedy, sampled, again, llm.engine.scheduler.num_preemptions
+            scheduler = llm.engine.scheduler
+            runs[size] = greedy, sampled, again, scheduler.num_preemptions, scheduler.spec_stats.num_accepted_tokens
         finally:
             llm.engine.model_executor.shutdown()
     return runs
@@ -57,7 +58,7 @@ def token_ids(outputs) -> list[list[list[int]]]:
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 def test_two_ranks_give_one_ranks_tokens(tiny_model_dirs, family):
     runs = generate_both(str(tiny_model_dirs[family]))
-    (greedy_1, sampled_1, _, _), (greedy_2, sampled_2, again_2, preemptions_2) = runs[1], runs[2]
+    (greedy_1, sampled_1, *_), (greedy_2, sampled_2, again_2, preemptions_2, _) = runs[1], runs[2]
     assert_same_tokens_and_logprobs(greedy_1, greedy_2, abs_tol=LOGPROB_TOL)
     assert all(len(out.outputs[0].token_ids) == 12 for out in greedy_2)
     assert preemptions_2 > 0  # the few blocks did preempt: recompute gave the same tokens
@@ -72,18 +73,29 @@ def test_two_ranks_with_ngram_speculation_give_one_ranks_tokens(tiny_model_dirs)
     runs = generate_both(str(tiny_model_dirs["qwen3"]), speculative_config=spec)
     assert_same_tokens_and_logprobs(runs[1][0], runs[2][0], abs_tol=LOGPROB_TOL)
     assert token_ids(runs[2][1]) == token_ids(runs[2][2])
+    assert runs[2][4] > 0 and runs[2][4] == runs[1][4]  # drafts were accepted, the same ones
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
 def test_two_ranks_under_each_emulated_cudagraph_mode(tiny_model_dirs, mode):
+    """Full graphs need a backend that allows them: Triton, under its interpreter on the CPU
+    (``conftest.py`` sets ``TRITON_INTERPRET=1``; the worker processes inherit it)."""
     folder = str(tiny_model_dirs["qwen3"])
-    eager = LLM(folder, **ENGINE, enforce_eager=True)
-    graphs = LLM(folder, tensor_parallel_size=2, **ENGINE, compilation_config={"cudagraph_mode": mode})
+    engine = dict(
+        device="cpu", torch_threads=1, block_size=16, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4,
+        attention_backend="triton",
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=6, temperature=0, logprobs=1, ignore_eos=True)
+    eager = LLM(folder, **engine, enforce_eager=True)
+    graphs = LLM(
+        folder, tensor_parallel_size=2, **engine,
+        compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]},
+    )  # fmt: skip
     try:
         assert graphs.startup_report.cudagraph_mode == mode
         assert_same_tokens_and_logprobs(
-            eager.generate(PROMPTS, GREEDY, use_tqdm=False), graphs.generate(PROMPTS, GREEDY, use_tqdm=False),
+            eager.generate(PROMPTS[1:], params, use_tqdm=False), graphs.generate(PROMPTS[1:], params, use_tqdm=False),
             abs_tol=LOGPROB_TOL,
         )  # fmt: skip
     finally:
