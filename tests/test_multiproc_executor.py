@@ -318,7 +318,7 @@ def test_torchrun_with_the_external_launcher_gives_one_process_tokens(qwen3, tmp
     assert record["world_size"] == 2 and record["tokens"] == generate(qwen3)
 
 
-def test_the_command_line_refuses_a_bad_size_naming_its_flag(qwen3, capsys):
+def test_the_command_line_refuses_a_bad_size_naming_its_flag(qwen3, capsys, tmp_path):
     from tinyvllm import cli
 
     before = children()
@@ -328,4 +328,8 @@ def test_the_command_line_refuses_a_bad_size_naming_its_flag(qwen3, capsys):
     assert "--tensor-parallel-size 3 does not divide the model's 4 attention heads" in capsys.readouterr().err
     assert cli.main(["serve", "--tensor-parallel-size", "2", "--distributed-executor-backend", "uni"]) == 2
     assert "--distributed-executor-backend 'uni' runs one worker" in capsys.readouterr().err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("import os\n", encoding="utf-8")
+    assert cli.main(["trace", "--prompts", str(prompts), "--tensor-parallel-size", "2"]) == 2
+    assert "tinyvllm trace records the runner of a one-process engine" in capsys.readouterr().err
     assert children() == before
