@@ -82,7 +82,7 @@ class ExecutorWithExternalLauncher(UniProcExecutor):
 
     def determine_available_memory(self) -> list[int]:
         """This rank's bytes, lowered to the group's minimum (NOTE 2)."""
-        mine = torch.tensor([super().determine_available_memory()[0]], dtype=torch.int64)
+        mine = torch.tensor([super().determine_available_memory()[0]], dtype=torch.int64, device=self.driver_worker.device)
         group = get_tp_group()
         if group.world_size > 1:
             dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=group.group)
