@@ -91,6 +91,7 @@ class StepObserver(Protocol):
         error: BaseException | None,
     ) -> None: ...  # fmt: skip
 
+
 def executor_class(config: EngineConfig) -> type[Executor]:
     """The executor ``config.parallel_config`` asks for (NOTE 9)."""
     backend = config.parallel_config.distributed_executor_backend

@@ -62,9 +62,9 @@ import sys
 import threading
 import traceback
 import weakref
-from types import MappingProxyType
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
+from types import MappingProxyType
 from typing import Any
 
 from tinyvllm.config import EngineConfig
@@ -74,6 +74,7 @@ from tinyvllm.exceptions import EngineDeadError
 from tinyvllm.executor.abstract import Executor
 from tinyvllm.executor.uniproc_executor import run_method
 from tinyvllm.outputs import ModelRunnerOutput
+from tinyvllm.worker.worker import Worker
 
 SHUTDOWN_TIMEOUT_S = 10.0  # a rank's time to release its worker before it is terminated
 
@@ -143,8 +144,6 @@ def worker_main(
     if os.getppid() != parent_pid:  # the parent died before the guard was set
         os._exit(1)
     threading.Thread(target=_exit_on_eof, args=(death_pipe,), daemon=True, name="tinyvllm-parent-watch").start()
-    from tinyvllm.worker.worker import Worker  # the worker's imports (torch, the model) in the child only
-
     try:
         worker = Worker(config, eos_token_id, rank=rank, distributed_init_method=init_method)
     except BaseException as error:
@@ -293,8 +292,8 @@ class MultiprocExecutor(Executor):
         while any(self._owed):
             pending = {self._replies[rank]: rank for rank, owed in enumerate(self._owed) if owed}
             ready = wait([*pending, *sentinels])
-            for conn in (c for c in ready if c in pending):
-                rank = pending[conn]
+            for rank in sorted(pending[c] for c in ready if c in pending):  # the first failure seen wins
+                conn = self._replies[rank]
                 try:
                     reply = conn.recv()
                 except (EOFError, OSError):
