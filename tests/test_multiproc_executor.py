@@ -161,6 +161,12 @@ def test_a_bad_tensor_parallel_size_is_refused_before_any_process_starts(qwen3):
     with pytest.raises(ValueError, match="distributed_executor_backend"):
         LLM(qwen3, device="cpu", tensor_parallel_size=2, distributed_executor_backend="ray")
     assert children() == before
+    from tinyvllm.config import ParallelConfig
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    for size, backend, resolved in [(1, None, "uni"), (2, None, "mp"), (1, "mp", "mp"), (2, "external_launcher", "external_launcher")]:
+        config = EngineArgs(qwen3, device="cpu", tensor_parallel_size=size, distributed_executor_backend=backend)
+        assert config.create_engine_config().parallel_config == ParallelConfig(size, resolved)
 
 
 async def aenumerate(stream):
@@ -334,3 +340,16 @@ def test_the_command_line_refuses_a_bad_size_naming_its_flag(qwen3, capsys, tmp_
     assert cli.main(["trace", "--prompts", str(prompts), "--tensor-parallel-size", "2"]) == 2
     assert "tinyvllm trace records the runner of a one-process engine" in capsys.readouterr().err
     assert children() == before
+
+
+def test_ctrl_c_is_held_back_while_a_message_is_written():
+    """A call's message reaches every rank or none: SIGINT waits until the writes are done."""
+    from tinyvllm.executor.multiproc_executor import _sigint_held
+
+    written = False
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            written = True  # not interrupted inside the block
+    assert written

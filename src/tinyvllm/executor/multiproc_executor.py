@@ -43,7 +43,9 @@ for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``; only when the executor i
 the main thread, since the signal follows the thread that started the process).
 NOTE 5 (Ctrl-C mid-call): a ``KeyboardInterrupt`` while replies are awaited leaves the
 workers running the call; each rank's owed replies are read and dropped before the next
-call, so the engine can undo the step (``llm_engine.py`` NOTE 1) and go on.
+call, so the engine can undo the step (``llm_engine.py`` NOTE 1) and go on. SIGINT is held
+back while a message is being written, so it reaches every rank or none (a rank left out
+would wait in the step's collectives for the others).
 NOTE 6 (a device per rank): with NCCL each rank takes its own GPU, rank r ``cuda:r`` (the
 engine refused more ranks than GPUs, ``engine_args.py`` NOTE 10); with gloo, ranks share the
 device the engine was given (two ranks on one GPU: a correctness check, not a speed-up).
@@ -51,6 +53,7 @@ device the engine was given (two ranks on one GPU: a correctness check, not a sp
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import dataclasses
 import multiprocessing
@@ -62,7 +65,7 @@ import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from types import MappingProxyType
 from typing import Any
@@ -205,6 +208,25 @@ def _stop_workers(procs: list, calls: list[Connection], death_pipes: list[Connec
         conn.close()
 
 
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Ctrl-C waits until the block ends (NOTE 5): Python's SIGINT handler, which runs on the
+    main thread, is swapped for one that notes the signal, then put back and called."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # SIGINT's handler runs on the main thread only: nothing to hold here
+        return
+    caught: list[tuple] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])  # KeyboardInterrupt, now that every rank has the message
+        elif caught and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 # --8<-- [start:monitor]
 def _monitor_workers(executor_ref: weakref.ref, procs: list) -> None:
     """The monitor thread (NOTE 3): wait until any worker process exits; unless the executor
@@ -276,12 +298,13 @@ class MultiprocExecutor(Executor):
         if any(self._owed):
             self._receive("an interrupted call")  # NOTE 5: drop what a Ctrl-C left unread
         message = pickle.dumps((method, args, kwargs or {}, output_rank), protocol=pickle.HIGHEST_PROTOCOL)
-        for rank, conn in enumerate(self._calls):
-            try:
-                conn.send_bytes(message)
-            except OSError as error:  # its process has gone
-                raise self._declare_dead(f"worker rank {rank} cannot be reached ({error!r})") from error
-            self._owed[rank] += 1
+        with _sigint_held():  # NOTE 5: every rank gets the message, or none
+            for rank, conn in enumerate(self._calls):
+                try:
+                    conn.send_bytes(message)
+                except OSError as error:  # its process has gone
+                    raise self._declare_dead(f"worker rank {rank} cannot be reached ({error!r})") from error
+                self._owed[rank] += 1
         return self._receive(method if isinstance(method, str) else getattr(method, "__name__", repr(method)))
     # --8<-- [end:collective_rpc]
 
