@@ -46,7 +46,10 @@ def generate_both(folder: str, **kwargs):
             sampled = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
             again = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
             scheduler = llm.engine.scheduler
-            runs[size] = greedy, sampled, again, scheduler.num_preemptions, scheduler.spec_stats.num_accepted_tokens
+            runs[size] = (
+                greedy, sampled, again, scheduler.num_preemptions, scheduler.spec_stats.num_accepted_tokens,
+                scheduler.get_stats().prefix_cache_hit_rate,
+            )  # fmt: skip
         finally:
             llm.engine.model_executor.shutdown()
     return runs
@@ -59,10 +62,11 @@ def token_ids(outputs) -> list[list[list[int]]]:
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 def test_two_ranks_give_one_ranks_tokens(tiny_model_dirs, family):
     runs = generate_both(str(tiny_model_dirs[family]))
-    (greedy_1, sampled_1, *_), (greedy_2, sampled_2, again_2, preemptions_2, _) = runs[1], runs[2]
+    (greedy_1, sampled_1, *_), (greedy_2, sampled_2, again_2, preemptions_2, _, hit_rate_2) = runs[1], runs[2]
     assert_same_tokens_and_logprobs(greedy_1, greedy_2, abs_tol=LOGPROB_TOL)
     assert all(len(out.outputs[0].token_ids) == 12 for out in greedy_2)
     assert preemptions_2 > 0  # the few blocks did preempt: recompute gave the same tokens
+    assert hit_rate_2 > 0.2  # the shared prefix was read from the cache
     assert token_ids(sampled_2) == token_ids(again_2)  # seeded sampling repeats under N = 2
     assert token_ids(sampled_2) == token_ids(sampled_1)  # and matches one rank's
     assert all(len(out.outputs) == 2 for out in sampled_2)
