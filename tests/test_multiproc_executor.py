@@ -275,7 +275,7 @@ def test_nccl_wants_a_gpu_per_rank(qwen3, monkeypatch):
 
     import torch
 
-    from tinyvllm.config import DeviceConfig, EngineConfig
+    from tinyvllm.config import DeviceConfig, EngineConfig, ParallelConfig
     from tinyvllm.executor.multiproc_executor import rank_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -288,8 +288,10 @@ def test_nccl_wants_a_gpu_per_rank(qwen3, monkeypatch):
     config = EngineConfig(device_config=DeviceConfig(device="cuda"))
     assert rank_config(config, 1, "nccl").device_config.device == "cuda:1"
     assert rank_config(config, 1, "gloo") is config
-    cpu = dataclasses.replace(config, device_config=DeviceConfig(device="cpu"))
-    assert rank_config(cpu, 1, "gloo") is cpu
+    cpu = dataclasses.replace(config, device_config=DeviceConfig(device="cpu", torch_threads=1))
+    assert rank_config(cpu, 1, "gloo") is cpu  # the threads asked for
+    shared = dataclasses.replace(cpu, device_config=DeviceConfig(device="cpu"), parallel_config=ParallelConfig(2, "mp"))
+    assert rank_config(shared, 1, "gloo").device_config.torch_threads == max(1, torch.get_num_threads() // 2)
 
 
 def test_the_message_bench_runs_and_writes_its_json(tmp_path):

@@ -48,7 +48,9 @@ back while a message is being written, so it reaches every rank or none (a rank 
 would wait in the step's collectives for the others).
 NOTE 6 (a device per rank): with NCCL each rank takes its own GPU, rank r ``cuda:r`` (the
 engine refused more ranks than GPUs, ``engine_args.py`` NOTE 10); with gloo, ranks share the
-device the engine was given (two ranks on one GPU: a correctness check, not a speed-up).
+device the engine was given (two ranks on one GPU: a correctness check, not a speed-up). On
+the CPU, N ranks with torch's own thread count each would ask N times the cores there are:
+a rank given no ``torch_threads`` takes an N-th of this process's.
 """
 
 from __future__ import annotations
@@ -91,11 +93,17 @@ copyreg.pickle(MappingProxyType, lambda proxy: (read_only, (dict(proxy),)))  # N
 
 
 def rank_config(config: EngineConfig, rank: int, backend: str) -> EngineConfig:
-    """The config rank ``rank`` builds its worker from: its own GPU under NCCL (NOTE 6)."""
-    device = config.device_config.device
-    if backend != "nccl" or not device.startswith("cuda"):
-        return config
-    return dataclasses.replace(config, device_config=dataclasses.replace(config.device_config, device=f"cuda:{rank}"))
+    """The config rank ``rank`` builds its worker from (NOTE 6): its own GPU under NCCL; on
+    the CPU, with no thread count given, an equal share of this process's torch threads."""
+    device_config = config.device_config
+    if backend == "nccl" and device_config.device.startswith("cuda"):
+        device_config = dataclasses.replace(device_config, device=f"cuda:{rank}")
+    elif device_config.device == "cpu" and device_config.torch_threads is None:
+        import torch
+
+        share = max(1, torch.get_num_threads() // config.parallel_config.world_size)
+        device_config = dataclasses.replace(device_config, torch_threads=share)
+    return config if device_config == config.device_config else dataclasses.replace(config, device_config=device_config)
 
 
 def free_port() -> int:
