@@ -75,6 +75,7 @@ from tinyvllm.engine.engine_args import (  # torch-free at import (engine_args.p
     CLI_NAMES,
     EngineArgs,
     check_counts,
+    check_parallel,
     resolve_max_model_len,
 )
 USER_ERRORS = (ValueError, TypeError, OSError)  # FileNotFoundError is an OSError
@@ -168,6 +169,7 @@ def _check_engine_args(args):
     """The engine flags and the model, without torch: a hub id is resolved into the hub
     cache (``args.model_folder``; ``args.model`` stays as typed, the served name) and the
     folder checked. ValueError naming the flag, the id or the file."""
+    from tinyvllm.distributed.utils import check_tensor_parallel_size
     from tinyvllm.models.hub import resolve_model
     from tinyvllm.models.loader import check_model_folder
     from tinyvllm.sampling_defaults import check_generation_config, generation_defaults
@@ -186,6 +188,12 @@ def _check_engine_args(args):
     source = check_generation_config(getattr(args, "generation_config", "auto"))
     generation_defaults(source, args.model_folder)  # a malformed field fails here, before torch
     args.speculative = _speculative_config_arg(getattr(args, "speculative_config", None))
+    try:  # the engine's rule (engine_args.py NOTE 10), naming the flag
+        check_tensor_parallel_size(
+            args.tensor_parallel_size, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
+        )  # fmt: skip
+    except ValueError as error:
+        raise ValueError(str(error).replace("tensor_parallel_size", CLI_NAMES["tensor_parallel_size"])) from None
     if args.max_model_len is not None:  # the engine's rule, naming the flag (engine_args.py NOTE 9)
         resolve_max_model_len(args.max_model_len, spec, "--max-model-len", f" (config.json of {args.model})")
 
@@ -226,6 +234,7 @@ def _chat_template_kwargs_arg(args) -> dict | None:
 def _check_counts(args) -> None:
     """The engine's own rule for the counts (``engine_args.check_counts``), naming the flags."""
     check_counts(args.max_model_len, args.num_gpu_blocks_override, args.threads, CLI_NAMES)
+    check_parallel(args.tensor_parallel_size, args.distributed_executor_backend, CLI_NAMES)
 
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")  # generate's, by field name

@@ -21,12 +21,17 @@ NOTE 1 (the backend): NCCL wants one device per rank and is capturable in a CUDA
 gloo runs on the CPU (and, through host copies, on CUDA tensors: two ranks may share one
 GPU for a correctness test, without CUDA graphs). ``default_backend`` picks by device;
 ``TINYVLLM_DISTRIBUTED_BACKEND`` overrides it.
+NOTE 2 (a finite timeout): a rank waiting in a collective for a rank that died waits
+``GROUP_TIMEOUT_S`` at most (gloo's default is 30 minutes), then raises. The multiprocess
+executor's monitor ends such a rank much sooner (``multiproc_executor.py`` NOTE 3); the
+timeout is the guard when nothing watches, as under ``torchrun``.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -66,6 +71,7 @@ class GroupCoordinator:
 
 
 _TP = GroupCoordinator()
+GROUP_TIMEOUT_S = 300.0  # NOTE 2
 
 
 def default_backend(device_type: str) -> str:
@@ -90,7 +96,10 @@ def init_distributed_environment(
     if _TP.world_size > 1:
         raise RuntimeError("this process already belongs to a tensor-parallel group")
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=distributed_init_method, world_size=world_size, rank=rank)
+        dist.init_process_group(
+            backend, init_method=distributed_init_method, world_size=world_size, rank=rank,
+            timeout=timedelta(seconds=GROUP_TIMEOUT_S),  # NOTE 2
+        )  # fmt: skip
     _TP = GroupCoordinator(world_size, rank, backend, dist.group.WORLD)
 # --8<-- [end:init_distributed_environment]
 

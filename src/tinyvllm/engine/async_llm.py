@@ -45,7 +45,8 @@ open while the first one steps is refused: the engine serves one loop at a time.
 NOTE 6 (shutdown and a dead engine): ``shutdown`` stops the task, aborts in the engine
 thread every request this front added (after any step in flight), stops the thread, and
 ends every live consumer with ``EngineDeadError``; every later call raises it. A bug in
-the stepping task ends the consumers the same way. vLLM's ``AsyncLLM`` raises
+the stepping task ends the consumers the same way, and so does an executor whose worker
+processes died (a step raises ``EngineDeadError``, ``multiproc_executor.py`` NOTE 3). vLLM's ``AsyncLLM`` raises
 ``EngineDeadError`` from ``generate`` when its engine core process dies, and ends an
 aborted request's stream with a last output whose ``finish_reason`` is ``"abort"``.
 NOTE 7 (tokenizing off the engine's thread): a text prompt is tokenized by a
@@ -69,6 +70,7 @@ from typing import Any
 from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.prompt_tokenizer import PromptTokenizer
+from tinyvllm.exceptions import EngineDeadError  # re-exported: it lived here first
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_int
@@ -76,10 +78,6 @@ from tinyvllm.validation import check_int
 
 class TooManyWaitingRequestsError(RuntimeError):
     """The scheduler already holds ``max_waiting_requests`` waiting requests (NOTE 3)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine's background task stopped; no request can be served."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +248,8 @@ class AsyncLLM:
         except BaseException as error:  # a bug: tell every consumer rather than hang them
             self._dead = error
             self._end_consumers()
-            raise
+            if not isinstance(error, EngineDeadError):  # a dead executor is no bug of this task
+                raise
     # --8<-- [end:run_loop]
 
     @staticmethod
@@ -318,6 +317,8 @@ class AsyncLLM:
                 queue = self._routes.pop(out.request_id, None) if out.finished else self._routes.get(out.request_id)
                 if queue is not None:  # None: not added here, or its consumer has gone
                     deliveries.append((queue, out))
+        except EngineDeadError:  # no step can run again: the run loop ends every consumer (NOTE 6)
+            raise
         except Exception as error:  # the engine aborted the step's requests (llm_engine.py NOTE 1)
             for request_id in before - self.engine.unfinished_request_ids():
                 queue = self._routes.pop(request_id, None)

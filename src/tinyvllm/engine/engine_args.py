@@ -48,6 +48,11 @@ not wait for torch, so this module imports torch, and what needs it, only where 
 The command line checks its flags before torch loads with the rules here (``check_counts``,
 ``resolve_max_model_len``, ``SpeculativeConfig``, ``check_generation_config``), each spelling
 the flag's name: no rule of an engine argument is written twice.
+NOTE 10 (tensor parallelism): ``tensor_parallel_size`` N and ``distributed_executor_backend``
+are vLLM's: None picks "uni" (one worker here) for N = 1 and "mp" (a process per rank) for
+more; "external_launcher" runs one rank in this process, its peers started alike by
+``torchrun``. N must split the model's heads (``distributed/utils.py``) and, with NCCL, not
+pass the GPUs present; all of it is refused here, before any process starts.
 """
 
 from __future__ import annotations
@@ -65,10 +70,12 @@ from tinyvllm.config import (
     DeviceConfig,
     EngineConfig,
     ModelConfig,
+    ParallelConfig,
     ReasoningConfig,
     SchedulerConfig,
     SpeculativeConfig,
 )
+from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.loader import ModelSpec, load_model_spec, resolve_dtype
 from tinyvllm.platform import triton_can_run_on
@@ -88,7 +95,9 @@ if TYPE_CHECKING:
 ATTENTION_BACKENDS = ("auto", "triton", "torch", "reference")  # NOTE 6
 # How the command line spells the counts it sets, so that the rules below name the flag (NOTE 9).
 CLI_NAMES = {"max_model_len": "--max-model-len", "num_gpu_blocks_override": "--num-gpu-blocks-override",
-             "torch_threads": "--threads"}  # fmt: skip
+             "torch_threads": "--threads", "tensor_parallel_size": "--tensor-parallel-size",
+             "distributed_executor_backend": "--distributed-executor-backend"}  # fmt: skip
+DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "external_launcher")  # NOTE 10
 # The five CUDAGraphMode names, spelled out so that `tinyvllm --help` imports no torch (NOTE 9).
 MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
@@ -118,6 +127,8 @@ class EngineArgs:
     speculative_config: dict | SpeculativeConfig | None = None
     max_logprobs: int = MAX_LOGPROBS
     torch_threads: int | None = None
+    tensor_parallel_size: int = 1  # NOTE 10
+    distributed_executor_backend: str | None = None
 
     # --8<-- [start:add_cli_args]
     @staticmethod
@@ -151,6 +162,15 @@ class EngineArgs:
             "--threads", type=int, default=None, metavar="N",
             help="torch CPU threads (default: 1 for a model under 100M parameters on the CPU, else torch's; cpu_threads.py)",
         )  # fmt: skip
+        p.add_argument(
+            "--tensor-parallel-size", type=int, default=1, metavar="N",
+            help="split the model over N ranks, a worker process each (tensor parallelism; gloo on the CPU, NCCL on CUDA)",
+        )  # fmt: skip
+        p.add_argument(
+            "--distributed-executor-backend", default=None, choices=list(DISTRIBUTED_EXECUTOR_BACKENDS),
+            help="who runs the ranks: uni (this process; N = 1), mp (a process per rank; N > 1) or "
+            "external_launcher (torchrun starts every rank)",
+        )  # fmt: skip
     # --8<-- [end:add_cli_args]
 
     # --8<-- [start:from_cli_args]
@@ -171,7 +191,8 @@ class EngineArgs:
             block_size=getattr(args, "block_size", 16), max_num_seqs=getattr(args, "max_num_seqs", 256),
             max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),  # tinyvllm trace's own flags
             speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", MAX_LOGPROBS),
-            torch_threads=torch_threads,
+            torch_threads=torch_threads, tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+            distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
         )  # fmt: skip
     # --8<-- [end:from_cli_args]
 
@@ -199,6 +220,9 @@ class EngineArgs:
         max_model_len, num_gpu_blocks_override, torch_threads = check_counts(
             self.max_model_len, self.num_gpu_blocks_override, self.torch_threads
         )  # None: the model's length, profiling, torch's threads as they are (cpu_threads.py)
+        tensor_parallel_size, executor_backend = check_parallel(
+            self.tensor_parallel_size, self.distributed_executor_backend
+        )  # NOTE 10
         block_size = check_int("block_size", self.block_size, 1)
         gpu_memory_utilization = check_real("gpu_memory_utilization", self.gpu_memory_utilization)
         if not 0 < gpu_memory_utilization <= 1:
@@ -221,6 +245,10 @@ class EngineArgs:
         model = resolve_model(model, revision)  # NOTE 4: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
         torch_dtype = resolve_dtype(dtype, spec, device.type)
+        check_tensor_parallel_size(
+            tensor_parallel_size, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
+        )  # NOTE 10: the heads split, or a one-line error naming tensor_parallel_size
+        _check_gpus(tensor_parallel_size, executor_backend, device)
         requested_backend = attention_backend
         if attention_backend == "auto":
             attention_backend = "triton" if device.type == "cuda" else "torch"  # NOTE 6
@@ -232,10 +260,15 @@ class EngineArgs:
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
         )
-        per_block = bytes_per_block(spec.num_hidden_layers, block_size, spec.num_key_value_heads, spec.head_dim, torch_dtype)
+        num_kv_heads = kv_heads_per_rank(spec.num_key_value_heads, tensor_parallel_size)  # one rank's cache
+        per_block = bytes_per_block(spec.num_hidden_layers, block_size, num_kv_heads, spec.head_dim, torch_dtype)
         if num_gpu_blocks_override is not None:  # NOTE 2
             check_fits_one_request(num_gpu_blocks_override, block_size, max_model_len)
-            check_kv_cache_fits(num_gpu_blocks_override, per_block, available_memory_bytes(device))
+            if device.type == "cpu" or tensor_parallel_size == 1:  # every rank's cache in this memory
+                per_block *= tensor_parallel_size
+                check_kv_cache_fits(num_gpu_blocks_override, per_block, available_memory_bytes(device))
+            # else each rank's own GPU: the workers check it (``initialize_kv_caches``), and the
+            # engine's process opens no CUDA context of its own
         CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks_override)  # validates early
         return EngineConfig(
             scheduler_config,
@@ -248,6 +281,7 @@ class EngineArgs:
                 logits_processors, max_logprobs, generation_config,
             ),
             DeviceConfig(str(device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads),
+            ParallelConfig(tensor_parallel_size, executor_backend),
         )
     # --8<-- [end:create_engine_config]
 
@@ -261,6 +295,26 @@ def check_counts(
     values = {"max_model_len": max_model_len, "num_gpu_blocks_override": num_gpu_blocks_override,
               "torch_threads": torch_threads}  # fmt: skip
     return tuple(check_optional_int(names.get(key, key), value, 1) for key, value in values.items())
+
+
+def check_parallel(
+    tensor_parallel_size: object, distributed_executor_backend: object, names: Mapping[str, str] = {}
+) -> tuple[int, str]:
+    """NOTE 10: the size, an int >= 1, and the backend it runs on (None: "uni" for 1, "mp"
+    for more), each named as the caller takes it. Torch-free (NOTE 9)."""
+    size_name = names.get("tensor_parallel_size", "tensor_parallel_size")
+    backend_name = names.get("distributed_executor_backend", "distributed_executor_backend")
+    size = check_int(size_name, tensor_parallel_size, 1)
+    backend = distributed_executor_backend
+    if backend is None:
+        return size, "uni" if size == 1 else "mp"
+    if not isinstance(backend, str):
+        raise TypeError(f"{backend_name} must be a str or None, got {backend!r} ({type(backend).__name__})")
+    if backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+        raise ValueError(f"{backend_name} must be one of {DISTRIBUTED_EXECUTOR_BACKENDS} or None, got {backend!r}")
+    if backend == "uni" and size > 1:
+        raise ValueError(f"{backend_name} 'uni' runs one worker, but {size_name} is {size}: use 'mp'")
+    return size, backend
 
 
 def resolve_max_model_len(max_model_len: int | None, spec: ModelSpec, name: str = "max_model_len", where: str = "") -> int:
@@ -290,6 +344,21 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     if not (device == "cpu" or device.startswith("cuda")):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
     return torch.device(device)
+
+
+def _check_gpus(tensor_parallel_size: int, backend: str, device: torch.device) -> None:
+    """NCCL wants a GPU per rank: refuse more "mp" ranks than GPUs present (NOTE 10)."""
+    import torch  # NOTE 9
+
+    from tinyvllm.distributed.parallel_state import default_backend
+
+    if backend != "mp" or device.type != "cuda" or default_backend("cuda") != "nccl":
+        return
+    present = torch.cuda.device_count()
+    if tensor_parallel_size > present:
+        raise ValueError(
+            f"tensor_parallel_size {tensor_parallel_size} needs a GPU per rank (NCCL), but {present} are present"
+        )
 
 
 def _speculative_config(config: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:

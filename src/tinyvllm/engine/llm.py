@@ -84,6 +84,8 @@ class LLM:
         speculative_config: dict | SpeculativeConfig | None = None,
         max_logprobs: int = MAX_LOGPROBS,
         torch_threads: int | None = None,
+        tensor_parallel_size: int = 1,
+        distributed_executor_backend: str | None = None,
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, block_size=block_size,
@@ -93,6 +95,7 @@ class LLM:
             reasoning_config=reasoning_config, compilation_config=compilation_config, enforce_eager=enforce_eager,
             logits_processors=logits_processors, revision=revision, generation_config=generation_config,
             speculative_config=speculative_config, max_logprobs=max_logprobs, torch_threads=torch_threads,
+            tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
         )  # fmt: skip
         self.engine = LLMEngine.from_engine_args(engine_args)  # NOTE 1
         self._ids = itertools.count()
@@ -113,7 +116,7 @@ class LLM:
 
     @property
     def device(self) -> torch.device:
-        return self.engine.model_runner.device
+        return torch.device(self.config.device_config.device)  # no runner here under "mp"
 
     @property
     def dtype(self) -> torch.dtype:

@@ -47,6 +47,10 @@ partial prefill none, as in vLLM; the runner keeps those the target agrees with.
 NOTE 8 (an observer): ``observer`` (None by default) is called after every step, a failed one
 too (after the undo, with the error); what it raises is logged and noted, never raised in
 the step's place. The step pays one ``is not None`` check (``trace/recorder.py`` measures it).
+NOTE 9 (the executor): ``executor_class`` picks it by ``distributed_executor_backend``: one
+worker here ("uni"), a process per rank ("mp"), one rank of a ``torchrun`` job
+("external_launcher"). Under "mp" no runner lives in this process (``model_runner`` says so);
+the start-up report is rank 0's, ``startup_reports`` every rank's.
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ from tinyvllm.outputs import EngineCoreOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
-from tinyvllm.executor.abstract import Executor, initialize_kv_caches
-from tinyvllm.executor.uniproc_executor import UniProcExecutor
+from tinyvllm.executor.abstract import Executor, initialize_kv_caches, runner_view, worker_attribute
+from tinyvllm.executor.multiproc_executor import MultiprocExecutor
+from tinyvllm.executor.uniproc_executor import ExecutorWithExternalLauncher, UniProcExecutor
 from tinyvllm.worker.model_runner import ModelRunner
 
 if TYPE_CHECKING:
@@ -85,6 +90,16 @@ class StepObserver(Protocol):
         self, engine: LLMEngine, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput],
         error: BaseException | None,
     ) -> None: ...  # fmt: skip
+
+
+def executor_class(config: EngineConfig) -> type[Executor]:
+    """The executor ``config.parallel_config`` asks for (NOTE 9)."""
+    backend = config.parallel_config.distributed_executor_backend
+    classes = {"uni": UniProcExecutor, "mp": MultiprocExecutor, "external_launcher": ExecutorWithExternalLauncher}
+    if backend not in classes:
+        raise ValueError(f"distributed_executor_backend must be one of {tuple(classes)}, got {backend!r}")
+    return classes[backend]
+
 
 class LLMEngine:
     """Schedule -> execute -> update, one step at a time."""
@@ -115,6 +130,7 @@ class LLMEngine:
         self.observer: StepObserver | None = None  # NOTE 8
         self.config: EngineConfig | None = None  # from_engine_args sets these three (NOTE 5)
         self.startup_report: StartupReport | None = None
+        self.startup_reports: list[StartupReport] = []  # every rank's, rank order (NOTE 9)
         self.cudagraph_memory_bytes = 0  # what the graphs take from the KV budget (GPU only)
 
     # --8<-- [start:from_engine_args]
@@ -124,10 +140,15 @@ class LLMEngine:
         config = engine_args.create_engine_config()  # every argument checked, the model folder read
         input_processor = InputProcessor.from_config(config)
         config = dataclasses.replace(config, reasoning_config=input_processor.reasoning_config)
-        executor = UniProcExecutor(config, input_processor.eos_token_id)  # the device, the weights
-        config = initialize_kv_caches(executor, config)  # KV blocks sized and allocated, runner, graphs
-        worker = executor.driver_worker
-        logger.info("tinyvllm start-up:\n  %s", "\n  ".join(worker.startup_report.lines()))
+        executor = executor_class(config)(config, input_processor.eos_token_id)  # the device(s), the weights
+        try:
+            config = initialize_kv_caches(executor, config)  # KV blocks sized and allocated, runner, graphs
+            reports = executor.startup_reports()  # NOTE 9: rank 0's is the engine's
+            graph_bytes = executor.collective_rpc(worker_attribute, args=("cudagraph_memory_bytes",))[0]
+        except BaseException:
+            executor.shutdown()  # no worker process outlives a failed start-up
+            raise
+        logger.info("tinyvllm start-up:\n  %s", "\n  ".join(reports[0].lines()))
         scheduler = Scheduler(config.scheduler_config, config.cache_config, log_stats=True)
         spec_config = config.speculative_config
         proposer = None if spec_config is None else NgramProposer(
@@ -135,8 +156,8 @@ class LLMEngine:
             config.scheduler_config.max_model_len,
         )  # fmt: skip
         engine = cls(scheduler, executor, proposer=proposer, input_processor=input_processor)
-        engine.config, engine.startup_report = config, worker.startup_report
-        engine.cudagraph_memory_bytes = worker.cudagraph_memory_bytes
+        engine.config, engine.startup_report, engine.startup_reports = config, reports[0], reports
+        engine.cudagraph_memory_bytes = graph_bytes
         return engine
     # --8<-- [end:from_engine_args]
 
@@ -162,9 +183,15 @@ class LLMEngine:
 
     @property
     def model_runner(self) -> ModelRunner:
-        """The one-process executor's runner, for tests, benches, the step recorder and
-        ``check_invariants`` to read; the engine calls only ``model_executor``."""
-        return self.model_executor.driver_worker.model_runner
+        """The one-process executor's runner, for tests, benches and the step recorder to
+        read; the engine calls only ``model_executor``. Under "mp" there is none here (NOTE 9)."""
+        worker = getattr(self.model_executor, "driver_worker", None)
+        if worker is None:
+            raise RuntimeError(
+                f"no model runner in this process: {type(self.model_executor).__name__} runs the model in its "
+                "worker processes (tensor_parallel_size > 1); reach them with model_executor.collective_rpc"
+            )
+        return worker.model_runner
 
     # --8<-- [start:add_request]
     def add_request(
@@ -307,9 +334,12 @@ class LLMEngine:
     def check_invariants(self) -> None:
         """The scheduler and the runner check themselves, then their two copies of each
         request are compared (module header). Call it between steps."""
-        scheduler, runner = self.scheduler, self.model_runner
+        scheduler = self.scheduler
         scheduler.check_invariants()
         self.model_executor.check_invariants()  # the worker and its runner check themselves
+        views = self.model_executor.collective_rpc(runner_view)  # every rank's, in whichever process (NOTE 9)
+        assert all(view == views[0] for view in views), "the ranks' runners hold different requests"
+        runner = views[0]
         self.output_processor.check_invariants()
         if self.proposer is not None:
             self.proposer.check_invariants()
@@ -321,17 +351,15 @@ class LLMEngine:
         stale = set(runner.requests) - unfinished - scheduler.finished_req_ids
         assert not stale, f"the runner holds states of {sorted(stale)}, neither unfinished nor about to be reported finished"
         kv = scheduler.kv_cache_manager
-        for req_id in runner.input_batch.req_id_to_index:
+        for req_id in runner.batch_req_ids:
             request = scheduler.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # finished or aborted since it ran: the next step removes it from the batch
-            state = runner.requests[req_id]
+            block_ids, output_token_ids = runner.requests[req_id]
             blocks = kv.get_block_ids(req_id)
-            assert state.block_ids == blocks, (
-                f"request {req_id!r}: the runner's block ids {state.block_ids} != the scheduler's {blocks}"
-            )
-            assert state.output_token_ids == request.output_token_ids, (
-                f"request {req_id!r}: the runner's output tokens {state.output_token_ids} != "
+            assert block_ids == list(blocks), f"request {req_id!r}: the runner's block ids {block_ids} != the scheduler's {blocks}"
+            assert output_token_ids == request.output_token_ids, (
+                f"request {req_id!r}: the runner's output tokens {output_token_ids} != "
                 f"the scheduler's {request.output_token_ids}"
             )
     # --8<-- [end:check_invariants]

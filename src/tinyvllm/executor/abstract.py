@@ -24,6 +24,12 @@ bytes become blocks (``worker/kv_cache.py``: capped at ``max_num_seqs`` requests
 ``max_model_len`` tokens, at least one such request); ``num_gpu_blocks_override`` fixes the
 number instead. Whatever decided it, the pool must fit in the memory the device has free
 (``kv_cache.py`` NOTE 3) before any block is allocated.
+NOTE 3 (reading the workers): what the engine reads of its workers after start-up (each
+rank's ``StartupReport``, each rank's runner state for ``LLMEngine.check_invariants``)
+travels as a call too, a module function run on every worker, so it works whether the
+workers live in this process or in others (``multiproc_executor.py``). So do the bytes of a
+block (a rank's cache holds only its KV heads) and the memory free on each device: the
+engine's process never touches a GPU for them.
 NOTE 2 (the EOS id): the tokenizer's EOS travels to the worker's persistent batch
 (``worker.py`` NOTE 3), beside the config: it is the tokenizer's, not the config's.
 """
@@ -35,19 +41,45 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from tinyvllm.config import EngineConfig
 from tinyvllm.core.sched_output import SchedulerOutput
-from tinyvllm.distributed.utils import kv_heads_per_rank
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.worker.kv_cache import (
     available_memory_bytes,
-    bytes_per_block,
     check_fits_one_request,
     check_kv_cache_fits,
     num_blocks_from_budget,
 )
+from tinyvllm.worker.startup_report import StartupReport
+
+
+def worker_attribute(worker: object, name: str) -> Any:
+    """``worker.name``, as a call every worker runs (NOTE 3; a module function pickles by name)."""
+    return getattr(worker, name)
+
+
+def device_free_bytes(worker: object) -> int | None:
+    """The bytes free on the worker's device (``kv_cache.py`` NOTE 3), asked in its process."""
+    return available_memory_bytes(worker.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerView:
+    """What ``LLMEngine.check_invariants`` compares with its scheduler (NOTE 3): for each
+    request the runner holds, ``(block ids, output token ids)``; the ids in its batch."""
+
+    requests: dict[str, tuple[list[int], list[int]]]
+    batch_req_ids: tuple[str, ...]
+
+
+def runner_view(worker: object) -> RunnerView:
+    """The worker's ``RunnerView``, as a call every worker runs (NOTE 3)."""
+    runner = worker.model_runner
+    states = runner.requests
+    return RunnerView(
+        {rid: (list(s.block_ids), list(s.output_token_ids)) for rid, s in states.items()},
+        tuple(runner.input_batch.req_id_to_index),
+    )
 
 
 class Executor(ABC):
@@ -89,6 +121,10 @@ class Executor(ABC):
     def check_invariants(self) -> None:
         self.collective_rpc("check_invariants")
 
+    def startup_reports(self) -> list[StartupReport]:
+        """Each rank's start-up report, in rank order (NOTE 3)."""
+        return self.collective_rpc(worker_attribute, args=("startup_report",))
+
     def check_health(self) -> None:
         """Raise ``RuntimeError`` when the executor cannot serve a step."""
         if self.is_closed:
@@ -106,12 +142,8 @@ class Executor(ABC):
 def initialize_kv_caches(executor: Executor, config: EngineConfig) -> EngineConfig:
     """Size the KV cache from what the workers say they can hold (NOTE 1), have every worker
     allocate it, build its runner and capture; the config with ``num_gpu_blocks`` filled."""
-    model, device, cache = config.model_config, config.device_config, config.cache_config
-    scheduler, spec = config.scheduler_config, model.spec
-    num_kv_heads = kv_heads_per_rank(spec.num_key_value_heads, config.parallel_config.tensor_parallel_size)
-    per_block = bytes_per_block(
-        spec.num_hidden_layers, cache.block_size, num_kv_heads, spec.head_dim, getattr(torch, model.dtype)
-    )  # fmt: skip  one rank's cache: every rank holds the same blocks of its own heads
+    device, cache, scheduler = config.device_config, config.cache_config, config.scheduler_config
+    per_block = max(executor.collective_rpc("kv_bytes_per_block"))  # a rank's block: its KV heads only (NOTE 3)
     available = min(executor.determine_available_memory())
     if device.num_gpu_blocks_override is not None:
         num_blocks = device.num_gpu_blocks_override
@@ -120,7 +152,8 @@ def initialize_kv_caches(executor: Executor, config: EngineConfig) -> EngineConf
             available, per_block, cache.block_size, scheduler.max_model_len, scheduler.max_num_seqs
         )  # fmt: skip
         check_fits_one_request(num_blocks, cache.block_size, scheduler.max_model_len)
-    check_kv_cache_fits(num_blocks, per_block, available_memory_bytes(torch.device(device.device)))
+    free = [b for b in executor.collective_rpc(device_free_bytes) if b is not None]  # asked where the devices are
+    check_kv_cache_fits(num_blocks, per_block, min(free) if free else None)
     config = dataclasses.replace(config, cache_config=dataclasses.replace(cache, num_gpu_blocks=num_blocks))
     executor.initialize_kv_cache(config)
     return config

@@ -126,6 +126,11 @@ def run(args, check_engine_args, llm_from_args) -> int:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.max_steps < 1:
         raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if getattr(args, "tensor_parallel_size", 1) != 1:  # the recorder reads the runner in this process
+        raise ValueError(
+            f"--tensor-parallel-size {args.tensor_parallel_size}: tinyvllm trace records the runner of a one-process "
+            "engine; the ranks' runners live in worker processes (use 1)"
+        )
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
     if args.workload:

@@ -1,0 +1,357 @@
+"""The multiprocess executor (``executor/multiproc_executor.py``): two worker processes on the
+CPU (gloo), every call one message to each rank, results in rank order; every rank samples the
+same ids; a worker that dies becomes ``EngineDeadError`` within seconds; no worker process
+outlives the engine (``shutdown``, a parent killed with SIGKILL); a bad
+``tensor_parallel_size`` is refused before any process starts. Few engine starts: each one
+spawns two interpreters that import torch (about 2 s on two cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.exceptions import EngineDeadError
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks processes through /proc")
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+
+
+def children() -> set[int]:
+    """The pids of this process's live (not zombie) children."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def last_sampled(worker) -> dict[str, list[int]]:
+    """Each request's output tokens as this rank's runner holds them (runs in the worker)."""
+    return {rid: list(state.output_token_ids) for rid, state in worker.model_runner.requests.items()}
+
+
+def rank_of(worker) -> int:
+    return worker.rank
+
+
+def sleep_then_say(worker, seconds: float) -> str:
+    time.sleep(seconds)
+    return "late"
+
+
+def interrupted_call(executor) -> None:
+    """A Ctrl-C (a KeyboardInterrupt raised in this thread) while the ranks run a call."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            executor.collective_rpc(sleep_then_say, args=(1.0,))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def raise_here(worker):
+    raise ValueError(f"rank {worker.rank} says no")
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_model_dirs):
+    return str(tiny_model_dirs["qwen3"])
+
+
+def tp_llm(folder: str, **kwargs) -> LLM:
+    return LLM(folder, device="cpu", torch_threads=1, tensor_parallel_size=2, **kwargs)
+
+
+def test_two_ranks_answer_in_rank_order_and_sample_the_same_ids(qwen3):
+    llm = tp_llm(qwen3, seed=3)
+    executor = llm.engine.model_executor
+    try:
+        assert type(executor).__name__ == "MultiprocExecutor"
+        assert executor.collective_rpc(rank_of) == [0, 1]
+        assert len(set(executor.worker_pids)) == 2 and os.getpid() not in executor.worker_pids
+        # seeded sampling: both ranks draw the same ids, step by step (their runners agree)
+        prompts = [{"prompt_token_ids": [1, 2, 3, 4, 5]}, {"prompt_token_ids": [7, 8, 9]}]
+        engine, params = llm.engine, SamplingParams(max_tokens=5, temperature=1.0, seed=11)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt["prompt_token_ids"], params)
+        for _ in range(3):
+            engine.step()
+            per_rank = executor.collective_rpc(last_sampled)
+            assert per_rank[0] == per_rank[1] and any(per_rank[0].values())
+            engine.check_invariants()  # every rank's runner agrees with the scheduler
+        engine.abort_request(["0", "1"])
+        interrupted_call(executor)  # the replies it left are dropped before the next call
+        assert executor.collective_rpc(rank_of) == [0, 1]
+        with pytest.raises(RuntimeError, match="no model runner in this process"):
+            llm.engine.model_runner
+        assert len(llm.engine.startup_reports) == 2 and llm.startup_report is llm.engine.startup_reports[0]
+        # a worker's exception outside a step comes back as itself, naming the rank; the engine is dead then
+        with pytest.raises(ValueError, match="rank [01] says no") as error:  # whichever reply came first
+            executor.collective_rpc(raise_here)
+        rank = str(error.value)[5]
+        assert f"worker rank {rank} during raise_here" in "".join(error.value.__notes__)
+        with pytest.raises(EngineDeadError):
+            llm.generate("again", GREEDY, use_tqdm=False)
+    finally:
+        pids = executor.worker_pids
+        executor.shutdown()
+    assert wait_gone(pids, 10) == []
+
+
+def test_a_killed_worker_is_engine_dead_error_within_seconds_and_shutdown_leaves_no_child(qwen3):
+    before = children()
+    llm = tp_llm(qwen3)
+    executor = llm.engine.model_executor
+    assert set(executor.worker_pids) <= children() - before
+    os.kill(executor.worker_pids[1], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(EngineDeadError, match="rank 1"):
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], GREEDY, use_tqdm=False)
+    assert time.monotonic() - started < 30
+    with pytest.raises(EngineDeadError):  # and every later call
+        llm.engine.step()
+    assert wait_gone(executor.worker_pids, 10) == []  # the monitor killed rank 0 too
+    executor.shutdown()
+    assert children() - before == set()
+
+
+def test_a_bad_tensor_parallel_size_is_refused_before_any_process_starts(qwen3):
+    before = children()
+    for size, error in [(0, ValueError), (-2, ValueError), ("2", TypeError), (True, TypeError), (3, ValueError)]:
+        with pytest.raises(error, match="tensor_parallel_size"):
+            LLM(qwen3, device="cpu", tensor_parallel_size=size)
+    with pytest.raises(ValueError, match="distributed_executor_backend"):
+        LLM(qwen3, device="cpu", tensor_parallel_size=2, distributed_executor_backend="uni")
+    with pytest.raises(ValueError, match="distributed_executor_backend"):
+        LLM(qwen3, device="cpu", tensor_parallel_size=2, distributed_executor_backend="ray")
+    assert children() == before
+    from tinyvllm.config import ParallelConfig
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    for size, backend, resolved in [(1, None, "uni"), (2, None, "mp"), (1, "mp", "mp"), (2, "external_launcher", "external_launcher")]:
+        config = EngineArgs(qwen3, device="cpu", tensor_parallel_size=size, distributed_executor_backend=backend)
+        assert config.create_engine_config().parallel_config == ParallelConfig(size, resolved)
+
+
+async def aenumerate(stream):
+    count = 0
+    async for item in stream:
+        count += 1
+        yield count, item
+
+
+def test_a_killed_worker_ends_every_async_stream_with_engine_dead_error(qwen3):
+    import asyncio
+
+    from tinyvllm.engine.async_llm import AsyncLLM
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    engine = AsyncLLM.from_engine_args(EngineArgs(qwen3, device="cpu", torch_threads=1, tensor_parallel_size=2))
+    executor = engine.engine.model_executor
+    from tinyvllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+    async def stream(i: int) -> BaseException | None:
+        try:
+            async for count, _ in aenumerate(engine.generate({"prompt_token_ids": [1 + i, 2, 3]}, params, f"r{i}")):
+                if i == 0 and count == 3:  # mid-stream, every request running
+                    os.kill(executor.worker_pids[0], signal.SIGKILL)
+        except EngineDeadError as error:
+            return error
+        return None
+
+    async def main():
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(stream(i) for i in range(3))), 30)
+        finally:
+            await engine.shutdown()
+
+    try:
+        errors = asyncio.run(main())
+    finally:
+        executor.shutdown()
+    assert all(isinstance(e, EngineDeadError) for e in errors), errors
+    assert wait_gone(executor.worker_pids, 10) == []
+
+
+PARENT = textwrap.dedent(
+    """
+    import json, sys, time
+    from tinyvllm import LLM
+
+    if __name__ == "__main__":
+        llm = LLM(sys.argv[1], device="cpu", torch_threads=1, tensor_parallel_size=2)
+        print(json.dumps(llm.engine.model_executor.worker_pids), flush=True)
+        if sys.argv[2] == "wait":
+            time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "end", ["SIGKILL to the parent", pytest.param("Ctrl-C to the process group", marks=pytest.mark.slow),
+            pytest.param("the script returns", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_no_worker_outlives_its_parent(qwen3, tmp_path, end):
+    """SIGKILL: the workers see their parent pipe close (and PR_SET_PDEATHSIG); Ctrl-C (SIGINT
+    to the whole group, as a terminal sends it): the workers ignore it, the parent's
+    KeyboardInterrupt ends the interpreter, whose exit stops them; a script that returns
+    without shutting down: the same exit handler (``weakref.finalize``)."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    mode = "return" if end == "the script returns" else "wait"
+    parent = subprocess.Popen(
+        [sys.executable, str(script), qwen3, mode], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    try:
+        pids = json.loads(parent.stdout.readline())
+        assert len(pids) == 2
+        if end == "SIGKILL to the parent":
+            parent.kill()
+        elif end.startswith("Ctrl-C"):
+            os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(30) != 0 or mode == "return"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert wait_gone(pids, 10) == []
+
+
+@pytest.mark.slow
+def test_an_engine_collected_as_garbage_leaves_no_worker(qwen3):
+    import gc
+
+    llm = tp_llm(qwen3)
+    pids = llm.engine.model_executor.worker_pids
+    del llm
+    gc.collect()
+    assert wait_gone(pids, 15) == []
+
+
+def test_nccl_wants_a_gpu_per_rank(qwen3, monkeypatch):
+    """More ranks than GPUs is refused before any process starts (faked: a one-GPU machine);
+    with NCCL rank r takes ``cuda:r``, with gloo the ranks share the engine's device."""
+    import dataclasses
+
+    import torch
+
+    from tinyvllm.config import DeviceConfig, EngineConfig, ParallelConfig
+    from tinyvllm.executor.multiproc_executor import rank_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("TINYVLLM_DISTRIBUTED_BACKEND", raising=False)
+    before = children()
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 needs a GPU per rank .NCCL., but 1 are present"):
+        LLM(qwen3, device="cuda", attention_backend="torch", tensor_parallel_size=2)
+    assert children() == before
+    config = EngineConfig(device_config=DeviceConfig(device="cuda"))
+    assert rank_config(config, 1, "nccl").device_config.device == "cuda:1"
+    assert rank_config(config, 1, "gloo") is config
+    cpu = dataclasses.replace(config, device_config=DeviceConfig(device="cpu", torch_threads=1))
+    assert rank_config(cpu, 1, "gloo") is cpu  # the threads asked for
+    shared = dataclasses.replace(cpu, device_config=DeviceConfig(device="cpu"), parallel_config=ParallelConfig(2, "mp"))
+    assert rank_config(shared, 1, "gloo").device_config.torch_threads == max(1, torch.get_num_threads() // 2)
+
+
+def test_the_message_bench_runs_and_writes_its_json(tmp_path):
+    out = tmp_path / "tensor_parallel.json"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    bench = Path(__file__).resolve().parents[1] / "bench" / "tensor_parallel.py"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--quick", "--out", str(out)], capture_output=True, text=True, env=env, timeout=120
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    message = json.loads(out.read_text())["parts"]["message"]
+    assert set(message["by_num_reqs"]) == {"1", "32", "256"}
+    sizes = [message["by_num_reqs"][n]["message_bytes"] for n in ("1", "32", "256")]
+    assert sizes == sorted(sizes) and all(r["send_ms"] > 0 for r in message["by_num_reqs"].values())
+
+
+def test_torchrun_with_the_external_launcher_gives_one_process_tokens(qwen3, tmp_path):
+    """Two ranks started by ``torchrun`` (gloo on the CPU), each running the same engine, give
+    rank 0 the tokens of one process."""
+    from tinyvllm.executor.multiproc_executor import free_port
+
+    from tp_torchrun_script import generate  # tests/ is on the path, as for engine_compare
+
+    out = tmp_path / "tokens.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), str(Path(__file__).parent / "tp_torchrun_script.py"), qwen3, str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["world_size"] == 2 and record["tokens"] == generate(qwen3)
+
+
+def test_the_command_line_refuses_a_bad_size_naming_its_flag(qwen3, capsys, tmp_path):
+    from tinyvllm import cli
+
+    before = children()
+    assert cli.main(["generate", "--prompt", "p", "--tensor-parallel-size", "0"]) == 2
+    assert "--tensor-parallel-size must be an int >= 1, got 0" in capsys.readouterr().err
+    assert cli.main(["generate", "--model", qwen3, "--prompt", "p", "--tensor-parallel-size", "3"]) == 2
+    assert "--tensor-parallel-size 3 does not divide the model's 4 attention heads" in capsys.readouterr().err
+    assert cli.main(["serve", "--tensor-parallel-size", "2", "--distributed-executor-backend", "uni"]) == 2
+    assert "--distributed-executor-backend 'uni' runs one worker" in capsys.readouterr().err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("import os\n", encoding="utf-8")
+    assert cli.main(["trace", "--prompts", str(prompts), "--tensor-parallel-size", "2"]) == 2
+    assert "tinyvllm trace records the runner of a one-process engine" in capsys.readouterr().err
+    assert children() == before
+
+
+def test_ctrl_c_is_held_back_while_a_message_is_written():
+    """A call's message reaches every rank or none: SIGINT waits until the writes are done."""
+    from tinyvllm.executor.multiproc_executor import _sigint_held
+
+    written = False
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            written = True  # not interrupted inside the block
+    assert written
