@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from multiprocessing import resource_tracker
 import signal
 import subprocess
 import sys
@@ -27,7 +28,10 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0)
 
 
 def children() -> set[int]:
-    """The pids of this process's live (not zombie) children."""
+    """The pids of this process's live (not zombie) children. Spawning starts multiprocessing's
+    resource tracker once per interpreter, and it stays: started here first, it is in every
+    ``before`` and never counts as the engine's."""
+    resource_tracker.ensure_running()
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -149,6 +153,18 @@ def test_a_killed_worker_is_engine_dead_error_within_seconds_and_shutdown_leaves
     assert wait_gone(executor.worker_pids, 10) == []  # the monitor killed rank 0 too
     executor.shutdown()
     assert children() - before == set()
+
+
+def test_llm_shutdown_ends_the_workers_at_once_and_the_llm_serves_no_more(qwen3):
+    before = children()
+    llm = tp_llm(qwen3)
+    pids = llm.engine.model_executor.worker_pids
+    assert len(llm.generate([{"prompt_token_ids": [1, 2, 3]}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 6
+    llm.shutdown()
+    assert wait_gone(pids, 10) == [] and children() - before == set()
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], GREEDY, use_tqdm=False)
+    llm.shutdown()  # a second call does nothing
 
 
 def test_a_bad_tensor_parallel_size_is_refused_before_any_process_starts(qwen3):

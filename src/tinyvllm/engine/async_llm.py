@@ -103,6 +103,7 @@ class AsyncLLM:
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int = 256) -> None:
         self.engine = engine
+        self._owns_engine = False  # an engine handed in stays its owner's to shut down
         self.input_processor = engine.input_processor  # prompts to checked requests (input_processor.py)
         self.max_model_len = self.input_processor.max_model_len
         self.prompt_tokenizer = PromptTokenizer(engine.tokenizer, self.max_model_len)  # NOTE 7
@@ -119,7 +120,9 @@ class AsyncLLM:
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, max_waiting_requests: int = 256) -> AsyncLLM:
         """Build the engine from the arguments (``LLMEngine.from_engine_args``) and serve it."""
-        return cls(LLMEngine.from_engine_args(engine_args), max_waiting_requests)
+        async_llm = cls(LLMEngine.from_engine_args(engine_args), max_waiting_requests)
+        async_llm._owns_engine = True  # built here, so shutdown() stops its workers too
+        return async_llm
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The model's sampling defaults (``engine_args.py`` NOTE 5), as ``LLM``'s."""
@@ -209,6 +212,8 @@ class AsyncLLM:
         executor, self._executor = self._executor, None
         await loop.run_in_executor(executor, self._abort_all)  # after any step still in flight
         executor.shutdown(wait=True)
+        if self._owns_engine:
+            self.engine.shutdown()
         self._end_consumers()
     # --8<-- [end:shutdown]
 

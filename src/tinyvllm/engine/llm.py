@@ -151,6 +151,10 @@ class LLM:
         return self.config.speculative_config
 
     # --8<-- [start:default_sampling_params]
+    def shutdown(self) -> None:
+        """Stop the engine's worker(s) now (``LLMEngine.shutdown``); the ``LLM`` serves no more."""
+        self.engine.shutdown()
+
     def get_default_sampling_params(self) -> SamplingParams:
         """The model's sampling defaults (NOTE 2); ``SamplingParams()`` when it has none."""
         return SamplingParams(**self.generation_defaults)

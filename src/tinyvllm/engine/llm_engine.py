@@ -364,6 +364,12 @@ class LLMEngine:
             )
     # --8<-- [end:check_invariants]
 
+    def shutdown(self) -> None:
+        """Release the device: the executor stops its worker(s) (with N > 1, their processes
+        end here rather than when the collector finds the engine). A second call does nothing;
+        every later step raises."""
+        self.model_executor.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
