@@ -53,3 +53,27 @@ def test_shards_tile_the_dimension_and_the_vocab_pads_the_last_rank():
     with pytest.raises(ValueError, match="10 does not split evenly over 4 ranks"):
         shard_range(10, 4, 0)
     assert [vocab_range(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 12)]  # 12 > 10: padding
+
+
+def test_a_gloo_group_on_cuda_runs_eager_since_its_all_reduce_cannot_be_captured(monkeypatch, tiny_model_dirs):
+    """``cudagraph_capture.py`` NOTE 3: with two ranks over gloo on CUDA (two ranks sharing one
+    GPU) every mode resolves to NONE before any CUDA call; NCCL's all-reduce, one rank, and
+    the CPU's emulated graphs keep the mode."""
+    import torch
+
+    from tinyvllm.config import CompilationConfig
+    from tinyvllm.distributed import parallel_state
+    from tinyvllm.models.llama import load_model
+    from tinyvllm.worker.cudagraph_capture import init_cudagraphs
+    from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
+
+    gloo, nccl = parallel_state.GroupCoordinator(2, 0, "gloo"), parallel_state.GroupCoordinator(2, 0, "nccl")
+    assert not gloo.collectives_capturable("cuda") and gloo.collectives_capturable("cpu")
+    assert nccl.collectives_capturable("cuda") and parallel_state.GroupCoordinator().collectives_capturable("cuda")
+    model = load_model(tiny_model_dirs["qwen3"], attention_backend="triton")
+    config = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE)
+    sizes = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, uniform_decode_query_len=1)
+    monkeypatch.setattr(parallel_state, "_TP", gloo)
+    setup = init_cudagraphs(model, torch.device("cuda"), config, **sizes)  # no CUDA call: NONE has no pool
+    assert setup.mode == CUDAGraphMode.NONE and setup.full_graph is None
+    assert init_cudagraphs(model, torch.device("cpu"), config, **sizes).mode == CUDAGraphMode.FULL_AND_PIECEWISE

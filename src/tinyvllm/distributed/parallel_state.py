@@ -64,6 +64,11 @@ class GroupCoordinator:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
+    def collectives_capturable(self, device_type: str) -> bool:
+        """Whether a CUDA graph on ``device_type`` may hold this group's collectives: NCCL's
+        can be captured, gloo's (host copies) cannot; one rank has none (NOTE 1)."""
+        return self.world_size == 1 or device_type != "cuda" or self.backend == "nccl"
+
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self.group)

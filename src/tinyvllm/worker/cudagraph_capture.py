@@ -26,6 +26,9 @@ mode other than NONE runs emulated graphs that check every rule a real graph imp
 NOTE 2 (dummy batches): warm-up and capture run ``desc.num_reqs`` (or ``min(N,
 max_num_seqs)``) empty requests, KV writes to ``PAD_SLOT_ID``, block rows ``PAD_BLOCK_ID``
 (``model_runner.py`` NOTE 5): nothing reaches the KV cache.
+NOTE 3 (tensor parallelism): the pieces hold the row-parallel layers' all-reduces. NCCL's
+can be captured in a CUDA graph; gloo's cannot (it copies through the host), so ranks over
+gloo on CUDA (two sharing one GPU) run eager. Emulated graphs on the CPU keep gloo's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 
 from tinyvllm.arith import cdiv
 from tinyvllm.config import CompilationConfig
+from tinyvllm.distributed.parallel_state import get_tp_group
 from tinyvllm.worker.block_table import PAD_BLOCK_ID
 from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, EmulatedPool
 from tinyvllm.worker.cudagraph_dispatcher import (
@@ -139,6 +143,11 @@ def init_cudagraphs(
         sizes = resolve_capture_sizes(config, max_num_seqs, max_num_batched_tokens, max_model_len)
     if mode != CUDAGraphMode.NONE and not sizes:
         logger.warning("cudagraph_mode %s -> NONE: no capture size fits the token budget", mode.name)
+        mode = CUDAGraphMode.NONE
+    group = get_tp_group()
+    if mode != CUDAGraphMode.NONE and not group.collectives_capturable(device.type):  # NOTE 3
+        logger.warning("cudagraph_mode %s -> NONE: %s's all-reduce cannot be captured in a CUDA graph",
+                       mode.name, group.backend)  # fmt: skip
         mode = CUDAGraphMode.NONE
     emulate = device.type != "cuda"
     if mode != CUDAGraphMode.NONE and emulate:
