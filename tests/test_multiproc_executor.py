@@ -8,6 +8,7 @@ spawns two interpreters that import torch (about 2 s on two cores)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from multiprocessing import resource_tracker
 import signal
@@ -102,9 +103,13 @@ def tp_llm(folder: str, **kwargs) -> LLM:
     return LLM(folder, device="cpu", torch_threads=1, tensor_parallel_size=2, **kwargs)
 
 
-def test_two_ranks_answer_in_rank_order_and_sample_the_same_ids(qwen3):
-    llm = tp_llm(qwen3, seed=3)
+def test_two_ranks_answer_in_rank_order_and_sample_the_same_ids(qwen3, caplog):
+    with caplog.at_level(logging.INFO, logger="tinyvllm.engine.llm_engine"):
+        llm = tp_llm(qwen3, seed=3)
     executor = llm.engine.model_executor
+    logged = "".join(r.getMessage() for r in caplog.records if r.name == "tinyvllm.engine.llm_engine")
+    for report in llm.engine.startup_reports:  # the start-up report has every rank's own line
+        assert report.rank_line() in logged and report.weight_bytes > 0 and report.num_kv_heads == 1
     try:
         assert type(executor).__name__ == "MultiprocExecutor"
         assert executor.collective_rpc(rank_of) == [0, 1]

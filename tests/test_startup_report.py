@@ -14,7 +14,7 @@ import torch
 from tinyvllm import LLM
 from tinyvllm.models.loader import find_weight_files, read_tensor_infos
 from tinyvllm.models.model_files import weights_nbytes
-from tinyvllm.worker.startup_report import StartupReport, format_bytes, summarize_sizes
+from tinyvllm.worker.startup_report import StartupReport, format_bytes, report_lines, summarize_sizes
 
 
 def test_format_bytes_and_summarize_sizes():
@@ -48,6 +48,12 @@ def test_the_report_says_every_choice():
     assert rank1.lines() == report.lines() + ["rank 1 of 2: weights 1.50 GiB, KV heads 4 of 8"]
     alone = dataclasses.replace(report, num_kv_heads=8, total_num_kv_heads=8, weight_bytes=2**30)
     assert alone.lines() == report.lines()  # one rank: no rank line
+    rank0 = dataclasses.replace(rank1, rank=0, weight_bytes=3 * 2**29 + 2**20)
+    assert report_lines([rank0, rank1]) == report.lines() + [
+        "rank 0 of 2: weights 1.50 GiB, KV heads 4 of 8",
+        "rank 1 of 2: weights 1.50 GiB, KV heads 4 of 8",
+    ]  # every rank's own line after rank 0's report
+    assert report_lines([alone]) == report.lines()
 
 
 def test_an_llm_on_the_cpu_reports_what_it_chose_and_logs_it(tiny_model_dirs, caplog):

@@ -284,11 +284,13 @@ def _torch_threads(args) -> int | None:
 def llm_from_args(args):
     """The ``LLM`` the engine flags describe (the folder ``_check_engine_args`` resolved)."""
     from tinyvllm import LLM
+    from tinyvllm.worker.startup_report import report_lines
 
     engine_args = EngineArgs.from_cli_args(args, _torch_threads(args))  # vLLM's from_cli_args
     llm = LLM(**{field.name: getattr(engine_args, field.name) for field in dataclasses.fields(engine_args)})
     if llm.device.type == "cuda":  # what start-up chose, in one block (on the CPU a good run prints nothing here)
-        print("\n".join(f"[tinyvllm] {line}" for line in llm.startup_report.lines()), file=sys.stderr)
+        lines = report_lines(llm.engine.startup_reports)  # rank 0's, then each rank's own line
+        print("\n".join(f"[tinyvllm] {line}" for line in lines), file=sys.stderr)
     return llm
 
 

@@ -74,6 +74,7 @@ from tinyvllm.executor.abstract import Executor, initialize_kv_caches, runner_vi
 from tinyvllm.executor.multiproc_executor import MultiprocExecutor
 from tinyvllm.executor.uniproc_executor import ExecutorWithExternalLauncher, UniProcExecutor
 from tinyvllm.worker.model_runner import ModelRunner
+from tinyvllm.worker.startup_report import report_lines
 
 if TYPE_CHECKING:
     from tinyvllm.engine.engine_args import EngineArgs
@@ -148,7 +149,7 @@ class LLMEngine:
         except BaseException:
             executor.shutdown()  # no worker process outlives a failed start-up
             raise
-        logger.info("tinyvllm start-up:\n  %s", "\n  ".join(reports[0].lines()))
+        logger.info("tinyvllm start-up:\n  %s", "\n  ".join(report_lines(reports)))
         scheduler = Scheduler(config.scheduler_config, config.cache_config, log_stats=True)
         spec_config = config.speculative_config
         proposer = None if spec_config is None else NgramProposer(

@@ -20,6 +20,7 @@ Left out: per-layer memory, the profile run's activation peak (``Worker.profile_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -70,12 +71,16 @@ class StartupReport:
     total_num_kv_heads: int = 0  # the model's
     weight_bytes: int = 0  # this rank's parameters, a tied matrix counted once
 
-    def lines(self) -> list[str]:
-        kv_tokens = self.num_kv_blocks * self.block_size
-        rank = [
+    def rank_line(self) -> str:
+        """What this rank holds: its weights and its KV heads (tensor parallelism)."""
+        return (
             f"rank {self.rank} of {self.tensor_parallel_size}: weights {format_bytes(self.weight_bytes)}, "
             f"KV heads {self.num_kv_heads} of {self.total_num_kv_heads}"
-        ]
+        )
+
+    def lines(self) -> list[str]:
+        kv_tokens = self.num_kv_blocks * self.block_size
+        rank = [self.rank_line()]
         return [
             f"device {self.device}, dtype {self.dtype}, attention backend {self.attention_backend}, "
             f"torch threads {self.torch_threads}",
@@ -92,4 +97,10 @@ class StartupReport:
             f"took: loading {self.load_s:.1f} s, sizing the KV cache {self.memory_s:.1f} s, "
             f"warm-up and capture {self.capture_s:.1f} s",
         ] + (rank if self.tensor_parallel_size > 1 else [])
+
+
+def report_lines(reports: Sequence[StartupReport]) -> list[str]:
+    """The engine's start-up report: rank 0's lines, then each other rank's own line (every
+    rank holds the same KV blocks, its own weights and KV heads)."""
+    return reports[0].lines() + [report.rank_line() for report in reports[1:]]
 # --8<-- [end:report]
