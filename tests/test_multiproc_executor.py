@@ -360,8 +360,10 @@ def test_the_command_line_refuses_a_bad_size_naming_its_flag(qwen3, capsys, tmp_
     assert "--distributed-executor-backend 'uni' runs one worker" in capsys.readouterr().err
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("import os\n", encoding="utf-8")
-    assert cli.main(["trace", "--prompts", str(prompts), "--tensor-parallel-size", "2"]) == 2
-    assert "tinyvllm trace records the runner of a one-process engine" in capsys.readouterr().err
+    assert cli.main(["trace", "--prompts", str(prompts), "--tensor-parallel-size", "0"]) == 2  # trace takes N > 1
+    assert "--tensor-parallel-size must be an int >= 1, got 0" in capsys.readouterr().err  # (test_trace_tensor_parallel.py)
+    assert cli.main(["trace", "--prompts", str(prompts), "--model", qwen3, "--tensor-parallel-size", "3"]) == 2
+    assert "--tensor-parallel-size 3 does not divide the model's 4 attention heads" in capsys.readouterr().err
     assert children() == before
 
 

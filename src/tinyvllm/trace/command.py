@@ -15,6 +15,8 @@ pictures that apply (``budget.svg``, ``tables.svg``, ``padding.svg``); ``--json 
 trace itself. ``--max-steps`` (default 100) caps the steps ``--prompts`` records: a step's
 picture is about 200 KB on a real pool, so the viewer stays a file a browser opens; the
 run goes on to the end, and one warning line says how many steps were left out.
+``--tensor-parallel-size N`` records an engine of N ranks: the same steps as one rank, and a
+line per rank (weights, KV heads, cache) under the title (``recorder.py`` NOTE 7).
 
 Errors follow ``tinyvllm/cli.py``: a bad value is one line on stderr and exit status 2; a
 warning is one line, ``tinyvllm: warning: ...``, on stderr (the cap, or a recorder that
@@ -76,10 +78,13 @@ def record_prompts(args, llm_from_args):
     llm = llm_from_args(args)
     title = args.title or f"{len(prompts)} prompts on {Path(args.model).name}, block size {args.block_size}"
     description = f"tinyvllm trace --prompts {args.prompts}: max_tokens {args.max_tokens}, temperature {args.temperature}"
-    with warnings.catch_warnings():  # the recorder's own warnings become one line each, below
-        warnings.filterwarnings("ignore", message="tinyvllm.trace: ", category=RuntimeWarning)
-        with record(llm, title=title, description=description, max_steps=args.max_steps) as recorder:
-            llm.generate(prompts, params, use_tqdm=False)
+    try:
+        with warnings.catch_warnings():  # the recorder's own warnings become one line each, below
+            warnings.filterwarnings("ignore", message="tinyvllm.trace: ", category=RuntimeWarning)
+            with record(llm, title=title, description=description, max_steps=args.max_steps) as recorder:
+                llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.shutdown()  # with --tensor-parallel-size > 1 the worker processes end here
     if recorder.num_unrecorded:
         total = len(recorder.steps) + recorder.num_unrecorded
         print(f"tinyvllm: warning: recorded the first {len(recorder.steps)} of {total} steps (--max-steps "
@@ -126,11 +131,6 @@ def run(args, check_engine_args, llm_from_args) -> int:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.max_steps < 1:
         raise ValueError(f"--max-steps must be >= 1, got {args.max_steps}")
-    if getattr(args, "tensor_parallel_size", 1) != 1:  # the recorder reads the runner in this process
-        raise ValueError(
-            f"--tensor-parallel-size {args.tensor_parallel_size}: tinyvllm trace records the runner of a one-process "
-            "engine; the ranks' runners live in worker processes (use 1)"
-        )
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens must be >= 1, got {args.max_num_batched_tokens}")
     if args.workload:

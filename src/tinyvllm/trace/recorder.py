@@ -47,6 +47,11 @@ NOTE 6 (memory a step): a pool's plain free blocks are not kept (``snapshot.py``
 and a block, a free queue, a prefix cache entry or a request's tokens equal to the last
 snapshot's is that snapshot's own object: a step keeps what it changed (a request that got
 a token, its tokens whole) and a pointer per block in use or cached, whatever the pool's size.
+NOTE 7 (the runner, wherever it lives): an engine's runner is read through its executor, one
+``collective_rpc(runner_state)`` a step (``runner_state.py``), so one rank or a process per
+rank (``tensor_parallel_size`` > 1) is the same path; the ranks' states must be equal, rank
+0's is pictured. With N > 1 the description gets a line per rank: its weights, KV heads and
+cache (the start-up reports); the steps are N = 1's.
 
 Left out: recording ``AsyncLLM``'s engine from another thread while it steps (record
 before serving starts instead), the draft token ids themselves (a snapshot counts a
@@ -66,12 +71,11 @@ from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.prefix_hash import HASH_VALUE, TOKEN_IDS
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.trace.invariants import check_snapshot
+from tinyvllm.trace.runner_state import RunnerState, batch_state, runner_state
 from tinyvllm.trace.snapshot import (
     PANELS,
-    BatchMove,
     BatchState,
     BlockState,
-    DispatchState,
     FreeQueue,
     PoolBlocks,
     RequestState,
@@ -81,6 +85,7 @@ from tinyvllm.trace.snapshot import (
     StepSnapshot,
     Trace,
 )
+from tinyvllm.worker.startup_report import format_bytes
 
 HASH_MASK = (1 << 64) - 1  # snapshot.py NOTE 1: 16 hex digits
 
@@ -101,7 +106,7 @@ class Recorder:
     ) -> None:
         if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
             raise ValueError(f"max_steps must be a positive int or None, got {max_steps!r}")
-        self.engine = self.scheduler = self.kv = self.batch = self.runner = None
+        self.engine = self.scheduler = self.kv = self.batch = self.executor = None
         self._resolve(target)
         self.source = type(target).__name__ if self.engine is None else type(self.engine).__name__
         self.title = title if title is not None else f"A trace of {self.source}"
@@ -121,7 +126,11 @@ class Recorder:
         self._kept: dict[int, BlockState] = {}
         self._hash_entries: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._last_requests: dict[str, RequestState] = {}
-        self._rows = tuple(r for r in self.batch.req_ids if r is not None) if self.batch is not None else ()
+        runner = self._runner_now(None, failed=False)
+        self._rows = runner.rows if runner is not None else ()
+        ranks = self._rank_lines()
+        if len(ranks) > 1:  # each rank's share, after what the run is (NOTE 7)
+            self.description = "\n".join([description, *ranks]) if description else "\n".join(ranks)
 
     # -- what is recorded ------------------------------------------------------------------
 
@@ -129,9 +138,8 @@ class Recorder:
         engine = getattr(target, "engine", None)  # an LLM
         if engine is not None and hasattr(engine, "scheduler"):
             target = engine
-        if hasattr(target, "scheduler") and hasattr(target, "model_runner"):  # an LLMEngine
-            self.engine, self.scheduler, self.runner = target, target.scheduler, target.model_runner
-            self.batch = self.runner.input_batch
+        if hasattr(target, "scheduler") and hasattr(target, "model_executor"):  # an LLMEngine
+            self.engine, self.scheduler, self.executor = target, target.scheduler, target.model_executor
             self.kv = self.scheduler.kv_cache_manager
         elif isinstance(target, Scheduler):
             self.scheduler, self.kv = target, target.kv_cache_manager
@@ -150,9 +158,9 @@ class Recorder:
             available.add("scheduler")
         if self.kv is not None:
             available |= {"block_tables", "block_pool", "free_queue", "prefix_cache", "kv_cache"}
-        if self.batch is not None:
+        if self.batch is not None or self.executor is not None:
             available.add("batch")
-        if self.runner is not None:
+        if self.executor is not None:
             available.add("dispatch")
         if panels is None:
             return tuple(p for p in PANELS if p in available)
@@ -161,6 +169,18 @@ class Recorder:
         if unknown:
             raise ValueError(f"panels {unknown} have nothing to draw for a {self.source}; choose from {sorted(available)}")
         return tuple(p for p in PANELS if p in chosen)
+
+    def _rank_lines(self) -> list[str]:
+        """One line per rank of the engine's start-up reports: its weights, KV heads and cache."""
+        return [
+            f"rank {r.rank} of {r.tensor_parallel_size}: weights {format_bytes(r.weight_bytes)}, KV heads "
+            f"{r.num_kv_heads} of {r.total_num_kv_heads}, KV cache {r.num_kv_blocks} blocks ({format_bytes(r.kv_cache_bytes)})"
+            for r in getattr(self.engine, "startup_reports", ())
+        ]  # fmt: skip
+
+    def _runner(self, ran: bool) -> list[RunnerState]:
+        """Every rank's ``RunnerState``, in one call through the executor (NOTE 7)."""
+        return self.executor.collective_rpc(runner_state, args=(ran,))
 
     def _default_label(self) -> Callable[[int], str]:
         tokenizer = getattr(self.engine, "tokenizer", None)
@@ -223,6 +243,7 @@ class Recorder:
         blocks, free_queue, hash_map = self._pool()
         request_states = self._requests(requests)
         computed = {r.request_id: r.num_computed_tokens for r in request_states}
+        runner = self._runner_now(scheduler_output, failed)
         snapshot = StepSnapshot(
             index=index,
             label=label,
@@ -232,9 +253,9 @@ class Recorder:
             hash_map=hash_map,
             requests=request_states,
             scheduler=self._scheduler_step(scheduler_output, core_outputs, failed),
-            batch=self._batch(failed),
-            dispatch=self._dispatch(scheduler_output, failed),
-            slots=self._slots(scheduler_output, scheduled, computed, failed),
+            batch=self._batch(runner, failed),
+            dispatch=runner.dispatch if runner is not None else None,
+            slots=self._slots(runner, scheduler_output, scheduled, computed, failed),
         )
         if self.check:
             check_snapshot(snapshot, self.kv.block_size if self.kv else 0, self.kv.num_gpu_blocks if self.kv else 0)
@@ -358,52 +379,35 @@ class Recorder:
             ))  # fmt: skip
         return SchedulerStep(budget, tuple(scheduled), tuple(sorted(out.preempted_req_ids)), finished, **queues)
 
-    def _batch(self, failed: bool) -> BatchState | None:
-        if self.batch is None:
+    def _runner_now(self, out, failed: bool) -> RunnerState | None:
+        """The runner's state after this step: rank 0's, every rank's equal to it (NOTE 7)."""
+        if self.executor is None:
+            return None if self.batch is None else RunnerState(*batch_state(self.batch), None, ())
+        views = self._runner(ran=out is not None and not failed and bool(out.total_num_scheduled_tokens))
+        differ = [rank for rank, view in enumerate(views) if view != views[0]]
+        if differ and self.check:
+            raise ValueError(f"the runners of ranks {differ} differ from rank 0's: {views[differ[0]]} != {views[0]}")
+        return views[0]
+
+    def _batch(self, runner: RunnerState | None, failed: bool) -> BatchState | None:
+        if runner is None:
             return None
-        batch = self.batch
-        rows = tuple(r for r in batch.req_ids if r is not None)
-        update, previous, self._rows = batch.last_batch_update, self._rows, rows
+        rows, update, previous, self._rows = runner.rows, runner.update, self._rows, runner.rows
         if failed:  # NOTE 4: the undo emptied the batch; its update is relative to rows never seen
             removed = tuple(range(len(previous) - 1, -1, -1))
             return BatchState(previous, rows, removed, (), (), changed=bool(previous))
         if update is None:
             return BatchState(previous, rows, (), (), (), changed=False)
-        lists = {id(batch.output_token_ids[row]): row for row in range(len(batch.req_ids))}
-        added = []
-        for row, _params, _prompt, output_ids in update.added:  # who arrived: the row holding its live list
-            now = lists.get(id(output_ids))
-            added.append((row, batch.req_ids[now] if now is not None else "?"))
-        moved = tuple(BatchMove(a, b, direction.name) for a, b, direction in update.moved)
-        return BatchState(previous, rows, tuple(update.removed), tuple(added), moved, changed=True)
-
-    def _dispatch(self, out, failed: bool) -> DispatchState | None:
-        runner = self.runner
-        if runner is None or out is None or failed or not out.total_num_scheduled_tokens or runner.last_dispatch is None:
-            return None
-        d = runner.last_dispatch
-        desc = d.batch_descriptor
-        sizes = tuple(runner.dispatcher.capture_sizes) if runner.cudagraph_mode.name != "NONE" else ()
-        return DispatchState(
-            d.runtime_mode.name, d.num_tokens, d.num_reqs, d.uniform_decode, desc.num_tokens, desc.num_reqs,
-            desc.uniform, sizes,
-        )  # fmt: skip
+        return BatchState(previous, rows, update.removed, update.added, update.moved, changed=True)
 
     def _slots(
-        self, out, scheduled: Mapping[str, int] | None, computed: Mapping[str, int], failed: bool
-    ) -> tuple[SlotWrite, ...]:
+        self, runner: RunnerState | None, out, scheduled: Mapping[str, int] | None, computed: Mapping[str, int],
+        failed: bool,
+    ) -> tuple[SlotWrite, ...]:  # fmt: skip
         if self.kv is None or failed:
             return ()
-        if self.runner is not None:  # NOTE 2: what the runner wrote
-            if out is None or not out.total_num_scheduled_tokens:
-                return ()
-            buffers, rows = self.runner.buffers, [r for r in self.batch.req_ids if r is not None]
-            starts = buffers.query_start_loc.np[: len(rows) + 1].tolist()
-            positions = buffers.positions.np[: starts[-1]].tolist()
-            slots = buffers.slot_mapping.np[: starts[-1]].tolist()
-            return tuple(
-                SlotWrite(rid, positions[i], slots[i]) for r, rid in enumerate(rows) for i in range(starts[r], starts[r + 1])
-            )
+        if self.executor is not None:  # NOTE 2: what the runner wrote (read only when the step ran)
+            return runner.slots
         if out is not None:  # a scheduler: the tables the runner would hold
             tables = self._tables
             spans = {rid: (self._start(out, rid), n) for rid, n in out.num_scheduled_tokens.items()}

@@ -91,7 +91,7 @@ def trace_html(trace: Trace) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(trace.title)}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>{escape(trace.title)}</h1>"
-        + (f"<p>{escape(trace.description)}</p>" if trace.description else "")
+        + (f"<p>{escape(trace.description).replace(chr(10), '<br>')}</p>" if trace.description else "")  # a line per rank
         + '<div class="controls"><button id="step-prev" title="previous step (left arrow)">&#9664;</button>'
         f'<input id="step-slider" type="range" min="0" max="{last}" value="0" aria-label="step">'
         '<button id="step-next" title="next step (right arrow)">&#9654;</button>'
