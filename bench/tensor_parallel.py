@@ -33,8 +33,9 @@ threads (one process using both cores), N = 2 with 1 thread per rank. For each r
 batch and each engine in turn (interleaved): B requests of 16 distinct prompt ids, greedy,
 ``ignore_eos``; one step prefills them all, one more decodes (untimed), then ``--steps``
 ``llm.engine.step()`` calls are timed and divided; the rest of the requests run out. The
-figures are medians over ``--decode-repeats``, after one untimed round. Reported, no goal:
-the machine has two cores, and three processes (the engine and two ranks) share them at N = 2.
+figures are medians over ``--decode-repeats`` (the fastest repeat and every repeat beside
+them), after one untimed round. Reported, no goal: the machine has two cores, and three
+processes (the engine and two ranks) share them at N = 2.
 
 Usage: ``python bench/tensor_parallel.py [--part message|memory|decode|all ...] [--quick]
 [--out bench/results/tensor_parallel.json]``; a part run alone replaces only its own entry of
@@ -271,6 +272,9 @@ def measure_decode(folders: dict[str, str], batches: list[int], steps: int, repe
                 tag: {str(b): round(statistics.median(v), 3) for b, v in by_batch.items()}
                 for tag, by_batch in times.items()
             },
+            "ms_per_step_fastest": {  # the repeat the other tenants of a shared machine disturbed least
+                tag: {str(b): round(min(v), 3) for b, v in by_batch.items()} for tag, by_batch in times.items()
+            },
             "ms_per_step_all_repeats": {
                 tag: {str(b): [round(x, 3) for x in v] for b, v in by_batch.items()} for tag, by_batch in times.items()
             },
@@ -322,11 +326,13 @@ def main(argv: list[str] | None = None) -> dict:
     record: dict = {"parts": {}}
     if args.out.exists():  # a part run alone keeps the others' figures
         record["parts"] = json.loads(args.out.read_text(encoding="utf-8")).get("parts", {})
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     if "message" in parts:  # first: its ranks are forked before this process starts torch's threads
         record["parts"]["message"] = measure_message(args.ranks, [1, 32, 256], 50 if args.quick else args.repeats)
     from harness import run_header  # imports torch
 
     header = {**run_header("tensor_parallel.py", argv), "quick": args.quick}
+    header["machine"]["load_average_at_start"] = load_at_start  # before the first part, not after it
     if "message" in parts:
         record["parts"]["message"]["run"] = header
     if "memory" in parts:
