@@ -228,6 +228,8 @@ def _decode_round(llm, tag: str, batch: int, steps: int, torch_threads: int | No
         llm.engine.add_request(f"{tag}-{i}", prompt, params)
     llm.engine.step()  # every prompt prefilled (the token budget holds them all) and its first token
     llm.engine.step()  # the first decode, untimed
+    scheduler = llm.engine.scheduler
+    assert len(scheduler.running) == batch and not scheduler.waiting, "the timed steps must decode all B requests"
     started = time.perf_counter()
     for _ in range(steps):
         llm.engine.step()
