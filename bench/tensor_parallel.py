@@ -1,4 +1,4 @@
-"""Benchmark: tensor parallelism (issue 38).
+"""Benchmark: tensor parallelism (issue 38), three parts, one JSON.
 
 Part ``message``: what it costs the engine's process to hand one step's ``SchedulerOutput``
 to its worker processes (``executor/multiproc_executor.py`` NOTE 2: one ``pickle.dumps``,
@@ -14,12 +14,32 @@ per R, each the median over ``--repeats`` steps after a warm-up:
   channel's whole latency per step, model excluded.
 
 The ranks run the executor's own ``worker_loop`` over a worker whose ``execute_model`` does
-nothing, in processes forked for the bench (no torch needed there). Later parts (per-rank
-weight bytes and KV capacity at N = 1 / 2 for the Qwen3-0.6B shape; decode step time N = 1
-against N = 2 on the CPU) go beside this one.
+nothing, in processes forked for the bench (no torch needed there).
 
-Usage: ``python bench/tensor_parallel.py [--part message] [--ranks 2] [--repeats 2000]
-[--quick] [--out bench/results/tensor_parallel.json]``.
+Part ``memory``: one rank's weight bytes and KV capacity at N = 1, 2 and 4 for the Qwen3-0.6B
+shape (hidden 1024, 28 layers, 16 query and 8 KV heads, head_dim 128, intermediate 3072,
+vocabulary 151,936, tied embeddings) in bfloat16, with no download and no weights: each rank's
+``DecoderForCausalLM`` is built on the meta device with the real sharded layers, the process
+seeing itself as that rank (``rank_view``, ``parallel_layers.py`` NOTE 4), and its parameters
+counted (the tied embedding once). The goal: N = 2's bytes <= 0.55 of N = 1's. The KV side:
+``kv_cache.bytes_per_block`` with the rank's ``kv_heads_per_rank``, and the tokens that fit in
+what an 80 GiB GPU at ``gpu_memory_utilization`` 0.9 leaves after the rank's weights, with no
+activation term (the worker's profile would take a little more; the figure is an upper bound).
+
+Part ``decode``: ms per decode step on the CPU, N = 1 against N = 2 in the same run, on the
+tiny test Qwen3 (``tinyvllm.models.tiny.build_tiny_model``) and the shipped model
+(``STDLIB_TINY``), at batch 1 and 8. Three engines: N = 1 with 1 torch thread, N = 1 with 2
+threads (one process using both cores), N = 2 with 1 thread per rank. For each repeat, each
+batch and each engine in turn (interleaved): B requests of 16 distinct prompt ids, greedy,
+``ignore_eos``; one step prefills them all, one more decodes (untimed), then ``--steps``
+``llm.engine.step()`` calls are timed and divided; the rest of the requests run out. The
+figures are medians over ``--decode-repeats`` (the fastest repeat and every repeat beside
+them), after one untimed round. Reported, no goal: the machine has two cores, and three
+processes (the engine and two ranks) share them at N = 2.
+
+Usage: ``python bench/tensor_parallel.py [--part message|memory|decode|all ...] [--quick]
+[--out bench/results/tensor_parallel.json]``; a part run alone replaces only its own entry of
+the JSON. ``--quick`` runs 50 message repeats and half the decode repeats.
 """
 
 from __future__ import annotations
@@ -27,16 +47,19 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import pickle
-import platform
 import statistics
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tinyvllm.core.sched_output import CachedRequestData, SchedulerOutput
 from tinyvllm.executor.multiproc_executor import worker_loop
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tensor_parallel.json"
+PARTS = ("message", "memory", "decode")
 
 
 def decode_step(num_reqs: int) -> SchedulerOutput:
@@ -104,22 +127,226 @@ def measure_message(num_ranks: int, sizes: list[int], repeats: int) -> dict:
     return {"num_ranks": num_ranks, "repeats": repeats, "goal_send_ms_at_256": 0.3, "by_num_reqs": by_size}
 
 
+# -- part memory: one rank's weights and KV capacity, Qwen3-0.6B shape ------------------------
+
+GPU_BYTES = 80 * 1024**3  # an 80 GiB GPU
+GPU_MEMORY_UTILIZATION = 0.9
+BLOCK_SIZE = 16
+
+
+def qwen3_0_6b_spec():
+    """Qwen3-0.6B's ``config.json`` values as a ``ModelSpec`` (no download)."""
+    from tinyvllm.models.loader import ModelSpec
+
+    return ModelSpec(
+        architecture="Qwen3ForCausalLM", family="qwen3", vocab_size=151936, hidden_size=1024,
+        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None, max_position_embeddings=40960,
+        tie_word_embeddings=True, qk_norm=True, qkv_bias=False, torch_dtype="bfloat16",
+    )  # fmt: skip
+
+
+@contextmanager
+def rank_view(world_size: int, rank: int):
+    """This process sees itself as ``rank`` of ``world_size`` with no process group behind it:
+    enough to build that rank's sharded layers (they ask ``parallel_state`` for the size and
+    rank when built, ``parallel_layers.py`` NOTE 4), never to run a collective."""
+    from tinyvllm.distributed import parallel_state
+
+    saved = parallel_state._TP
+    parallel_state._TP = parallel_state.GroupCoordinator(world_size, rank)
+    try:
+        yield
+    finally:
+        parallel_state._TP = saved
+
+
+def rank_weight_bytes(spec, world_size: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """(parameters, bytes) of one rank's model, built on the meta device (nothing allocated)."""
+    import torch
+
+    from tinyvllm.models.llama import DecoderForCausalLM
+
+    with rank_view(world_size, rank), torch.device("meta"):
+        model = DecoderForCausalLM(spec)
+    numel = sum(p.numel() for p in model.parameters())  # a tied embedding is one Parameter, counted once
+    return numel, numel * itemsize
+
+
+def measure_memory(sizes: tuple[int, ...] = (1, 2, 4)) -> dict:
+    import torch
+
+    from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
+    from tinyvllm.worker.kv_cache import bytes_per_block
+
+    spec, dtype = qwen3_0_6b_spec(), torch.bfloat16
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    budget = int(GPU_BYTES * GPU_MEMORY_UTILIZATION)
+    by_size: dict[str, dict] = {}
+    for size in sizes:
+        check_tensor_parallel_size(size, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size)
+        ranks = [rank_weight_bytes(spec, size, rank, itemsize) for rank in range(size)]
+        numel, weights = ranks[0]
+        assert all(r == ranks[0] for r in ranks), ranks  # every rank holds the same amount
+        kv_heads = kv_heads_per_rank(spec.num_key_value_heads, size)
+        per_block = bytes_per_block(spec.num_hidden_layers, BLOCK_SIZE, kv_heads, spec.head_dim, dtype)
+        blocks = (budget - weights) // per_block
+        by_size[str(size)] = {
+            "parameters_per_rank": numel, "weight_bytes_per_rank": weights, "kv_heads_per_rank": kv_heads,
+            "kv_bytes_per_block_per_rank": per_block, "kv_bytes_per_token_per_rank": per_block // BLOCK_SIZE,
+            "kv_blocks_per_rank": blocks, "kv_tokens_per_rank": blocks * BLOCK_SIZE,
+        }  # fmt: skip
+    one = by_size["1"]
+    for entry in by_size.values():
+        entry["weight_ratio_to_1"] = round(entry["weight_bytes_per_rank"] / one["weight_bytes_per_rank"], 5)
+        entry["kv_tokens_ratio_to_1"] = round(entry["kv_tokens_per_rank"] / one["kv_tokens_per_rank"], 3)
+    return {
+        "model": "Qwen3-0.6B shape, random weights never made (meta device)", "dtype": "bfloat16",
+        "block_size": BLOCK_SIZE, "kv_budget": f"{GPU_MEMORY_UTILIZATION} x 80 GiB less the rank's weights",
+        "kv_budget_note": "no activation term: a worker's profile takes some more, so the tokens are an upper bound",
+        "goal_weight_ratio_at_2": 0.55, "by_tensor_parallel_size": by_size,
+    }  # fmt: skip
+
+
+# -- part decode: ms per decode step, N = 1 against N = 2 on the CPU ---------------------------
+
+SETUPS = (("tp1_threads1", 1, 1), ("tp1_threads2", 1, 2), ("tp2_threads1_per_rank", 2, 1))
+PROMPT_LEN = 16
+
+
+def _decode_round(llm, tag: str, batch: int, steps: int, torch_threads: int | None) -> float:
+    """B requests prefilled and decoded once untimed, then ``steps`` decode steps timed: ms per step."""
+    import torch
+
+    from tinyvllm import SamplingParams
+
+    if torch_threads is not None:  # one-rank engines run in this process: their thread count is ours
+        torch.set_num_threads(torch_threads)
+    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
+    for i in range(batch):
+        prompt = [(7 * i + j) % 200 + 3 for j in range(PROMPT_LEN)]  # distinct prompts, ids valid in both vocabularies
+        llm.engine.add_request(f"{tag}-{i}", prompt, params)
+    llm.engine.step()  # every prompt prefilled (the token budget holds them all) and its first token
+    llm.engine.step()  # the first decode, untimed
+    scheduler = llm.engine.scheduler
+    assert len(scheduler.running) == batch and not scheduler.waiting, "the timed steps must decode all B requests"
+    started = time.perf_counter()
+    for _ in range(steps):
+        llm.engine.step()
+    elapsed = time.perf_counter() - started
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    return elapsed * 1e3 / steps
+
+
+def measure_decode(folders: dict[str, str], batches: list[int], steps: int, repeats: int) -> dict:
+    import torch
+
+    from tinyvllm import LLM
+
+    models = {}
+    for name, folder in folders.items():
+        engines = {
+            tag: LLM(
+                folder, device="cpu", torch_threads=threads, tensor_parallel_size=size, max_model_len=128,
+                max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * PROMPT_LEN,
+                enable_prefix_caching=False, attention_backend="torch",
+            )  # fmt: skip
+            for tag, size, threads in SETUPS
+        }
+        times: dict[str, dict[int, list[float]]] = {tag: {b: [] for b in batches} for tag, _, _ in SETUPS}
+        try:
+            for rep in range(-1, repeats):  # round -1 warms every engine up, untimed
+                for batch in batches:
+                    for tag, size, threads in SETUPS:
+                        threads_here = threads if size == 1 else None
+                        ms = _decode_round(engines[tag], f"{tag}-{rep}-{batch}", batch, steps, threads_here)
+                        if rep >= 0:
+                            times[tag][batch].append(ms)
+        finally:
+            for llm in engines.values():
+                llm.shutdown()
+        spec = engines["tp1_threads1"].spec
+        models[name] = {
+            "spec": {k: getattr(spec, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                   "num_key_value_heads", "intermediate_size", "vocab_size")},
+            "ms_per_step": {
+                tag: {str(b): round(statistics.median(v), 3) for b, v in by_batch.items()}
+                for tag, by_batch in times.items()
+            },
+            "ms_per_step_fastest": {  # the repeat the other tenants of a shared machine disturbed least
+                tag: {str(b): round(min(v), 3) for b, v in by_batch.items()} for tag, by_batch in times.items()
+            },
+            "ms_per_step_all_repeats": {
+                tag: {str(b): [round(x, 3) for x in v] for b, v in by_batch.items()} for tag, by_batch in times.items()
+            },
+        }  # fmt: skip
+        ms = models[name]["ms_per_step"]
+        models[name]["tp2_over_tp1"] = {
+            one: {str(b): round(ms["tp2_threads1_per_rank"][str(b)] / ms[one][str(b)], 3) for b in batches}
+            for one in ("tp1_threads1", "tp1_threads2")
+        }  # > 1: N = 2 is slower
+    return {
+        "goal": None,
+        "goal_note": "reported, no goal: two CPU cores, shared at N = 2 by the engine process and two ranks",
+        "setups": {tag: {"tensor_parallel_size": n, "torch_threads_per_rank": t} for tag, n, t in SETUPS},
+        "engine_torch_threads_at_end": torch.get_num_threads(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # the start's is in "run"
+        "batches": batches, "steps_timed": steps, "repeats": repeats, "prompt_len": PROMPT_LEN,
+        "attention_backend": "torch", "dtype": "float32", "models": models,
+    }  # fmt: skip
+
+
+def decode_folders(names: list[str], tiny_model: str | None, tmp: Path) -> dict[str, str]:
+    folders = {}
+    if "tiny_qwen3" in names:
+        from tinyvllm.models.tiny import build_tiny_model
+
+        folders["tiny_qwen3"] = tiny_model or str(build_tiny_model(tmp / "qwen3", "qwen3"))
+    if "stdlib_tiny" in names:
+        from tinyvllm.stdlib_tiny import STDLIB_TINY
+
+        folders["stdlib_tiny"] = STDLIB_TINY
+    return folders
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["message"], action="append", help="the parts to run (default: all)")
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="a few repeats: checks the code paths, not the speed")
+    parser.add_argument("--part", choices=[*PARTS, "all"], action="append", help="the parts to run (default: all)")
+    parser.add_argument("--ranks", type=int, default=2, help="message: the worker processes")
+    parser.add_argument("--repeats", type=int, default=2000, help="message: steps per size")
+    parser.add_argument("--decode-repeats", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=32, help="decode: steps timed per round")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    models = ["tiny_qwen3", "stdlib_tiny"]
+    parser.add_argument("--models", nargs="+", choices=models, default=models, help="decode: the models")
+    parser.add_argument("--tiny-model", help="decode: a tiny qwen3 folder already built (default: build one)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats: checks the code paths, not the speed")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    parts = args.part or ["message"]
-    repeats = 50 if args.quick else args.repeats
-    record: dict = {"quick": args.quick, "machine": platform.processor() or platform.machine(), "parts": {}}
+    parts = [p for p in PARTS if not args.part or "all" in args.part or p in args.part]
+    record: dict = {"parts": {}}
+    if args.out.exists():  # a part run alone keeps the others' figures
+        record["parts"] = json.loads(args.out.read_text(encoding="utf-8")).get("parts", {})
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    if "message" in parts:  # first: its ranks are forked before this process starts torch's threads
+        record["parts"]["message"] = measure_message(args.ranks, [1, 32, 256], 50 if args.quick else args.repeats)
+    from harness import run_header  # imports torch
+
+    header = {**run_header("tensor_parallel.py", argv), "quick": args.quick}
+    header["machine"]["load_average_at_start"] = load_at_start  # before the first part, not after it
     if "message" in parts:
-        record["parts"]["message"] = measure_message(args.ranks, [1, 32, 256], repeats)
+        record["parts"]["message"]["run"] = header
+    if "memory" in parts:
+        record["parts"]["memory"] = {**measure_memory(), "run": header}
+    if "decode" in parts:
+        repeats = max(1, args.decode_repeats // 2) if args.quick else args.decode_repeats
+        with tempfile.TemporaryDirectory() as tmp:
+            folders = decode_folders(args.models, args.tiny_model, Path(tmp))
+            record["parts"]["decode"] = {**measure_decode(folders, args.batches, args.steps, repeats), "run": header}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(record["parts"], indent=2))
+    print(json.dumps({p: {k: v for k, v in record["parts"][p].items() if k != "run"} for p in parts}, indent=2))
     return record
 
 

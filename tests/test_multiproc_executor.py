@@ -315,18 +315,36 @@ def test_nccl_wants_a_gpu_per_rank(qwen3, monkeypatch):
     assert rank_config(shared, 1, "gloo").device_config.torch_threads == max(1, torch.get_num_threads() // 2)
 
 
-def test_the_message_bench_runs_and_writes_its_json(tmp_path):
+def test_the_tensor_parallel_bench_runs_every_part_and_writes_its_json(qwen3, tmp_path):
+    """bench/tensor_parallel.py at tiny settings: the message at 1 / 32 / 256 requests, the
+    Qwen3-0.6B shape's bytes per rank (the figures the sharded layers give) and a decode step
+    at N = 1 and N = 2 on the tiny Qwen3."""
     out = tmp_path / "tensor_parallel.json"
     env = {**os.environ, "PYTHONPATH": SRC}
     bench = Path(__file__).resolve().parents[1] / "bench" / "tensor_parallel.py"
-    result = subprocess.run(
-        [sys.executable, str(bench), "--quick", "--out", str(out)], capture_output=True, text=True, env=env, timeout=120
-    )  # fmt: skip
+    command = [
+        sys.executable, str(bench), "--part", "all", "--quick", "--out", str(out), "--models", "tiny_qwen3",
+        "--tiny-model", qwen3, "--decode-repeats", "2", "--steps", "2", "--batches", "1", "2",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
-    message = json.loads(out.read_text())["parts"]["message"]
+    parts = json.loads(out.read_text())["parts"]
+    message = parts["message"]
     assert set(message["by_num_reqs"]) == {"1", "32", "256"}
     sizes = [message["by_num_reqs"][n]["message_bytes"] for n in ("1", "32", "256")]
     assert sizes == sorted(sizes) and all(r["send_ms"] > 0 for r in message["by_num_reqs"].values())
+    memory = parts["memory"]["by_tensor_parallel_size"]
+    # bf16: 596,049,920 parameters whole; at N = 2 the 65,536 norm weights whole, the rest halved
+    assert [memory[n]["weight_bytes_per_rank"] for n in ("1", "2")] == [1_192_099_840, 596_115_456]
+    assert memory["2"]["weight_ratio_to_1"] <= 0.55 and memory["4"]["kv_heads_per_rank"] == 2
+    per_block = [memory[n]["kv_bytes_per_block_per_rank"] for n in ("1", "2", "4")]
+    assert per_block == [28 * 2 * 16 * 8 * 128 * 2, 28 * 2 * 16 * 4 * 128 * 2, 28 * 2 * 16 * 2 * 128 * 2]  # L 2 B Hkv D bf16
+    assert memory["2"]["kv_tokens_per_rank"] > 2 * memory["1"]["kv_tokens_per_rank"]  # half the heads and less weight
+    decode = parts["decode"]
+    assert decode["goal"] is None and decode["repeats"] == 1  # --quick halves the repeats
+    ms = decode["models"]["tiny_qwen3"]["ms_per_step"]
+    assert set(ms) == {"tp1_threads1", "tp1_threads2", "tp2_threads1_per_rank"}
+    assert all(set(by_batch) == {"1", "2"} and min(by_batch.values()) > 0 for by_batch in ms.values())
 
 
 def test_torchrun_with_the_external_launcher_gives_one_process_tokens(qwen3, tmp_path):
