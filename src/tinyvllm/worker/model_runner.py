@@ -166,7 +166,8 @@ class ModelRunner:
         self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
         self.last_dispatch: StepDispatch | None = None
         # NOTE 9: with speculative decoding every step samples through the rejection
-        # sampler, and a uniform decode batch has 1 + k tokens per request.
+        # sampler, and a uniform decode batch has 1 + k tokens per request (or 1, a step
+        # without drafts: cudagraph_dispatcher.py NOTE 4).
         self.speculative = num_speculative_tokens > 0
         self.uniform_decode_query_len = 1 + num_speculative_tokens
         # NOTE 3: the worker's graph set-up (cudagraph_capture.py); the model's pieces are its to wrap
