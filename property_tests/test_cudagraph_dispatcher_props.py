@@ -5,7 +5,8 @@ states about it can be checked against an expectation computed here, from the ru
 alone, never by asking the code under test. Drawn: capture-size lists (empty, unsorted,
 with duplicates), ``max_num_seqs``, every ``CUDAGraphMode``, the uniform decode query
 length 1..4, token counts (capture sizes, their neighbours, and counts past the largest
-size), and the uniform-decode and cascade-attention flags.
+size), the batch's uniform query length (none, 1, 1 + k or another) and the
+cascade-attention flag.
 
 Follows: seed 000, vLLM design doc "CUDA Graphs" (based on vLLM PR #20059), sections
 "CudagraphModes", "BatchDescriptor", "CudagraphDispatcher" and "Attention 后端对 CUDA 图的
@@ -14,22 +15,23 @@ Follows: seed 000, vLLM design doc "CUDA Graphs" (based on vLLM PR #20059), sect
 Checked: the padded size is the smallest capture size that holds the batch (the count
 itself when the batch runs eagerly); a returned key is in ``cudagraph_keys[mode]``, the
 mode a runtime mode; FULL is never passed over for PIECEWISE or NONE when a FULL key fits
-the padded batch, and a uniform key is preferred to the mixed FULL one; cascade attention
+the padded batch, and a uniform key of the batch's query length is preferred to the mixed
+FULL one (uniform keys for lengths 1 and q, the dispatcher's NOTE 4); cascade attention
 never gets FULL; the whole decision equals an independent decision table; the key sets
 equal the ones built from the seed's rules (also after re-initialising with another
 mode); ``check_invariants`` holds; ``get_capture_descs`` lists PIECEWISE before FULL,
 largest first, exactly the key sets; the mode methods match their definition table.
 ``resolve_cudagraph_mode``: no FULL graphs with NEVER support, a FULL mixed routine only
-with ALWAYS, a FULL decode routine for multi-token decodes only with UNIFORM_BATCH or
-better, no piecewise graphs when they are unavailable, no FULL graphs that were not asked
-for, idempotent, and a mode the backend can run comes back unchanged.
+with ALWAYS, no piecewise graphs when they are unavailable, no FULL graphs that were not asked
+for, idempotent, and a mode the backend can run comes back unchanged; uniform keys of
+more than one token per request only with UNIFORM_BATCH or better.
 
 NOTE 1 (the downgrade is enumerated, not sampled): ``resolve_cudagraph_mode`` has
 5 modes x 4 support levels x 2 x 4 query lengths = 160 inputs, so each of its properties
 runs on all of them, which 25 Hypothesis examples would not.
 NOTE 2 (what "a FULL key fits" means): the key of the padded batch itself, as the seed
-defines it: for a uniform decode batch ``BatchDescriptor(p, p // q, uniform=True)`` when
-``q`` divides the padded size ``p``, for any batch the mixed FULL key
+defines it: for a uniform decode batch of ``u`` tokens per request
+``BatchDescriptor(p, p // u, uniform=True)`` when ``u`` divides the padded size ``p``, for any batch the mixed FULL key
 ``BatchDescriptor(p, min(p, max_num_seqs))``. A FULL graph of a larger capture size is not
 "fitting": the dispatcher pads to the smallest size only.
 NOTE 3 (more examples for dispatch): the dispatch properties run at least 200 examples,
@@ -52,6 +54,7 @@ from tinyvllm.worker.cudagraph_dispatcher import (
     CudagraphDispatcher,
     pad_to_capture_size,
     resolve_cudagraph_mode,
+    uniform_decode_query_lens,
 )
 
 NONE, PIECEWISE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
@@ -89,16 +92,18 @@ def expected_keys(sizes: list[int], max_num_seqs: int, mode: CUDAGraphMode, q: i
             piecewise.add(BatchDescriptor(size))
         elif mixed == FULL:
             full.add(BatchDescriptor(size, min(size, max_num_seqs)))
-        if mode in SEPARATE and decode == FULL and q <= size <= q * max_num_seqs and size % q == 0:
-            full.add(BatchDescriptor(size, size // q, uniform=True))
+        for n in {1, q}:  # a step without drafts and one with k = q - 1 drafts per request
+            if mode in SEPARATE and decode == FULL and n <= size <= n * max_num_seqs and size % n == 0:
+                full.add(BatchDescriptor(size, size // n, uniform=True))
     return {PIECEWISE: piecewise, FULL: full}
 
 
-def fitting_full_keys(keys: dict, padded: int, max_num_seqs: int, q: int, uniform: bool) -> list:
-    """NOTE 2: the FULL keys (uniform one first) that fit a batch padded to ``padded``."""
+def fitting_full_keys(keys: dict, padded: int, max_num_seqs: int, u: int) -> list:
+    """NOTE 2: the FULL keys (uniform one first) that fit a batch padded to ``padded`` whose
+    requests have ``u`` tokens each (0: a mixed batch)."""
     fits = []
-    if uniform and padded % q == 0 and BatchDescriptor(padded, padded // q, uniform=True) in keys[FULL]:
-        fits.append(BatchDescriptor(padded, padded // q, uniform=True))
+    if u and padded % u == 0 and BatchDescriptor(padded, padded // u, uniform=True) in keys[FULL]:
+        fits.append(BatchDescriptor(padded, padded // u, uniform=True))
     if BatchDescriptor(padded, min(padded, max_num_seqs)) in keys[FULL]:
         fits.append(BatchDescriptor(padded, min(padded, max_num_seqs)))
     return fits
@@ -111,7 +116,7 @@ def expected_dispatch(sizes, max_num_seqs, mode, q, num_tokens, uniform, cascade
     if padded is None or mode == NONE:
         return eager
     keys = expected_keys(sizes, max_num_seqs, mode, q)
-    fits = fitting_full_keys(keys, padded, max_num_seqs, q, uniform)
+    fits = fitting_full_keys(keys, padded, max_num_seqs, uniform)
     if fits and not cascade:
         return FULL, fits[0]
     if BatchDescriptor(padded) in keys[PIECEWISE]:
@@ -136,25 +141,32 @@ FULL_MODES = st.sampled_from([FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE])
 
 @st.composite
 def scenarios(draw, modes=MODES, cascade=st.integers(0, 3).map(lambda i: i == 0)):
-    """A dispatcher config and one batch: (sizes, max_num_seqs, mode, q, num_tokens, uniform, cascade)."""
+    """A dispatcher config and one batch: (sizes, max_num_seqs, mode, q, num_tokens, uniform,
+    cascade); ``uniform`` is the batch's tokens per request, 0 for a mixed batch."""
     q = draw(QUERY_LENS)
     sizes = draw(st.one_of(SOME_CAPTURE_SIZES, st.just([])) if draw(st.integers(0, 9)) == 0 else SOME_CAPTURE_SIZES)
     sizes += draw(st.lists(st.integers(1, 6).map(lambda r: r * q), max_size=3))  # sizes a uniform key can use
     max_num_seqs = draw(st.integers(1, 16))
     mode = draw(modes)
     top = max(sizes, default=1)
-    uniform = draw(st.integers(0, 2)) > 0  # uniform decode batches are the common case
+    # uniform decode batches are the common case: 1 + k tokens per request, or 1 (no drafts)
+    uniform = draw(st.sampled_from([0, q, q, 1, 1, 2]))
     choices = [st.integers(1, top), st.integers(top + 1, top + 8)]  # the second: past the largest size
     if sizes:
         choices.append(st.sampled_from(sizes).flatmap(lambda s: st.sampled_from([s, max(1, s - 1), s + 1])))
-    if uniform:  # a real uniform decode batch has num_reqs * q tokens
-        choices += [st.integers(1, max(1, top // q)).map(lambda r: r * q)] * 2
+    if uniform:  # a real uniform decode batch has num_reqs * uniform tokens
+        choices += [st.integers(1, max(1, top // uniform)).map(lambda r: r * uniform)] * 2
     num_tokens = draw(st.one_of(*choices))
     return sizes, max_num_seqs, mode, q, num_tokens, uniform, draw(cascade)
 
 
 def describe(sizes, max_num_seqs, mode, q, n, uniform, cascade) -> str:
     return f"sizes={sizes} max_num_seqs={max_num_seqs} mode={mode.name} q={q} n={n} uniform={uniform} cascade={cascade}"
+
+
+def dispatch(dispatcher: CudagraphDispatcher, n: int, uniform: int, cascade: bool):
+    """``dispatch`` for a batch of ``uniform`` tokens per request (0: mixed)."""
+    return dispatcher.dispatch(n, uniform > 0, cascade, uniform_query_len=uniform or None)
 
 
 def make_dispatcher(sizes, max_num_seqs, mode, q) -> CudagraphDispatcher:
@@ -173,7 +185,7 @@ def make_dispatcher(sizes, max_num_seqs, mode, q) -> CudagraphDispatcher:
 @given(scenarios())
 def test_cudagraph_dispatch_pads_to_smallest_size(scenario):
     sizes, max_num_seqs, mode, q, n, uniform, cascade = scenario
-    got_mode, desc = make_dispatcher(sizes, max_num_seqs, mode, q).dispatch(n, uniform, cascade)
+    got_mode, desc = dispatch(make_dispatcher(sizes, max_num_seqs, mode, q), n, uniform, cascade)
     padded = smallest_size_holding(sizes, n)
     event(f"{mode.name} dispatched {got_mode.name}")
     where = describe(sizes, max_num_seqs, mode, q, n, uniform, cascade)
@@ -192,7 +204,7 @@ def test_cudagraph_dispatch_pads_to_smallest_size(scenario):
 def test_cudagraph_dispatch_key_is_in_key_set(scenario):
     sizes, max_num_seqs, mode, q, n, uniform, cascade = scenario
     dispatcher = make_dispatcher(sizes, max_num_seqs, mode, q)
-    got_mode, desc = dispatcher.dispatch(n, uniform, cascade)
+    got_mode, desc = dispatch(dispatcher, n, uniform, cascade)
     assert got_mode in {NONE, PIECEWISE, FULL}, f"dispatch returned the non-runtime mode {got_mode.name}"
     assert got_mode in CUDAGraphMode.valid_runtime_modes(), f"{got_mode.name} not in valid_runtime_modes()"
     if got_mode != NONE:
@@ -208,11 +220,11 @@ def test_cudagraph_dispatch_key_is_in_key_set(scenario):
 @given(scenarios(modes=FULL_MODES, cascade=st.just(False)))
 def test_cudagraph_dispatch_never_passes_over_full(scenario):
     sizes, max_num_seqs, mode, q, n, uniform, cascade = scenario
-    got = make_dispatcher(sizes, max_num_seqs, mode, q).dispatch(n, uniform, cascade)
+    got = dispatch(make_dispatcher(sizes, max_num_seqs, mode, q), n, uniform, cascade)
     padded = smallest_size_holding(sizes, n)
     if padded is None:
         return
-    fits = fitting_full_keys(expected_keys(sizes, max_num_seqs, mode, q), padded, max_num_seqs, q, uniform)
+    fits = fitting_full_keys(expected_keys(sizes, max_num_seqs, mode, q), padded, max_num_seqs, uniform)
     event(f"FULL fits: {[d.uniform for d in fits]}")
     if fits:
         where = describe(sizes, max_num_seqs, mode, q, n, uniform, cascade)
@@ -225,7 +237,7 @@ def test_cudagraph_dispatch_never_passes_over_full(scenario):
 def test_cudagraph_cascade_attention_never_gets_full(scenario):
     sizes, max_num_seqs, mode, q, n, uniform, _ = scenario
     dispatcher = make_dispatcher(sizes, max_num_seqs, mode, q)
-    got_mode, desc = dispatcher.dispatch(n, uniform, use_cascade_attn=True)
+    got_mode, desc = dispatch(dispatcher, n, uniform, True)
     assert got_mode != FULL, f"sizes={sizes} mode={mode.name} q={q} n={n} uniform={uniform}: cascade got FULL {desc}"
     padded = smallest_size_holding(sizes, n)
     if padded is not None and ROUTINES[mode][1] == PIECEWISE:  # a piecewise graph still serves it
@@ -238,7 +250,7 @@ def test_cudagraph_cascade_attention_never_gets_full(scenario):
 @given(scenarios())
 def test_cudagraph_dispatch_matches_independent_decision_table(scenario):
     sizes, max_num_seqs, mode, q, n, uniform, cascade = scenario
-    got = make_dispatcher(sizes, max_num_seqs, mode, q).dispatch(n, uniform, cascade)
+    got = dispatch(make_dispatcher(sizes, max_num_seqs, mode, q), n, uniform, cascade)
     want = expected_dispatch(sizes, max_num_seqs, mode, q, n, uniform, cascade)
     where = describe(sizes, max_num_seqs, mode, q, n, uniform, cascade)
     assert got == want, f"{where}: dispatch gave {got}, the table says {want}"
@@ -264,7 +276,7 @@ def test_cudagraph_check_invariants_hold_for_every_mode(sizes, max_num_seqs, q):
         dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len=q)
         dispatcher.check_invariants()
         for n in range(1, max(sizes, default=1) + 2):  # dispatch must not disturb them
-            dispatcher.dispatch(n, uniform_decode=n % 2 == 0, use_cascade_attn=n % 3 == 0)
+            dispatch(dispatcher, n, (1, 0, q)[n % 3], n % 4 == 0)
         dispatcher.check_invariants()
     assert dispatcher.capture_sizes == sorted(set(sizes)), f"{sizes} -> capture_sizes {dispatcher.capture_sizes}"
 
@@ -337,8 +349,6 @@ def backend_can_run(mode, support, piecewise_available, q) -> bool:
         return False
     if mixed == FULL and support != ALWAYS:
         return False
-    if decode == FULL and q > 1 and SUPPORT_RANK[support] < SUPPORT_RANK[UNIFORM_BATCH]:
-        return False
     return piecewise_available or PIECEWISE not in (decode, mixed)
 
 
@@ -396,6 +406,14 @@ def test_cudagraph_resolve_keeps_a_mode_the_backend_can_run():
     assert not bad, f"a runnable mode was changed: {bad}"
     always = resolve_failures(lambda inp, r: inp[1] != ALWAYS or not inp[2] or r == inp[0])
     assert not always, f"ALWAYS support with piecewise graphs changed the mode: {always}"
+
+
+@pytest.mark.seed("000:cgsupport")
+def test_cudagraph_uniform_keys_of_several_tokens_only_with_uniform_batch():
+    for support, q in itertools.product(AttentionCGSupport, (1, 2, 3, 4)):
+        lens = uniform_decode_query_lens(q, support)
+        multi = SUPPORT_RANK[support] >= SUPPORT_RANK[UNIFORM_BATCH] and q > 1
+        assert lens == ((1, q) if multi else (1,)), f"{support.name}/q={q} -> {lens}"
 
 
 def test_cudagraph_resolve_rejects_query_len_below_one():

@@ -10,10 +10,11 @@ LOOP = [5, 6, 7, 8, 9, 10] * 3  # repeats itself: the proposer finds drafts at o
 PROMPTS = [LOOP, list(range(20, 40)) * 2, [7, 300, 12, 44, 7, 300], LOOP[:9] + [99, 98, 97]]
 
 
-def run_rounds_with_an_abort(engine, params, expected: list[list[int]]) -> None:
+def run_rounds_with_an_abort(engine, params, expected: list[list[int]], on_step=None) -> None:
     """Two rounds of ``PROMPTS``; in each, request 0 is aborted as soon as it carries drafts.
     The others must get ``expected``; the engine's invariants are checked after every step
-    (after each rollback the runner's copies equal the scheduler's)."""
+    (after each rollback the runner's copies equal the scheduler's). ``on_step(engine)``, if
+    given, is called after every step."""
     for round_ in range(2):  # the second round hits the first round's blocks
         for i, prompt in enumerate(PROMPTS):
             engine.add_request(f"{round_}-{i}", prompt, params)
@@ -21,6 +22,8 @@ def run_rounds_with_an_abort(engine, params, expected: list[list[int]]) -> None:
         while engine.has_unfinished_requests():
             finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
             engine.check_invariants()
+            if on_step is not None:
+                on_step(engine)
             if victim.spec_token_ids and not aborted:
                 engine.abort_request(victim.request_id)  # drafts in flight
                 aborted = True

@@ -11,9 +11,11 @@ from tinyvllm.worker.cudagraph_dispatcher import (
     BatchDescriptor,
     CUDAGraphMode,
     CudagraphDispatcher,
+    common_query_len,
     default_capture_sizes,
     pad_to_capture_size,
     resolve_cudagraph_mode,
+    uniform_decode_query_lens,
 )
 
 M = CUDAGraphMode
@@ -71,6 +73,14 @@ def test_cudagraph_batch_descriptor_defaults_and_hashing():
     assert BatchDescriptor(8, 8, uniform=True) != BatchDescriptor(8, 8)
 
 
+@pytest.mark.seed("000:descriptor")
+def test_cudagraph_a_uniform_key_says_its_query_length():
+    # 8 tokens as 8 single-token decodes, or as 2 requests verifying 3 drafts each: two keys
+    assert BatchDescriptor(8, 8, uniform=True).uniform_query_len == 1
+    assert BatchDescriptor(8, 2, uniform=True).uniform_query_len == 4
+    assert BatchDescriptor(8, 8).uniform_query_len is None and BatchDescriptor(8).uniform_query_len is None
+
+
 # -- padding -----------------------------------------------------------------------------------
 
 
@@ -116,9 +126,37 @@ def test_cudagraph_keys_full_mixed_carry_the_request_count():
 def test_cudagraph_keys_full_decode_only_and_spec_decode_query_len():
     _, piecewise, full = keys(M.FULL_DECODE_ONLY)
     assert piecewise == set() and full == {BatchDescriptor(n, n, uniform=True) for n in (1, 2, 4)}
-    _, _, full = keys(M.FULL_DECODE_ONLY, sizes=(1, 2, 3, 4, 6, 8, 10), max_num_seqs=4, q=2)
-    # 1 + num_spec_tokens = 2 tokens per request: sizes 2..8 that are multiples of 2
-    assert full == {BatchDescriptor(n, n // 2, uniform=True) for n in (2, 4, 6, 8)}
+    d, _, full = keys(M.FULL_DECODE_ONLY, sizes=(1, 2, 3, 4, 6, 8, 10), max_num_seqs=4, q=2)
+    # NOTE 4: 1 + num_spec_tokens = 2 tokens per request (sizes 2..8 that are multiples of 2)
+    # and 1 token per request, a step without drafts (sizes 1..4)
+    assert d.uniform_decode_query_lens == (1, 2)
+    spec = {BatchDescriptor(n, n // 2, uniform=True) for n in (2, 4, 6, 8)}
+    assert full == spec | {BatchDescriptor(n, n, uniform=True) for n in (1, 2, 3, 4)}
+
+
+@pytest.mark.seed("000:dispatcher")
+def test_cudagraph_keys_for_the_query_lengths_asked_for():
+    d = CudagraphDispatcher((1, 2, 4, 8), 4)
+    d.initialize_cudagraph_keys(M.FULL_DECODE_ONLY, 4, uniform_decode_query_lens=[4])
+    assert d.uniform_decode_query_lens == (4,)
+    assert d.cudagraph_keys[M.FULL] == {BatchDescriptor(4, 1, uniform=True), BatchDescriptor(8, 2, uniform=True)}
+    d.initialize_cudagraph_keys(M.FULL_DECODE_ONLY, 4, uniform_decode_query_lens=[1])
+    assert d.cudagraph_keys[M.FULL] == {BatchDescriptor(n, n, uniform=True) for n in (1, 2, 4)}
+    with pytest.raises(ValueError, match="every uniform decode query length must be an int >= 1, got 0"):
+        d.initialize_cudagraph_keys(M.FULL_DECODE_ONLY, 4, uniform_decode_query_lens=[0])
+    with pytest.raises(ValueError, match=r"uniform_decode_query_lens must not be empty"):
+        d.initialize_cudagraph_keys(M.FULL_DECODE_ONLY, 4, uniform_decode_query_lens=[])
+
+
+@pytest.mark.seed("000:cgsupport")
+def test_cudagraph_uniform_decode_query_lens_follow_the_backends_support():
+    assert uniform_decode_query_lens(1, S.UNIFORM_SINGLE_TOKEN_DECODE) == (1,)
+    assert uniform_decode_query_lens(4, S.UNIFORM_BATCH) == (1, 4)
+    assert uniform_decode_query_lens(4, S.ALWAYS) == (1, 4)
+    # NOTE 4: a single-token backend keeps its FULL graphs for steps without drafts
+    assert uniform_decode_query_lens(4, S.UNIFORM_SINGLE_TOKEN_DECODE) == (1,)
+    with pytest.raises(ValueError, match="uniform_decode_query_len must be >= 1, got 0"):
+        uniform_decode_query_lens(0, S.ALWAYS)
 
 
 @pytest.mark.seed("000:dispatcher")
@@ -154,6 +192,24 @@ def test_cudagraph_dispatch_priority_and_padding():
     # uniform key: 8 decodes would be more than 5 requests.
     d, _, _ = keys(M.FULL_AND_PIECEWISE, max_num_seqs=5)
     assert d.dispatch(5, uniform_decode=True) == (M.PIECEWISE, BatchDescriptor(8))
+
+
+@pytest.mark.seed("000:dispatcher")
+def test_cudagraph_dispatch_picks_the_uniform_key_of_the_batchs_query_length():
+    """Speculation with 3 drafts: a step in which every request verifies 3 drafts takes the
+    key of 4 tokens per request, a step in which no request has drafts the key of 1."""
+    d, _, _ = keys(M.FULL_AND_PIECEWISE, q=4)
+    assert d.dispatch(8, uniform_decode=True) == (M.FULL, BatchDescriptor(8, 2, uniform=True))
+    assert d.dispatch(8, uniform_decode=True, uniform_query_len=4) == (M.FULL, BatchDescriptor(8, 2, uniform=True))
+    assert d.dispatch(3, uniform_decode=True, uniform_query_len=1) == (M.FULL, BatchDescriptor(4, 4, uniform=True))
+    assert d.dispatch(4, uniform_decode=True, uniform_query_len=1) == (M.FULL, BatchDescriptor(4, 4, uniform=True))
+    assert d.dispatch(3) == (M.PIECEWISE, BatchDescriptor(4))  # mixed: as before
+    # a length with no keys (2 tokens per request: one draft left by the budget) is mixed
+    assert d.dispatch(4, uniform_decode=True, uniform_query_len=2) == (M.PIECEWISE, BatchDescriptor(4))
+    with pytest.raises(ValueError, match="uniform_query_len=1 needs uniform_decode=True"):
+        d.dispatch(4, uniform_query_len=1)
+    with pytest.raises(ValueError, match="uniform_query_len must be an int >= 1, got 0"):
+        d.dispatch(4, uniform_decode=True, uniform_query_len=0)
 
 
 @pytest.mark.seed("000:dispatcher")
@@ -198,8 +254,22 @@ def test_cudagraph_capture_descs_piecewise_first_largest_first():
         (M.PIECEWISE, [BatchDescriptor(8), BatchDescriptor(4), BatchDescriptor(2), BatchDescriptor(1)]),
         (M.FULL, [BatchDescriptor(4, 4, True), BatchDescriptor(2, 2, True), BatchDescriptor(1, 1, True)]),
     ]
+    d, _, _ = keys(M.FULL_DECODE_ONLY, sizes=(1, 2, 4), q=2)  # both lengths at 2 and 4 tokens
+    assert d.get_capture_descs() == [
+        (M.FULL, [BatchDescriptor(4, 4, True), BatchDescriptor(4, 2, True), BatchDescriptor(2, 2, True),
+                  BatchDescriptor(2, 1, True), BatchDescriptor(1, 1, True)]),
+    ]  # fmt: skip
     d, _, _ = keys(M.NONE)
     assert d.get_capture_descs() == []
+
+
+@pytest.mark.seed("000:dispatcher")
+def test_cudagraph_check_invariants_checks_each_uniform_key_against_its_own_length():
+    d, _, full = keys(M.FULL_DECODE_ONLY, q=2)
+    d.check_invariants()
+    full.add(BatchDescriptor(8, 2, uniform=True))  # 4 tokens per request: not a length of this dispatcher
+    with pytest.raises(AssertionError, match="query length 4"):
+        d.check_invariants()
 
 
 # -- "Attention 后端对 CUDA 图的兼容性": the downgrade table --------------------------------------
@@ -223,9 +293,10 @@ def test_cudagraph_capture_descs_piecewise_first_largest_first():
         (M.FULL_DECODE_ONLY, S.NEVER, True, 1, M.PIECEWISE),
         (M.FULL_DECODE_ONLY, S.NEVER, False, 1, M.NONE),
         (M.PIECEWISE, S.NEVER, True, 1, M.PIECEWISE),
-        # spec decode (query length 3): FULL decode graphs need UNIFORM_BATCH
-        (M.FULL_AND_PIECEWISE, S.UNIFORM_SINGLE_TOKEN_DECODE, True, 3, M.PIECEWISE),
-        (M.FULL_DECODE_ONLY, S.UNIFORM_SINGLE_TOKEN_DECODE, False, 3, M.NONE),
+        # spec decode (query length 3): the mode stays, a single-token backend's FULL decode
+        # graphs serve the steps without drafts (uniform_decode_query_lens, NOTE 4)
+        (M.FULL_AND_PIECEWISE, S.UNIFORM_SINGLE_TOKEN_DECODE, True, 3, M.FULL_AND_PIECEWISE),
+        (M.FULL_DECODE_ONLY, S.UNIFORM_SINGLE_TOKEN_DECODE, False, 3, M.FULL_DECODE_ONLY),
         (M.FULL_AND_PIECEWISE, S.UNIFORM_BATCH, True, 3, M.FULL_AND_PIECEWISE),
         # no piecewise graphs at all
         (M.PIECEWISE, S.ALWAYS, False, 1, M.NONE),
@@ -250,3 +321,12 @@ def test_cudagraph_resolve_mode_logs_one_line_per_downgrade(caplog):
     assert caplog.records == []
     with pytest.raises(ValueError, match="uniform_decode_query_len must be >= 1, got 0"):
         resolve_cudagraph_mode(M.FULL, S.ALWAYS, True, 0)
+
+
+@pytest.mark.seed("000:dispatcher")
+def test_cudagraph_common_query_len_of_a_batch():
+    assert common_query_len([4, 4, 4], (1, 4)) == 4  # every request verifies 3 drafts
+    assert common_query_len([1, 1], (1, 4)) == 1  # no request has drafts this step
+    assert common_query_len([4, 1], (1, 4)) is None  # some have drafts, some not: mixed
+    assert common_query_len([2, 2], (1, 4)) is None  # a length with no keys (drafts cut by the budget)
+    assert common_query_len([], (1, 4)) is None

@@ -131,7 +131,8 @@ def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tin
     config = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 12]}
     spec = make_llm(folder, compilation_config=config, **common)
     engine = spec.engine
-    run_rounds_with_an_abort(engine, greedy(12), expected)
+    dispatches = []
+    run_rounds_with_an_abort(engine, greedy(12), expected, on_step=lambda e: dispatches.append(e.model_runner.last_dispatch))
     scheduler = engine.scheduler
     assert scheduler.num_preemptions > 0 and scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
     assert scheduler.spec_stats.num_accepted_tokens > 0
@@ -142,6 +143,17 @@ def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tin
     mixed = CUDAGraphMode[mode].mixed_mode()
     if mixed != CUDAGraphMode.NONE:
         assert engine.model_runner.cudagraph_stats[mixed] > 0, engine.model_runner.cudagraph_stats
+    # A step in which no request has drafts (one token each, at most 4 requests: a capture
+    # size) replays a FULL graph wherever the mode has one for decodes: the uniform key of 1
+    # token per request under a separate decode routine (cudagraph_dispatcher.py NOTE 4).
+    draftless = [d for d in dispatches if d is not None and d.num_tokens == d.num_reqs]
+    assert draftless, "the workload had no step without drafts"
+    for d in draftless:
+        got = (d.runtime_mode, d.batch_descriptor.uniform_query_len)
+        if CUDAGraphMode[mode].separate_routine():
+            assert got == (CUDAGraphMode.FULL, 1), d
+        else:
+            assert d.runtime_mode == CUDAGraphMode[mode].decode_mode(), d
 
 
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
@@ -162,17 +174,42 @@ def test_greedy_equivalence_under_every_cudagraph_mode(tiny_model_dirs, mode):
         assert runner.cudagraph_stats[runner.cudagraph_mode.decode_mode()] > 0
 
 
+def test_a_step_without_drafts_replays_the_full_graph_of_one_token_per_request(tiny_model_dirs):
+    """Speculation with 3 drafts under FULL_AND_PIECEWISE (emulated, Triton backend): a
+    decode step in which the request has no drafts is uniform at 1 token per request and
+    replays that FULL graph; one with 3 drafts replays the graph of 4 tokens per request; one
+    with fewer drafts is mixed (PIECEWISE). Greedy output equals the engine's without
+    speculation and without graphs."""
+    folder = tiny_model_dirs["qwen3"]
+    common = dict(block_size=16, attention_backend="triton", max_num_seqs=2)
+    prompt = list(range(50, 62))  # no repeats: the first decode steps have no drafts
+    expected = run(make_llm(folder, None, **common), [prompt], greedy(16))
+    config = {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]}
+    engine = make_llm(folder, compilation_config=config, **common).engine
+    keys = engine.model_runner.dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+    assert {k.uniform_query_len for k in keys} == {1, 4}
+    engine.add_request("r", prompt, greedy(16))
+    got, runs = None, []
+    while engine.has_unfinished_requests():
+        got = next((o.outputs[0].token_ids for o in engine.step() if o.finished), got)
+        d = engine.model_runner.last_dispatch
+        runs.append((d.num_tokens, d.runtime_mode, d.batch_descriptor.uniform_query_len))
+    assert got == expected[0]
+    decodes = runs[1:]  # after the prefill
+    assert (1, CUDAGraphMode.FULL, 1) in decodes and (4, CUDAGraphMode.FULL, 4) in decodes, runs
+    for n, mode, query_len in decodes:  # 1 or 4 tokens: FULL of that length; 2 or 3: mixed
+        assert (mode, query_len) == ((CUDAGraphMode.FULL, n) if n in (1, 4) else (CUDAGraphMode.PIECEWISE, None)), runs
+
+
 @pytest.mark.seed("000:cgsupport")
-@pytest.mark.parametrize(
-    "support, mode",
-    [("UNIFORM_BATCH", "FULL_AND_PIECEWISE"), ("UNIFORM_SINGLE_TOKEN_DECODE", "PIECEWISE")],
-)
+@pytest.mark.parametrize("support", ["UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE"])
 @pytest.mark.slow
-def test_a_backend_without_uniform_batch_gets_no_full_graph_for_verification(tiny_model_dirs, monkeypatch, caplog, support, mode):
+def test_a_backend_without_uniform_batch_gets_no_full_graph_for_verification(tiny_model_dirs, monkeypatch, caplog, support):
     """Seed 000's UNIFORM_BATCH: a verification batch has 1 + k tokens per request, so a
-    backend that captures only single-token decodes loses its FULL decode graphs (downgraded
-    to PIECEWISE, one line logged); one that declares UNIFORM_BATCH keeps them and serves the
-    drafts from them. Greedy output is the same either way."""
+    backend that captures only single-token decodes keeps the mode but only the FULL graphs of
+    1 token per request (one line logged): its steps without drafts replay them, its steps
+    with drafts run PIECEWISE (cudagraph_dispatcher.py NOTE 4). One that declares UNIFORM_BATCH
+    serves both from FULL graphs. Greedy output is the same either way."""
     import dataclasses
     import logging
 
@@ -185,17 +222,27 @@ def test_a_backend_without_uniform_batch_gets_no_full_graph_for_verification(tin
     monkeypatch.setitem(llama.ATTENTION_BACKENDS, "triton", declared)
     folder = tiny_model_dirs["qwen3"]
     common = dict(block_size=16, attention_backend="triton", max_num_seqs=2)
-    expected = run(make_llm(folder, None, **common), [LOOP], greedy(12))
+    prompt = list(range(50, 62))  # no repeats: steps without drafts first, then with drafts
+    expected = run(make_llm(folder, None, **common), [prompt], greedy(16))
     config = {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]}
     with caplog.at_level(logging.WARNING):
         spec = make_llm(folder, compilation_config=config, **common)
     runner = spec.engine.model_runner
-    assert runner.cudagraph_mode == CUDAGraphMode[mode]
-    downgraded = "decode batches of 4 tokens per request need UNIFORM_BATCH, not UNIFORM_SINGLE_TOKEN_DECODE"
-    assert (downgraded in caplog.text) == (mode == "PIECEWISE")
-    assert run(spec, [LOOP], greedy(12)) == expected
+    assert runner.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
+    single = support == "UNIFORM_SINGLE_TOKEN_DECODE"
+    assert runner.dispatcher.uniform_decode_query_lens == ((1,) if single else (1, 4))
+    only_one = "decode batches of 4 tokens per request need UNIFORM_BATCH, not UNIFORM_SINGLE_TOKEN_DECODE"
+    assert (only_one in caplog.text) == single
+    engine, got, runs = spec.engine, None, []
+    engine.add_request("r", prompt, greedy(16))
+    while engine.has_unfinished_requests():
+        got = next((o.outputs[0].token_ids for o in engine.step() if o.finished), got)
+        runs.append((runner.last_dispatch.num_tokens, runner.last_dispatch.runtime_mode))
+    assert got == expected[0]
     assert spec.engine.scheduler.spec_stats.num_drafts > 0
-    assert (runner.cudagraph_stats[CUDAGraphMode.FULL] > 0) == (mode == "FULL_AND_PIECEWISE")
+    assert (1, CUDAGraphMode.FULL) in runs, runs  # a step without drafts: FULL either way
+    verify = CUDAGraphMode.PIECEWISE if single else CUDAGraphMode.FULL
+    assert {mode for n, mode in runs if n == 4} == {verify}, runs
 
 
 def test_a_seeded_stream_is_reproducible_under_speculation(tiny_model_dirs):

@@ -5,8 +5,9 @@ the compiled Triton kernels. Nothing of speculative decoding has run on a GPU be
 Criterion: float32, greedy: every request that is not aborted gets exactly the tokens of
 an engine without speculation and without graphs, through chunked prefill, preemption,
 prefix hits and an abort with drafts in flight; the engine's copies of each request agree
-after every step (``LLMEngine.check_invariants``); and a verification step of 1 + k tokens
-per request replays a FULL graph under FULL_DECODE_ONLY and FULL_AND_PIECEWISE.
+after every step (``LLMEngine.check_invariants``); a verification step of 1 + k tokens
+per request replays a FULL graph under FULL_DECODE_ONLY and FULL_AND_PIECEWISE, and so does
+a step in which no request has drafts (the FULL graph of 1 token per request).
 """
 
 from __future__ import annotations
@@ -41,10 +42,16 @@ def test_gpu_spec_decode_whole_workload_equals_greedy_without(tiny_model_dirs, e
     llm = LLM(str(tiny_model_dirs["qwen3"]), speculative_config=SPEC, compilation_config=config, **COMMON)
     engine, runner = llm.engine, llm.engine.model_runner
     assert runner.cudagraph_mode == CUDAGraphMode[mode] and not runner.emulate_cudagraphs
-    run_rounds_with_an_abort(engine, GREEDY, expected)
+    dispatches = []
+    run_rounds_with_an_abort(engine, GREEDY, expected, on_step=lambda e: dispatches.append(e.model_runner.last_dispatch))
     scheduler = engine.scheduler
     assert scheduler.spec_stats.num_accepted_tokens > 0, "no draft was ever kept"
     assert scheduler.num_preemptions > 0 and scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
+    # a step without drafts (one token per request, at most 4: a capture size) replays the
+    # FULL graph of 1 token per request (cudagraph_dispatcher.py NOTE 4)
+    draftless = [d for d in dispatches if d is not None and d.num_tokens == d.num_reqs]
+    assert draftless, "the workload had no step without drafts"
+    assert all((d.runtime_mode, d.batch_descriptor.uniform_query_len) == (CUDAGraphMode.FULL, 1) for d in draftless), draftless
 
 
 @pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])

@@ -50,6 +50,7 @@ from tinyvllm.worker.cudagraph_dispatcher import (
     CudagraphDispatcher,
     default_capture_sizes,
     resolve_cudagraph_mode,
+    uniform_decode_query_lens,
 )
 from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.input_buffers import PAD_TOKEN_ID
@@ -61,7 +62,6 @@ class CapturingRunner(Protocol):
     """What capture reads, runs and resets of the runner (``ModelRunner``; a Protocol, so
     that ``model_runner.py`` can import this module's ``CUDAGraphSetup`` without a circle)."""
 
-    uniform_decode_query_len: int
     block_size: int
     device: torch.device
     input_batch: InputBatch
@@ -153,7 +153,10 @@ def init_cudagraphs(
     if mode != CUDAGraphMode.NONE and emulate:
         logger.warning("cudagraph_mode %s on %s: CUDA graphs are emulated (no speed-up)", mode.name, device)
     dispatcher = CudagraphDispatcher(sizes or [1], max_num_seqs)
-    dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len)
+    lens = (1,)  # uniform keys for 1 and 1 + k tokens per request (cudagraph_dispatcher.py NOTE 4)
+    if mode.separate_routine() and mode.decode_mode() == CUDAGraphMode.FULL:
+        lens = uniform_decode_query_lens(uniform_decode_query_len, model.cudagraph_support)
+    dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len, uniform_decode_query_lens=lens)
     if mode == CUDAGraphMode.NONE:
         pool = None
     else:  # one pool for every graph (cuda_graph.py NOTES 4 and 5)
@@ -169,8 +172,8 @@ def init_cudagraphs(
 # --8<-- [start:capture]
 def dummy_run(runner: CapturingRunner, mode: CUDAGraphMode, desc: BatchDescriptor) -> None:
     """Run a dummy batch shaped like ``desc`` in runtime mode ``mode`` (NOTE 2)."""
-    if desc.uniform:
-        lens = [runner.uniform_decode_query_len] * desc.num_reqs
+    if desc.uniform:  # 1 or 1 + k tokens per request: the key says which
+        lens = [desc.uniform_query_len] * desc.num_reqs
     else:  # spread evenly: no dummy request is longer than max_model_len
         num_reqs = desc.num_reqs or min(desc.num_tokens, runner.input_batch.max_num_reqs)
         base, extra = divmod(desc.num_tokens, num_reqs)

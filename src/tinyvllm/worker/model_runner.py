@@ -82,7 +82,7 @@ from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.attention_metadata import build_step_inputs
 from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
 from tinyvllm.worker.cudagraph_capture import CUDAGraphSetup
-from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode
+from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode, common_query_len
 from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.input_buffers import InputBuffers
 from tinyvllm.worker.prompt_logprobs import PendingPromptLogprobs, collect_prompt_logprobs, queue_prompt_logprobs
@@ -166,7 +166,8 @@ class ModelRunner:
         self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
         self.last_dispatch: StepDispatch | None = None
         # NOTE 9: with speculative decoding every step samples through the rejection
-        # sampler, and a uniform decode batch has 1 + k tokens per request.
+        # sampler, and a uniform decode batch has 1 + k tokens per request (or 1, a step
+        # without drafts: cudagraph_dispatcher.py NOTE 4).
         self.speculative = num_speculative_tokens > 0
         self.uniform_decode_query_len = 1 + num_speculative_tokens
         # NOTE 3: the worker's graph set-up (cudagraph_capture.py); the model's pieces are its to wrap
@@ -239,9 +240,12 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, AttentionMetadata]:
         """One forward over the persistent buffers; returns hidden states [N_pad, hidden]."""
         num_tokens, num_reqs = sum(num_scheduled), len(num_scheduled)
-        uniform = all(n == self.uniform_decode_query_len for n in num_scheduled)
+        # a decode step is uniform at 1 + k (every request verifies k drafts) or at 1 (no drafts
+        # this step): each length has its own FULL keys (cudagraph_dispatcher.py NOTE 4)
+        query_len = common_query_len(num_scheduled, (1, self.uniform_decode_query_len))
+        uniform = query_len is not None
         if dispatch is None:
-            dispatch = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform)
+            dispatch = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform, uniform_query_len=query_len)
         mode, desc = dispatch
         num_padded_reqs = desc.num_reqs if mode == CUDAGraphMode.FULL else num_reqs  # NOTE 4
         step = build_step_inputs(
@@ -252,7 +256,7 @@ class ModelRunner:
             step = dataclasses.replace(step, slot_mapping=[PAD_SLOT_ID] * desc.num_tokens)
         max_query_len, max_seq_len = step.max_query_len, step.max_seq_len
         if mode == CUDAGraphMode.FULL:  # frozen into the graph: the descriptor's bounds
-            max_query_len = self.uniform_decode_query_len if desc.uniform else desc.num_tokens
+            max_query_len = desc.uniform_query_len if desc.uniform else desc.num_tokens
             max_seq_len = self.max_model_len
         table = self.input_batch.block_table.commit(num_padded_reqs)  # [R_pad, B_max]
         input_ids, metadata = self.buffers.fill(
