@@ -114,6 +114,11 @@ ANCHORS = """
   .flatMap(e => [e.id, e.getAttribute('name')]).filter(Boolean)
 """
 
+READ_PAGE = f"""
+() => ({{drawn: ({COUNT_DRAWN_DIAGRAMS})(), links: ({LINKS})(), anchors: ({ANCHORS})(),
+        overflowing: ({OVERFLOWING_CODE})()}})
+"""
+
 
 def _require_browser() -> bool:
     return os.environ.get("TINYVLLM_REQUIRE_BROWSER") == "1"
@@ -391,10 +396,11 @@ def _finish_visit(visit: _Visit) -> Page:
         deadline = time.monotonic() + 10
         while visit.in_flight and time.monotonic() < deadline:
             tab.wait_for_timeout(25)
-        page.drawn_diagrams = tab.evaluate(COUNT_DRAWN_DIAGRAMS)
-        page.links = tab.evaluate(LINKS)
-        page.anchors = set(tab.evaluate(ANCHORS))
-        page.overflowing_code = tab.evaluate(OVERFLOWING_CODE)
+        read = tab.evaluate(READ_PAGE)  # one round trip to the browser, not four
+        page.drawn_diagrams = read["drawn"]
+        page.links = read["links"]
+        page.anchors = set(read["anchors"])
+        page.overflowing_code = read["overflowing"]
     finally:
         visit.closing = True
         tab.close()
