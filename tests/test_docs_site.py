@@ -1,8 +1,14 @@
 """The built docs site works in a real browser, with no network.
 
-The module builds the site strictly into a temporary directory, serves it on 127.0.0.1 and
-loads every page of it (every ``*.html`` the build wrote, except ``404.html``) in headless
-Chromium, driven by Playwright. Requests that leave 127.0.0.1 are recorded and aborted.
+The module loads the site built strictly into the folder ``$TINYVLLM_DOCS_SITE_DIR`` names
+(``.ci/run`` builds it there in its docs step, before the tests, so CI builds the site once;
+the folder must hold an ``index.html``), or, with the variable unset, builds it strictly into
+a temporary directory itself (a local run). It serves the site on 127.0.0.1 and loads every
+page of it (every ``*.html`` the build wrote, except ``404.html``) in headless Chromium,
+driven by Playwright, ``CRAWL_TABS`` pages at a time in tabs of one browser; each tab records
+its own page's events. Requests that leave 127.0.0.1 are recorded and aborted. A crawled
+page's request for the search index gets the server's status and a cut index (see
+``_start_visit``); the search test loads the full one.
 The tests then check, page by page:
 
 - every mermaid diagram was drawn as an SVG by the copy of mermaid the site serves;
@@ -21,11 +27,13 @@ check, cache and failure message.
 from __future__ import annotations
 
 import base64
+import collections
 import functools
 import hashlib
 import html.parser
 import importlib.util
 import io
+import json
 import os
 import shutil
 import socket
@@ -50,6 +58,9 @@ VIEWPORT = {"width": 1400, "height": 900}
 # block_pool, kv_cache_manager (2), free_queue, thinking_budget, scheduler. Pages may add
 # more; finding fewer means the test no longer detects diagrams.
 MIN_DIAGRAMS = 7
+# Pages loading at once in the crawl (tabs of one browser). On CI's two cores, 4 tabs take
+# about half the time of one (bench/docs_site_crawl.py measures it); more gain nothing.
+CRAWL_TABS = 4
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -101,6 +112,11 @@ LINKS = "() => [...document.querySelectorAll('a[href]')].map(a => a.href)"
 ANCHORS = """
 () => [...document.querySelectorAll('[id], [name]')]
   .flatMap(e => [e.id, e.getAttribute('name')]).filter(Boolean)
+"""
+
+READ_PAGE = f"""
+() => ({{drawn: ({COUNT_DRAWN_DIAGRAMS})(), links: ({LINKS})(), anchors: ({ANCHORS})(),
+        overflowing: ({OVERFLOWING_CODE})()}})
 """
 
 
@@ -263,6 +279,7 @@ class Site:
     base: str
     pages: dict[str, Page]
     context: object  # the Playwright browser context the pages were loaded in
+    external_elsewhere: list[str] = field(default_factory=list)  # requests no tab's route saw
 
 
 def _page_urls(site_dir: Path, base: str) -> list[str]:
@@ -275,28 +292,55 @@ def _page_urls(site_dir: Path, base: str) -> list[str]:
     return urls
 
 
-def _visit(context, site_dir: Path, base: str, url: str) -> Page:
+@dataclass
+class _Visit:
+    """One page being loaded in its own tab; ``closing`` is set when the tab is closed."""
+
+    page: Page
+    tab: object
+    in_flight: set = field(default_factory=set)
+    closing: bool = False  # requests cut short by closing the tab are not failures
+
+
+SEARCH_INDEX = "search/search_index.json"
+
+
+def _small_search_index(site_dir: Path) -> bytes:
+    """The site's search index cut to its config and first document (a few hundred bytes)."""
+    index = json.loads((site_dir / SEARCH_INDEX).read_text(encoding="utf-8"))
+    return json.dumps({"config": index["config"], "docs": index["docs"][:1]}).encode()
+
+
+def _start_visit(context, site_dir: Path, base: str, url: str, search_index: bytes) -> _Visit:
+    """Opens a tab, hooks its events and starts loading ``url``; returns before the page loads.
+
+    Requests that leave ``base`` are aborted by the tab's own route, so each is recorded on
+    the page that made it, however many tabs are loading at once. The page's request for the
+    search index is answered with the server's status for that URL (a HEAD request) and
+    ``search_index``, the index cut short: every page fetches the 1.5 MB index after "load"
+    and its search worker then spends CPU building it, which the crawl never uses and which
+    slows the other tabs in flight. A wrong index URL still reaches the server and fails;
+    the full index is served and searched by test_docs_search_finds_chinese_words.
+    """
     rel = url[len(base):]
     html_file = site_dir / (rel + "index.html" if rel == "" or rel.endswith("/") else rel)
     page = Page(url=url, expected_diagrams=_parse(html_file.read_text(encoding="utf-8")).mermaid)
-    tab = context.new_page()
-    in_flight: set = set()
-    closing = False  # requests cut short by closing the tab are not failures
+    visit = _Visit(page=page, tab=context.new_page())
 
     def started(request):
         if request.url.startswith(base):
-            in_flight.add(request)
+            visit.in_flight.add(request)
 
     def answered(response):
         if response.url.startswith(base) and response.status >= 400:
             page.failed_requests.append(f"{response.url} -> HTTP {response.status}")
 
     def finished(request):
-        in_flight.discard(request)
+        visit.in_flight.discard(request)
 
     def failed(request):  # requests to other hosts are aborted and reported separately
-        in_flight.discard(request)
-        if request.url.startswith(base) and not closing:
+        visit.in_flight.discard(request)
+        if request.url.startswith(base) and not visit.closing:
             page.failed_requests.append(f"{request.url} -> {request.failure}")
 
     def console(message):
@@ -304,14 +348,40 @@ def _visit(context, site_dir: Path, base: str, url: str) -> Page:
             where = message.location.get("url") or ""
             page.console_errors.append(f"{message.text} ({where})" if where else message.text)
 
+    def abort_external(route):
+        page.external_requests.append(route.request.url)
+        route.abort()
+
+    def small_search_index(route):
+        served = route.fetch(method="HEAD")
+        route.fulfill(status=served.status, content_type=served.headers.get("content-type"),
+                      body=search_index if served.status == 200 else b"")
+
+    tab = visit.tab
     tab.on("console", console)
     tab.on("pageerror", lambda e: page.page_errors.append(str(e)))
     tab.on("request", started)
     tab.on("response", answered)
     tab.on("requestfinished", finished)
     tab.on("requestfailed", failed)
+    tab.route(lambda u: not u.startswith(base), abort_external)
+    tab.route(base + SEARCH_INDEX, small_search_index)
     try:
-        tab.goto(url, wait_until="load")
+        # "commit": the response has started; the load itself is awaited in _finish_visit,
+        # while the other tabs in flight load too.
+        tab.goto(url, wait_until="commit")
+    except BaseException:
+        visit.closing = True
+        tab.close()
+        raise
+    return visit
+
+
+def _finish_visit(visit: _Visit) -> Page:
+    """Waits for the page's load, its diagrams and its local requests, reads it, closes the tab."""
+    page, tab = visit.page, visit.tab
+    try:
+        tab.wait_for_load_state("load")
         if page.expected_diagrams:
             try:
                 tab.wait_for_function(
@@ -321,19 +391,67 @@ def _visit(context, site_dir: Path, base: str, url: str) -> Page:
                 )
             except Exception:  # reported through drawn_diagrams
                 pass
-        # Let the requests made after "load" (the search index) finish, for up to 10 s.
+        # Let the requests made after "load" (the search index) finish, for up to 10 s, so
+        # that a failed one is seen. Waiting on this tab lets the other tabs' events run.
         deadline = time.monotonic() + 10
-        while in_flight and time.monotonic() < deadline:
+        while visit.in_flight and time.monotonic() < deadline:
             tab.wait_for_timeout(25)
-        page.drawn_diagrams = tab.evaluate(COUNT_DRAWN_DIAGRAMS)
-        page.links = tab.evaluate(LINKS)
-        page.anchors = set(tab.evaluate(ANCHORS))
-        page.overflowing_code = tab.evaluate(OVERFLOWING_CODE)
+        read = tab.evaluate(READ_PAGE)  # one round trip to the browser, not four
+        page.drawn_diagrams = read["drawn"]
+        page.links = read["links"]
+        page.anchors = set(read["anchors"])
+        page.overflowing_code = read["overflowing"]
     finally:
-        closing = True
+        visit.closing = True
         tab.close()
     page.failed_requests = sorted(set(page.failed_requests))
     return page
+
+
+def _crawl(context, site_dir: Path, base: str, urls: list[str], tabs: int = CRAWL_TABS) -> dict[str, Page]:
+    """Loads every url, ``tabs`` at a time (a sliding window: the oldest page is finished
+    while the newer ones load), and returns the pages in the order of ``urls``."""
+    if tabs < 1:
+        raise ValueError(f"tabs must be at least 1, got {tabs}")
+    search_index = _small_search_index(site_dir)
+    done: dict[str, Page] = {}
+    window: collections.deque[_Visit] = collections.deque()
+    try:
+        for url in urls:
+            window.append(_start_visit(context, site_dir, base, url, search_index))
+            if len(window) >= tabs:
+                visit = window.popleft()
+                done[visit.page.url] = _finish_visit(visit)
+        while window:
+            visit = window.popleft()
+            done[visit.page.url] = _finish_visit(visit)
+    finally:
+        for visit in window:  # only after an error: close what is still open
+            visit.closing = True
+            visit.tab.close()
+    return {url: done[url] for url in urls}
+
+
+def _built_site(tmp_path_factory) -> Path:
+    """The site to test: the folder named by ``$TINYVLLM_DOCS_SITE_DIR`` when set (CI's strict
+    build, so the site is built once), else a strict build made here."""
+    given = os.environ.get("TINYVLLM_DOCS_SITE_DIR")
+    if given:
+        site_dir = Path(given)
+        assert (site_dir / "index.html").is_file(), (
+            f"TINYVLLM_DOCS_SITE_DIR={given} holds no index.html: build the site there "
+            f"(mkdocs build --strict -d {given}) or unset the variable"
+        )
+        return site_dir
+    site_dir = tmp_path_factory.mktemp("site")
+    build = subprocess.run(
+        # No -q: with -q, mkdocs drops warnings before --strict counts them.
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site_dir)],
+        cwd=ROOT, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+        capture_output=True, text=True, timeout=600,
+    )
+    assert build.returncode == 0, f"mkdocs build --strict failed:\n{build.stdout}\n{build.stderr}"
+    return site_dir
 
 
 @pytest.fixture(scope="module")
@@ -351,25 +469,17 @@ def site(tmp_path_factory):
         _no_browser("the Python package 'playwright' is not installed")
     pytest.importorskip("mkdocs")
 
-    site_dir = tmp_path_factory.mktemp("site")
-    build = subprocess.run(
-        # No -q: with -q, mkdocs drops warnings before --strict counts them.
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site_dir)],
-        cwd=ROOT, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
-        capture_output=True, text=True, timeout=600,
-    )
-    assert build.returncode == 0, f"mkdocs build --strict failed:\n{build.stdout}\n{build.stderr}"
-
+    site_dir = _built_site(tmp_path_factory)
     server = ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site_dir))
     )
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/"
-    external: list[str] = []
+    elsewhere: list[str] = []  # external requests no tab's route saw (none expected)
 
     def abort_external(route):
-        external.append(route.request.url)
+        elsewhere.append(route.request.url)
         route.abort()
 
     try:
@@ -378,14 +488,11 @@ def site(tmp_path_factory):
             context = browser.new_context(viewport=VIEWPORT)
             context.set_default_timeout(30_000)
             context.add_init_script(RECORD_SHADOW_ROOTS)
-            # Anything not served by the test server is recorded and never fetched.
+            # Anything not served by the test server is recorded and never fetched: each tab's
+            # route records it on its page, this one catches any request no tab routed.
             context.route(lambda url: not url.startswith(base), abort_external)
-            pages = {}
-            for url in _page_urls(site_dir, base):
-                seen = len(external)
-                pages[url] = _visit(context, site_dir, base, url)
-                pages[url].external_requests = external[seen:]
-            yield Site(base=base, pages=pages, context=context)
+            pages = _crawl(context, site_dir, base, _page_urls(site_dir, base))
+            yield Site(base=base, pages=pages, context=context, external_elsewhere=elsewhere)
             browser.close()
     finally:
         server.shutdown()
@@ -425,7 +532,7 @@ def test_docs_pages_log_no_errors(site):
 def test_docs_pages_request_nothing_outside_the_site(site):
     problems = [
         f"{p.url}: requested {request}" for p in site.pages.values() for request in p.external_requests
-    ]
+    ] + [f"(no tab's route saw it): requested {request}" for request in site.external_elsewhere]
     assert not problems, _report(problems, "requests to other hosts")
 
 
