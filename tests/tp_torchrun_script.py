@@ -17,7 +17,10 @@ PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
 def generate(model: str, **kwargs) -> list[list[int]]:
     llm = LLM(model, device="cpu", torch_threads=1, **kwargs)
-    return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    try:
+        return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+    finally:
+        llm.shutdown()  # under torchrun: every rank waits for the others, then leaves the group
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ NOTE 2 (an external launcher): ``torchrun --nproc-per-node N script.py`` starts 
 each with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the rendezvous in its environment;
 each builds the same engine and feeds it the same prompts, and its one worker joins the group
 as ``RANK`` (``env://``). The ranks must choose the same number of KV blocks, so the bytes
-each may take are reduced to their minimum over the group, as vLLM's executor does.
+each may take are reduced to their minimum over the group, as vLLM's executor does. Each rank
+calls ``shutdown`` (``LLM.shutdown``) when it is done: a barrier, then the group is left, so
+no rank tears its connections down while another still talks to it.
 """
 
 from __future__ import annotations
@@ -87,3 +89,9 @@ class ExecutorWithExternalLauncher(UniProcExecutor):
         if group.world_size > 1:
             dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=group.group)
         return [int(mine.item())]
+
+    def shutdown(self) -> None:
+        """Wait for every rank to finish (NOTE 2), then leave the group; a second call does nothing."""
+        if not self.is_closed:
+            get_tp_group().barrier()
+        super().shutdown()
