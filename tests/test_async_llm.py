@@ -241,6 +241,25 @@ def test_shutdown_ends_live_consumers_with_engine_dead_error(folder):
     assert llm.generate(PROMPTS[0], greedy(), use_tqdm=False)[0].finished  # the LLM serves on
 
 
+def test_shutdown_stops_the_engine_only_when_from_engine_args_built_it(folder):
+    """The test above: an engine handed in serves on. One that ``from_engine_args`` built is the
+    front's own, so ``shutdown`` shuts its executor down too (with tensor parallelism, its
+    worker processes end there)."""
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    owned = AsyncLLM.from_engine_args(EngineArgs(model=folder, **ENGINE))
+
+    async def main():
+        outputs = await asyncio.wait_for(collect(owned, PROMPTS[0], greedy(), "o1"), TIMEOUT)
+        await asyncio.wait_for(owned.shutdown(), TIMEOUT)
+        return outputs
+
+    assert asyncio.run(main())
+    assert owned.engine.model_executor.is_closed
+    with pytest.raises(RuntimeError, match="shut down"):
+        owned.engine.step()
+
+
 def test_a_cancelled_consumer_after_shutdown_raises_nothing_new(folder):
     async def main():
         engine = AsyncLLM(LLM(folder, **ENGINE).engine)
