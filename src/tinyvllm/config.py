@@ -87,6 +87,8 @@ class SchedulerConfig:
         max_model_len: the most tokens (prompt + output) one request may reach.
         long_prefill_token_threshold: when > 0, caps every prefill chunk at this many tokens.
         enable_chunked_prefill: when False, a prompt is scheduled whole or waits.
+        async_scheduling: schedule the next step while the last one runs on the device
+            (``core/async_scheduler.py``; vLLM's flag of that name).
     """
 
     max_num_batched_tokens: int = 2048
@@ -94,6 +96,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)

@@ -13,7 +13,8 @@ Invariants:
 - ``all_token_ids == prompt_token_ids + output_token_ids`` at all times;
 - ``output_token_ids`` is one list object for the request's whole life (logits
   processors keep a reference to it and read it live);
-- ``0 <= num_computed_tokens <= num_tokens``.
+- ``0 <= num_computed_tokens <= num_tokens + num_output_placeholders`` (placeholders: async
+  scheduling's tokens not yet back from the device; 0 otherwise).
 
 Checks nothing a user gave: the input processor (``engine/input_processor.py``) has checked
 the id, the prompt and ``cache_salt`` once, before the request is built; the constructor
@@ -100,6 +101,9 @@ class Request:
         # Speculative decoding: the drafts proposed for the next step (not part of the
         # sequence until the target model keeps them; ``LLMEngine`` sets them after a step).
         self.spec_token_ids: list[int] = []
+        # Async scheduling (``core/async_scheduler.py``): tokens sampled by steps still on the
+        # device, scheduled past (their positions computed next) before their values are known.
+        self.num_output_placeholders = 0
 
     @property
     def num_prompt_tokens(self) -> int:

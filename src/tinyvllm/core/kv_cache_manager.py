@@ -41,12 +41,18 @@ after them. A block is still cached only when full of the request's own tokens: 
 may be rejected, and its KV must never be found under a hash. A kept draft's slot holds
 the right KV (the target computed it for that very token), and its block is cached once
 the kept tokens fill it; a rejected draft's slot is written again by the next step.
+NOTE 6 (tokens still on the device: async scheduling, ``core/async_scheduler.py``): a step
+may be scheduled before the last one's tokens are back, so a request may be scheduled past
+its known tokens by ``num_output_placeholders``. Step 5 caches only blocks full of known
+tokens; ``cache_blocks`` caches the rest once the tokens arrive. Two steps can be in flight,
+so each step's uncommitted blocks are sealed when it is scheduled and committed in order.
 Left out: sliding windows, hybrid KV specs, KV offloading.
 """
 # --8<-- [end:header]
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from tinyvllm.arith import cdiv
@@ -120,8 +126,10 @@ class KVCacheManager:
         self.req_to_block_hashes: dict[str, list[BlockHash]] = {}
         # request id -> how many of its leading blocks are in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
-        # Blocks cached since the last commit_step: their KV is written by a step still running (NOTE 4).
+        # Blocks cached by steps still running, oldest step first: their KV is not yet written
+        # (NOTE 4); ``_sealed_counts`` cuts the list into the steps sealed so far (NOTE 6).
         self.uncommitted_blocks: list[KVCacheBlock] = []
+        self._sealed_counts: deque[int] = deque()
         self._stats = PrefixCacheStats()
         # --8<-- [end:manager_fields]
 
@@ -190,10 +198,10 @@ class KVCacheManager:
             raise ValueError(
                 f"request {req_id!r}: {total_tokens} tokens exceed max_model_len {self.max_model_len}"
             )
-        if total_tokens > request.num_tokens:
+        if total_tokens > request.num_tokens + request.num_output_placeholders:  # NOTE 6: tokens still coming
             raise ValueError(
                 f"request {req_id!r}: {num_tokens} tokens scheduled after {num_computed_tokens} computed, "
-                f"but it has only {request.num_tokens} tokens"
+                f"but it has only {request.num_tokens} tokens (+{request.num_output_placeholders} still coming)"
             )
         num_required_blocks = num_blocks_needed(total_tokens + num_draft_tokens, self.block_size)
         num_new_blocks = num_required_blocks - len(req_blocks or ()) - len(hits)
@@ -230,10 +238,11 @@ class KVCacheManager:
 
         # --8<-- [start:allocate_step5]
         # Step 5: cache every block that is now full, for later requests of this very batch.
-        # Full of the request's own tokens: a draft's slot is never counted (NOTE 5).
+        # Full of the request's own known tokens: never a draft's slot (NOTE 5), nor a token
+        # the device has not handed back yet (NOTE 6).
         if self.enable_caching:
             num_cached = self.num_cached_block.get(req_id, len(hits))
-            num_full = total_tokens // self.block_size
+            num_full = min(total_tokens, request.num_tokens) // self.block_size
             if num_full > num_cached:  # most decode steps fill no block: nothing to do
                 block_hashes = self.req_to_block_hashes.setdefault(req_id, [])
                 self.block_pool.cache_full_blocks(
@@ -262,9 +271,35 @@ class KVCacheManager:
     # --8<-- [end:free_block_hashes]
 
     # --8<-- [start:commit]
+    def seal_step(self) -> None:
+        """The step being scheduled is complete: the blocks cached since the last seal are
+        its own, committed by the ``commit_step`` that answers it (NOTE 6)."""
+        self._sealed_counts.append(len(self.uncommitted_blocks) - sum(self._sealed_counts))
+
     def commit_step(self) -> None:
-        """The step that filled the uncommitted blocks finished: their KV is written (NOTE 4)."""
-        self.uncommitted_blocks.clear()
+        """The oldest running step finished: the blocks it cached hold their KV (NOTE 4).
+        With no step sealed (a manager driven by hand), everything uncommitted is committed."""
+        if self._sealed_counts:
+            del self.uncommitted_blocks[: self._sealed_counts.popleft()]
+        else:
+            self.uncommitted_blocks.clear()
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the request's blocks that ``num_computed_tokens`` known, computed tokens fill,
+        beyond those cached already. For tokens whose KV a finished step wrote, so the blocks
+        are committed at once: under async scheduling, the tokens that were still on the device
+        when their block was allocated (NOTE 6)."""
+        req_id = request.request_id
+        if not self.enable_caching or req_id not in self.req_to_blocks:
+            return
+        num_cached = self.num_cached_block.get(req_id, 0)
+        num_full = min(num_computed_tokens, request.num_tokens) // self.block_size
+        if num_full > num_cached:
+            block_hashes = self.req_to_block_hashes.setdefault(req_id, [])
+            self.block_pool.cache_full_blocks(
+                request, self.req_to_blocks[req_id], block_hashes, num_cached, num_full, self.block_size, self.hash_fn
+            )
+            self.num_cached_block[req_id] = num_full
 
     def rollback_step(self) -> list[int]:
         """Drop the blocks cached by a failed step from the prefix cache (NOTE 4).
@@ -281,6 +316,7 @@ class KVCacheManager:
             if self.block_pool.uncache_block(block):
                 dropped.append(block.block_id)
         self.uncommitted_blocks.clear()
+        self._sealed_counts.clear()
         return dropped
     # --8<-- [end:commit]
 

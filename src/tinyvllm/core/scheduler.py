@@ -54,7 +54,9 @@ NOTE 5 (no token to sample): a request whose parameters leave its row nothing to
 with ``FINISHED_ERROR`` (``finish_reason="error"``, vLLM's status of that name) and gets no
 token this step, rather than a token it banned.
 
-Left out: priorities, structured output, encoder inputs, KV transfer, async scheduling.
+Async scheduling (``core/async_scheduler.py``) schedules a step before the last one's tokens
+are back: the hooks at the end of the class are where it differs.
+Left out: priorities, structured output, encoder inputs, KV transfer.
 """
 # --8<-- [end:header]
 
@@ -287,9 +289,13 @@ class Scheduler:
         index = 0
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            num_new = prefill_chunk_size(
-                request.num_tokens - request.num_computed_tokens, token_budget, config.long_prefill_token_threshold
-            )
+            if self._pending_tokens_end(request):  # async scheduling: its last step is on the device
+                index += 1
+                continue
+            num_new = prefill_chunk_size(  # placeholders: tokens still on the device (async_scheduler.py)
+                request.num_tokens + request.num_output_placeholders - request.num_computed_tokens,
+                token_budget, config.long_prefill_token_threshold,
+            )  # fmt: skip
             assert num_new > 0, f"running request {request.request_id!r} has nothing to compute"
             drafts = draft_tokens_to_verify(request, num_new, token_budget, config.long_prefill_token_threshold)  # NOTE 4
             while (new_blocks := kv.allocate_slots(request, num_new, num_draft_tokens=len(drafts))) is None:
@@ -312,6 +318,8 @@ class Scheduler:
         # 2. Waiting requests, in arrival order, unless this step had to preempt.
         while not preempted and self.waiting and token_budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:
+                break  # preempted with a token still on the device: it waits for it (async scheduling)
             hits, num_hit_tokens = kv.get_computed_blocks(request)
             num_remaining = request.num_tokens - num_hit_tokens
             if not config.enable_chunked_prefill and num_remaining > token_budget:
@@ -366,6 +374,8 @@ class Scheduler:
         for rid, n in num_scheduled.items():
             self.requests[rid].num_computed_tokens += n
         self.finished_req_ids = set()
+        self.kv_cache_manager.seal_step()  # this step's cached blocks commit when it returns
+        self._update_after_schedule(output)
         return output
         # --8<-- [end:advance]
 
@@ -393,19 +403,21 @@ class Scheduler:
                 num_rejected = len(drafts) + 1 - len(sampled)
                 request.num_computed_tokens -= num_rejected
                 self.spec_stats.record(len(drafts), len(sampled) - 1)
-            if request.num_computed_tokens < request.num_tokens:
+            if self._is_partial_prefill(request):
                 sampled = []  # a partial prefill produces no token (NOTE 2)
             new_token_ids: list[int] = []
             logprobs = model_runner_output.logprobs.get(rid)  # one entry per sampled token, if asked
             finished = False  # a request still in self.requests has not finished yet
+            status_before = request.status
             for token in sampled:
                 request.append_output_token_ids(token)
                 new_token_ids.append(token)
                 finished = check_stop(request, self.max_model_len)
                 if finished:
                     break
-            if finished:
-                self.running.remove(request)
+            self._after_tokens_arrived(request, len(sampled), status_before)
+            if finished:  # preempted while its token was on the device, it waits (async scheduling)
+                (self.running if status_before == RequestStatus.RUNNING else self.waiting).remove(request)
                 self._free_request(request)
             if new_token_ids or finished:
                 outputs.append(
@@ -422,6 +434,22 @@ class Scheduler:
         return outputs
     # --8<-- [end:update_from_output]
 
+    # -- hooks: async scheduling overrides them (core/async_scheduler.py) -------------------
+
+    def _pending_tokens_end(self, request: Request) -> bool:
+        """Whether the tokens still on the device end ``request`` (never: none are here)."""
+        return False
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """After a step is scheduled and its requests advanced (nothing to do here)."""
+
+    def _is_partial_prefill(self, request: Request) -> bool:
+        """The step did not reach the end of the request's tokens (NOTE 2)."""
+        return request.num_computed_tokens < request.num_tokens
+
+    def _after_tokens_arrived(self, request: Request, num_sampled: int, status_before: RequestStatus) -> None:
+        """After ``update_from_output`` appended a request's sampled tokens (nothing to do here)."""
+
     def _finish_with_no_token(self, request: Request, outputs: list[EngineCoreOutput]) -> None:
         """NOTE 5: the request's row had no token to sample: it ends with an error, and no token."""
         request.status = RequestStatus.FINISHED_ERROR
@@ -435,11 +463,13 @@ class Scheduler:
         )  # fmt: skip
 
     # --8<-- [start:abort_failed_step]
-    def abort_failed_step(self, scheduler_output: SchedulerOutput) -> list[str]:
+    def abort_failed_step(self, *scheduler_outputs: SchedulerOutput) -> list[str]:
         """Undo a step whose forward (or sampling) raised: abort its requests, freeing their
         blocks, and drop the blocks it cached from the prefix cache, since their KV was never
-        written (NOTE 3). Requests the step did not schedule are untouched. Returns the ids."""
-        failed = [rid for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
+        written (NOTE 3). Async scheduling passes every step in flight: they fail together.
+        Requests no such step scheduled are untouched. Returns the ids."""
+        scheduled = dict.fromkeys(rid for out in scheduler_outputs for rid in out.num_scheduled_tokens)
+        failed = [rid for rid in scheduled if rid in self.requests]
         self.finish_requests(failed, RequestStatus.FINISHED_ABORTED)
         self.kv_cache_manager.rollback_step()
         return failed
@@ -477,7 +507,7 @@ class Scheduler:
         )
         for r in self.running:
             assert r.status == RequestStatus.RUNNING, f"{r!r} is in running"
-            assert 0 < r.num_computed_tokens <= r.num_tokens, f"{r!r} has bad num_computed_tokens"
+            assert 0 < r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders, f"{r!r} has bad num_computed_tokens"
         for r in self.waiting:
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r!r} is in waiting"
             assert r.num_computed_tokens == 0, f"waiting {r!r} has computed tokens"

@@ -53,6 +53,9 @@ are vLLM's: None picks "uni" (one worker here) for N = 1 and "mp" (a process per
 more; "external_launcher" runs one rank in this process, its peers started alike by
 ``torchrun``. N must split the model's heads (``distributed/utils.py``) and, with NCCL, not
 pass the GPUs present; all of it is refused here, before any process starts.
+NOTE 11 (async scheduling): ``async_scheduling=True`` (``--async-scheduling``) has the engine
+schedule a step while the last one runs (``core/async_scheduler.py``); it is refused with
+speculative decoding, as vLLM refuses it with n-gram drafts.
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ class EngineArgs:
     torch_threads: int | None = None
     tensor_parallel_size: int = 1  # NOTE 10
     distributed_executor_backend: str | None = None
+    async_scheduling: bool = False  # NOTE 11
 
     # --8<-- [start:add_cli_args]
     @staticmethod
@@ -167,6 +171,10 @@ class EngineArgs:
             help="split the model over N ranks, a worker process each (tensor parallelism; gloo on the CPU, NCCL on CUDA)",
         )  # fmt: skip
         p.add_argument(
+            "--async-scheduling", action="store_true",
+            help="schedule the next step while the last one runs on the device (vLLM's flag; not with speculative decoding)",
+        )  # fmt: skip
+        p.add_argument(
             "--distributed-executor-backend", default=None, choices=list(DISTRIBUTED_EXECUTOR_BACKENDS),
             help="who runs the ranks: uni (this process; N = 1), mp (a process per rank; N > 1) or "
             "external_launcher (torchrun starts every rank)",
@@ -193,6 +201,7 @@ class EngineArgs:
             speculative_config=getattr(args, "speculative", None), max_logprobs=getattr(args, "max_logprobs", MAX_LOGPROBS),
             torch_threads=torch_threads, tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
             distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
+            async_scheduling=getattr(args, "async_scheduling", False),
         )  # fmt: skip
     # --8<-- [end:from_cli_args]
 
@@ -241,6 +250,12 @@ class EngineArgs:
         speculative_config = _speculative_config(self.speculative_config)  # NOTE 7
         if speculative_config is not None and logits_processors:
             raise ValueError("custom logits_processors cannot be combined with speculative decoding (seed 001 ch. 11.4)")
+        async_scheduling = check_bool("async_scheduling", self.async_scheduling)
+        if async_scheduling and speculative_config is not None:  # NOTE 11
+            raise ValueError(
+                "async_scheduling=True cannot be combined with speculative decoding (speculative_config): the n-gram "
+                "proposer needs each step's tokens on the host before the next step is scheduled"
+            )
         # --8<-- [end:arguments]
         model = resolve_model(model, revision)  # NOTE 4: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
@@ -259,6 +274,7 @@ class EngineArgs:
             max_num_batched_tokens=max(8192, max_num_seqs) if max_num_batched_tokens is None else max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
+            async_scheduling=async_scheduling,
         )
         num_kv_heads = kv_heads_per_rank(spec.num_key_value_heads, tensor_parallel_size)  # one rank's cache
         per_block = bytes_per_block(spec.num_hidden_layers, block_size, num_kv_heads, spec.head_dim, torch_dtype)

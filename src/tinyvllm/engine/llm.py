@@ -86,6 +86,7 @@ class LLM:
         torch_threads: int | None = None,
         tensor_parallel_size: int = 1,
         distributed_executor_backend: str | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, block_size=block_size,
@@ -96,6 +97,7 @@ class LLM:
             logits_processors=logits_processors, revision=revision, generation_config=generation_config,
             speculative_config=speculative_config, max_logprobs=max_logprobs, torch_threads=torch_threads,
             tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
+            async_scheduling=async_scheduling,
         )  # fmt: skip
         self.engine = LLMEngine.from_engine_args(engine_args)  # NOTE 1
         self._ids = itertools.count()

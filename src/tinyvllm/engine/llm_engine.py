@@ -51,26 +51,34 @@ NOTE 9 (the executor): ``executor_class`` picks it by ``distributed_executor_bac
 worker here ("uni"), a process per rank ("mp"), one rank of a ``torchrun`` job
 ("external_launcher"). Under "mp" no runner lives in this process (``model_runner`` says so);
 the start-up report is rank 0's, ``startup_reports`` every rank's.
+NOTE 10 (async scheduling, vLLM's ``step_with_batch_queue``): with an ``AsyncScheduler`` a
+call schedules and launches the next step, then reads back the oldest step in flight
+(at most two): so the scheduler's work, the runner's input preparation and the output
+processing overlap the device's forward. The first call only launches; a step that fails
+(launch, read-back or update) takes every step in flight down with it (NOTE 1).
+``has_unfinished_requests`` stays True until every step launched was read back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from tinyvllm.config import EngineConfig, ReasoningConfig
 from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.async_scheduler import MAX_STEPS_IN_FLIGHT, AsyncScheduler
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.input_processor import EngineCoreRequest, InputProcessor
 from tinyvllm.engine.output_processor import OutputProcessor
 from tinyvllm.engine.parallel_sampling import ParentRequest
-from tinyvllm.outputs import EngineCoreOutput, RequestOutput
+from tinyvllm.outputs import EngineCoreOutput, ModelRunnerOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
-from tinyvllm.executor.abstract import Executor, initialize_kv_caches, runner_view, worker_attribute
+from tinyvllm.executor.abstract import Executor, StepFuture, initialize_kv_caches, runner_view, worker_attribute
 from tinyvllm.executor.multiproc_executor import MultiprocExecutor
 from tinyvllm.executor.uniproc_executor import ExecutorWithExternalLauncher, UniProcExecutor
 from tinyvllm.worker.model_runner import ModelRunner
@@ -133,6 +141,9 @@ class LLMEngine:
         self.startup_report: StartupReport | None = None
         self.startup_reports: list[StartupReport] = []  # every rank's, rank order (NOTE 9)
         self.cudagraph_memory_bytes = 0  # what the graphs take from the KV budget (GPU only)
+        # NOTE 10: an AsyncScheduler makes the engine keep steps in flight, oldest on the right
+        self.async_scheduling = isinstance(scheduler, AsyncScheduler)
+        self._batch_queue: deque[tuple[StepFuture, SchedulerOutput]] = deque()
 
     # --8<-- [start:from_engine_args]
     @classmethod
@@ -150,7 +161,8 @@ class LLMEngine:
             executor.shutdown()  # no worker process outlives a failed start-up
             raise
         logger.info("tinyvllm start-up:\n  %s", "\n  ".join(report_lines(reports)))
-        scheduler = Scheduler(config.scheduler_config, config.cache_config, log_stats=True)
+        scheduler_class = AsyncScheduler if config.scheduler_config.async_scheduling else Scheduler  # NOTE 10
+        scheduler = scheduler_class(config.scheduler_config, config.cache_config, log_stats=True)
         spec_config = config.speculative_config
         proposer = None if spec_config is None else NgramProposer(
             spec_config.num_speculative_tokens, spec_config.prompt_lookup_min, spec_config.prompt_lookup_max,
@@ -264,23 +276,63 @@ class LLMEngine:
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the finished requests, and the streaming ones that got tokens."""
+        if self.async_scheduling:
+            return self._step_with_batch_queue()  # NOTE 10
         scheduler_output = self.scheduler.schedule()
         self.output_processor.note_first_scheduling(scheduler_output)
         try:
             model_output = self.model_executor.execute_model(scheduler_output)
+        except BaseException as error:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
+            self._abort_failed_step([scheduler_output], error)
+            self._observe(scheduler_output, [], error)
+            raise
+        return self._update(scheduler_output, model_output)
+
+    def _update(self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput) -> list[RequestOutput]:
+        """A step's output into the scheduler, the proposer and the outputs (NOTE 1 if it
+        raises: with the steps still in flight, NOTE 10)."""
+        try:
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
             if self.proposer is not None:
                 self._propose_drafts(core_outputs)  # NOTE 7: the next step verifies them
             outputs, stopped = self.output_processor.process_outputs(core_outputs)
             if stopped:  # NOTE 2: a stop string finished them
                 self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        except BaseException as error:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
-            self._abort_failed_step(scheduler_output, error)
+        except BaseException as error:
+            self._abort_failed_step([scheduler_output, *(so for _, so in self._batch_queue)], error)
             self._observe(scheduler_output, [], error)
             raise
         self._observe(scheduler_output, core_outputs, None)
         return outputs
     # --8<-- [end:step]
+
+    # --8<-- [start:step_with_batch_queue]
+    def _step_with_batch_queue(self) -> list[RequestOutput]:
+        """NOTE 10: schedule and launch the next step, then read back the oldest in flight."""
+        queue = self._batch_queue  # newest on the left
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()  # the last step is still on the device
+            self.output_processor.note_first_scheduling(scheduler_output)
+            try:
+                future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            except BaseException as error:
+                self._abort_failed_step([scheduler_output, *(so for _, so in queue)], error)
+                self._observe(scheduler_output, [], error)
+                raise
+            queue.appendleft((future, scheduler_output))
+            if scheduler_output.total_num_scheduled_tokens and len(queue) < MAX_STEPS_IN_FLIGHT:
+                return []  # the first step in flight: its tokens come back with the next call
+        if not queue:
+            return []
+        future, scheduler_output = queue.pop()
+        try:
+            model_output = future.result()  # the step's one wait
+        except BaseException as error:
+            self._abort_failed_step([scheduler_output, *(so for _, so in queue)], error)
+            self._observe(scheduler_output, [], error)
+            raise
+        return self._update(scheduler_output, model_output)
+    # --8<-- [end:step_with_batch_queue]
 
     def _observe(
         self, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput], error: BaseException | None
@@ -308,13 +360,15 @@ class LLMEngine:
             request.spec_token_ids = drafts
     # --8<-- [end:propose]
     # --8<-- [start:abort_failed_step]
-    def _abort_failed_step(self, scheduler_output: SchedulerOutput, error: BaseException) -> None:
-        """NOTE 1: as if the failed step's requests had never been added. Never raises: a
-        second error on the way is attached to ``error`` as a note, and every part still runs."""
-        step_ids = list(scheduler_output.num_scheduled_tokens)
+    def _abort_failed_step(self, scheduler_outputs: list[SchedulerOutput], error: BaseException) -> None:
+        """NOTE 1: as if the failed step's requests (with async scheduling, those of every
+        step in flight: NOTE 10) had never been added. Never raises: a second error on the
+        way is attached to ``error`` as a note, and every part still runs."""
+        self._batch_queue.clear()
+        step_ids = list(dict.fromkeys(rid for out in scheduler_outputs for rid in out.num_scheduled_tokens))
         try:
             try:
-                self.scheduler.abort_failed_step(scheduler_output)
+                self.scheduler.abort_failed_step(*scheduler_outputs)
             finally:
                 self.model_executor.recover_from_failed_step(step_ids)
         except BaseException as second:  # the first error is the one the caller gets (NOTE 4)
@@ -372,7 +426,8 @@ class LLMEngine:
         self.model_executor.shutdown()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests unfinished, or (async scheduling) a step still to read back (NOTE 10)."""
+        return self.scheduler.has_unfinished_requests() or bool(self._batch_queue)
 
     def unfinished_request_ids(self) -> set[str]:
         """The requests added and not yet returned finished or aborted (a parent by its own id)."""

@@ -30,6 +30,11 @@ travels as a call too, a module function run on every worker, so it works whethe
 workers live in this process or in others (``multiproc_executor.py``). So do the bytes of a
 block (a rank's cache holds only its KV heads) and the memory free on each device: the
 engine's process never touches a GPU for them.
+NOTE 4 (a step in flight): under async scheduling the engine launches a step before it reads
+the last one back. ``execute_model(..., non_block=True)`` asks every worker to launch it
+(the worker keeps the handle: ``worker.py`` NOTE 6) and returns a ``StepFuture``; its
+``result()`` asks the workers for the oldest step's output. Two calls, so any executor
+that can call its workers can run steps in flight.
 NOTE 2 (the EOS id): the tokenizer's EOS travels to the worker's persistent batch
 (``worker.py`` NOTE 3), beside the config: it is the tokenizer's, not the config's.
 """
@@ -82,6 +87,20 @@ def runner_view(worker: object) -> RunnerView:
     )
 
 
+class StepFuture:
+    """A launched step's output, read back when asked, once (vLLM's ``Future[ModelRunnerOutput]``)."""
+
+    def __init__(self, read_back: Callable[[], ModelRunnerOutput]) -> None:
+        self._read_back: Callable[[], ModelRunnerOutput] | None = read_back
+        self._output: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._read_back is not None:
+            read_back, self._read_back = self._read_back, None
+            self._output = read_back()
+        return self._output
+
+
 class Executor(ABC):
     """The engine's door to its worker(s); subclasses implement ``_init_executor`` and
     ``collective_rpc`` (module header)."""
@@ -112,8 +131,17 @@ class Executor(ABC):
         self.collective_rpc("initialize_from_config", args=(config,))
         self.collective_rpc("compile_or_warm_up_model")
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
+    # --8<-- [start:execute_model]
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | StepFuture:
+        """Run one step; with ``non_block`` (async scheduling) launch it and return a
+        ``StepFuture`` whose ``result()`` reads it back, oldest step first (NOTE 4)."""
+        if not non_block:
+            return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
+        self.collective_rpc("execute_model_async", args=(scheduler_output,))
+        return StepFuture(lambda: self.collective_rpc("take_async_output")[0])
+    # --8<-- [end:execute_model]
 
     def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
         self.collective_rpc("recover_from_failed_step", args=(failed_req_ids,))

@@ -76,12 +76,15 @@ from tinyvllm.config import EngineConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.distributed.parallel_state import default_backend
 from tinyvllm.exceptions import EngineDeadError
-from tinyvllm.executor.abstract import Executor
+from tinyvllm.executor.abstract import Executor, StepFuture
 from tinyvllm.executor.uniproc_executor import run_method
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.worker.worker import Worker
 
 SHUTDOWN_TIMEOUT_S = 10.0  # a rank's time to release its worker before it is terminated
+
+
+STEP_CALLS = ("execute_model", "execute_model_async", "take_async_output")  # a failure there: EngineDeadError
 
 
 def read_only(mapping: dict) -> MappingProxyType:
@@ -350,7 +353,7 @@ class MultiprocExecutor(Executor):
             error = RuntimeError(text)
         error.add_note(f"tinyvllm: raised in worker rank {rank} during {what}:\n{remote_traceback}")
         dead = self._declare_dead(f"worker rank {rank} raised {text} during {what}")
-        if what != "execute_model":
+        if what not in STEP_CALLS:
             return error
         dead.__cause__ = error
         return dead
@@ -371,8 +374,14 @@ class MultiprocExecutor(Executor):
         if self.is_closed:
             raise RuntimeError("the executor is shut down")
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", args=(scheduler_output,), output_rank=0)[0]
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | StepFuture:
+        """As ``Executor.execute_model`` (its NOTE 4), with only rank 0's output pickled back."""
+        if not non_block:
+            return self.collective_rpc("execute_model", args=(scheduler_output,), output_rank=0)[0]
+        self.collective_rpc("execute_model_async", args=(scheduler_output,), output_rank=0)
+        return StepFuture(lambda: self.collective_rpc("take_async_output", output_rank=0)[0])
 
     def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
         if self._dead_reason is None:  # a dead executor has nothing to undo

@@ -2,8 +2,8 @@
 
 Concept: the runner orchestrates one forward and owns nothing that has its own module. Each
 step: (a) update its copy of every request, the persistent batch and its block table
-(removals, additions, condense, refresh: one ``BatchUpdate`` reaches the logits processors
-and the thinking budget); (b) ask the CUDA-graph dispatcher for the runtime mode and padded
+(removals, additions, condense; after the forward, refresh: one ``BatchUpdate`` reaches the
+logits processors and the thinking budget); (b) ask the CUDA-graph dispatcher for the runtime mode and padded
 ``BatchDescriptor``; (c) write the padded inputs and attention metadata into the persistent
 buffers; (d) run the model over the paged KV cache under ``set_forward_context``, so graph
 wrappers capture, replay or pass through; (e) sample from each request's last scheduled
@@ -19,8 +19,7 @@ Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``_update_states``, ``_prepare_
 Invariants: after ``_update_states`` the batch holds exactly this step's scheduled requests,
 rows ``0 .. R-1``, block-table row r holding row r's block ids; each ``RunnerRequestState``
 has the prompt, the outputs so far and the scheduler's block ids; ``cudagraph_stats`` counts
-every executed step once, by mode. ``check_invariants()`` checks the batch against the states
-between steps; ``LLMEngine.check_invariants`` checks the states against the scheduler's.
+every executed step once, by mode. ``check_invariants()`` checks them between steps.
 
 NOTE 1 (a request not scheduled this step leaves the batch): skipped or preempted, it leaves
 (its state stays) and returns when scheduled, a preempted one with its block table replaced.
@@ -55,8 +54,9 @@ NOTE 10 (logprobs with drafts): kept token ``i`` was predicted by verified row `
 logprobs are that row's raw ones, as without speculation (vLLM's PR #26060); rejected rows
 are not reported. Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
 NOTE 11 (everything queued before the one wait): a step waits once, reading the sampled ids
-(``tinyvllm/device_syncs.py``), so the prompt logprobs are queued with the forward
-(``_queue_prompt_logprobs``) and read after that wait (``_collect_prompt_logprobs``).
+(``tinyvllm/device_syncs.py``); the prompt logprobs are queued before it, read after it.
+NOTE 12 (``worker/async_output.py``): ``execute_model_async`` launches a step, read back when
+asked or by the next launch, after its forward (fed unread ids on the device).
 """
 
 from __future__ import annotations
@@ -79,6 +79,13 @@ from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.rejection_sampler import rejection_sample
 from tinyvllm.sample.sampler import Sampler, sampled_to_host
 from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.worker.async_output import (
+    AsyncModelRunnerOutput,
+    HostIds,
+    PlaceholderFeed,
+    logprobs_to_host_early,
+    placeholder_feed,
+)
 from tinyvllm.worker.attention_metadata import build_step_inputs
 from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
 from tinyvllm.worker.cudagraph_capture import CUDAGraphSetup
@@ -117,6 +124,26 @@ class RunnerRequestState:
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+
+@dataclass
+class StepInFlight:
+    """A launched step, until it is read back (``_finish_step``): its rows and what the
+    sampler left on the device (plain sampling) or on the host (drafts verified)."""
+
+    req_ids: list[str]
+    states: list[RunnerRequestState]
+    num_sched: list[int]
+    drafts: list[tuple[int, ...]]
+    req_id_to_index: dict[str, int]
+    complete: list[bool] = dataclasses.field(default_factory=list)
+    pending_prompt_logprobs: list[PendingPromptLogprobs] = dataclasses.field(default_factory=list)
+    host_ids: HostIds | None = None  # plain sampling: the ids on their way up (async_output.py)
+    sampler_output: object = None
+    sampling_metadata: object = None
+    tokens: list[list[int] | None] | None = None  # drafts verified: kept tokens, already read
+    logprobs: dict[str, list[LogprobEntry]] = dataclasses.field(default_factory=dict)
+    handle: AsyncModelRunnerOutput | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +202,7 @@ class ModelRunner:
         self.dispatcher = cudagraphs.dispatcher
         self.emulate_cudagraphs = cudagraphs.emulate
         self.full_graph = cudagraphs.full_graph
+        self._in_flight: StepInFlight | None = None  # the last step launched (NOTE 12)
 
     # -- (a) states and the persistent batch ---------------------------------------------
 
@@ -221,9 +249,7 @@ class ModelRunner:
                     self.eos_token_id, block_ids=state.block_ids,
                     bad_words_token_ids=state.bad_words_token_ids,
                 )  # fmt: skip
-        batch.condense()
-        spec = out.scheduled_spec_decode_tokens
-        batch.refresh(spec_token_ids=[spec.get(r, ()) for r in batch.req_ids] if spec else None)
+        batch.condense()  # the processors hear of the step in ``_launch_step``, after NOTE 12's read-back
     # --8<-- [end:update_states]
 
     # -- (b)-(d) dispatch, inputs, forward -----------------------------------------------
@@ -237,6 +263,7 @@ class ModelRunner:
         block_ids: list[list[int]],
         dispatch: tuple[CUDAGraphMode, BatchDescriptor] | None = None,
         dummy: bool = False,
+        feed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, AttentionMetadata]:
         """One forward over the persistent buffers; returns hidden states [N_pad, hidden]."""
         num_tokens, num_reqs = sum(num_scheduled), len(num_scheduled)
@@ -262,6 +289,9 @@ class ModelRunner:
         input_ids, metadata = self.buffers.fill(
             token_ids, step, table, self.block_size, max_query_len=max_query_len, max_seq_len=max_seq_len
         )
+        if feed is not None:  # NOTE 12: tokens the host does not know yet, from the last step's ids
+            positions, values = feed
+            input_ids.index_copy_(0, positions, values.to(input_ids.dtype))
         run = self.full_graph if self.full_graph is not None else self.model
         with set_forward_context(mode, desc):
             hidden = run(input_ids, metadata.positions, self.kv_caches, metadata)  # [N_pad, hidden]
@@ -280,6 +310,7 @@ class ModelRunner:
         the failed step may have left in flight (``input_buffers`` NOTE 2)."""
         for req_id in failed_req_ids:
             self.requests.pop(req_id, None)
+        self._in_flight = None  # its ids are never read: the steps in flight failed together
         try:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -323,47 +354,110 @@ class ModelRunner:
     # --8<-- [start:execute_model]
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, launched and read back at once."""
+        return self._launch(scheduler_output, read_later=False).get_output()
+
+    @torch.inference_mode()
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
+        """One step launched; its output is read back by the handle's ``get_output()``, at
+        the latest when the next step is launched (NOTE 12)."""
+        return self._launch(scheduler_output, read_later=True)
+
+    def _launch(self, scheduler_output: SchedulerOutput, read_later: bool) -> AsyncModelRunnerOutput:
+        step = self._launch_step(scheduler_output, read_later)
+        self._in_flight = step
+        step.handle = AsyncModelRunnerOutput(lambda: self._finish_step(step))
+        return step.handle
+
+    def _launch_step(self, scheduler_output: SchedulerOutput, read_later: bool) -> StepInFlight:
         self._update_states(scheduler_output)  # (a)
-        req_ids: list[str] = list(self.input_batch.req_ids)  # row order
-        if not req_ids:
-            return ModelRunnerOutput([], {}, [])
+        batch = self.input_batch
+        req_ids: list[str] = list(batch.req_ids)  # row order
+        prev, self._in_flight = self._in_flight, None
         states = [self.requests[r] for r in req_ids]
         num_sched = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
         computed = [s.num_computed_tokens for s in states]
         spec = scheduler_output.scheduled_spec_decode_tokens
         drafts = [spec.get(r, ()) for r in req_ids]  # NOTE 9: a request's drafts follow its last token
+        feed = self._placeholder_feed(prev, req_ids, states, computed, num_sched)  # NOTE 12
         token_ids = [t for s, c, n, d in zip(states, computed, num_sched, drafts)
                      for t in (*s.token_slice(c, c + n - len(d)), *d)]  # fmt: skip
+        for position in (feed.positions if feed is not None else ()):
+            token_ids.insert(position, 0)  # a placeholder: the forward reads the device's id
 
         # (b)-(d): dispatch, pad into the persistent buffers, run (graph replay or eager).
-        hidden, metadata = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states])
+        hidden = metadata = None
+        if req_ids:
+            feed_tensors = None if feed is None else (
+                upload(feed.positions, torch.int64, self.device),
+                prev.host_ids.tokens[upload(feed.prev_rows, torch.int64, self.device)],
+            )  # fmt: skip
+            hidden, metadata = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states], feed=feed_tensors)
+        if prev is not None and prev.handle is not None:
+            prev.handle.get_output()  # NOTE 12: its tokens join the output lists before the processors read them
+        batch.refresh(spec_token_ids=[spec.get(r, ()) for r in batch.req_ids] if spec else None)
+        step = StepInFlight(req_ids, states, num_sched, drafts, dict(batch.req_id_to_index))
+        if not req_ids:
+            return step
 
         # (e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2).
-        complete = [c + n - len(d) >= s.num_tokens for s, c, n, d in zip(states, computed, num_sched, drafts)]
-        pending_prompt_logprobs = self._queue_prompt_logprobs(states, computed, num_sched, hidden)  # NOTE 11
+        step.complete = [c + n - len(d) >= s.num_tokens for s, c, n, d in zip(states, computed, num_sched, drafts)]
+        pending = self._queue_prompt_logprobs(states, computed, num_sched, hidden)  # NOTE 11
+        if read_later:  # copied up behind the sampler, before the event (async_output.py NOTE 1)
+            pending = [dataclasses.replace(p, tensors=logprobs_to_host_early(p.tensors)) for p in pending]
+        step.pending_prompt_logprobs = pending
         sampling_metadata = self.input_batch.make_sampling_metadata()
-        logprobs: dict[str, list[LogprobEntry]] = {}
         if self.speculative:
-            tokens, logprobs = self._verify_drafts(hidden, num_sched, drafts, sampling_metadata, req_ids, complete)
+            step.tokens, step.logprobs = self._verify_drafts(
+                hidden, num_sched, drafts, sampling_metadata, req_ids, step.complete
+            )  # fmt: skip
         else:
             logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
             sampler_output = self.sampler(logits, sampling_metadata)
-            ids, no_token = sampled_to_host(sampler_output.sampled_token_ids, sampler_output.no_token)  # the wait
+            if read_later:
+                sampler_output = dataclasses.replace(sampler_output, logprobs=logprobs_to_host_early(sampler_output.logprobs))
+            step.host_ids = HostIds(sampler_output.sampled_token_ids, sampler_output.no_token, early=read_later)
+            step.sampler_output, step.sampling_metadata = sampler_output, sampling_metadata
+        for state, n in zip(states, num_sched):
+            state.num_computed_tokens += n  # rejected drafts are taken back when read (_finish_step)
+        return step
+
+    def _placeholder_feed(
+        self, prev: StepInFlight | None, req_ids: list[str], states: list[RunnerRequestState],
+        computed: list[int], num_sched: list[int],
+    ) -> PlaceholderFeed | None:  # fmt: skip
+        """NOTE 12: the positions whose token the last step sampled and the host has not read."""
+        if prev is None or prev.host_ids is None or (prev.handle is not None and prev.handle.done):
+            return None
+        feed = placeholder_feed(req_ids, computed, num_sched, [s.num_tokens for s in states], prev.req_id_to_index)
+        return feed if feed.positions else None
+
+    def _finish_step(self, step: StepInFlight) -> ModelRunnerOutput:
+        """Read a launched step back (the one wait, NOTE 11) and update the request states."""
+        with torch.inference_mode():
+            return self._read_back(step)
+
+    def _read_back(self, step: StepInFlight) -> ModelRunnerOutput:
+        req_ids, states = step.req_ids, step.states
+        if not req_ids:
+            return ModelRunnerOutput([], {}, [])
+        tokens, logprobs = step.tokens, step.logprobs
+        if tokens is None:  # plain sampling: the ids come up now
+            ids, no_token = step.host_ids.get()  # the wait
             tokens = [None if none else [token] for token, none in zip(ids, no_token)]  # [R]
-            logprobs = self._sample_logprobs(sampler_output, sampling_metadata, req_ids, complete)
-        prompt_logprobs = self._collect_prompt_logprobs(pending_prompt_logprobs)
+            logprobs = self._sample_logprobs(step.sampler_output, step.sampling_metadata, req_ids, step.complete)
+        prompt_logprobs = self._collect_prompt_logprobs(step.pending_prompt_logprobs)
         no_token_req_ids = set()
-        for row, (state, n, done, d) in enumerate(zip(states, num_sched, complete, drafts)):
+        for row, (state, done, d) in enumerate(zip(states, step.complete, step.drafts)):
             if done and tokens[row] is None:  # nothing left to sample: it ends (sampler NOTE 7)
                 no_token_req_ids.add(state.req_id)
                 logger.warning("request %r: no token is left to sample (every logit -inf or NaN); it ends with an error", state.req_id)
             kept = tokens[row] if done and tokens[row] is not None else []
-            state.num_computed_tokens += n - (len(d) + 1 - len(kept) if d else 0)  # rejected drafts undone
+            state.num_computed_tokens -= len(d) + 1 - len(kept) if d else 0  # rejected drafts undone
             state.output_token_ids.extend(kept)
             tokens[row] = kept
         return ModelRunnerOutput(  # rows 0 .. R-1
-            req_ids, dict(self.input_batch.req_id_to_index), tokens, logprobs, prompt_logprobs,
-            frozenset(no_token_req_ids),
+            req_ids, step.req_id_to_index, tokens, logprobs, prompt_logprobs, frozenset(no_token_req_ids),
         )
     # --8<-- [end:execute_model]
 

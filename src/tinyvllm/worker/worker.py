@@ -39,12 +39,17 @@ NOTE 4 (ranks): with ``tensor_parallel_size`` N > 1 an executor builds N workers
 0 .. N-1, each in its own process; ``init_device`` joins them into one process group
 (``distributed/parallel_state.py``) before the weights load, so each loads only its slice.
 Every rank seeds alike and runs the same steps, so every rank samples the same ids.
+NOTE 6 (async scheduling): ``execute_model_async`` launches a step and keeps its handle
+(``worker/async_output.py``); ``take_async_output`` reads back the oldest. The handles stay
+here, in the worker's process, so the executor needs nothing but two calls, whether the
+worker lives in the engine's process or in its own.
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from collections import deque
 
 import torch
 
@@ -62,6 +67,7 @@ from tinyvllm.models import llama
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
+from tinyvllm.worker.async_output import AsyncModelRunnerOutput
 from tinyvllm.worker.attention_metadata import build_attention_metadata
 from tinyvllm.worker.cuda_graph import CUDAGraphWrapper
 from tinyvllm.worker.cudagraph_capture import capture_model, eager_pieces, init_cudagraphs, release_cudagraphs
@@ -103,6 +109,7 @@ class Worker:
         self.model_runner: ModelRunner | None = None
         self.cudagraph_memory_bytes = 0  # NOTE 1: what the graphs take from the KV budget (GPU only)
         self.startup_report: StartupReport | None = None
+        self._async_outputs: deque[AsyncModelRunnerOutput] = deque()  # NOTE 6: launched, not yet taken
         self._load_s = 0.0
         self._loaded = self._sized = 0.0  # perf_counter() stamps for the report
 
@@ -289,7 +296,18 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
 
+    # --8<-- [start:async_steps]
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> None:
+        """Launch a step and keep its handle (async scheduling, NOTE 6); nothing comes back yet."""
+        self._async_outputs.append(self.model_runner.execute_model_async(scheduler_output))
+
+    def take_async_output(self) -> ModelRunnerOutput:
+        """The oldest launched step's output, read back (NOTE 6)."""
+        return self._async_outputs.popleft().get_output()
+    # --8<-- [end:async_steps]
+
     def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
+        self._async_outputs.clear()  # the steps in flight failed together (NOTE 6)
         self.model_runner.recover_from_failed_step(failed_req_ids)
 
     def check_invariants(self) -> None:

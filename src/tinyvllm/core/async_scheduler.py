@@ -1,0 +1,89 @@
+"""AsyncScheduler: schedule step N+1 while step N still runs on the device.
+
+Concept: with ``async_scheduling=True`` the engine schedules the next step before the last
+one's sampled tokens are back (``engine/llm_engine.py`` NOTE 10), so the host's scheduling
+and input preparation overlap the device's forward. A request that samples in a step gets a
+*placeholder* (``Request.num_output_placeholders``): a token whose position the next step
+may already compute, although its value is known only on the device (the runner feeds it to
+the next forward from there: ``worker/async_output.py``). When the step's output arrives,
+``update_from_output`` appends the real token and takes the placeholder back.
+
+Mirrors: ``vllm/v1/core/sched/async_scheduler.py`` (``AsyncScheduler``,
+``_update_after_schedule``, ``_update_request_with_output``) and the placeholder arithmetic
+of ``vllm/v1/core/sched/scheduler.py``.
+
+Invariants (on top of ``Scheduler``'s): ``0 <= num_output_placeholders <= 2`` (at most two
+steps are in flight, each samples at most one token per request); a request's placeholders
+count its steps in flight that reach the end of its tokens; the KV cache caches a block only
+when its tokens are known and a finished step wrote their KV (``kv_cache_manager.py`` NOTE 6).
+
+NOTE 1 (one step late): stop checks, detokenization and stop strings see a step's tokens
+when its output arrives, after the next step was scheduled. A request that stopped in step N
+was already scheduled in N+1: that extra token is computed and thrown away (the request has
+left ``requests`` when N+1's output arrives), as in vLLM.
+NOTE 2 (no step that cannot count): a request whose tokens in flight already end it
+(``max_tokens`` or ``max_model_len`` reached) is not scheduled again, so no position past
+``max_model_len`` is ever allocated and no step is spent on a token that would be dropped.
+NOTE 3 (preempted with a token in flight): a request preempted while its last step runs keeps
+that step's token (sampled from KV its blocks held when the step was queued); it recomputes
+from the start with it, as if the step had returned before the preemption, as in sync mode.
+NOTE 4 (what is refused): speculative decoding (the n-gram proposer needs the last token on
+the host to propose), as vLLM refuses async scheduling with n-gram drafts
+(``engine_args.py``).
+"""
+
+from __future__ import annotations
+
+from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.request import Request, RequestStatus
+
+MAX_STEPS_IN_FLIGHT = 2  # the engine's batch queue: the step on the device and the one being prepared
+
+
+class AsyncScheduler(Scheduler):
+    """``Scheduler`` with placeholders for the tokens of steps still on the device."""
+
+    # --8<-- [start:placeholders]
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """Each request this step brings to the end of its tokens (placeholders included)
+        will sample one: count it as a placeholder until its value arrives."""
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1
+
+    def _after_tokens_arrived(self, request: Request, num_sampled: int, status_before: RequestStatus) -> None:
+        """The step's token replaces its placeholder; the blocks its arrival fills are cached
+        now (their KV was written by finished steps: ``kv_cache_manager.py`` NOTE 6)."""
+        if num_sampled == 0:
+            return  # a partial prefill's row: it had no placeholder
+        request.num_output_placeholders -= num_sampled
+        assert request.num_output_placeholders >= 0, f"{request!r}: more tokens arrived than were scheduled"
+        if status_before == RequestStatus.RUNNING:  # a preempted request holds no blocks (NOTE 3)
+            computed = request.num_computed_tokens - request.num_output_placeholders
+            self.kv_cache_manager.cache_blocks(request, computed)
+    # --8<-- [end:placeholders]
+
+    # --8<-- [start:pending_end]
+    def _pending_tokens_end(self, request: Request) -> bool:
+        """NOTE 2: the tokens in flight reach ``max_tokens`` or ``max_model_len``."""
+        pending = request.num_output_placeholders
+        if pending == 0:
+            return False
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None and request.num_output_tokens + pending >= max_tokens:
+            return True
+        return request.num_tokens + pending >= self.max_model_len
+    # --8<-- [end:pending_end]
+
+    def _is_partial_prefill(self, request: Request) -> bool:
+        """The runner sends no token for a partial prefill's row; a preempted request's token
+        was sampled before it was preempted, and counts (NOTE 3)."""
+        return request.status == RequestStatus.RUNNING and request.num_computed_tokens < request.num_tokens
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        for request in self.requests.values():
+            pending = request.num_output_placeholders
+            assert 0 <= pending <= MAX_STEPS_IN_FLIGHT, f"{request!r} has {pending} placeholders"
