@@ -199,7 +199,7 @@ def host_phases(llm, steps: int) -> dict:
 # --8<-- [end:profile]
 
 
-def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = False) -> dict:
+def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = False, host_clock: bool = True) -> dict:
     """Median seconds per decode step with ``batch`` requests in decode (module header);
     with ``profiled``, also ``profile_steps``' record of the device's share."""
     from tinyvllm import SamplingParams
@@ -239,7 +239,9 @@ def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = F
     median = statistics.median(times)
     profile = None
     if profiled:
-        profile = profile_steps(engine, cfg["profile_steps"], median) | host_phases(llm, cfg["profile_steps"])
+        profile = profile_steps(engine, cfg["profile_steps"], median)
+        if host_clock:  # the step's host phases (bookkeeping.py's clock follows the synchronous step)
+            profile |= host_phases(llm, cfg["profile_steps"])
     engine.abort_request(ids)
     timed = cfg["repeats"] * cfg["timed_steps"]
     return dict(
@@ -276,7 +278,9 @@ def throughput(llm, cfg: dict, expected: str) -> dict:
                 runtime_modes=used, stats_ok=ok)  # fmt: skip
 
 
-def measure_mode(folder: Path, mode: str, cfg: dict, device: str, profile: bool = True) -> dict:
+def measure_mode(
+    folder: Path, mode: str, cfg: dict, device: str, profile: bool = True, async_scheduling: bool = False
+) -> dict:
     from tinyvllm import LLM
 
     sync()
@@ -286,6 +290,7 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str, profile: bool 
         block_size=cfg["block_size"], num_gpu_blocks_override=cfg["num_gpu_blocks"],
         max_num_seqs=cfg["max_num_seqs"], attention_backend="triton",
         compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": cfg["capture_sizes"]},
+        async_scheduling=async_scheduling,
     )  # fmt: skip
     sync()
     startup = time.perf_counter() - start
@@ -294,7 +299,8 @@ def measure_mode(folder: Path, mode: str, cfg: dict, device: str, profile: bool 
     expected = EXPECTED_DECODE_MODE[mode]
     graphs = num_graphs(runner)
     profiled = profile and mode in PROFILED_MODES
-    latency = [decode_latency(llm, b, cfg, expected, profiled=profiled) for b in cfg["batch_sizes"]]
+    latency = [decode_latency(llm, b, cfg, expected, profiled=profiled, host_clock=not async_scheduling)
+               for b in cfg["batch_sizes"]]  # fmt: skip
     tput = throughput(llm, cfg, expected) if cfg["throughput"] else None
     del llm, runner
     gc.collect()
@@ -326,6 +332,21 @@ def kernel_ab(folder: Path, cfg: dict, device: str, with_kernel: dict, env: str)
         step_ms_torch_ops={str(r["batch"]): r["median_step_s"] * 1e3 for r in torch_ops["latency"]},
         speedup_of_the_kernel={str(r["batch"]): r["median_step_s"] / kernel_ms[r["batch"]] for r in torch_ops["latency"]},
         stats_ok=torch_ops["stats_ok"],
+    )
+
+
+def async_ab(folder: Path, cfg: dict, device: str, sync_run: dict) -> dict:
+    """FULL_AND_PIECEWISE once more with ``async_scheduling=True``, against the same mode's
+    synchronous run: the step time and the device's busy share both ways, same run."""
+    run = measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=True, async_scheduling=True)
+    sync_ms = {r["batch"]: r["median_step_s"] for r in sync_run["latency"]}
+    busy_share = {str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in run["latency"]}
+    return dict(
+        step_ms_async={str(r["batch"]): r["median_step_s"] * 1e3 for r in run["latency"]},
+        speedup_of_async={str(r["batch"]): sync_ms[r["batch"]] / r["median_step_s"] for r in run["latency"]},
+        device_busy_share_async=busy_share,
+        device_busy_share_sync={str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in sync_run["latency"]},
+        stats_ok=run["stats_ok"],
     )
 
 
@@ -395,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="then FULL_AND_PIECEWISE again with the norms as torch ops (TINYVLLM_RMS_NORM=torch)")
     parser.add_argument("--rotary-ab", action="store_true",
                         help="then FULL_AND_PIECEWISE again with rotary as torch ops (TINYVLLM_ROTARY=torch)")  # fmt: skip
+    parser.add_argument("--async-ab", action="store_true",
+                        help="FULL_AND_PIECEWISE once more with async_scheduling=True (step time, device busy share)")
     parser.add_argument("--quick", action="store_true", help="half the timed repeats")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
@@ -437,6 +460,10 @@ def main(argv: list[str] | None = None) -> int:
                 record[key] = kernel_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"], KERNEL_AB[key])
                 record["total_s"] = time.perf_counter() - wall
                 out.write_text(json.dumps(record, indent=2))
+        if args.async_ab:
+            record["async_ab"] = async_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"])
+            record["total_s"] = time.perf_counter() - wall
+            out.write_text(json.dumps(record, indent=2))
     record["complete"] = True
     record["total_s"] = time.perf_counter() - wall
     out.write_text(json.dumps(record, indent=2))
@@ -448,7 +475,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"B={b}: {ms:.2f} ms (the kernel x{ab['speedup_of_the_kernel'][b]:.2f})"
                 for b, ms in ab["step_ms_torch_ops"].items()))  # fmt: skip
     print(f"total {record['total_s']:.1f} s; wrote {out}")
-    if not record["stats_check"]:
+    if "async_ab" in record:
+        ab = record["async_ab"]
+        print("FULL_AND_PIECEWISE, async scheduling: " + "  ".join(
+            f"B={b}: {ms:.2f} ms (x{ab['speedup_of_async'][b]:.2f}, busy {ab['device_busy_share_async'][b]})"
+            for b, ms in ab["step_ms_async"].items()))  # fmt: skip
+    if not record["stats_check"] or not record.get("async_ab", {}).get("stats_ok", True):
         print("bench/cudagraphs.py: some timed steps did not run in the expected runtime mode", file=sys.stderr)
         return 1
     return 0

@@ -122,9 +122,10 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         return cmd + (["--collect-only"] if dry_run else [])
     if step.name == "throughput":
         seqs = ["--num-seqs", "128" if quick else "256"]
-        return [python, "bench/throughput.py", "--repeats", "1", *seqs, *model, *out] + (["--dry-run"] if dry_run else [])
+        cmd = [python, "bench/throughput.py", "--repeats", "1", "--async-ab", *seqs, *model, *out]
+        return cmd + (["--dry-run"] if dry_run else [])
     if step.name == "cudagraph_latency":
-        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput", "--rms-norm-ab", "--rotary-ab"]
+        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput", "--rms-norm-ab", "--rotary-ab", "--async-ab"]
         flags = ["--dry-run"] if dry_run else []
         return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
     if step.name == "prefix_caching":
@@ -191,6 +192,10 @@ def throughput_figures(record: dict) -> dict:
         "tinyvllm_tok_per_s": round(full["tok_per_s"], 1),
         "tinyvllm_seconds": round(full["seconds"], 2),
     }
+    full_async = record.get("tinyvllm_full_workload_async")
+    if full_async is not None:  # the A/B of async scheduling, same workload, same run
+        result["tinyvllm_async_tok_per_s"] = round(full_async["tok_per_s"], 1)
+        result["async_speedup"] = round(record["async_speedup_full_workload"], 3)
     hf = record.get("transformers_on_hf_subset")
     if hf is not None and "speedup_vs_transformers_same_subset" in record:
         result |= {
@@ -224,7 +229,7 @@ def cudagraph_figures(record: dict) -> dict:
                                                for b, p in profiled.items()}  # fmt: skip
     figures = {"device": record["environment"]["device"], "complete": record["complete"],
                "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
-    for key in ("rms_norm_ab", "rotary_ab"):  # FULL_AND_PIECEWISE with the norms / rotary as torch ops, same run
+    for key in ("rms_norm_ab", "rotary_ab", "async_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
         if key in record:
             figures[key] = record[key]
     return figures

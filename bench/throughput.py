@@ -19,6 +19,10 @@ find its prompts in the cache. Both sides get a warm-up; then ``--repeats`` roun
 the medians count. The record is written after every timed run (``"complete": false`` until
 the last), the full workload first: a run cut short by its time budget keeps the headline.
 
+``--async-ab``: after those rounds, the synchronous engine is shut down and the same engine
+with ``async_scheduling=True`` runs the full workload once more (same draws, same run): the
+A/B of async scheduling, ``tinyvllm_full_workload_async`` beside the synchronous figure.
+
 Run on a GPU: ``python3 bench/throughput.py`` (writes ``bench/results/throughput-*.json``).
 ``--dry-run`` runs every code path on the CPU with a tiny model and a tiny workload; the
 test suite runs it, and its timings mean nothing.
@@ -27,6 +31,7 @@ test suite runs it, and its timings mean nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import datetime
 import json
 import random
@@ -151,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds, interleaved; medians count (default 3)")
     parser.add_argument("--attention-backend", default="auto", help="tinyvllm's attention_backend (default auto)")
     parser.add_argument("--num-seqs", type=int, default=256, help="requests of the full workload (default 256, nano-vllm's)")
+    parser.add_argument("--async-ab", action="store_true",
+                        help="then the full workload once more with async_scheduling=True (same run)")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/...)")
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                          "cache": "default (dynamic)", "padding": "left"},  # fmt: skip
         "repeats": args.repeats,
     }
-    runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": []}
+    runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": [], "full_async": []}
     engine: dict = {}
     began = time.perf_counter()
 
@@ -199,11 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     def record(complete: bool) -> dict:
         """What is measured so far; written after every timed run, so a run cut short keeps it."""
         result = {**header, "complete": complete, "engine": engine}
-        parts = {"full": (prompts, max_tokens), "subset": (sub_prompts, sub_tokens), "hf": (sub_prompts, sub_tokens)}
-        names = {"full": "tinyvllm_full_workload", "subset": "tinyvllm_on_hf_subset", "hf": "transformers_on_hf_subset"}
+        parts = {"full": (prompts, max_tokens), "subset": (sub_prompts, sub_tokens), "hf": (sub_prompts, sub_tokens),
+                 "full_async": (prompts, max_tokens)}  # fmt: skip
+        names = {"full": "tinyvllm_full_workload", "subset": "tinyvllm_on_hf_subset", "hf": "transformers_on_hf_subset",
+                 "full_async": "tinyvllm_full_workload_async"}  # fmt: skip
         for key, (ps, ms) in parts.items():
             if runs[key]:
                 result[names[key]] = summarise(runs[key], ps, ms)
+        if runs["full"] and runs["full_async"]:
+            result["async_speedup_full_workload"] = (
+                result["tinyvllm_full_workload_async"]["tok_per_s"] / result["tinyvllm_full_workload"]["tok_per_s"]
+            )
         if runs["subset"] and runs["hf"]:
             ratio = result["tinyvllm_on_hf_subset"]["tok_per_s"] / result["transformers_on_hf_subset"]["tok_per_s"]
             result["speedup_vs_transformers_same_subset"] = ratio
@@ -248,7 +261,22 @@ def main(argv: list[str] | None = None) -> int:
             runs["hf"].append(run_transformers(hf, sub_prompts, sub_tokens, temperature, args.hf_batch_size, device))
             record(complete=False)
             say(f"round {r}: transformers, subset: {runs['hf'][-1]['seconds']:.2f} s")
-        del llm, hf
+        del hf
+        if args.async_ab:  # the same engine, scheduling asynchronously: one more full run (module header)
+            llm.shutdown()
+            del llm
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend,
+                      async_scheduling=True, **kwargs)  # fmt: skip
+            llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+            say("tinyvllm with async scheduling started")
+            torch.manual_seed(0)
+            runs["full_async"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
+            record(complete=False)
+            say(f"tinyvllm, full workload, async scheduling: {runs['full_async'][-1]['seconds']:.2f} s")
+        del llm
     result = record(complete=True)
     print(json.dumps(result, indent=2))
     return 0

@@ -44,6 +44,7 @@ def test_each_step_runs_its_script_with_the_shared_model_folder(tmp_path, quick)
     assert commands["throughput"][commands["throughput"].index("--num-seqs") + 1] == ("128" if quick else "256")
     assert commands["cudagraph_latency"][commands["cudagraph_latency"].index("--batches") + 1] == "1,32"
     assert "--gpu" in commands["prefix_caching"]
+    assert "--async-ab" in commands["throughput"] and "--async-ab" in commands["cudagraph_latency"]  # issue 39's A/B
     for name in ("throughput", "cudagraph_latency", "prefix_caching"):
         cmd = commands[name]
         assert cmd[cmd.index("--model-folder") + 1] == str(tmp_path / "model")  # built once, shared
@@ -120,6 +121,9 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     for key in ("rms_norm_ab", "rotary_ab"):  # the same mode with the norms, then rotary, as torch ops
         ab = figures["cudagraph_latency"][key]
         assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
+    async_ab = figures["cudagraph_latency"]["async_ab"]  # FULL_AND_PIECEWISE with async scheduling, same run
+    assert set(async_ab["speedup_of_async"]) == {"1", "2"} and async_ab["stats_ok"] is True
+    assert figures["throughput"]["async_speedup"] > 0 and figures["throughput"]["tinyvllm_async_tok_per_s"] > 0
     assert figures["cudagraph_latency"]["stats_check"] is True
     assert set(figures["prefix_caching"]["ratios"]) == {"hit_49", "hit_37"}
     log = (out / "gpu.log").read_text()

@@ -41,8 +41,11 @@ def check_engine_record(engine: dict, caching: bool) -> None:
 
 @pytest.mark.slow
 def test_throughput_bench_dry_run(tmp_path):
-    result = run_bench("throughput.py", tmp_path / "throughput.json", "--repeats", "2")
+    result = run_bench("throughput.py", tmp_path / "throughput.json", "--repeats", "2", "--async-ab")
     assert result["dry_run"] is True and result["repeats"] == 2
+    # the async-scheduling A/B: the same full workload, every token produced, a ratio beside it
+    assert result["tinyvllm_full_workload_async"]["output_tokens"] == result["tinyvllm_full_workload"]["output_tokens"]
+    assert result["async_speedup_full_workload"] > 0
     full, subset, hf = (result[k] for k in ("tinyvllm_full_workload", "tinyvllm_on_hf_subset", "transformers_on_hf_subset"))
     assert full["requests"] == 4 and subset["requests"] == hf["requests"] == 2
     assert subset["output_tokens"] == hf["output_tokens"]

@@ -3,7 +3,7 @@ gives the tokens of a one-process engine, token for token, with logprobs within 
 rounding, for Qwen3, Qwen2 and Llama, through prefix caching (a shared prefix), chunked
 prefill (a small token budget), preemption (few KV blocks) and n > 1; seeded sampling
 repeats under N = 2; n-gram speculative decoding and every emulated ``cudagraph_mode`` too
-(slow); ``AsyncLLM`` streams the same tokens. Each engine start spawns two worker processes,
+(slow); ``AsyncLLM`` streams the same tokens, with async scheduling. Each engine start spawns two worker processes,
 so each test starts few engines and gives each several prompts and features at once."""
 
 from __future__ import annotations
@@ -108,11 +108,14 @@ def test_two_ranks_under_each_emulated_cudagraph_mode(tiny_model_dirs, mode):
 
 
 def test_async_llm_on_two_ranks_streams_one_ranks_tokens(tiny_model_dirs):
+    """With async scheduling too (``async_scheduling=True``): each worker process keeps its
+    steps in flight, and the executor reads the oldest back (``executor/abstract.py`` NOTE 4)."""
     folder = str(tiny_model_dirs["llama"])
     params = SamplingParams(max_tokens=6, temperature=0)
     one = LLM(folder, **ENGINE)
     expected = [list(out.outputs[0].token_ids) for out in one.generate(PROMPTS[2:], params, use_tqdm=False)]
-    engine = AsyncLLM.from_engine_args(EngineArgs(folder, tensor_parallel_size=2, **ENGINE))
+    engine = AsyncLLM.from_engine_args(EngineArgs(folder, tensor_parallel_size=2, async_scheduling=True, **ENGINE))
+    assert engine.engine.async_scheduling
 
     async def stream(i: int, prompt: dict) -> list[int]:
         tokens: list[int] = []
