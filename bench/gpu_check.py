@@ -86,13 +86,17 @@ class Step:
 # pass: 8.2, 133 (74 tests), 157 (transformers 99 s), 44 (with the RMSNorm A/B) and 47 s.
 # Since then: 9 more gpu tests (KV tiles, rotary, the fused q/k norm and rotary: about 25 s
 # of compiling on a cold Triton cache, and the tests stop 20 s before the budget) and the
-# rotary A/B (one more build of FULL_AND_PIECEWISE, about 6 s).
+# rotary A/B (one more build of FULL_AND_PIECEWISE, about 6 s). The H200 run (2026-11-28): 6.3,
+# 97, 127, 34 and 33 s. Then the async-scheduling A/B (issue 39): one more engine and full
+# workload in ``throughput`` (about 25 s on the H200's figures), one more FULL_AND_PIECEWISE
+# build in ``cudagraph_latency`` (about 8 s): taken from the environment's, the tests' and
+# prefix caching's slack.
 STEPS = (
-    Step("environment", 12, "device, memory, nvidia-smi's device line, versions"),
-    Step("gpu_tests", 180, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
-    Step("throughput", 172, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
-    Step("cudagraph_latency", 60, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
-    Step("prefix_caching", 56, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
+    Step("environment", 10, "device, memory, nvidia-smi's device line, versions"),
+    Step("gpu_tests", 172, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("throughput", 180, "nano-vllm's workload against transformers generate and nano-vllm's figure, sync and async"),
+    Step("cudagraph_latency", 68, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE; async A/B"),
+    Step("prefix_caching", 50, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
 )
 MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
 TEST_DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"  # read by the root conftest.py

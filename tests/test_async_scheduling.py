@@ -357,3 +357,24 @@ def test_gpu_async_steps_make_cuda_wait_nowhere_and_give_the_sync_tokens(tiny_mo
     assert cuda_waits and all(w == [] for w in cuda_waits), cuda_waits
     for rid, out in expected.items():
         assert outputs[rid].outputs[0].token_ids == out.outputs[0].token_ids, rid
+
+
+def test_an_id_reused_while_its_aborted_step_is_in_flight_gets_only_its_own_tokens(tiny_model_dirs):
+    """Abort ``r0`` while its step is in flight and add a new ``r0`` at once: the old step's
+    token must not reach the new request (async_scheduler NOTE 5)."""
+    folder = tiny_model_dirs["qwen3"]
+    expected = run_checked(make_llm(folder, False), [PROMPTS[2]], greedy(8))["0"]
+    llm = make_llm(folder, True)
+    engine = llm.engine
+    engine.add_request("r0", PROMPTS[0], greedy(8))
+    engine.add_request("other", PROMPTS[1], greedy(8))
+    while not engine.scheduler.requests["r0"].num_output_placeholders:
+        engine.step()
+    engine.abort_request("r0")
+    engine.add_request("r0", PROMPTS[2], greedy(8))  # the same id, while the old one's step runs
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished}
+        engine.check_invariants()
+    assert finished["r0"] == expected
+    assert all_blocks_free(llm)

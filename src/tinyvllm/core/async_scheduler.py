@@ -30,9 +30,15 @@ from the start with it, as if the step had returned before the preemption, as in
 NOTE 4 (what is refused): speculative decoding (the n-gram proposer needs the last token on
 the host to propose), as vLLM refuses async scheduling with n-gram drafts
 (``engine_args.py``).
+NOTE 5 (an id reused while its step is in flight): a client may abort a request and add a
+new one under the same id before the aborted request's step is read back; that step's
+token belongs to the old request. So the scheduler remembers each step's request objects
+and gives a step's tokens only to the very requests it scheduled.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
@@ -44,10 +50,18 @@ MAX_STEPS_IN_FLIGHT = 2  # the engine's batch queue: the step on the device and 
 class AsyncScheduler(Scheduler):
     """``Scheduler`` with placeholders for the tokens of steps still on the device."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # NOTE 5: each step scheduled and not yet updated, with the requests it scheduled;
+        # bounded, so steps a caller never updates are forgotten
+        self._in_flight: deque[tuple[SchedulerOutput, dict[str, Request]]] = deque(maxlen=2 * MAX_STEPS_IN_FLIGHT)
+
     # --8<-- [start:placeholders]
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """Each request this step brings to the end of its tokens (placeholders included)
-        will sample one: count it as a placeholder until its value arrives."""
+        will sample one: count it as a placeholder until its value arrives. The step's
+        requests are remembered until its output arrives (NOTE 5)."""
+        self._in_flight.append((scheduler_output, {rid: self.requests[rid] for rid in scheduler_output.num_scheduled_tokens}))
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
             if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
@@ -76,6 +90,21 @@ class AsyncScheduler(Scheduler):
             return True
         return request.num_tokens + pending >= self.max_model_len
     # --8<-- [end:pending_end]
+
+    # --8<-- [start:requests_of_step]
+    def _requests_of_step(self, scheduler_output: SchedulerOutput):
+        """NOTE 5: the request the step scheduled under an id, if it is still that id's
+        unfinished request (not one added under the id after an abort)."""
+        for index, (step, scheduled) in enumerate(self._in_flight):
+            if step is scheduler_output:
+                del self._in_flight[index]
+                return lambda rid: request if (request := self.requests.get(rid)) is scheduled.get(rid) else None
+        return self.requests.get  # a step scheduled longer ago than the queue remembers
+    # --8<-- [end:requests_of_step]
+
+    def abort_failed_step(self, *scheduler_outputs: SchedulerOutput) -> list[str]:
+        self._in_flight.clear()  # every step in flight failed together (llm_engine.py NOTE 10)
+        return super().abort_failed_step(*scheduler_outputs)
 
     def _is_partial_prefill(self, request: Request) -> bool:
         """The runner sends no token for a partial prefill's row; a preempted request's token

@@ -389,8 +389,9 @@ class Scheduler:
         """
         self.kv_cache_manager.commit_step()  # the forward finished: this step's blocks are written
         outputs: list[EngineCoreOutput] = []
+        scheduled = self._requests_of_step(scheduler_output)
         for rid in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(rid)
+            request = scheduled(rid)
             if request is None:
                 continue  # finished from outside after this step was scheduled
             if rid in model_runner_output.no_token_req_ids:  # NOTE 5: its row had nothing to sample
@@ -442,6 +443,10 @@ class Scheduler:
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """After a step is scheduled and its requests advanced (nothing to do here)."""
+
+    def _requests_of_step(self, scheduler_output: SchedulerOutput):
+        """Request id -> the unfinished request the step scheduled under it, or None."""
+        return self.requests.get
 
     def _is_partial_prefill(self, request: Request) -> bool:
         """The step did not reach the end of the request's tokens (NOTE 2)."""
