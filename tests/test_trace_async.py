@@ -15,6 +15,7 @@ shipped model through ``tinyvllm trace`` both ways and check that:
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -23,6 +24,7 @@ from tinyvllm.trace import check_snapshot, check_trace
 from tinyvllm.trace.command import run
 from tinyvllm.trace.in_flight import NO_LAUNCH_NOTE, UNSEEN_LAUNCH_NOTE
 from tinyvllm.trace.snapshot import Trace
+from tinyvllm.trace.svg_runs import padding_timeline_svg
 from tinyvllm.trace.svg_step import step_svg
 
 PROMPTS = "import os\nThe cat sat\n"  # 2 and 5 tokens for the shipped model's tokenizer
@@ -124,3 +126,7 @@ def test_the_picture_draws_the_step_in_flight_and_the_placeholders(traces):
     assert "step 1, in flight: bold = its writes; one layer" in svg
     assert "an empty step: nothing scheduled" in step_svg(async_trace, 3)
     assert "in-flight" not in step_svg(sync_trace, 0) and "placeholder" not in step_svg(sync_trace, 0)
+    # a snapshot's dispatch is its step in flight's: the padding timeline names that step
+    # (step 0's own dispatch reached no snapshot: in_flight.py NOTE 3)
+    assert re.findall(r">(step \d+)</text>", padding_timeline_svg(async_trace)) == ["step 1", "step 2", "step 3"]
+    assert re.findall(r">(step \d+)</text>", padding_timeline_svg(sync_trace)) == ["step 0", "step 1", "step 2", "step 3"]

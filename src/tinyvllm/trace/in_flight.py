@@ -27,6 +27,7 @@ start, or a failed step that emptied the queue) is read back with the next call,
 rows it left in the persistent batch reach no snapshot, and the next launch's
 ``BatchUpdate`` is relative to them. That snapshot's batch shows the net change from the
 rows the last snapshot saw (all removed, then the rows now added), and says so in its note.
+That step's dispatch and slots reach no snapshot either (the next launch overwrote them).
 NOTE 4 (nothing launched since): a step read back with no step after it in flight (the run's
 last, or one whose requests all finished in the step before) was already the runner's
 newest step at the last snapshot, which showed its batch, dispatch and slots: this one
