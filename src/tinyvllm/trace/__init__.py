@@ -13,7 +13,8 @@ replays the documents' worked examples (``tinyvllm/trace/workloads.py``).
 
 The modules: ``snapshot`` (the frozen schema), ``invariants`` (what every snapshot must
 satisfy), ``recorder`` (reading the live objects), ``runner_state`` (what it reads of the
-runner, through the executor, in whichever process the runner lives), ``svg_parts`` and ``svg_step`` and
+runner, through the executor, in whichever process the runner lives), ``in_flight`` (the step
+still on the device under async scheduling), ``svg_parts`` and ``svg_step`` and
 ``svg_runs`` (drawing), ``viewer`` (the HTML file), ``workloads`` (the built-in examples),
 ``command`` (the ``tinyvllm trace`` subcommand).
 

@@ -22,11 +22,17 @@ NOTE 2 (a pool of thousands of blocks): a snapshot keeps only the blocks that ar
 free (``snapshot.py`` NOTE 3), and the pool is checked through them: each kept block as
 before, and the counts prove that every other block is in the free queue and in no block
 table, so a step's check costs what is in use or cached, not the pool's size.
+NOTE 3 (a step in flight, async scheduling): a snapshot taken at step N's read-back holds
+step N+1's advance (``in_flight.py``), and the checks account for it exactly: a request N+1
+runs has computed N+1's end, which starts at N's end; it holds one placeholder when N+1
+reaches the end of its known tokens (then it has computed all of them), none otherwise;
+a request N+1 runs is running, or finished in step N (its N+1 token will be dropped); and
+the batch, the dispatch and the slots are compared with N+1, the newest step launched.
 """
 
 from __future__ import annotations
 
-from tinyvllm.trace.snapshot import KINDS, PoolBlocks, StepSnapshot, Trace
+from tinyvllm.trace.snapshot import KINDS, PoolBlocks, ScheduledRequest, StepSnapshot, Trace
 
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
 
@@ -45,6 +51,7 @@ def check_snapshot(snapshot: StepSnapshot, block_size: int, num_blocks: int) -> 
     _check_requests(snapshot, block_size, where)
     if snapshot.scheduler is not None:
         _check_scheduler(snapshot, block_size, where)
+    _check_in_flight(snapshot, block_size, where)
     if snapshot.batch is not None:
         _check_batch(snapshot, where)
     if snapshot.dispatch is not None:
@@ -134,7 +141,9 @@ def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
         f"{where}: queued {sorted(queued)} != unfinished {sorted(r.request_id for r in s.requests)}"
     )
     assert not set(d.preempted) & set(scheduled), f"{where}: preempted and scheduled: {set(d.preempted) & set(scheduled)}"
-    assert set(d.preempted) <= set(d.waiting) | set(d.finished), f"{where}: preempted {d.preempted} are not waiting"
+    later = {x.request_id: x for x in s.in_flight or ()}  # NOTE 3
+    resumed = {rid for rid, x in later.items() if x.admitted}  # preempted in step N, admitted again by N+1
+    assert set(d.preempted) <= set(d.waiting) | set(d.finished) | resumed, f"{where}: preempted {d.preempted} are not waiting"
     for r in s.requests:
         if r.request_id in d.running:
             assert r.status == "RUNNING", f"{where}: running request {r.request_id!r} has status {r.status}"
@@ -145,24 +154,66 @@ def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
             )
     for x in d.scheduled:
         label = f"{where}: scheduled {x.request_id!r}"
-        assert x.num_tokens > 0 and x.start >= 0, f"{label}: {x.num_tokens} tokens from {x.start}"
-        assert x.kind in KINDS, f"{label}: kind {x.kind!r}"
-        assert 0 <= x.num_draft_tokens < x.num_tokens, f"{label}: {x.num_draft_tokens} drafts of {x.num_tokens} tokens"
-        assert x.kind != "decode" or x.num_tokens - x.num_draft_tokens == 1, (
-            f"{label}: a decode of {x.num_tokens} tokens with {x.num_draft_tokens} drafts"
-        )
-        assert x.kind != "chunk" or not x.new_token_ids, f"{label}: a partial prefill sampled {x.new_token_ids}"
-        if x.admitted is not None:
-            assert x.admitted in ("new", "resumed") and x.start == x.num_hit_tokens, (
-                f"{label}: admitted {x.admitted!r} at {x.start} with {x.num_hit_tokens} hit tokens"
-            )
-            assert not block_size or x.num_hit_tokens % block_size == 0, f"{label}: {x.num_hit_tokens} hit tokens"
+        _check_entry(x, block_size, label)
         request = s.request(x.request_id)
         if request is not None and x.request_id in d.running:  # rejected drafts are not computed
             end = x.start + x.num_tokens
+            if x.request_id in later:  # NOTE 3: N+1 computes on from N's end
+                assert later[x.request_id].start == end, f"{label}: ends at {end}, step N+1 starts at {later[x.request_id].start}"
+                continue
             assert end - x.num_draft_tokens <= request.num_computed_tokens <= end, (
                 f"{label}: {request.num_computed_tokens} computed after a step of {x.num_tokens} from {x.start}"
             )
+
+
+def _check_entry(x: ScheduledRequest, block_size: int, label: str) -> None:
+    """One request's share of a step, on its own."""
+    assert x.num_tokens > 0 and x.start >= 0, f"{label}: {x.num_tokens} tokens from {x.start}"
+    assert x.kind in KINDS, f"{label}: kind {x.kind!r}"
+    assert 0 <= x.num_draft_tokens < x.num_tokens, f"{label}: {x.num_draft_tokens} drafts of {x.num_tokens} tokens"
+    assert x.kind != "decode" or x.num_tokens - x.num_draft_tokens == 1, (
+        f"{label}: a decode of {x.num_tokens} tokens with {x.num_draft_tokens} drafts"
+    )
+    assert x.kind != "chunk" or not x.new_token_ids, f"{label}: a partial prefill sampled {x.new_token_ids}"
+    if x.admitted is not None:
+        assert x.admitted in ("new", "resumed") and x.start == x.num_hit_tokens, (
+            f"{label}: admitted {x.admitted!r} at {x.start} with {x.num_hit_tokens} hit tokens"
+        )
+        assert not block_size or x.num_hit_tokens % block_size == 0, f"{label}: {x.num_hit_tokens} hit tokens"
+
+
+def _check_in_flight(s: StepSnapshot, block_size: int, where: str) -> None:
+    """NOTE 3: the step in flight against the requests, and every request's placeholders."""
+    later = {x.request_id: x for x in s.in_flight or ()}
+    assert len(later) == len(s.in_flight or ()), f"{where}: a request is twice in the step in flight"
+    finished = set(s.scheduler.finished) if s.scheduler is not None else set()
+    for x in s.in_flight or ():
+        label = f"{where}: in flight {x.request_id!r}"
+        _check_entry(x, block_size, label)
+        assert not x.new_token_ids and x.finish_reason is None, f"{label}: sampled {x.new_token_ids} before its read-back"
+        request = s.request(x.request_id)
+        assert (request is not None and request.status == "RUNNING") or x.request_id in finished, (
+            f"{label}: neither running ({request and request.status}) nor finished in this step"
+        )
+    for r in s.requests:
+        label = f"{where}: request {r.request_id!r}"
+        x = later.get(r.request_id)
+        if x is None:
+            assert r.num_output_placeholders == 0, f"{label}: {r.num_output_placeholders} placeholders, no step in flight runs it"
+            continue
+        assert r.num_computed_tokens == x.start + x.num_tokens, (
+            f"{label}: {r.num_computed_tokens} computed, the step in flight ends at {x.start + x.num_tokens}"
+        )
+        reaches_end = r.num_computed_tokens == r.num_tokens  # it samples the token after its known ones
+        assert r.num_output_placeholders == int(reaches_end) and (x.kind == "chunk") != reaches_end, (
+            f"{label}: {r.num_output_placeholders} placeholders, {r.num_computed_tokens} of {r.num_tokens} computed "
+            f"when the step in flight ({x.kind}) ends"
+        )
+
+
+def _runner_step(s: StepSnapshot) -> tuple[ScheduledRequest, ...]:
+    """The newest step launched, the one the runner's parts show (NOTE 3)."""
+    return s.in_flight if s.in_flight is not None else s.scheduler.scheduled
 
 
 def _check_batch(s: StepSnapshot, where: str) -> None:
@@ -174,8 +225,8 @@ def _check_batch(s: StepSnapshot, where: str) -> None:
     )
     if not b.changed:
         assert not (b.removed or b.added or b.moved), f"{where}: an unchanged batch with an update"
-    if s.scheduler is not None and (s.scheduler.scheduled or b.rows):
-        want = {x.request_id for x in s.scheduler.scheduled}
+    if s.scheduler is not None and (_runner_step(s) or b.rows):
+        want = {x.request_id for x in _runner_step(s)}
         assert set(b.rows) == want, f"{where}: batch rows {b.rows} != the step's requests {sorted(want)}"
 
 
@@ -196,9 +247,11 @@ def _check_dispatch(s: StepSnapshot, where: str) -> None:
     if d.runtime_mode == "PIECEWISE":
         assert d.padded_num_reqs is None, f"{where}: a PIECEWISE key names {d.padded_num_reqs} requests"
     if s.scheduler is not None:
-        assert (d.num_tokens, d.num_reqs) == (s.scheduler.tokens_used, len(s.scheduler.scheduled)), (
+        ran = _runner_step(s)
+        num_tokens = sum(x.num_tokens for x in ran)
+        assert (d.num_tokens, d.num_reqs) == (num_tokens, len(ran)), (
             f"{where}: dispatch of {d.num_tokens} tokens, {d.num_reqs} requests; the scheduler ran "
-            f"{s.scheduler.tokens_used} tokens of {len(s.scheduler.scheduled)} requests"
+            f"{num_tokens} tokens of {len(ran)} requests"
         )
 
 
@@ -219,7 +272,7 @@ def _check_slots(s: StepSnapshot, block_size: int, num_blocks: int, where: str) 
             want = request.block_ids[index] * block_size + w.position % block_size
             assert w.slot == want, f"{where}: {w.request_id!r} position {w.position} wrote slot {w.slot}, its table says {want}"
     if s.scheduler is not None:
-        for x in s.scheduler.scheduled:
+        for x in _runner_step(s):
             got = sorted(w.position for w in s.slots if w.request_id == x.request_id)
             assert got == list(range(x.start, x.start + x.num_tokens)), (
                 f"{where}: {x.request_id!r} wrote positions {got}, it was scheduled {x.start}..{x.start + x.num_tokens - 1}"

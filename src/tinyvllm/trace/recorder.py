@@ -52,6 +52,7 @@ NOTE 7 (the runner, wherever it lives): an engine's runner is read through its e
 rank (``tensor_parallel_size`` > 1) is the same path; the ranks' states must be equal, rank
 0's is pictured. With N > 1 the description gets a line per rank: its weights, KV heads and
 cache (the start-up reports); the steps are N = 1's.
+NOTE 8 (async scheduling): a step is recorded at its read-back, the next in flight (``in_flight.py``).
 
 Left out: recording ``AsyncLLM``'s engine from another thread while it steps (record
 before serving starts instead), the draft token ids themselves (a snapshot counts a
@@ -70,6 +71,7 @@ from typing import Any
 from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.prefix_hash import HASH_VALUE, TOKEN_IDS
 from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.trace.in_flight import BatchSince, in_flight_output, in_flight_step, since_last_snapshot
 from tinyvllm.trace.invariants import check_snapshot
 from tinyvllm.trace.runner_state import RunnerState, batch_state, runner_state
 from tinyvllm.trace.snapshot import (
@@ -126,6 +128,7 @@ class Recorder:
         self._kept: dict[int, BlockState] = {}
         self._hash_entries: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._last_requests: dict[str, RequestState] = {}
+        self._saw_in_flight = False  # the last snapshot had a step in flight (NOTE 8)
         runner = self._runner_now(None, failed=False)
         self._rows = runner.rows if runner is not None else ()
         ranks = self._rank_lines()
@@ -236,33 +239,34 @@ class Recorder:
         step's (a scheduler's trace). ``requests``: the ``Request`` objects of a manager
         driven by hand; ``scheduled``: the tokens each computed in this step, ending at its
         ``num_computed_tokens`` (for the slots)."""
-        index = len(self.steps)
-        label = label if label is not None else f"step {index}"
+        index, label = len(self.steps), label if label is not None else f"step {len(self.steps)}"
         if scheduler_output is not None:
             self._follow_tables(scheduler_output)
         blocks, free_queue, hash_map = self._pool()
         request_states = self._requests(requests)
         computed = {r.request_id: r.num_computed_tokens for r in request_states}
-        runner = self._runner_now(scheduler_output, failed)
+        in_flight = in_flight_output(self.engine) if self.engine is not None and not failed else None  # NOTE 8
+        newest, batch_since, launch_note = since_last_snapshot(in_flight, scheduler_output, self._saw_in_flight)
+        runner, self._saw_in_flight = self._runner_now(newest, failed), in_flight is not None
         snapshot = StepSnapshot(
             index=index,
             label=label,
-            note=note,
+            note=note or launch_note,
             blocks=blocks,
             free_queue=free_queue,
             hash_map=hash_map,
             requests=request_states,
             scheduler=self._scheduler_step(scheduler_output, core_outputs, failed),
-            batch=self._batch(runner, failed),
+            batch=self._batch(runner, failed, batch_since),
             dispatch=runner.dispatch if runner is not None else None,
             slots=self._slots(runner, scheduler_output, scheduled, computed, failed),
+            in_flight=None if in_flight is None else in_flight_step(in_flight, self.scheduler.requests, self._prompt_lens),
         )
         if self.check:
             check_snapshot(snapshot, self.kv.block_size if self.kv else 0, self.kv.num_gpu_blocks if self.kv else 0)
         self.steps.append(snapshot)
-        if scheduler_output is not None:
-            for rid in snapshot.scheduler.finished:
-                self._tables.pop(rid, None)
+        for rid in snapshot.scheduler.finished if scheduler_output is not None else ():
+            self._tables.pop(rid, None)
         return snapshot
 
     def _pool(self) -> tuple[PoolBlocks | tuple, FreeQueue | tuple, tuple[tuple[str, tuple[int, ...]], ...]]:
@@ -332,6 +336,7 @@ class Recorder:
             state = RequestState(
                 r.request_id, r.status.name, r.num_prompt_tokens, r.num_computed_tokens, tuple(r.all_token_ids),
                 tuple(self.kv.get_block_ids(r.request_id)), self.kv.num_cached_block.get(r.request_id, 0),
+                getattr(r, "num_output_placeholders", 0),
             )  # fmt: skip
             before = previous.get(r.request_id)
             if before is not None:  # NOTE 6: share what did not change
@@ -389,13 +394,15 @@ class Recorder:
             raise ValueError(f"the runners of ranks {differ} differ from rank 0's: {views[differ[0]]} != {views[0]}")
         return views[0]
 
-    def _batch(self, runner: RunnerState | None, failed: bool) -> BatchState | None:
+    def _batch(self, runner: RunnerState | None, failed: bool, since: BatchSince | None) -> BatchState | None:
         if runner is None:
             return None
         rows, update, previous, self._rows = runner.rows, runner.update, self._rows, runner.rows
         if failed:  # NOTE 4: the undo emptied the batch; its update is relative to rows never seen
             removed = tuple(range(len(previous) - 1, -1, -1))
             return BatchState(previous, rows, removed, (), (), changed=bool(previous))
+        if since is not None:  # in_flight.py NOTE 3 and 4: the runner's update does not apply
+            return since(previous, rows)
         if update is None:
             return BatchState(previous, rows, (), (), (), changed=False)
         return BatchState(previous, rows, update.removed, update.added, update.moved, changed=True)
@@ -437,10 +444,7 @@ class Recorder:
 
     @staticmethod
     def _start(out, rid: str) -> int:
-        for d in out.scheduled_new_reqs:
-            if d.req_id == rid:
-                return d.num_computed_tokens
-        return next(d.num_computed_tokens for d in out.scheduled_cached_reqs if d.req_id == rid)
+        return next(d.num_computed_tokens for d in (*out.scheduled_new_reqs, *out.scheduled_cached_reqs) if d.req_id == rid)
 
     def _label_tokens(self, token_ids: Iterable[int]) -> None:
         for t in token_ids:

@@ -43,6 +43,11 @@ the free queue as runs of consecutive ids (``FreeQueue``; a fresh pool's queue i
 run), so a step costs what is in use or cached, not the pool's size. Both read as tuples
 (``len``, indexing, iteration, ``==`` with a tuple); the JSON writes the kept blocks and
 the runs ``[first, count]``, and the round trip is exact.
+NOTE 4 (async scheduling): a step is recorded when its output is read back, and by then the
+next step is on the device. ``StepSnapshot.in_flight`` lists that step's requests (None: no
+step in flight, always so without async scheduling) and ``RequestState.num_output_placeholders``
+the tokens each waits for; the JSON leaves both out at their defaults, so a synchronous
+trace is written as before (``recorder.py`` NOTE 8).
 """
 
 from __future__ import annotations
@@ -211,6 +216,7 @@ class RequestState:
     token_ids: tuple[int, ...]  # prompt + outputs so far
     block_ids: tuple[int, ...]  # the block table, in order
     num_cached_blocks: int  # leading blocks that are in the prefix cache
+    num_output_placeholders: int = 0  # tokens sampled by a step still in flight, not yet known (NOTE 4)
 
     @property
     def num_tokens(self) -> int:
@@ -337,6 +343,7 @@ class StepSnapshot:
     batch: BatchState | None
     dispatch: DispatchState | None
     slots: tuple[SlotWrite, ...]
+    in_flight: tuple[ScheduledRequest, ...] | None = None  # the next step, on the device (NOTE 4)
 
     def request(self, request_id: str) -> RequestState | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
@@ -394,7 +401,9 @@ _NESTED: dict[str, type] = {
     "moved": BatchMove,
     "dispatch": DispatchState,
     "slots": SlotWrite,
+    "in_flight": ScheduledRequest,
 }
+_OMITTED_AT_DEFAULT = ("in_flight", "num_output_placeholders")  # NOTE 4: the synchronous JSON unchanged
 
 
 def _runs(ids: Iterable[int]) -> list[tuple[int, int]]:
@@ -430,6 +439,11 @@ def _step_dict(step: StepSnapshot) -> dict[str, Any]:
     data["blocks"] = [dataclasses.asdict(b) for b in kept_blocks(step.blocks, step.free_queue)]
     runs = step.free_queue.runs if isinstance(step.free_queue, FreeQueue) else _runs(step.free_queue)
     data["free_queue"] = [list(run) for run in runs]
+    if step.in_flight is None:  # NOTE 4
+        del data["in_flight"]
+    for request in data["requests"]:
+        if not request["num_output_placeholders"]:
+            del request["num_output_placeholders"]
     return data
 
 
@@ -448,7 +462,7 @@ def _tuples(value: Any) -> Any:
 def _build(cls: type, data: dict[str, Any]) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
-        value = data[f.name]
+        value = data.get(f.name, f.default) if f.name in _OMITTED_AT_DEFAULT else data[f.name]
         nested = _NESTED.get(f.name)
         if nested is not None and value is not None:
             value = tuple(_build(nested, v) for v in value) if isinstance(value, list) else _build(nested, value)

@@ -12,6 +12,8 @@ aspect across all steps, the way the documents draw a sequence:
   "Duplication" figure (Time 1-4);
 - ``padding_timeline_svg``: each step's real tokens and its padding up to the captured
   size, with the runtime mode and ``BatchDescriptor``: seed 000's dispatch and padding.
+  Under async scheduling a snapshot's dispatch is the step in flight's (``in_flight.py``),
+  so its column draws and names that step.
 
 Follows: the sections named above. Mirrors: nothing in vLLM.
 
@@ -159,7 +161,8 @@ def padding_timeline_svg(trace: Trace) -> str:
         d, x = s.dispatch, x0 + i * col
         c.open(data_role="timeline-step", data_step=s.index, data_mode=d.runtime_mode)
         y = top + height
-        for r in s.scheduler.scheduled if s.scheduler else ():
+        ran = s.in_flight if s.in_flight is not None else s.scheduler.scheduled if s.scheduler else ()
+        for r in ran:
             h = height * r.num_tokens / top_size
             y -= h
             c.rect(x + 6, y, col - 12, h, lighten(colours[r.request_id], 0.3), colours[r.request_id], data_role="timeline-segment",
@@ -173,7 +176,7 @@ def padding_timeline_svg(trace: Trace) -> str:
         reqs = "-" if d.padded_num_reqs is None else str(d.padded_num_reqs)
         c.text(x + col / 2, top + height + 14, f"({d.padded_num_tokens}, {reqs}, {'uniform' if d.descriptor_uniform else 'mixed'})",
                9, text_anchor="middle", font_family=MONO)  # fmt: skip
-        c.text(x + col / 2, top + height + 27, f"step {s.index}", 9.5, text_anchor="middle", fill=MUTED)
+        c.text(x + col / 2, top + height + 27, f"step {s.index + (s.in_flight is not None)}", 9.5, text_anchor="middle", fill=MUTED)
         c.close()
     c.y = top + height + 34
     return c.render(f"{trace.title}: dispatch and padding step by step", "padding-timeline")

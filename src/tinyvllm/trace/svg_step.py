@@ -28,6 +28,10 @@ short run touches a few of them. Past ``MAX_DRAWN_BLOCKS`` blocks, the block poo
 KV cache panels draw only the blocks the run touched (in use, cached, or written at some
 step of the trace), and the free queue draws each run of untouched blocks as one box
 that says how many it holds. The snapshot keeps every block; only the picture elides.
+NOTE 3 (async scheduling, ``in_flight.py``): a step recorded with the next one on the device
+draws that step as a second, dashed budget bar (``in-flight-segment``), a request's
+placeholders after its computed count (``+1 placeholder``), and says in the batch,
+dispatch and KV cache headings that they show the step in flight.
 """
 
 from __future__ import annotations
@@ -101,6 +105,11 @@ def _header(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) -
     c.y += 20 if ids else 0
 
 
+def _in_flight(s: StepSnapshot) -> str:
+    """NOTE 3: the runner's panels show the step in flight, if there is one."""
+    return "" if s.in_flight is None else f"step {s.index + 1}, in flight: "
+
+
 def _chips(c: Canvas, x: float, y: float, ids: tuple[str, ...], role: str, colours: dict[str, str]) -> float:
     for rid in ids:
         w = 14 + 7 * len(rid)
@@ -132,6 +141,7 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
                 break
         x += w
     c.y += 38
+    flight_note = _in_flight_bar(c, s, x0, width, d.token_budget, colours) if s.in_flight is not None else ""  # NOTE 3
     for name, ids in (("running", d.running), ("waiting", d.waiting)):
         c.text(MARGIN, c.y + 14, name, 11, fill=MUTED)
         end = _chips(c, x0, c.y, ids, name, colours)
@@ -144,9 +154,38 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
     notes += [f"{rid} preempted: its blocks are freed, it waits at the front" for rid in d.preempted]
     reasons = {x.request_id: x.finish_reason for x in d.scheduled}
     notes += [f"{rid} finished ({reasons.get(rid) or 'aborted'})" for rid in d.finished]
+    notes += [flight_note] if flight_note else []
     for line in wrap("; ".join(notes), 150):
         c.text(MARGIN, c.y + 12, line, 11)
         c.y += 16
+
+
+def _in_flight_bar(c: Canvas, s: StepSnapshot, x0: float, width: float, budget: int, colours: dict[str, str]) -> str:
+    """NOTE 3: the next step, launched before this one was read back, dashed; returns its note."""
+    c.text(MARGIN, c.y + 20, "in flight", 11, fill=MUTED)
+    c.rect(x0, c.y + 4, width, 26, "#ffffff", "#bbbbbb", rx=3, stroke_dasharray="4 3", data_role="in-flight")
+    x = x0
+    for r in s.in_flight:
+        w = width * r.num_tokens / budget
+        c.rect(x, c.y + 4, w, 26, lighten(colours[r.request_id], 0.7), colours[r.request_id], rx=3, stroke_dasharray="4 3",
+               data_role="in-flight-segment", data_request=r.request_id, data_tokens=r.num_tokens)  # fmt: skip
+        for label in (f"{r.request_id}: {r.num_tokens} {r.kind}", f"{r.request_id}: {r.num_tokens}", r.request_id):
+            if len(label) * 6.6 + 6 <= w:
+                c.text(x + w / 2, c.y + 21, label, 11, text_anchor="middle")
+                break
+        x += w
+    if not s.in_flight:
+        c.text(x0 + 8, c.y + 21, "an empty step: nothing scheduled", 11, fill=MUTED)
+    c.y += 34
+    waiting = [f"{r.request_id} +{r.num_output_placeholders}" for r in s.requests if r.num_output_placeholders]
+    note = (f"step {s.index + 1} runs on the device while this step is read back; its tokens arrive with the next "
+            f"picture. Placeholders (the token step {s.index + 1} samples, known on the device only): "
+            f"{', '.join(waiting) or 'none'}")  # fmt: skip
+    dropped = [r.request_id for r in s.in_flight if s.scheduler is not None and r.request_id in s.scheduler.finished]
+    if dropped:
+        whose = "its" if len(dropped) == 1 else "their"
+        note += f"; {', '.join(dropped)} finished in this step: {whose} step {s.index + 1} token is dropped"
+    return note
 
 
 def _drafts_note(x) -> str:
@@ -178,7 +217,8 @@ def _block_tables(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, s
     for r in s.requests:
         c.text(MARGIN, c.y + 15, r.request_id, 12, font_weight="bold", fill=colours[r.request_id])
         status = f"{r.status.lower()}, " if s.scheduler is not None else ""  # a manager driven by hand has none
-        c.text(MARGIN, c.y + 29, f"{status}{r.num_computed_tokens}/{r.num_tokens} computed", 9.5, fill=MUTED)
+        pending = f" +{r.num_output_placeholders} placeholder" if r.num_output_placeholders else ""  # NOTE 3
+        c.text(MARGIN, c.y + 29, f"{status}{r.num_computed_tokens}/{r.num_tokens} computed{pending}", 9.5, fill=MUTED)
         if not r.block_ids:
             c.text(MARGIN + LABEL_W, c.y + 22, "no blocks", 11, fill=MUTED)
         for i, block_id in enumerate(r.block_ids):
@@ -304,7 +344,7 @@ def _batch(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) ->
         summary = f"BatchUpdate: removed {list(b.removed)}, added {[f'{row}:{rid}' for row, rid in b.added]}, moved [{moved}]"
     else:
         summary = "no change: refresh() handed out no BatchUpdate"
-    c.heading("Persistent batch", summary)
+    c.heading("Persistent batch", _in_flight(s) + summary)
     mid = b.rows_before_moves()
     cols = (("before the step", b.previous_rows), ("removed, then added", mid), ("after condense()", b.rows))
     col_x = [MARGIN + 40, MARGIN + 340, MARGIN + 640]
@@ -340,10 +380,10 @@ def _batch(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) ->
 def _dispatch(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) -> None:
     d = s.dispatch
     if d is None:
-        c.heading("CUDA-graph dispatch", "no forward in this step")
+        c.heading("CUDA-graph dispatch", _in_flight(s) + "no forward in this step")
         return
     reqs = "" if d.padded_num_reqs is None else f", num_reqs={d.padded_num_reqs}"
-    c.heading("CUDA-graph dispatch", f"runtime mode {d.runtime_mode}, BatchDescriptor(num_tokens={d.padded_num_tokens}"
+    c.heading("CUDA-graph dispatch", f"{_in_flight(s)}runtime mode {d.runtime_mode}, BatchDescriptor(num_tokens={d.padded_num_tokens}"
               f"{reqs}, uniform={d.descriptor_uniform})")  # fmt: skip
     c.text(MARGIN, c.y + 12, f"{d.num_tokens} tokens of {d.num_reqs} requests"
            + (" (a uniform decode batch)" if d.uniform_decode else "")
@@ -377,8 +417,11 @@ def _kv_cache(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str])
     blocks = s.blocks if shown is None else [s.blocks[i] for i in shown]
     n = len(blocks)
     elided = "" if shown is None else f"; drawn: the {n} blocks the run touched"
-    c.heading("KV cache", f"one layer's [2, {trace.num_blocks}, {bs}, num_kv_heads, head_size]: a row per block, a cell per slot "
-              f"(block_id * block_size + offset); bold: written this step{elided}")  # fmt: skip
+    cache = f"one layer's [2, {trace.num_blocks}, {bs}, num_kv_heads, head_size]: a row per block, a cell per slot"
+    if s.in_flight is None:
+        c.heading("KV cache", f"{cache} (block_id * block_size + offset); bold: written this step{elided}")
+    else:  # NOTE 3
+        c.heading("KV cache", f"{_in_flight(s)}bold = its writes; {cache} (block_id * block_size + offset){elided}")
     cell = min(24.0, (c.width - 2 * MARGIN - 70) / bs)
     col_w = 70 + bs * cell + 16
     ncols = max(int((c.width - 2 * MARGIN) // col_w), 1)
