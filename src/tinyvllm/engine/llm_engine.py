@@ -425,6 +425,11 @@ class LLMEngine:
         every later step raises."""
         self.model_executor.shutdown()
 
+    def steps_in_flight(self) -> tuple[SchedulerOutput, ...]:
+        """The steps launched and not yet read back, oldest first (NOTE 10; always empty
+        without async scheduling). For readers such as the step recorder."""
+        return tuple(out for _, out in reversed(self._batch_queue))
+
     def has_unfinished_requests(self) -> bool:
         """Requests unfinished, or (async scheduling) a step still to read back (NOTE 10)."""
         return self.scheduler.has_unfinished_requests() or bool(self._batch_queue)

@@ -10,8 +10,8 @@ parts (the persistent batch, the dispatch, the slots written) are N+1's, the new
 runner launched. ``StepSnapshot.in_flight`` names N+1's requests and token counts, and the
 invariants (``invariants.py`` NOTE 3) check both steps against the snapshot exactly.
 
-Mirrors: nothing in vLLM. Reads the engine's batch queue (``LLMEngine._batch_queue``: pairs of
-a ``StepFuture`` and its ``SchedulerOutput``, newest on the left) from outside.
+Mirrors: nothing in vLLM. Reads the engine's steps in flight (``LLMEngine.steps_in_flight``:
+their ``SchedulerOutput``s, oldest first) from outside.
 
 Invariants: only reads; without async scheduling (or with no step in flight) there is no
 ``in_flight`` step and the snapshot is the synchronous one, byte for byte.
@@ -49,11 +49,11 @@ BatchSince = Callable[[tuple[str, ...], tuple[str, ...]], BatchState]
 def in_flight_output(engine: Any) -> Any | None:
     """The ``SchedulerOutput`` of the step launched and not yet read back (NOTE 1); None when
     no step is in flight (always so without async scheduling)."""
-    queue = getattr(engine, "_batch_queue", None)
-    if not queue:
+    steps = engine.steps_in_flight()
+    if not steps:
         return None
-    assert len(queue) == 1, f"{len(queue)} steps in flight after a read-back; at most one can be"
-    return queue[-1][1]
+    assert len(steps) == 1, f"{len(steps)} steps in flight after a read-back; at most one can be"
+    return steps[0]
 
 
 def in_flight_kind(start: int, num_tokens: int, num_prompt_tokens: int, num_known_tokens: int | None) -> str:
