@@ -103,8 +103,11 @@ class AsyncScheduler(Scheduler):
     # --8<-- [end:requests_of_step]
 
     def abort_failed_step(self, *scheduler_outputs: SchedulerOutput) -> list[str]:
-        self._in_flight.clear()  # every step in flight failed together (llm_engine.py NOTE 10)
-        return super().abort_failed_step(*scheduler_outputs)
+        """Only the requests the failed steps scheduled (NOTE 5); then every step in flight is
+        forgotten: they failed together (``llm_engine.py`` NOTE 10)."""
+        failed = super().abort_failed_step(*scheduler_outputs)
+        self._in_flight.clear()
+        return failed
 
     def _is_partial_prefill(self, request: Request) -> bool:
         """The runner sends no token for a partial prefill's row; a preempted request's token

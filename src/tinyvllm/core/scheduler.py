@@ -54,8 +54,7 @@ NOTE 5 (no token to sample): a request whose parameters leave its row nothing to
 with ``FINISHED_ERROR`` (``finish_reason="error"``, vLLM's status of that name) and gets no
 token this step, rather than a token it banned.
 
-Async scheduling (``core/async_scheduler.py``) schedules a step before the last one's tokens
-are back: the hooks at the end of the class are where it differs.
+Async scheduling (``core/async_scheduler.py``) overrides the hooks at the end of the class.
 Left out: priorities, structured output, encoder inputs, KV transfer.
 """
 # --8<-- [end:header]
@@ -384,9 +383,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Append each request's sampled tokens, apply stop checks, free the finished.
-
-        Returns one ``EngineCoreOutput`` per scheduled request that got tokens or finished.
-        """
+        Returns one ``EngineCoreOutput`` per scheduled request that got tokens or finished."""
         self.kv_cache_manager.commit_step()  # the forward finished: this step's blocks are written
         outputs: list[EngineCoreOutput] = []
         scheduled = self._requests_of_step(scheduler_output)
@@ -453,7 +450,7 @@ class Scheduler:
         return request.num_computed_tokens < request.num_tokens
 
     def _after_tokens_arrived(self, request: Request, num_sampled: int, status_before: RequestStatus) -> None:
-        """After ``update_from_output`` appended a request's sampled tokens (nothing to do here)."""
+        """After ``update_from_output`` appended a request's sampled tokens (nothing to do)."""
 
     def _finish_with_no_token(self, request: Request, outputs: list[EngineCoreOutput]) -> None:
         """NOTE 5: the request's row had no token to sample: it ends with an error, and no token."""
@@ -472,12 +469,14 @@ class Scheduler:
         """Undo a step whose forward (or sampling) raised: abort its requests, freeing their
         blocks, and drop the blocks it cached from the prefix cache, since their KV was never
         written (NOTE 3). Async scheduling passes every step in flight: they fail together.
-        Requests no such step scheduled are untouched. Returns the ids."""
-        scheduled = dict.fromkeys(rid for out in scheduler_outputs for rid in out.num_scheduled_tokens)
-        failed = [rid for rid in scheduled if rid in self.requests]
-        self.finish_requests(failed, RequestStatus.FINISHED_ABORTED)
+        Requests no such step scheduled are untouched, even under an id one had. Returns the ids."""
+        failed: dict[str, None] = {}
+        for out in scheduler_outputs:
+            request_of = self._requests_of_step(out)
+            failed |= dict.fromkeys(rid for rid in out.num_scheduled_tokens if request_of(rid) is not None)
+        self.finish_requests(list(failed), RequestStatus.FINISHED_ABORTED)
         self.kv_cache_manager.rollback_step()
-        return failed
+        return list(failed)
     # --8<-- [end:abort_failed_step]
 
     # -- views -----------------------------------------------------------------------

@@ -369,6 +369,9 @@ class LLMEngine:
         try:
             try:
                 self.scheduler.abort_failed_step(*scheduler_outputs)
+                # an id still unfinished now belongs to a request no failed step scheduled (one
+                # added under the id after an abort: async_scheduler.py NOTE 5): it carries on
+                step_ids = [rid for rid in step_ids if rid not in self.scheduler.requests]
             finally:
                 self.model_executor.recover_from_failed_step(step_ids)
         except BaseException as second:  # the first error is the one the caller gets (NOTE 4)
