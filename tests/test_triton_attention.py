@@ -2,6 +2,8 @@
 the CPU, wide ones on a GPU (``gpu`` marker). Outputs are poisoned with NaN before each run
 and unused cache slots hold NaN, so an unwritten row or a read past a request fails."""
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from paged_cases import make_case
 
 from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention.metadata import AttentionLayout
 from tinyvllm.attention.triton_attention import (
     CUDAGRAPH_SUPPORT,
     SPLIT_KV_SEGMENTS,
@@ -214,6 +217,79 @@ def test_launcher_rejects_unsupported_tile_sizes(block_size, head_size, message)
     q, kc, vc, qsl, sl, bt, _ = make_case([1], [3], 2, 1, head_size, block_size)
     with pytest.raises(ValueError, match=message):
         triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 1.0)
+
+
+def _planned(query_lens=(3, 1, 24), seq_lens=(40, 33, 24), num_heads=8, num_kv_heads=2, **plan_args):
+    q, kc, vc, qsl, sl, bt, _ = make_case(list(query_lens), list(seq_lens), num_heads, num_kv_heads, 16, 16)
+    layout = AttentionLayout(num_heads, num_kv_heads, 16, 16, q.dtype, q.device)
+    return (q, kc, vc, qsl, sl, bt), triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout, **plan_args)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(),  # chunked prefill + decode + prefill, GQA 4
+        dict(query_lens=[1, 1], seq_lens=[600, 17], num_segments=4),  # split KV: the plan's buffers used
+        dict(query_lens=[1, 1, 1], seq_lens=[5, 17, 3], kv_tile=16),
+    ],
+)
+def test_a_step_plan_gives_the_same_result_in_every_layer(case):
+    """NOTE 4: one plan, used by several layers (caches of their own), gives each the result
+    of a call that plans for itself, bit for bit."""
+    args, plan = _planned(**case)
+    q, kc, vc, qsl, sl, bt = args
+    for layer in range(3):
+        kc_l, vc_l = kc * (layer + 1), vc - layer
+        alone = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, num_segments=case.get("num_segments"),
+                                                 kv_tile=case.get("kv_tile"))  # fmt: skip
+        out = torch.full_like(q, float("nan"))
+        assert triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, out=out, plan=plan) is out
+        assert torch.equal(out, alone)
+        torch.testing.assert_close(out, reference.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25), **TOLERANCES[q.dtype])
+
+
+def test_a_step_plan_holds_the_choices_of_the_step():
+    _, plan = _planned(query_lens=[1] * 2, seq_lens=[600, 17])
+    assert plan.num_segments == SPLIT_KV_SEGMENTS and plan.part_max.shape == (2, 8, SPLIT_KV_SEGMENTS)
+    assert plan.grid == (1 + 2, 2, SPLIT_KV_SEGMENTS)  # cdiv(N, BLOCK_Q) + R tiles: BLOCK_Q = 4 at G = 4
+    assert plan.constexprs["QUERIES_PER_KV"] == 4 and plan.constexprs["TILE_N"] == choose_kv_tile(True)
+    _, mixed = _planned()
+    assert mixed.num_segments == 1 and mixed.constexprs["BLOCK_Q"] == choose_query_tile(4, False)[0]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(query=a["query"][:-1]), "query \\(27, 8, 16\\) torch.float32 on cpu: the plan is for \\(28, 8, 16\\)"),
+        (lambda a: a.update(query=a["query"].half()), "query \\(28, 8, 16\\) torch.float16"),
+        (lambda a: a.update(query=a["query"].view(28, 4, 32)), "query \\(28, 4, 32\\)"),
+        (lambda a: a.update(key_cache=a["key_cache"][:, :, :1]), "key_cache \\(\\d+, 16, 1, 16\\)"),
+        (lambda a: a.update(value_cache=a["value_cache"].double()), "value_cache .* torch.float64"),
+        (lambda a: a.update(out=torch.zeros(28, 8, 8)), "out \\(28, 8, 8\\)"),
+        (lambda a: a.update(seq_lens=a["seq_lens"].clone()), "must be the tensors the plan was made from"),
+        (lambda a: a.update(query=torch.zeros(28, 16, 8).transpose(1, 2)), "query must have unit stride along D"),
+        (lambda a: a.update(kv_tile=64), "kv_tile 64: give them to plan_step"),
+    ],
+)
+def test_a_layer_that_disagrees_with_the_plan_is_refused(change, message):
+    (q, kc, vc, qsl, sl, bt), plan = _planned()
+    args = dict(query=q, key_cache=kc, value_cache=vc, query_start_loc=qsl, seq_lens=sl, block_table=bt, scale=1.0)
+    change(args)
+    with pytest.raises(ValueError, match=message):
+        triton_attention.paged_attention(**args, plan=plan)
+
+
+def test_plan_step_checks_the_layout_and_the_metadata():
+    _, _, _, qsl, sl, bt, _ = make_case([2], [3], 4, 2, 16, 16)
+    layout = AttentionLayout(4, 2, 16, 16, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="query heads 4 are not a multiple of KV heads 3"):
+        triton_attention.plan_step(qsl, sl, bt, 2, dataclasses.replace(layout, num_kv_heads=3))
+    with pytest.raises(ValueError, match="dtype torch.int8"):
+        triton_attention.plan_step(qsl, sl, bt, 2, dataclasses.replace(layout, dtype=torch.int8))
+    with pytest.raises(ValueError, match="block_table dtype torch.int64"):
+        triton_attention.plan_step(qsl, sl, bt.long(), 2, layout)
+    with pytest.raises(ValueError, match="num_segments 3"):
+        triton_attention.plan_step(qsl, sl, bt, 2, layout, num_segments=3)
 
 
 # ---- GPU: wide and many (run with `python3 -m pytest -m gpu` on a CUDA machine) ----
