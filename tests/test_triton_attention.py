@@ -292,6 +292,28 @@ def test_plan_step_checks_the_layout_and_the_metadata():
         triton_attention.plan_step(qsl, sl, bt, 2, layout, num_segments=3)
 
 
+def test_the_prebound_launch_falls_back_to_the_jit_off_cuda(monkeypatch):
+    """NOTE 5: asked for on the CPU (the interpreter has no compiled kernel), the plan keeps
+    Triton's JIT launch, with the same result; an unknown value is refused by name."""
+    monkeypatch.setenv(triton_attention.LAUNCH_ENV, "prebound")
+    (q, kc, vc, qsl, sl, bt), plan = _planned()
+    assert plan.launchers is None
+    out = triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, plan=plan)
+    monkeypatch.delenv(triton_attention.LAUNCH_ENV)
+    assert torch.equal(out, triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25))
+    monkeypatch.setenv(triton_attention.LAUNCH_ENV, "fast")
+    with pytest.raises(ValueError, match="TINYVLLM_TRITON_LAUNCH='fast'"):
+        _planned()
+
+
+def test_the_plans_constexprs_are_the_kernels_last_parameters_in_order():
+    """NOTE 5's launch passes every parameter by position: the plan's constexprs must be the
+    kernel's parameters after its 25 runtime arguments, in the same order."""
+    _, plan = _planned()
+    names = triton_attention._paged_attention_kernel.arg_names
+    assert len(names) == 25 + len(plan.constexprs) and names[25:] == list(plan.constexprs)
+
+
 # ---- GPU: wide and many (run with `python3 -m pytest -m gpu` on a CUDA machine) ----
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -361,3 +383,31 @@ def test_gpu_drawn_batches(seed):
     query_lens = torch.where(torch.rand(num_reqs, generator=gen) < 0.6, 1, query_lens).tolist()
     seq_lens = [q + int(torch.randint(0, 1500, (1,), generator=gen)) for q in query_lens]
     check_against_reference(query_lens, seq_lens, 16, 2, 128, 16, dtype=torch.bfloat16, device="cuda", seed=seed)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_prebound_launch_equals_the_jit_launch(dtype, monkeypatch):
+    """NOTE 5: the pre-bound launch gives the JIT launch's output bit for bit, in every layer
+    of a step (mixed, and a split decode), compiling once per step for layers alike; a layer
+    whose strides differ gets its own compiled kernel."""
+    for query_lens, seq_lens in (([1, 7, 1, 37, 1, 64], [1, 17, 255, 300, 256, 64]), ([1, 1], [4096, 600])):
+        q, kc, vc, qsl, sl, bt, _ = make_case(query_lens, seq_lens, 8, 2, 128, 16, dtype=dtype, device="cuda")
+        layout = AttentionLayout(8, 2, 128, 16, dtype, q.device)
+        monkeypatch.setenv(triton_attention.LAUNCH_ENV, "prebound")
+        plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout)
+        monkeypatch.delenv(triton_attention.LAUNCH_ENV)
+        jit_plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout)
+        assert plan.launchers == {} and jit_plan.launchers is None
+        for layer in range(3):
+            kc_l, vc_l = kc * (layer + 1), vc - layer
+            prebound = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=plan)
+            jit = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=jit_plan)
+            assert torch.equal(prebound, jit)
+        assert len(plan.launchers) == 1
+        wide = torch.zeros(q.shape[0], 8, 256, dtype=dtype, device="cuda")[:, :, :128]  # other strides
+        wide.copy_(q)
+        assert torch.equal(triton_attention.paged_attention(wide, kc, vc, qsl, sl, bt, 0.1, plan=plan),
+                           triton_attention.paged_attention(wide, kc, vc, qsl, sl, bt, 0.1, plan=jit_plan))  # fmt: skip
+        assert len(plan.launchers) == 2

@@ -39,6 +39,13 @@ model's ``AttentionLayout``, not on the layer; ``plan_step`` makes them once int
 ``LaunchPlan`` (the model calls it once per forward, as vLLM's ``TritonAttentionMetadataBuilder``
 builds once per step) and each layer only checks its own tensors' shapes against it and
 launches. Without a plan ``paged_attention`` makes one, so it keeps the reference's signature.
+NOTE 5 (a pre-bound launch, opt-in): ``kernel[grid](...)`` binds the arguments, computes
+Triton's specialization key (dtypes, 16-byte alignment, ints equal to 1 or divisible by 16)
+and looks the compiled kernel up, on every call. With ``TINYVLLM_TRITON_LAUNCH=prebound`` on
+CUDA the plan keeps, per key of what Triton specializes on (strides, pointer alignment), the
+kernel ``JITFunction.warmup`` compiled and launches it directly. Triton has no supported API
+for this (its ``CompiledKernel`` launch is internal, the same in 3.6 and 3.7), so the JIT
+stays the default until a GPU run shows the gain (docs: Paged attention, "Host cost").
 
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 KV, head sizes that are not a
 power of two, autotuning (one configuration per shape class).
@@ -46,6 +53,8 @@ power of two, autotuning (one configuration per shape class).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +81,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # block a tile). 128 won where too few programs each walk a long context (batch 16 without
 # a split, batch 1 at 2048+): a question for the split rule, not the tile. One constant per
 # kind of batch, because the two are bound by different things and another shape may split them.
+LAUNCH_ENV = "TINYVLLM_TRITON_LAUNCH"  # "prebound": NOTE 5's launch on CUDA; "jit" (unset): Triton's own
 DECODE_KV_TILE = 32  # every request has one query token: bound by memory
 PREFILL_KV_TILE = 32  # a batch with prompt rows: bound by arithmetic
 
@@ -353,6 +363,7 @@ class LaunchPlan:
     part_acc: torch.Tensor  # [N, H, NSEG, D] fp32, or [1, 1, 1, D] unused when NSEG == 1
     part_max: torch.Tensor  # [N, H, NSEG] fp32
     part_sum: torch.Tensor  # [N, H, NSEG] fp32
+    launchers: dict | None = None  # NOTE 5: pre-bound launches by argument key, filled by the layers; None: JIT
 
     @property
     def num_segments(self) -> int:
@@ -389,6 +400,9 @@ def plan_step(
         BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
         DOT_FP32=layout.device.type != "cuda" or fp32, INPUT_PRECISION="ieee" if fp32 else "tf32",
     )  # fmt: skip
+    launch = os.environ.get(LAUNCH_ENV, "jit")
+    if launch not in ("jit", "prebound"):
+        raise ValueError(f"{LAUNCH_ENV}={launch!r}: must be 'jit' or 'prebound'")
     part_shape = (num_tokens, layout.num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
     new = dict(dtype=torch.float32, device=layout.device)
     return LaunchPlan(
@@ -396,6 +410,7 @@ def plan_step(
         grid=(cdiv(num_tokens, block_q) + num_reqs, num_kv_heads, num_segments),  # NOTE 1
         constexprs=constexprs, part_acc=torch.empty((*part_shape, layout.head_size), **new),
         part_max=torch.empty(part_shape, **new), part_sum=torch.empty(part_shape, **new),
+        launchers={} if launch == "prebound" and layout.device.type == "cuda" else None,
     )  # fmt: skip
 
 
@@ -408,7 +423,8 @@ def _check_against_plan(plan: LaunchPlan, query, key_cache, value_cache, query_s
     """A layer's own tensors against the step's plan: shapes, dtypes, devices and the unit
     stride along D, no more (NOTE 4). A mismatch is a ValueError naming both."""
     layout = plan.layout
-    if query_start_loc is not plan.query_start_loc or seq_lens is not plan.seq_lens or block_table is not plan.block_table:
+    given = (query_start_loc, seq_lens, block_table)
+    if any(a is not b for a, b in zip(given, (plan.query_start_loc, plan.seq_lens, plan.block_table))):
         raise ValueError("query_start_loc, seq_lens and block_table must be the tensors the plan was made from")
     want = (plan.num_tokens, layout.num_heads, layout.head_size)
     if query.shape != want or query.dtype != layout.dtype or query.device != layout.device:
@@ -416,15 +432,26 @@ def _check_against_plan(plan: LaunchPlan, query, key_cache, value_cache, query_s
                          f"{layout.dtype} on {layout.device}")  # fmt: skip
     cache = (layout.block_size, layout.num_kv_heads, layout.head_size)
     for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dim() != 4 or t.shape[1:] != cache or t.dtype != layout.dtype or t.device != layout.device:
-            raise ValueError(f"{name} {tuple(t.shape)} {t.dtype} on {t.device}: the plan is for "
+        shape = t.shape
+        if len(shape) != 4 or shape[1:] != cache or t.dtype != layout.dtype or t.device != layout.device:
+            raise ValueError(f"{name} {tuple(shape)} {t.dtype} on {t.device}: the plan is for "
                              f"[num_blocks, *{cache}] {layout.dtype} on {layout.device}")  # fmt: skip
     if out is not None and (out.shape != want or out.dtype != layout.dtype or out.device != layout.device):
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} on {out.device} must match query {want} {layout.dtype}")
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache), ("out", out)):
-        if t is not None and t.stride(-1) != 1:
+        if t is not None and t.stride()[-1] != 1:
             raise ValueError(f"{name} must have unit stride along D, got strides {t.stride()}")
 # --8<-- [end:plan]
+
+
+def prebound_launcher(plan: LaunchPlan, args: tuple) -> Callable[..., None]:
+    """The compiled kernel for these arguments (``JITFunction.warmup`` compiles or finds it,
+    launching nothing), as a launcher that takes every parameter in order (NOTE 5)."""
+    names = _paged_attention_kernel.arg_names[len(args) :]
+    if names != list(plan.constexprs):
+        raise RuntimeError(f"the kernel's parameters after its {len(args)} arguments are {names}, "
+                           f"not the plan's constexprs {list(plan.constexprs)}")  # fmt: skip
+    return _paged_attention_kernel.warmup(*args, grid=plan.grid, **plan.constexprs)[plan.grid]
 
 
 # --8<-- [start:launcher]
@@ -454,18 +481,27 @@ def paged_attention(
     out = torch.empty_like(query) if out is None else out
     if plan.num_tokens == 0:
         return out
-    layout = plan.layout
-    _paged_attention_kernel[plan.grid](
+    layout, q_stride, o_stride = plan.layout, query.stride(), out.stride()
+    k_stride, v_stride = key_cache.stride(), value_cache.stride()  # stride(i) costs a microsecond each
+    args = (
         out, plan.part_acc, plan.part_max, plan.part_sum, query, key_cache, value_cache,
         plan.query_start_loc, plan.seq_lens, plan.block_table, scale, plan.num_tokens, plan.seq_lens.shape[0],
-        layout.num_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        plan.block_table.stride(0), **plan.constexprs,
+        layout.num_heads, q_stride[0], q_stride[1], o_stride[0], o_stride[1],
+        k_stride[0], k_stride[1], k_stride[2], v_stride[0], v_stride[1], v_stride[2],
+        plan.block_table.stride()[0],
     )  # fmt: skip
+    if plan.launchers is None:
+        _paged_attention_kernel[plan.grid](*args, **plan.constexprs)  # Triton's JIT: binds, keys, looks up
+    else:
+        aligned = tuple(t.data_ptr() % 16 for t in (out, query, key_cache, value_cache))
+        key = (q_stride, o_stride, k_stride, v_stride, aligned)
+        launch = plan.launchers.get(key)
+        if launch is None:  # NOTE 5: the same arguments Triton would specialize on, compiled once a step
+            launch = plan.launchers[key] = prebound_launcher(plan, args)
+        launch(*args, *plan.constexprs.values())
     if plan.num_segments > 1:
         _merge_segments_kernel[(plan.num_tokens, layout.num_heads)](
-            out, plan.part_acc, plan.part_max, plan.part_sum, out.stride(0), out.stride(1), layout.num_heads,
+            out, plan.part_acc, plan.part_max, plan.part_sum, o_stride[0], o_stride[1], layout.num_heads,
             NUM_SEGMENTS=plan.num_segments, HEAD_SIZE=layout.head_size,
         )  # fmt: skip
     return out
