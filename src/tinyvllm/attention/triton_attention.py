@@ -482,7 +482,7 @@ def paged_attention(
     if plan.num_tokens == 0:
         return out
     layout, q_stride, o_stride = plan.layout, query.stride(), out.stride()
-    k_stride, v_stride = key_cache.stride(), value_cache.stride()  # stride(i) costs a microsecond each
+    k_stride, v_stride = key_cache.stride(), value_cache.stride()  # one call each: stride(i) is slower
     args = (
         out, plan.part_acc, plan.part_max, plan.part_sum, query, key_cache, value_cache,
         plan.query_start_loc, plan.seq_lens, plan.block_table, scale, plan.num_tokens, plan.seq_lens.shape[0],
