@@ -34,7 +34,10 @@ so no mode is downgraded) and measured twice:
   that step), after 2 untimed pairs (new kernel specializations compile), 30 pairs in all.
   ``mixed_ab`` puts the two modes' medians side by side (``piecewise_over_full``) and each
   against the decode step of the same batch: one run decides whether mixed batches should
-  replay FULL graphs by default.
+  replay FULL graphs by default. In FULL_AND_PIECEWISE each pair gets a third step, a
+  mixed one with ``TINYVLLM_TRITON_LAUNCH=prebound`` (``piecewise_jit_over_prebound``:
+  what launching the compiled attention kernel directly saves, ``triton_attention.py``
+  NOTE 5); if it raises, the error is recorded and the A/B ends there.
 - **Throughput**: a smaller version of nano-vllm's workload (``make_workload`` from
   ``bench/throughput.py``: 64 requests, prompts of 100-512 random ids, 100-256 output
   tokens, ``ignore_eos``, greedy) through ``llm.generate``; output tokens/s and the ratio
@@ -59,7 +62,8 @@ compilation the earlier modes did not already do).
 Time budget: ``gpu.sh``'s run (batches 1 and 32, no throughput) took 32 s on an H100,
 model reuse included, before the profile was added, 34 s on an H200 with it; it allows
 60 s. Hence 5 repeats of 20 steps per point and a 64-request workload; the mixed-step A/B
-adds 2 x 2 x 32 pairs of steps, about 4 s at PIECEWISE's 10 ms a mixed step. The JSON is rewritten after
+adds, at 2 batches, 32 pairs of steps (FULL) and 32 triplets (FULL_AND_PIECEWISE): 320
+steps, about 4 s at PIECEWISE's 10 ms a mixed step. The JSON is rewritten after
 every mode (``"complete": false`` until the end), so a run cut short keeps what it measured.
 
 Run on a GPU: ``python3 bench/cudagraphs.py`` (writes
@@ -222,40 +226,68 @@ def timed_step(engine) -> float:
 
 
 def mixed_steps(llm, batch: int, cfg: dict, expected_mixed: str) -> dict:
-    """The mixed-step A/B (module header): with ``batch`` requests in decode, pairs of steps,
-    a uniform decode of the batch, then one more request's ``prompt_len``-token prompt with the
-    batch's decodes (the new request is aborted after it), each step timed alone."""
+    """The mixed-step A/B (module header): with ``batch`` requests in decode, a uniform decode
+    of the batch, then one more request's ``prompt_len``-token prompt with the batch's decodes
+    (the new request aborted after it), each step timed alone; where the mixed step runs
+    PIECEWISE, a third step like the second with ``TINYVLLM_TRITON_LAUNCH=prebound``
+    (``triton_attention.py`` NOTE 5: read at each step's plan)."""
     from tinyvllm import SamplingParams
+    from tinyvllm.attention.triton_attention import LAUNCH_ENV
 
     engine, runner, m = llm.engine, llm.engine.model_runner, cfg["mixed"]
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=4)
     rng = random.Random(1000 + batch)
     vocab = min(llm.spec.vocab_size, 10000)
-    times: dict[str, list[float]] = {"decode": [], "mixed": []}
-    modes: dict[str, dict[str, int]] = {"decode": {}, "mixed": {}}
-    mixed_key = None
-    for i in range(m["warmup"] + m["steps"]):
-        decode_s = timed_step(engine)
-        decode = runner.last_dispatch
-        rid = f"mixed-{batch}-{i}"  # a fresh random prompt: no prefix-cache hit
+    kinds = ("decode", "mixed", "mixed_prebound") if expected_mixed == "PIECEWISE" else ("decode", "mixed")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    modes: dict[str, dict[str, int]] = {kind: {} for kind in kinds}
+    mixed_key, prebound_error = None, None
+
+    def step(kind: str, i: int) -> tuple[float, object]:
+        if kind == "decode":
+            return timed_step(engine), runner.last_dispatch
+        rid = f"{kind}-{batch}-{i}"  # a fresh random prompt: no prefix-cache hit
         engine.add_request(rid, [rng.randrange(vocab) for _ in range(m["prompt_len"])], params)
-        mixed_s = timed_step(engine)
-        mixed = runner.last_dispatch
+        if kind == "mixed_prebound":
+            os.environ[LAUNCH_ENV] = "prebound"
+        try:
+            seconds = timed_step(engine)
+        finally:
+            os.environ.pop(LAUNCH_ENV, None)
         engine.abort_request([rid])
-        assert decode.uniform_decode and decode.num_reqs == batch, f"batch {batch}: not a decode step: {decode}"
-        assert mixed.num_tokens == batch + m["prompt_len"] and not mixed.uniform_decode, f"not mixed: {mixed}"
-        if i < m["warmup"]:
-            continue  # first calls of new kernel specializations
-        for kind, seconds, step in (("decode", decode_s, decode), ("mixed", mixed_s, mixed)):
-            times[kind].append(seconds)
-            modes[kind][step.runtime_mode.name] = modes[kind].get(step.runtime_mode.name, 0) + 1
-        mixed_key = mixed.batch_descriptor._asdict()
-    median = {kind: statistics.median(t) for kind, t in times.items()}
-    return dict(
+        return seconds, runner.last_dispatch
+
+    for i in range(m["warmup"] + m["steps"]):
+        for kind in kinds:
+            try:
+                seconds, dispatch = step(kind, i)
+            except Exception as error:  # a failed step aborts the batch too: the A/B ends here
+                if kind != "mixed_prebound":
+                    raise
+                prebound_error = repr(error)
+                break
+            if kind == "decode":
+                assert dispatch.uniform_decode and dispatch.num_reqs == batch, f"batch {batch}: not a decode: {dispatch}"
+            else:
+                assert dispatch.num_tokens == batch + m["prompt_len"] and not dispatch.uniform_decode, dispatch
+                mixed_key = dispatch.batch_descriptor._asdict()
+            if i >= m["warmup"]:  # the first calls compile new kernel specializations
+                times[kind].append(seconds)
+                modes[kind][dispatch.runtime_mode.name] = modes[kind].get(dispatch.runtime_mode.name, 0) + 1
+        if prebound_error:
+            break
+    median = {kind: statistics.median(t) if t else None for kind, t in times.items()}
+    found = dict(
         prompt_len=m["prompt_len"], steps=m["steps"], mixed_step_s=median["mixed"], decode_step_s=median["decode"],
         mixed_over_decode=median["mixed"] / median["decode"], runtime_modes=modes, mixed_batch_descriptor=mixed_key,
         stats_ok=modes["mixed"] == {expected_mixed: m["steps"]},
     )  # fmt: skip
+    if "mixed_prebound" in kinds:
+        prebound = median["mixed_prebound"]
+        found |= dict(mixed_prebound_step_s=prebound, prebound_error=prebound_error,
+                      jit_over_prebound=median["mixed"] / prebound if prebound else None)  # fmt: skip
+        found["stats_ok"] &= modes["mixed_prebound"] == {expected_mixed: m["steps"]}
+    return found
 
 
 def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = False, mixed: str | None = None) -> dict:
@@ -265,7 +297,7 @@ def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = F
 
     engine, runner = llm.engine, llm.engine.model_runner
     steps = cfg["warmup_steps"] + cfg["repeats"] * cfg["timed_steps"] + 2 * cfg["profile_steps"]
-    steps += 2 * (cfg["mixed"]["warmup"] + cfg["mixed"]["steps"]) if mixed else 0
+    steps += 3 * (cfg["mixed"]["warmup"] + cfg["mixed"]["steps"]) if mixed else 0
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 8)  # never finishes while timed
     rng = random.Random(batch)
     vocab = min(llm.spec.vocab_size, 10000)
@@ -429,6 +461,8 @@ def mixed_ab(modes: dict) -> dict:
             piecewise_over_full=ab["piecewise"]["mixed_step_s"] / ab["full"]["mixed_step_s"],
             mixed_over_decode_piecewise=ab["piecewise"]["mixed_over_decode"],
             mixed_over_decode_full=ab["full"]["mixed_over_decode"],
+            mixed_ms_piecewise_prebound=(ab["piecewise"]["mixed_prebound_step_s"] or 0.0) * 1e3,
+            piecewise_jit_over_prebound=ab["piecewise"]["jit_over_prebound"] or 0.0,  # 0: the pre-bound run failed
         )
         for batch, ab in found.items()
         if len(ab) == 2
@@ -542,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mixed step, B={batch} decodes + {cfg['mixed']['prompt_len']} prompt tokens: PIECEWISE "
               f"{ab['mixed_ms_piecewise']:.2f} ms, FULL {ab['mixed_ms_full']:.2f} ms (PIECEWISE / FULL "
               f"x{ab['piecewise_over_full']:.2f}); decode step {ab['decode_ms']:.2f} ms, mixed / decode "
-              f"x{ab['mixed_over_decode_piecewise']:.2f} PIECEWISE, x{ab['mixed_over_decode_full']:.2f} FULL")  # fmt: skip
+              f"x{ab['mixed_over_decode_piecewise']:.2f} PIECEWISE, x{ab['mixed_over_decode_full']:.2f} FULL; "
+              f"PIECEWISE with the pre-bound launch {ab['mixed_ms_piecewise_prebound']:.2f} ms "
+              f"(JIT / pre-bound x{ab['piecewise_jit_over_prebound']:.2f})")  # fmt: skip
     print(f"total {record['total_s']:.1f} s; wrote {out}")
     if not record["stats_check"]:
         print("bench/cudagraphs.py: some timed steps did not run in the expected runtime mode", file=sys.stderr)
