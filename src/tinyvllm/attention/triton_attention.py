@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -359,11 +359,12 @@ class LaunchPlan:
     layout: AttentionLayout  # what every layer's query and cache look like
     num_tokens: int  # N: query rows, padding included
     grid: tuple[int, int, int]  # (tiles, Hkv, NUM_SEGMENTS), NOTE 1
-    constexprs: dict[str, object]  # the kernel's compile-time arguments (never mutated)
+    constexprs: dict[str, object]  # the kernel's compile-time parameters, in its order (never mutated)
     part_acc: torch.Tensor  # [N, H, NSEG, D] fp32, or [1, 1, 1, D] unused when NSEG == 1
     part_max: torch.Tensor  # [N, H, NSEG] fp32
     part_sum: torch.Tensor  # [N, H, NSEG] fp32
     launchers: dict | None = None  # NOTE 5: pre-bound launches by argument key, filled by the layers; None: JIT
+    options: dict[str, object] = field(default_factory=dict)  # Triton's launch options (num_warps, ...), if any
 
     @property
     def num_segments(self) -> int:
@@ -451,7 +452,7 @@ def prebound_launcher(plan: LaunchPlan, args: tuple) -> Callable[..., None]:
     if names != list(plan.constexprs):
         raise RuntimeError(f"the kernel's parameters after its {len(args)} arguments are {names}, "
                            f"not the plan's constexprs {list(plan.constexprs)}")  # fmt: skip
-    return _paged_attention_kernel.warmup(*args, grid=plan.grid, **plan.constexprs)[plan.grid]
+    return _paged_attention_kernel.warmup(*args, grid=plan.grid, **plan.constexprs, **plan.options)[plan.grid]
 
 
 # --8<-- [start:launcher]
@@ -491,7 +492,7 @@ def paged_attention(
         plan.block_table.stride()[0],
     )  # fmt: skip
     if plan.launchers is None:
-        _paged_attention_kernel[plan.grid](*args, **plan.constexprs)  # Triton's JIT: binds, keys, looks up
+        _paged_attention_kernel[plan.grid](*args, **plan.constexprs, **plan.options)  # the JIT: binds, keys, finds
     else:
         aligned = tuple(t.data_ptr() % 16 for t in (out, query, key_cache, value_cache))
         key = (q_stride, o_stride, k_stride, v_stride, aligned)
