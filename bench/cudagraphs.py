@@ -69,9 +69,10 @@ every mode (``"complete": false`` until the end), so a run cut short keeps what 
 Run on a GPU: ``python3 bench/cudagraphs.py`` (writes
 ``bench/results/cudagraphs-<device>.json``). ``--dry-run`` runs every code path on the
 CPU with the tiny Qwen3 model, the Triton kernels under the interpreter
-(``TRITON_INTERPRET=1``), batches 1 and 2, one repeat of 2 timed steps (one since the
-mixed-step A/B came, to keep the run's time), one timed mixed pair of a 3-token prompt
-(at batch 1 only: 2 + 3 tokens pass capture size 4), capture sizes 1, 2, 4; CUDA graphs are then emulated (correct, never faster), so the stats check still
+(``TRITON_INTERPRET=1``), batches 1 and 2, no warm-up step and one repeat of 2 timed
+steps (one repeat and no warm-up since the mixed-step A/B came, so that the run takes no
+longer than before it), one timed mixed pair (triplet) of a 3-token prompt (at batch 1
+only: 2 + 3 tokens pass capture size 4), capture sizes 1, 2, 4; CUDA graphs are then emulated (correct, never faster), so the stats check still
 means something but its timings mean nothing. The test suite runs it (about 35 s on two
 cores). Without CUDA and without ``--dry-run`` it prints a message and exits 0.
 """
@@ -111,7 +112,7 @@ FULL = dict(
     throughput=dict(num_seqs=64, max_input_len=512, max_output_len=256, min_len=100, max_id=10000),
 )  # fmt: skip
 DRY = dict(
-    batch_sizes=[1, 2], prompt_len=8, warmup_steps=1, timed_steps=2, repeats=1, profile_steps=2,
+    batch_sizes=[1, 2], prompt_len=8, warmup_steps=0, timed_steps=2, repeats=1, profile_steps=2,
     capture_sizes=[1, 2, 4], max_num_seqs=4, max_model_len=64, block_size=16,
     num_gpu_blocks=64, dtype="auto", mixed=dict(prompt_len=3, warmup=0, steps=1),
     throughput=dict(num_seqs=4, max_input_len=24, max_output_len=12, min_len=4, max_id=500),
