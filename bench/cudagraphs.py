@@ -26,6 +26,18 @@ so no mode is downgraded) and measured twice:
   the forward's own parts (``forward_parts_ms``: the step's index lists, the block
   table's commit, the buffers' fill and upload, and the rest, the model's or the
   graph's launch).
+- **The mixed-step A/B** (FULL_AND_PIECEWISE, which replays a mixed batch PIECEWISE, and
+  FULL, which replays it in a FULL graph; the Triton backend allows both): at each batch B
+  where B + 32 tokens fit the largest capture size, with the B requests still in decode,
+  ``mixed_steps`` times pairs of single steps (synchronised): a uniform decode of the B,
+  then the same B decodes with one new request's 32-token random prompt (aborted after
+  that step), after 2 untimed pairs (new kernel specializations compile), 30 pairs in all.
+  ``mixed_ab`` puts the two modes' medians side by side (``piecewise_over_full``) and each
+  against the decode step of the same batch: one run decides whether mixed batches should
+  replay FULL graphs by default. In FULL_AND_PIECEWISE each pair gets a third step, a
+  mixed one with ``TINYVLLM_TRITON_LAUNCH=prebound`` (``piecewise_jit_over_prebound``:
+  what launching the compiled attention kernel directly saves, ``triton_attention.py``
+  NOTE 5); if it raises, the error is recorded and the A/B ends there.
 - **Throughput**: a smaller version of nano-vllm's workload (``make_workload`` from
   ``bench/throughput.py``: 64 requests, prompts of 100-512 random ids, 100-256 output
   tokens, ``ignore_eos``, greedy) through ``llm.generate``; output tokens/s and the ratio
@@ -37,7 +49,7 @@ device. The **stats check**: ``model_runner.cudagraph_stats`` is read before and
 each timed region, and every timed step must have run in the runtime mode the setting
 implies at decode: NONE for NONE, PIECEWISE for PIECEWISE, FULL for FULL,
 FULL_DECODE_ONLY and FULL_AND_PIECEWISE (a graph that silently fell back to eager would
-otherwise look like "no speed-up"). The script exits 1 when a check fails.
+otherwise look like "no speed-up"); every timed mixed step ran PIECEWISE, or FULL. The script exits 1 when a check fails.
 
 Set-up: the Qwen3-0.6B-shaped random-weight folder of ``bench/throughput.py``
 (``build_model_folder``, bf16), ``max_num_seqs=128``, capture sizes 1, 2, 4, ..., 128,
@@ -48,15 +60,19 @@ nothing, so a mode's ``startup_s`` minus NONE's is its capture cost (plus any Tr
 compilation the earlier modes did not already do).
 
 Time budget: ``gpu.sh``'s run (batches 1 and 32, no throughput) took 32 s on an H100,
-model reuse included, before the profile was added; it allows 60 s. Hence 5 repeats of 20
-steps per point and a 64-request workload. The JSON is rewritten after
+model reuse included, before the profile was added, 34 s on an H200 with it; it allows
+60 s. Hence 5 repeats of 20 steps per point and a 64-request workload; the mixed-step A/B
+adds, at 2 batches, 32 pairs of steps (FULL) and 32 triplets (FULL_AND_PIECEWISE): 320
+steps, about 4 s at PIECEWISE's 10 ms a mixed step. The JSON is rewritten after
 every mode (``"complete": false`` until the end), so a run cut short keeps what it measured.
 
 Run on a GPU: ``python3 bench/cudagraphs.py`` (writes
 ``bench/results/cudagraphs-<device>.json``). ``--dry-run`` runs every code path on the
 CPU with the tiny Qwen3 model, the Triton kernels under the interpreter
-(``TRITON_INTERPRET=1``), batches 1 and 2, 2 repeats of 2 timed steps and capture sizes
-1, 2, 4; CUDA graphs are then emulated (correct, never faster), so the stats check still
+(``TRITON_INTERPRET=1``), batches 1 and 2, no warm-up step and one repeat of 2 timed
+steps (one repeat and no warm-up since the mixed-step A/B came, so that the run takes no
+longer than before it), one timed mixed pair (triplet) of a 3-token prompt (at batch 1
+only: 2 + 3 tokens pass capture size 4), capture sizes 1, 2, 4; CUDA graphs are then emulated (correct, never faster), so the stats check still
 means something but its timings mean nothing. The test suite runs it (about 35 s on two
 cores). Without CUDA and without ``--dry-run`` it prints a message and exits 0.
 """
@@ -87,16 +103,18 @@ MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] 
 EXPECTED_DECODE_MODE = {"NONE": "NONE", "PIECEWISE": "PIECEWISE", "FULL": "FULL",
                         "FULL_DECODE_ONLY": "FULL", "FULL_AND_PIECEWISE": "FULL"}  # fmt: skip
 PROFILED_MODES = ("NONE", "FULL_AND_PIECEWISE")  # the baseline and the default: where a step's time goes
+# The mixed-step A/B: the default replays a mixed batch PIECEWISE, FULL replays it in a FULL graph.
+EXPECTED_MIXED_MODE = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL": "FULL"}
 FULL = dict(
     batch_sizes=[1, 8, 32, 128], prompt_len=32, warmup_steps=3, timed_steps=20, repeats=5, profile_steps=10,
     capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128], max_num_seqs=128, max_model_len=1024, block_size=16,
-    num_gpu_blocks=4096, dtype="bfloat16",
+    num_gpu_blocks=4096, dtype="bfloat16", mixed=dict(prompt_len=32, warmup=2, steps=30),
     throughput=dict(num_seqs=64, max_input_len=512, max_output_len=256, min_len=100, max_id=10000),
 )  # fmt: skip
 DRY = dict(
-    batch_sizes=[1, 2], prompt_len=8, warmup_steps=1, timed_steps=2, repeats=2, profile_steps=2,
+    batch_sizes=[1, 2], prompt_len=8, warmup_steps=0, timed_steps=2, repeats=1, profile_steps=2,
     capture_sizes=[1, 2, 4], max_num_seqs=4, max_model_len=64, block_size=16,
-    num_gpu_blocks=64, dtype="auto",
+    num_gpu_blocks=64, dtype="auto", mixed=dict(prompt_len=3, warmup=0, steps=1),
     throughput=dict(num_seqs=4, max_input_len=24, max_output_len=12, min_len=4, max_id=500),
 )  # fmt: skip
 
@@ -199,13 +217,90 @@ def host_phases(llm, steps: int) -> dict:
 # --8<-- [end:profile]
 
 
-def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = False, host_clock: bool = True) -> dict:
+def timed_step(engine) -> float:
+    """Seconds one ``engine.step()`` took, the device synchronised on both sides."""
+    sync()
+    start = time.perf_counter()
+    engine.step()
+    sync()
+    return time.perf_counter() - start
+
+
+def mixed_steps(llm, batch: int, cfg: dict, expected_mixed: str) -> dict:
+    """The mixed-step A/B (module header): with ``batch`` requests in decode, a uniform decode
+    of the batch, then one more request's ``prompt_len``-token prompt with the batch's decodes
+    (the new request aborted after it), each step timed alone; where the mixed step runs
+    PIECEWISE, a third step like the second with ``TINYVLLM_TRITON_LAUNCH=prebound``
+    (``triton_attention.py`` NOTE 5: read at each step's plan)."""
+    from tinyvllm import SamplingParams
+    from tinyvllm.attention.triton_attention import LAUNCH_ENV
+
+    engine, runner, m = llm.engine, llm.engine.model_runner, cfg["mixed"]
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=4)
+    rng = random.Random(1000 + batch)
+    vocab = min(llm.spec.vocab_size, 10000)
+    kinds = ("decode", "mixed", "mixed_prebound") if expected_mixed == "PIECEWISE" else ("decode", "mixed")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    modes: dict[str, dict[str, int]] = {kind: {} for kind in kinds}
+    mixed_key, prebound_error = None, None
+
+    def step(kind: str, i: int) -> tuple[float, object]:
+        if kind == "decode":
+            return timed_step(engine), runner.last_dispatch
+        rid = f"{kind}-{batch}-{i}"  # a fresh random prompt: no prefix-cache hit
+        engine.add_request(rid, [rng.randrange(vocab) for _ in range(m["prompt_len"])], params)
+        if kind == "mixed_prebound":
+            os.environ[LAUNCH_ENV] = "prebound"
+        try:
+            seconds = timed_step(engine)
+        finally:
+            os.environ.pop(LAUNCH_ENV, None)
+        engine.abort_request([rid])
+        return seconds, runner.last_dispatch
+
+    for i in range(m["warmup"] + m["steps"]):
+        for kind in kinds:
+            try:
+                seconds, dispatch = step(kind, i)
+            except Exception as error:  # a failed step aborts the batch too: the A/B ends here
+                if kind != "mixed_prebound":
+                    raise
+                prebound_error = repr(error)
+                break
+            if kind == "decode":
+                assert dispatch.uniform_decode and dispatch.num_reqs == batch, f"batch {batch}: not a decode: {dispatch}"
+            else:
+                assert dispatch.num_tokens == batch + m["prompt_len"] and not dispatch.uniform_decode, dispatch
+                mixed_key = dispatch.batch_descriptor._asdict()
+            if i >= m["warmup"]:  # the first calls compile new kernel specializations
+                times[kind].append(seconds)
+                modes[kind][dispatch.runtime_mode.name] = modes[kind].get(dispatch.runtime_mode.name, 0) + 1
+        if prebound_error:
+            break
+    median = {kind: statistics.median(t) if t else None for kind, t in times.items()}
+    found = dict(
+        prompt_len=m["prompt_len"], steps=m["steps"], mixed_step_s=median["mixed"], decode_step_s=median["decode"],
+        mixed_over_decode=median["mixed"] / median["decode"], runtime_modes=modes, mixed_batch_descriptor=mixed_key,
+        stats_ok=modes["mixed"] == {expected_mixed: m["steps"]},
+    )  # fmt: skip
+    if "mixed_prebound" in kinds:
+        prebound = median["mixed_prebound"]
+        found |= dict(mixed_prebound_step_s=prebound, prebound_error=prebound_error,
+                      jit_over_prebound=median["mixed"] / prebound if prebound else None)  # fmt: skip
+        found["stats_ok"] &= modes["mixed_prebound"] == {expected_mixed: m["steps"]}
+    return found
+
+
+def decode_latency(
+    llm, batch: int, cfg: dict, expected: str, profiled: bool = False, mixed: str | None = None, host_clock: bool = True
+) -> dict:
     """Median seconds per decode step with ``batch`` requests in decode (module header);
     with ``profiled``, also ``profile_steps``' record of the device's share."""
     from tinyvllm import SamplingParams
 
     engine, runner = llm.engine, llm.engine.model_runner
     steps = cfg["warmup_steps"] + cfg["repeats"] * cfg["timed_steps"] + 2 * cfg["profile_steps"]
+    steps += 3 * (cfg["mixed"]["warmup"] + cfg["mixed"]["steps"]) if mixed else 0
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 8)  # never finishes while timed
     rng = random.Random(batch)
     vocab = min(llm.spec.vocab_size, 10000)
@@ -242,14 +337,22 @@ def decode_latency(llm, batch: int, cfg: dict, expected: str, profiled: bool = F
         profile = profile_steps(engine, cfg["profile_steps"], median)
         if host_clock:  # the step's host phases (bookkeeping.py's clock follows the synchronous step)
             profile |= host_phases(llm, cfg["profile_steps"])
+    # the mixed-step A/B, on the same requests, where a mixed batch of this size has a graph
+    mixed_ab = mixed_steps(llm, batch, cfg, mixed) if mixed and has_mixed_graph(batch, cfg) else None
     engine.abort_request(ids)
     timed = cfg["repeats"] * cfg["timed_steps"]
     return dict(
         batch=batch, median_step_s=median, step_s_per_repeat=times, tok_per_s=batch / median,
         steps_to_decode=steps_to_decode, timed_steps=timed, runtime_modes_timed=used,
         batch_descriptor=last.batch_descriptor._asdict(),
-        stats_ok=used == {expected: timed}, profile=profile,
+        stats_ok=used == {expected: timed} and (mixed_ab is None or mixed_ab["stats_ok"]), profile=profile,
+        mixed=mixed_ab,
     )  # fmt: skip
+
+
+def has_mixed_graph(batch: int, cfg: dict) -> bool:
+    """Whether the mixed step of ``batch`` decodes and one prompt fits the largest capture size."""
+    return batch + cfg["mixed"]["prompt_len"] <= max(cfg["capture_sizes"])
 
 
 def throughput(llm, cfg: dict, expected: str) -> dict:
@@ -299,7 +402,9 @@ def measure_mode(
     expected = EXPECTED_DECODE_MODE[mode]
     graphs = num_graphs(runner)
     profiled = profile and mode in PROFILED_MODES
-    latency = [decode_latency(llm, b, cfg, expected, profiled=profiled, host_clock=not async_scheduling)
+    # the mixed-step A/B times single steps: not in kernel_ab's runs (profile=False) nor under async scheduling
+    mixed = EXPECTED_MIXED_MODE.get(mode) if profile and not async_scheduling else None
+    latency = [decode_latency(llm, b, cfg, expected, profiled=profiled, mixed=mixed, host_clock=not async_scheduling)
                for b in cfg["batch_sizes"]]  # fmt: skip
     tput = throughput(llm, cfg, expected) if cfg["throughput"] else None
     del llm, runner
@@ -363,6 +468,29 @@ def ratios(modes: dict) -> dict:
             startup_minus_none_s=m["startup_s"] - base["startup_s"],
         )
         for name, m in modes.items()
+    }
+
+
+def mixed_ab(modes: dict) -> dict:
+    """Per batch: the mixed step replayed PIECEWISE (the default) against FULL, and each
+    against a decode step of the same batch, all measured in this run."""
+    found = {}
+    for name, mode in (("piecewise", "FULL_AND_PIECEWISE"), ("full", "FULL")):
+        for r in modes.get(mode, {}).get("latency", []):
+            if r.get("mixed"):
+                found.setdefault(str(r["batch"]), {})[name] = r["mixed"]
+    return {
+        batch: dict(
+            mixed_ms_piecewise=ab["piecewise"]["mixed_step_s"] * 1e3, mixed_ms_full=ab["full"]["mixed_step_s"] * 1e3,
+            decode_ms=ab["piecewise"]["decode_step_s"] * 1e3,
+            piecewise_over_full=ab["piecewise"]["mixed_step_s"] / ab["full"]["mixed_step_s"],
+            mixed_over_decode_piecewise=ab["piecewise"]["mixed_over_decode"],
+            mixed_over_decode_full=ab["full"]["mixed_over_decode"],
+            mixed_ms_piecewise_prebound=(ab["piecewise"]["mixed_prebound_step_s"] or 0.0) * 1e3,
+            piecewise_jit_over_prebound=ab["piecewise"]["jit_over_prebound"] or 0.0,  # 0: the pre-bound run failed
+        )
+        for batch, ab in found.items()
+        if len(ab) == 2
     }
 
 
@@ -444,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "bench" / "results" / f"cudagraphs-{'dry-' if args.dry_run else ''}{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     record = dict(benchmark="cudagraphs", dry_run=args.dry_run, complete=False, config=cfg, environment=env,
-                  modes={}, ratios={}, stats_check=False)  # fmt: skip
+                  modes={}, ratios={}, mixed_ab={}, stats_check=False)  # fmt: skip
     wall = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         folder = shared_model_folder(args.model_folder, Path(tmp), lambda f: build_model_folder(f, args.dry_run))
@@ -452,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:
             record["modes"][mode] = measure_mode(folder, mode, cfg, device)
             record["ratios"] = ratios(record["modes"])
+            record["mixed_ab"] = mixed_ab(record["modes"])
             record["stats_check"] = all(m["stats_ok"] for m in record["modes"].values())
             record["total_s"] = time.perf_counter() - wall
             out.write_text(json.dumps(record, indent=2))  # partial results survive a timeout
@@ -474,6 +603,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FULL_AND_PIECEWISE, {what} as torch ops: " + "  ".join(
                 f"B={b}: {ms:.2f} ms (the kernel x{ab['speedup_of_the_kernel'][b]:.2f})"
                 for b, ms in ab["step_ms_torch_ops"].items()))  # fmt: skip
+    for batch, ab in record["mixed_ab"].items():
+        print(f"mixed step, B={batch} decodes + {cfg['mixed']['prompt_len']} prompt tokens: PIECEWISE "
+              f"{ab['mixed_ms_piecewise']:.2f} ms, FULL {ab['mixed_ms_full']:.2f} ms (PIECEWISE / FULL "
+              f"x{ab['piecewise_over_full']:.2f}); decode step {ab['decode_ms']:.2f} ms, mixed / decode "
+              f"x{ab['mixed_over_decode_piecewise']:.2f} PIECEWISE, x{ab['mixed_over_decode_full']:.2f} FULL; "
+              f"PIECEWISE with the pre-bound launch {ab['mixed_ms_piecewise_prebound']:.2f} ms "
+              f"(JIT / pre-bound x{ab['piecewise_jit_over_prebound']:.2f})")  # fmt: skip
     print(f"total {record['total_s']:.1f} s; wrote {out}")
     if "async_ab" in record:
         ab = record["async_ab"]

@@ -236,6 +236,8 @@ def cudagraph_figures(record: dict) -> dict:
     for key in ("rms_norm_ab", "rotary_ab", "async_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
         if key in record:
             figures[key] = record[key]
+    if record.get("mixed_ab"):  # a mixed step PIECEWISE (the default) against FULL, and against a decode step
+        figures["mixed_ab"] = {b: {k: round(v, 3) for k, v in ab.items()} for b, ab in record["mixed_ab"].items()}
     return figures
 
 

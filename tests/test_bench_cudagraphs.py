@@ -49,6 +49,25 @@ def test_cudagraphs_bench_dry_run(tmp_path):
                 assert min(parts.values()) > 0 and sum(parts.values()) == pytest.approx(phases["forward"])
             else:
                 assert r["profile"] is None
+    mixed_mode = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL": "FULL"}  # the A/B: a mixed step in each
+    for mode, m in result["modes"].items():
+        for r in m["latency"]:
+            if mode not in mixed_mode or r["batch"] == 2:  # 2 decodes + 3 prompt tokens: no graph that large
+                assert r["mixed"] is None
+                continue
+            mixed = r["mixed"]
+            modes = {"decode": {"FULL": 1}, "mixed": {mixed_mode[mode]: 1}}
+            if mode == "FULL_AND_PIECEWISE":  # a third step: the pre-bound launch (the JIT on the CPU)
+                modes["mixed_prebound"] = {"PIECEWISE": 1}
+                assert mixed["prebound_error"] is None and mixed["jit_over_prebound"] > 0
+            assert mixed["runtime_modes"] == modes
+            key = mixed["mixed_batch_descriptor"]
+            assert key["num_tokens"] == 4 and key["uniform"] is False  # 1 + 3 tokens, not uniform
+            assert mixed["mixed_step_s"] > 0 and mixed["mixed_over_decode"] > 0 and mixed["stats_ok"] is True
+    [(batch, ab)] = result["mixed_ab"].items()
+    assert batch == "1" and ab["piecewise_over_full"] > 0 and ab["mixed_over_decode_full"] > 0
+    assert ab["mixed_ms_piecewise_prebound"] > 0 and ab["piecewise_jit_over_prebound"] > 0
+    assert "mixed step, B=1 decodes + 3 prompt tokens: PIECEWISE" in out.stdout
     for ratio in result["ratios"].values():
         assert all(x > 0 for x in ratio["latency_speedup_vs_none"].values())
         assert ratio["throughput_ratio_vs_none"] > 0

@@ -125,6 +125,7 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert set(async_ab["speedup_of_async"]) == {"1", "2"} and async_ab["stats_ok"] is True
     assert figures["throughput"]["async_speedup"] > 0 and figures["throughput"]["tinyvllm_async_tok_per_s"] > 0
     assert figures["cudagraph_latency"]["stats_check"] is True
+    assert set(figures["cudagraph_latency"]["mixed_ab"]) == {"1"}  # B + the prompt fit the dry run's graphs at 1
     assert set(figures["prefix_caching"]["ratios"]) == {"hit_49", "hit_37"}
     log = (out / "gpu.log").read_text()
     assert all(f"== {name} (budget" in log for name in STEP_NAMES)

@@ -4,6 +4,7 @@ Every case fills the caches with NaN first, so a read of a slot nobody wrote (a 
 id, a wrong slot, an off-by-one in seq_lens) turns the logits into NaN and fails. Block ids
 are shuffled and interleaved between requests, so nothing depends on contiguous blocks."""
 
+import dataclasses
 import shutil
 
 import pytest
@@ -251,3 +252,29 @@ def test_torch_backend_plans_once_per_forward(folders, monkeypatch):
         logits[backend], _ = run_step(model, caches, tokens, [0, 0], [9, 5], [[3, 0, 7], [5, 1]], 4)
         assert len(calls) == 1  # the reference backend has no plan
     torch.testing.assert_close(logits["torch"], logits["reference"], atol=ATOL, rtol=1e-4)
+
+
+def test_triton_backend_plans_its_launch_once_per_forward(folders, monkeypatch):
+    """triton_attention NOTE 4 / llama NOTE 8: the launch plan (checks, tiles, grid, buffers)
+    is made once per step and every layer launches with it; the logits equal the reference's."""
+    from tinyvllm.attention import triton_attention
+
+    plans, launches = [], []
+    real_plan, real_attention = triton_attention.plan_step, triton_attention.paged_attention
+    monkeypatch.setattr(triton_attention, "plan_step", lambda *a, **k: plans.append(1) or real_plan(*a, **k))
+    model = load_model(folders["qwen3"], device=TRITON_DEVICE, attention_backend="triton")
+    assert model.spec.num_hidden_layers > 1
+    for layer in model.layers:
+        attn = layer.self_attn
+        attn.backend = dataclasses.replace(
+            attn.backend, paged_attention=lambda *a, **k: launches.append(k["plan"]) or real_attention(*a, **k)
+        )
+    tokens = [prompt(9, 1), prompt(5, 2)]
+    caches = new_caches(model, 4, 16, device=TRITON_DEVICE)
+    logits, _ = run_step(model, caches, tokens, [0, 0], [9, 5], [[3], [1]], 16, pad=2, device=TRITON_DEVICE)
+    assert len(plans) == 1 and len(launches) == model.spec.num_hidden_layers
+    assert all(plan is launches[0] for plan in launches) and launches[0].num_tokens == 16  # 14 tokens + 2 padding
+    reference = load_model(folders["qwen3"], device=TRITON_DEVICE)
+    expected, _ = run_step(reference, new_caches(reference, 4, 16, device=TRITON_DEVICE), tokens, [0, 0], [9, 5],
+                           [[3], [1]], 16, pad=2, device=TRITON_DEVICE)  # fmt: skip
+    torch.testing.assert_close(logits[:14], expected[:14], atol=ATOL, rtol=1e-4)

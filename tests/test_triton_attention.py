@@ -2,6 +2,8 @@
 the CPU, wide ones on a GPU (``gpu`` marker). Outputs are poisoned with NaN before each run
 and unused cache slots hold NaN, so an unwritten row or a read past a request fails."""
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from paged_cases import make_case
 
 from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention.metadata import AttentionLayout
 from tinyvllm.attention.triton_attention import (
     CUDAGRAPH_SUPPORT,
     SPLIT_KV_SEGMENTS,
@@ -216,6 +219,101 @@ def test_launcher_rejects_unsupported_tile_sizes(block_size, head_size, message)
         triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 1.0)
 
 
+def _planned(query_lens=(3, 1, 24), seq_lens=(40, 33, 24), num_heads=8, num_kv_heads=2, **plan_args):
+    q, kc, vc, qsl, sl, bt, _ = make_case(list(query_lens), list(seq_lens), num_heads, num_kv_heads, 16, 16)
+    layout = AttentionLayout(num_heads, num_kv_heads, 16, 16, q.dtype, q.device)
+    return (q, kc, vc, qsl, sl, bt), triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout, **plan_args)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(),  # chunked prefill + decode + prefill, GQA 4
+        dict(query_lens=[1, 1], seq_lens=[600, 17], num_segments=4),  # split KV: the plan's buffers used
+        dict(query_lens=[1, 1, 1], seq_lens=[5, 17, 3], kv_tile=16),
+    ],
+)
+def test_a_step_plan_gives_the_same_result_in_every_layer(case):
+    """NOTE 4: one plan, used by several layers (caches of their own), gives each the result
+    of a call that plans for itself, bit for bit."""
+    args, plan = _planned(**case)
+    q, kc, vc, qsl, sl, bt = args
+    for layer in range(3):
+        kc_l, vc_l = kc * (layer + 1), vc - layer
+        alone = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, num_segments=case.get("num_segments"),
+                                                 kv_tile=case.get("kv_tile"))  # fmt: skip
+        out = torch.full_like(q, float("nan"))
+        assert triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, out=out, plan=plan) is out
+        assert torch.equal(out, alone)
+        torch.testing.assert_close(out, reference.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25), **TOLERANCES[q.dtype])
+
+
+def test_a_step_plan_holds_the_choices_of_the_step():
+    _, plan = _planned(query_lens=[1] * 2, seq_lens=[600, 17])
+    assert plan.num_segments == SPLIT_KV_SEGMENTS and plan.part_max.shape == (2, 8, SPLIT_KV_SEGMENTS)
+    assert plan.grid == (1 + 2, 2, SPLIT_KV_SEGMENTS)  # cdiv(N, BLOCK_Q) + R tiles: BLOCK_Q = 4 at G = 4
+    assert plan.constexprs["QUERIES_PER_KV"] == 4 and plan.constexprs["TILE_N"] == choose_kv_tile(True)
+    _, mixed = _planned()
+    assert mixed.num_segments == 1 and mixed.constexprs["BLOCK_Q"] == choose_query_tile(4, False)[0]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(query=a["query"][:-1]), "query \\(27, 8, 16\\) torch.float32 on cpu: the plan is for \\(28, 8, 16\\)"),
+        (lambda a: a.update(query=a["query"].half()), "query \\(28, 8, 16\\) torch.float16"),
+        (lambda a: a.update(query=a["query"].view(28, 4, 32)), "query \\(28, 4, 32\\)"),
+        (lambda a: a.update(key_cache=a["key_cache"][:, :, :1]), "key_cache \\(\\d+, 16, 1, 16\\)"),
+        (lambda a: a.update(value_cache=a["value_cache"].double()), "value_cache .* torch.float64"),
+        (lambda a: a.update(out=torch.zeros(28, 8, 8)), "out \\(28, 8, 8\\)"),
+        (lambda a: a.update(seq_lens=a["seq_lens"].clone()), "must be the tensors the plan was made from"),
+        (lambda a: a.update(query=torch.zeros(28, 16, 8).transpose(1, 2)), "query must have unit stride along D"),
+        (lambda a: a.update(kv_tile=64), "kv_tile 64: give them to plan_step"),
+    ],
+)
+def test_a_layer_that_disagrees_with_the_plan_is_refused(change, message):
+    (q, kc, vc, qsl, sl, bt), plan = _planned()
+    args = dict(query=q, key_cache=kc, value_cache=vc, query_start_loc=qsl, seq_lens=sl, block_table=bt, scale=1.0)
+    change(args)
+    with pytest.raises(ValueError, match=message):
+        triton_attention.paged_attention(**args, plan=plan)
+
+
+def test_plan_step_checks_the_layout_and_the_metadata():
+    _, _, _, qsl, sl, bt, _ = make_case([2], [3], 4, 2, 16, 16)
+    layout = AttentionLayout(4, 2, 16, 16, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="query heads 4 are not a multiple of KV heads 3"):
+        triton_attention.plan_step(qsl, sl, bt, 2, dataclasses.replace(layout, num_kv_heads=3))
+    with pytest.raises(ValueError, match="dtype torch.int8"):
+        triton_attention.plan_step(qsl, sl, bt, 2, dataclasses.replace(layout, dtype=torch.int8))
+    with pytest.raises(ValueError, match="block_table dtype torch.int64"):
+        triton_attention.plan_step(qsl, sl, bt.long(), 2, layout)
+    with pytest.raises(ValueError, match="num_segments 3"):
+        triton_attention.plan_step(qsl, sl, bt, 2, layout, num_segments=3)
+
+
+def test_the_prebound_launch_falls_back_to_the_jit_off_cuda(monkeypatch):
+    """NOTE 5: asked for on the CPU (the interpreter has no compiled kernel), the plan keeps
+    Triton's JIT launch, with the same result; an unknown value is refused by name."""
+    monkeypatch.setenv(triton_attention.LAUNCH_ENV, "prebound")
+    (q, kc, vc, qsl, sl, bt), plan = _planned()
+    assert plan.launchers is None
+    out = triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, plan=plan)
+    monkeypatch.delenv(triton_attention.LAUNCH_ENV)
+    assert torch.equal(out, triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25))
+    monkeypatch.setenv(triton_attention.LAUNCH_ENV, "fast")
+    with pytest.raises(ValueError, match="TINYVLLM_TRITON_LAUNCH='fast'"):
+        _planned()
+
+
+def test_the_plans_constexprs_are_the_kernels_last_parameters_in_order():
+    """NOTE 5's launch passes every parameter by position: the plan's constexprs must be the
+    kernel's parameters after its 25 runtime arguments, in the same order."""
+    _, plan = _planned()
+    names = triton_attention._paged_attention_kernel.arg_names
+    assert len(names) == 25 + len(plan.constexprs) and names[25:] == list(plan.constexprs)
+
+
 # ---- GPU: wide and many (run with `python3 -m pytest -m gpu` on a CUDA machine) ----
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -285,3 +383,31 @@ def test_gpu_drawn_batches(seed):
     query_lens = torch.where(torch.rand(num_reqs, generator=gen) < 0.6, 1, query_lens).tolist()
     seq_lens = [q + int(torch.randint(0, 1500, (1,), generator=gen)) for q in query_lens]
     check_against_reference(query_lens, seq_lens, 16, 2, 128, 16, dtype=torch.bfloat16, device="cuda", seed=seed)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_prebound_launch_equals_the_jit_launch(dtype, monkeypatch):
+    """NOTE 5: the pre-bound launch gives the JIT launch's output bit for bit, in every layer
+    of a step (mixed, and a split decode), compiling once per step for layers alike; a layer
+    whose strides differ gets its own compiled kernel."""
+    for query_lens, seq_lens in (([1, 7, 1, 37, 1, 64], [1, 17, 255, 300, 256, 64]), ([1, 1], [4096, 600])):
+        q, kc, vc, qsl, sl, bt, _ = make_case(query_lens, seq_lens, 8, 2, 128, 16, dtype=dtype, device="cuda")
+        layout = AttentionLayout(8, 2, 128, 16, dtype, q.device)
+        monkeypatch.setenv(triton_attention.LAUNCH_ENV, "prebound")
+        plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout)
+        monkeypatch.delenv(triton_attention.LAUNCH_ENV)
+        jit_plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout)
+        assert plan.launchers == {} and jit_plan.launchers is None
+        for layer in range(3):
+            kc_l, vc_l = kc * (layer + 1), vc - layer
+            prebound = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=plan)
+            jit = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=jit_plan)
+            assert torch.equal(prebound, jit)
+        assert len(plan.launchers) == 1
+        wide = torch.zeros(q.shape[0], 8, 256, dtype=dtype, device="cuda")[:, :, :128]  # other strides
+        wide.copy_(q)
+        assert torch.equal(triton_attention.paged_attention(wide, kc, vc, qsl, sl, bt, 0.1, plan=plan),
+                           triton_attention.paged_attention(wide, kc, vc, qsl, sl, bt, 0.1, plan=jit_plan))  # fmt: skip
+        assert len(plan.launchers) == 2

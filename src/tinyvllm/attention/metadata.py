@@ -24,6 +24,9 @@ count of a mixed one (the seed's rule), and ``max_seq_len`` is ``max_model_len``
 in every other step they are exact. No kernel of ours reads them (ours choose their
 routine from shapes); they matter because a backend may, and because the FULL replay
 check compares them. The tensors carry the step's real values.
+NOTE 2 (the layout is the model's, not the step's): ``AttentionLayout`` is what every layer's
+attention looks like, the same each step: a backend's per-step plan needs it beside the
+metadata to size its buffers and pick its tiles before any layer runs.
 """
 
 from __future__ import annotations
@@ -56,3 +59,16 @@ class AttentionMetadata:
     def num_padded_tokens(self) -> int:
         return self.slot_mapping.shape[0]
 # --8<-- [end:metadata]
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Every layer's attention shape (NOTE 2): vLLM's ``kv_cache_spec`` (block size, KV heads,
+    head size, dtype) plus the query heads its metadata builders read from the model config."""
+
+    num_heads: int  # H: query heads
+    num_kv_heads: int  # Hkv
+    head_size: int  # D
+    block_size: int  # S: tokens per cache block
+    dtype: torch.dtype  # the queries' and the cache's
+    device: torch.device

@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
-from tinyvllm.attention.metadata import AttentionMetadata
+from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
 from tinyvllm.arith import cdiv
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": query lengths and sequence lengths are read on
@@ -303,8 +303,9 @@ def plan_step(
     return StepPlan(starts[-1], tuple(groups), prefills)
 
 
-def plan_from_metadata(meta: AttentionMetadata) -> StepPlan:
-    """``plan_step`` over a step's attention metadata (what the model calls once per step)."""
+def plan_from_metadata(meta: AttentionMetadata, layout: AttentionLayout | None = None) -> StepPlan:
+    """``plan_step`` over a step's attention metadata (what the model calls once per step).
+    ``layout`` is not read: this plan depends on the lengths only, whatever the heads."""
     return plan_step(meta.query_start_loc, meta.seq_lens, meta.block_table, meta.block_size)
 # --8<-- [end:plan]
 

@@ -33,6 +33,19 @@ gathers each key row's block id (``TILE_N / S`` distinct ids, read from cache). 
 tile means fewer loop trips and more bytes in flight per trip (decode is bound by memory)
 and a wider ``tl.dot`` (prefill is bound by arithmetic); ``choose_kv_tile`` picks it from
 measurements on an H100 (docs: Paged attention, "How fast").
+NOTE 4 (a launch plan per step): the checks of the step's metadata, the tile and split
+choices, the grid, the constexprs and the partial-result buffers depend on the step and the
+model's ``AttentionLayout``, not on the layer; ``plan_step`` makes them once into a frozen
+``LaunchPlan`` (the model calls it once per forward, as vLLM's ``TritonAttentionMetadataBuilder``
+builds once per step) and each layer only checks its own tensors' shapes against it and
+launches. Without a plan ``paged_attention`` makes one, so it keeps the reference's signature.
+NOTE 5 (a pre-bound launch, opt-in): ``kernel[grid](...)`` binds the arguments, computes
+Triton's specialization key (dtypes, 16-byte alignment, ints equal to 1 or divisible by 16)
+and looks the compiled kernel up, on every call. With ``TINYVLLM_TRITON_LAUNCH=prebound`` on
+CUDA the plan keeps, per key of what Triton specializes on (strides, pointer alignment), the
+kernel ``JITFunction.warmup`` compiled and launches it directly. Triton has no supported API
+for this (its ``CompiledKernel`` launch is internal, the same in 3.6 and 3.7), so the JIT
+stays the default until a GPU run shows the gain (docs: Paged attention, "Host cost").
 
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 KV, head sizes that are not a
 power of two, autotuning (one configuration per shape class).
@@ -40,12 +53,17 @@ power of two, autotuning (one configuration per shape class).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import torch
 import triton
 import triton.language as tl
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.arith import cdiv
+from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
 from tinyvllm.platform import triton_can_run_on
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
@@ -63,6 +81,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # block a tile). 128 won where too few programs each walk a long context (batch 16 without
 # a split, batch 1 at 2048+): a question for the split rule, not the tile. One constant per
 # kind of batch, because the two are bound by different things and another shape may split them.
+LAUNCH_ENV = "TINYVLLM_TRITON_LAUNCH"  # "prebound": NOTE 5's launch on CUDA; "jit" (unset): Triton's own
 DECODE_KV_TILE = 32  # every request has one query token: bound by memory
 PREFILL_KV_TILE = 32  # a batch with prompt rows: bound by arithmetic
 
@@ -267,7 +286,8 @@ def _merge_segments_kernel(
 # --8<-- [end:merge]
 
 
-def _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out):
+def _check_layer_tensors(query, key_cache, value_cache, out) -> AttentionLayout:
+    """One layer's own tensors, in full; returns their layout for ``plan_step`` to check."""
     if query.dim() != 3:
         raise ValueError(f"query {tuple(query.shape)} must be [N, H, D]")
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
@@ -275,21 +295,37 @@ def _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_le
             f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} "
             "must both be [num_blocks, block_size, Hkv, D]"
         )
-    num_heads, head_size = query.shape[1], query.shape[2]
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    if key_cache.shape[3] != head_size:
-        raise ValueError(f"cache head size {key_cache.shape[3]} != query head size {head_size}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"query heads {num_heads} are not a multiple of KV heads {num_kv_heads}")
-    if head_size < 16 or head_size & (head_size - 1):
-        raise ValueError(f"head size {head_size} must be a power of two >= 16")
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block size {block_size} must be a power of two >= 16")
-    if query.dtype not in SUPPORTED_DTYPES or not query.dtype == key_cache.dtype == value_cache.dtype:
+    if key_cache.shape[3] != query.shape[2]:
+        raise ValueError(f"cache head size {key_cache.shape[3]} != query head size {query.shape[2]}")
+    if not query.dtype == key_cache.dtype == value_cache.dtype:
         raise ValueError(
             f"query {query.dtype}, key_cache {key_cache.dtype}, value_cache {value_cache.dtype}: "
             f"must be one dtype among {SUPPORTED_DTYPES}"
         )
+    if out is not None and (out.shape != query.shape or out.dtype != query.dtype):
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match query {tuple(query.shape)} {query.dtype}")
+    tensors = {"query": query, "key_cache": key_cache, "value_cache": value_cache}
+    tensors |= {} if out is None else {"out": out}
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have unit stride along D, got strides {t.stride()}")
+    devices = {t.device for t in tensors.values()}
+    if len(devices) != 1:
+        raise ValueError(f"tensors are on several devices: {sorted(map(str, devices))}")
+    _, num_heads, head_size = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    return AttentionLayout(num_heads, num_kv_heads, head_size, block_size, query.dtype, query.device)
+
+
+def _check_step(query_start_loc, seq_lens, block_table, layout: AttentionLayout) -> None:
+    """What a step's plan rests on: the layout the kernel supports, the metadata's tensors."""
+    if layout.num_heads % layout.num_kv_heads:
+        raise ValueError(f"query heads {layout.num_heads} are not a multiple of KV heads {layout.num_kv_heads}")
+    for name, size in (("head size", layout.head_size), ("block size", layout.block_size)):
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{name} {size} must be a power of two >= 16")
+    if layout.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {layout.dtype} must be one dtype among {SUPPORTED_DTYPES}")
     num_reqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     if seq_lens.dim() != 1 or query_start_loc.shape != (num_reqs + 1,):
         raise ValueError(
@@ -305,19 +341,118 @@ def _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_le
         raise ValueError(f"block_table strides {block_table.stride()} must be unit along max_blocks")
     if not (query_start_loc.is_contiguous() and seq_lens.is_contiguous()):
         raise ValueError("query_start_loc and seq_lens must be contiguous")
-    if out is not None and (out.shape != query.shape or out.dtype != query.dtype):
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match query {tuple(query.shape)} {query.dtype}")
-    tensors = {"query": query, "key_cache": key_cache, "value_cache": value_cache}
-    tensors |= {} if out is None else {"out": out}
-    for name, t in tensors.items():
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have unit stride along D, got strides {t.stride()}")
-    all_tensors = [*tensors.values(), query_start_loc, seq_lens, block_table]
-    devices = {t.device for t in all_tensors}
+    devices = {layout.device, query_start_loc.device, seq_lens.device, block_table.device}
     if len(devices) != 1:
         raise ValueError(f"tensors are on several devices: {sorted(map(str, devices))}")
-    if not triton_can_run_on(query.device):
-        raise ValueError(f"device {query.device}: Triton needs CUDA or TRITON_INTERPRET=1")
+    if not triton_can_run_on(layout.device):
+        raise ValueError(f"device {layout.device}: Triton needs CUDA or TRITON_INTERPRET=1")
+
+
+# --8<-- [start:plan]
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One step's launch of the kernel, the same for every layer (NOTE 4): made by ``plan_step``."""
+
+    query_start_loc: torch.Tensor  # [R + 1] int32: the step's metadata, which every layer passes
+    seq_lens: torch.Tensor  # [R] int32
+    block_table: torch.Tensor  # [R, max_blocks] int32
+    layout: AttentionLayout  # what every layer's query and cache look like
+    num_tokens: int  # N: query rows, padding included
+    grid: tuple[int, int, int]  # (tiles, Hkv, NUM_SEGMENTS), NOTE 1
+    constexprs: dict[str, object]  # the kernel's compile-time parameters, in its order (never mutated)
+    part_acc: torch.Tensor  # [N, H, NSEG, D] fp32, or [1, 1, 1, D] unused when NSEG == 1
+    part_max: torch.Tensor  # [N, H, NSEG] fp32
+    part_sum: torch.Tensor  # [N, H, NSEG] fp32
+    launchers: dict | None = None  # NOTE 5: pre-bound launches by argument key, filled by the layers; None: JIT
+    options: dict[str, object] = field(default_factory=dict)  # Triton's launch options (num_warps, ...), if any
+
+    @property
+    def num_segments(self) -> int:
+        return self.grid[2]
+
+
+def plan_step(
+    query_start_loc: torch.Tensor,  # [R + 1] int32
+    seq_lens: torch.Tensor,  # [R] int32
+    block_table: torch.Tensor,  # [R, max_blocks] int32
+    num_tokens: int,  # N: every layer's query rows, padding included
+    layout: AttentionLayout,
+    *,
+    num_segments: int | None = None,  # None: choose_num_segments; 1: no split
+    kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile
+) -> LaunchPlan:
+    """Check the step's metadata and layout, choose the tiles and the split, size the grid and
+    allocate the partial results: all that depends on the step, not the layer (NOTE 4)."""
+    _check_step(query_start_loc, seq_lens, block_table, layout)
+    num_reqs, num_kv_heads, block_size = seq_lens.shape[0], layout.num_kv_heads, layout.block_size
+    if num_segments is None:
+        num_segments = choose_num_segments(num_tokens, num_reqs, num_kv_heads, block_table.shape[1] * block_size)
+    if num_segments < 1 or num_segments & (num_segments - 1):
+        raise ValueError(f"num_segments {num_segments} must be a power of two >= 1")
+    decode_only = num_tokens == num_reqs
+    kv_tile = choose_kv_tile(decode_only) if kv_tile is None else kv_tile
+    if kv_tile < 16 or kv_tile & (kv_tile - 1):
+        raise ValueError(f"kv_tile {kv_tile} must be a power of two >= 16")
+    group = layout.num_heads // num_kv_heads
+    block_q, block_m = choose_query_tile(group, decode_only=decode_only)
+    fp32 = layout.dtype == torch.float32
+    constexprs = dict(
+        QUERIES_PER_KV=group, BLOCK_SIZE=block_size, TILE_N=kv_tile, HEAD_SIZE=layout.head_size,
+        BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
+        DOT_FP32=layout.device.type != "cuda" or fp32, INPUT_PRECISION="ieee" if fp32 else "tf32",
+    )  # fmt: skip
+    launch = os.environ.get(LAUNCH_ENV, "jit")
+    if launch not in ("jit", "prebound"):
+        raise ValueError(f"{LAUNCH_ENV}={launch!r}: must be 'jit' or 'prebound'")
+    part_shape = (num_tokens, layout.num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
+    new = dict(dtype=torch.float32, device=layout.device)
+    return LaunchPlan(
+        query_start_loc, seq_lens, block_table, layout, num_tokens,
+        grid=(cdiv(num_tokens, block_q) + num_reqs, num_kv_heads, num_segments),  # NOTE 1
+        constexprs=constexprs, part_acc=torch.empty((*part_shape, layout.head_size), **new),
+        part_max=torch.empty(part_shape, **new), part_sum=torch.empty(part_shape, **new),
+        launchers={} if launch == "prebound" and layout.device.type == "cuda" else None,
+    )  # fmt: skip
+
+
+def plan_from_metadata(meta: AttentionMetadata, layout: AttentionLayout) -> LaunchPlan:
+    """``plan_step`` over a step's attention metadata (what the model calls once per step)."""
+    return plan_step(meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_padded_tokens, layout)
+
+
+def _check_against_plan(plan: LaunchPlan, query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out):
+    """A layer's own tensors against the step's plan: shapes, dtypes, devices and the unit
+    stride along D, no more (NOTE 4). A mismatch is a ValueError naming both."""
+    layout = plan.layout
+    given = (query_start_loc, seq_lens, block_table)
+    if any(a is not b for a, b in zip(given, (plan.query_start_loc, plan.seq_lens, plan.block_table))):
+        raise ValueError("query_start_loc, seq_lens and block_table must be the tensors the plan was made from")
+    want = (plan.num_tokens, layout.num_heads, layout.head_size)
+    if query.shape != want or query.dtype != layout.dtype or query.device != layout.device:
+        raise ValueError(f"query {tuple(query.shape)} {query.dtype} on {query.device}: the plan is for {want} "
+                         f"{layout.dtype} on {layout.device}")  # fmt: skip
+    cache = (layout.block_size, layout.num_kv_heads, layout.head_size)
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        shape = t.shape
+        if len(shape) != 4 or shape[1:] != cache or t.dtype != layout.dtype or t.device != layout.device:
+            raise ValueError(f"{name} {tuple(shape)} {t.dtype} on {t.device}: the plan is for "
+                             f"[num_blocks, *{cache}] {layout.dtype} on {layout.device}")  # fmt: skip
+    if out is not None and (out.shape != want or out.dtype != layout.dtype or out.device != layout.device):
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} on {out.device} must match query {want} {layout.dtype}")
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache), ("out", out)):
+        if t is not None and t.stride()[-1] != 1:
+            raise ValueError(f"{name} must have unit stride along D, got strides {t.stride()}")
+# --8<-- [end:plan]
+
+
+def prebound_launcher(plan: LaunchPlan, args: tuple) -> Callable[..., None]:
+    """The compiled kernel for these arguments (``JITFunction.warmup`` compiles or finds it,
+    launching nothing), as a launcher that takes every parameter in order (NOTE 5)."""
+    names = _paged_attention_kernel.arg_names[len(args) :]
+    if names != list(plan.constexprs):
+        raise RuntimeError(f"the kernel's parameters after its {len(args)} arguments are {names}, "
+                           f"not the plan's constexprs {list(plan.constexprs)}")  # fmt: skip
+    return _paged_attention_kernel.warmup(*args, grid=plan.grid, **plan.constexprs, **plan.options)[plan.grid]
 
 
 # --8<-- [start:launcher]
@@ -331,49 +466,44 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [N, H, D]
     *,
-    num_segments: int | None = None,  # None: choose_num_segments; 1: no split
-    kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile
+    num_segments: int | None = None,  # None: choose_num_segments; 1: no split (without a plan)
+    kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile (without a plan)
+    plan: LaunchPlan | None = None,  # the step's (NOTE 4); made here when not given
 ) -> torch.Tensor:
     """Causal paged attention with the Triton kernel; same contract as the reference."""
-    _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out)
-    num_tokens, num_heads, head_size = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    num_reqs = seq_lens.shape[0]
-    group = num_heads // num_kv_heads
-    if num_segments is None:
-        num_segments = choose_num_segments(num_tokens, num_reqs, num_kv_heads, block_table.shape[1] * block_size)
-    if num_segments < 1 or num_segments & (num_segments - 1):
-        raise ValueError(f"num_segments {num_segments} must be a power of two >= 1")
-    decode_only = num_tokens == num_reqs
-    kv_tile = choose_kv_tile(decode_only) if kv_tile is None else kv_tile
-    if kv_tile < 16 or kv_tile & (kv_tile - 1):
-        raise ValueError(f"kv_tile {kv_tile} must be a power of two >= 16")
+    if plan is None:
+        layout = _check_layer_tensors(query, key_cache, value_cache, out)
+        plan = plan_step(query_start_loc, seq_lens, block_table, query.shape[0], layout,
+                         num_segments=num_segments, kv_tile=kv_tile)  # fmt: skip
+    elif num_segments is not None or kv_tile is not None:
+        raise ValueError(f"num_segments {num_segments} and kv_tile {kv_tile}: give them to plan_step, not with a plan")
+    else:
+        _check_against_plan(plan, query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out)
     out = torch.empty_like(query) if out is None else out
-    if num_tokens == 0:
+    if plan.num_tokens == 0:
         return out
-    block_q, block_m = choose_query_tile(group, decode_only=decode_only)
-    interpreting = query.device.type != "cuda"
-    part_shape = (num_tokens, num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
-    part_acc = query.new_empty((*part_shape, head_size), dtype=torch.float32)  # [N, H, NSEG, D]
-    part_max = query.new_empty(part_shape, dtype=torch.float32)  # [N, H, NSEG]
-    part_sum = query.new_empty(part_shape, dtype=torch.float32)  # [N, H, NSEG]
-    grid = (cdiv(num_tokens, block_q) + num_reqs, num_kv_heads, num_segments)  # NOTE 1
-    _paged_attention_kernel[grid](
-        out, part_acc, part_max, part_sum, query, key_cache, value_cache,
-        query_start_loc, seq_lens, block_table, scale, num_tokens, num_reqs, num_heads,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_table.stride(0),
-        QUERIES_PER_KV=group, BLOCK_SIZE=block_size, TILE_N=kv_tile, HEAD_SIZE=head_size,
-        BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
-        DOT_FP32=interpreting or query.dtype == torch.float32,
-        INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+    layout, q_stride, o_stride = plan.layout, query.stride(), out.stride()
+    k_stride, v_stride = key_cache.stride(), value_cache.stride()  # one call each: stride(i) is slower
+    args = (
+        out, plan.part_acc, plan.part_max, plan.part_sum, query, key_cache, value_cache,
+        plan.query_start_loc, plan.seq_lens, plan.block_table, scale, plan.num_tokens, plan.seq_lens.shape[0],
+        layout.num_heads, q_stride[0], q_stride[1], o_stride[0], o_stride[1],
+        k_stride[0], k_stride[1], k_stride[2], v_stride[0], v_stride[1], v_stride[2],
+        plan.block_table.stride()[0],
     )  # fmt: skip
-    if num_segments > 1:
-        _merge_segments_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_max, part_sum, out.stride(0), out.stride(1), num_heads,
-            NUM_SEGMENTS=num_segments, HEAD_SIZE=head_size,
+    if plan.launchers is None:
+        _paged_attention_kernel[plan.grid](*args, **plan.constexprs, **plan.options)  # the JIT: binds, keys, finds
+    else:
+        aligned = tuple(t.data_ptr() % 16 for t in (out, query, key_cache, value_cache))
+        key = (q_stride, o_stride, k_stride, v_stride, aligned)
+        launch = plan.launchers.get(key)
+        if launch is None:  # NOTE 5: the same arguments Triton would specialize on, compiled once a step
+            launch = plan.launchers[key] = prebound_launcher(plan, args)
+        launch(*args, *plan.constexprs.values())
+    if plan.num_segments > 1:
+        _merge_segments_kernel[(plan.num_tokens, layout.num_heads)](
+            out, plan.part_acc, plan.part_max, plan.part_sum, o_stride[0], o_stride[1], layout.num_heads,
+            NUM_SEGMENTS=plan.num_segments, HEAD_SIZE=layout.head_size,
         )  # fmt: skip
     return out
 # --8<-- [end:launcher]

@@ -41,10 +41,10 @@ rows; figures in docs/model_runner.md), so on the CPU ``compute_logits`` keeps t
 over ``SMALL_LM_HEAD_MAX_BYTES`` (the copy doubles its memory); logits differ by rounding.
 NOTE 7 (the MLP in place): ``silu`` and the product with ``up`` overwrite the gate half of
 the gate/up output instead of allocating two ``[N, I]`` tensors, with transformers' rounding.
-NOTE 8 (a backend's plan per step): a backend's host work that depends only on the step (the
-torch backend's lengths, gather indices, masks) is its ``plan_step``, called once per
-forward; each layer's ``attention_op`` passes the plan on, as vLLM's metadata builders run
-once per step. It is built eagerly, outside any piece: only ``NEVER`` backends have one.
+NOTE 8 (a backend's plan per step): host work that depends only on the step and the
+``AttentionLayout`` (torch's gather indices and masks; Triton's checks, tiles, grid, buffers)
+is the backend's ``plan_step``, called once per forward outside any piece and passed on by
+each layer's ``attention_op``, as vLLM's metadata builders run once per step.
 NOTE 9 (the residual adds ride with the norms): each residual add is followed by a norm, so
 ``RMSNorm.add_forward`` does both (one kernel on CUDA, ``rms_norm.py`` NOTE 3). After the MLP
 that norm is the next layer's ``input_layernorm``, in the next piece: ``after_attention``
@@ -73,7 +73,7 @@ from torch import nn
 from tinyvllm.attention import reference, torch_sdpa, triton_attention
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
-from tinyvllm.attention.metadata import AttentionMetadata
+from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
 from tinyvllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.loader import (
@@ -113,7 +113,7 @@ class AttentionBackend:
     cudagraph_support: AttentionCGSupport
     # Host-side work done once per step and passed to every layer as ``plan=`` (NOTE 8);
     # None for backends that need none.
-    plan_step: Callable[[AttentionMetadata], object] | None = None
+    plan_step: Callable[[AttentionMetadata, AttentionLayout], object] | None = None
 
 
 # The reference and the batched torch backend write with a boolean mask and read lengths
@@ -125,7 +125,8 @@ ATTENTION_BACKENDS = {
         write_kv_cache_torch, torch_sdpa.paged_attention, torch_sdpa.CUDAGRAPH_SUPPORT, torch_sdpa.plan_from_metadata
     ),
     "triton": AttentionBackend(
-        write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT
+        write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT,
+        triton_attention.plan_from_metadata,
     ),
 }
 
@@ -375,8 +376,9 @@ class DecoderForCausalLM(nn.Module):
             )
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches has {len(kv_caches)} tensors for {len(self.layers)} layers")
-        plan_step = self.layers[0].self_attn.backend.plan_step
-        plan = plan_step(attn_metadata) if plan_step is not None else None  # NOTE 8: once per step
+        attn, kv = self.layers[0].self_attn, kv_caches[0]  # [2, B, S, Hkv, D]: every layer's shape
+        layout = AttentionLayout(attn.num_heads, kv.shape[3], attn.head_dim, kv.shape[2], kv.dtype, kv.device)
+        plan = attn.backend.plan_step(attn_metadata, layout) if attn.backend.plan_step else None  # NOTE 8
         x, cos, sin, q, k, v, out = self.pieces[0](input_ids, positions)
         for i, layer in enumerate(self.layers):
             layer.self_attn.attention_op(q, k, v, kv_caches[i], attn_metadata, out, plan)  # eager between pieces
