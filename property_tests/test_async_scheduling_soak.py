@@ -455,6 +455,7 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
 
 AsyncSchedulingSoak.TestCase.settings = settings(max_examples=20, stateful_step_count=20)
 TestAsyncSchedulingSoak = AsyncSchedulingSoak.TestCase
+TestAsyncSchedulingSoak.pytestmark = [pytest.mark.slow]  # 20 runs of 20 rules: over the fast set's 3 s
 
 
 # ---------------------------------------------------------------------------------------
