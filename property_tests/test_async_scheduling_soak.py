@@ -27,11 +27,10 @@ exactly theirs, free + held == the pool, at most one step in flight between call
 uncommitted block once no step is. Teardown (liveness): faults off, everything drains, the
 pool is whole, ``kv.uncommitted_blocks == []``.
 
-Found by it: a failed step also takes down a request added under a reused id that no failed
-step scheduled (``test_a_failed_step_spares_a_request_added_under_a_reused_id``, a strict
-xfail until the engine is fixed; meanwhile ``REUSED_ID_BYSTANDER_DEFECT`` lets the soak accept
-that one outcome, and nothing else). With ``async_scheduler.py`` NOTE 5 switched off (a step's
-tokens given to whatever request holds the id) the soak fails on a reused id's tokens.
+Found by it (and fixed): a failed step also took down a request added under a reused id that
+no failed step scheduled (``test_a_failed_step_spares_a_request_added_under_a_reused_id``
+pins the fix). With ``async_scheduler.py`` NOTE 5 switched off (a step's tokens given to
+whatever request holds the id) the soak fails on a reused id's tokens.
 
 Left out: sampling with temperature, stop strings, streaming outputs, ``AsyncLLM`` (the async
 examples in ``tests/test_async_scheduling.py`` and the sync soak cover them), speculative
@@ -68,9 +67,6 @@ from tinyvllm.models.tiny import build_tiny_model  # noqa: E402
 from tinyvllm.request import Request  # noqa: E402
 
 SITES = ("forward", "read_back", "apply", "update_state")  # where a fault can be injected
-# The known defect of test_a_failed_step_spares_a_request_added_under_a_reused_id: set it to
-# False once that test passes, so that the soak holds the engine to the fixed behaviour.
-REUSED_ID_BYSTANDER_DEFECT = True
 DRAIN_LIMIT = 1000  # steps a drain allows before "never finishes" is a failure
 STEMS = [[(11 * i + 3) % 300 + 10 for i in range(12)], [(7 * i + 1) % 300 + 10 for i in range(8)]]
 
@@ -410,13 +406,6 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
         doomed = {rid for rid, req in before.items() if any(req is f for f in failed_objects)}
         left = self.engine.unfinished_request_ids()
         expected = set(self.live) - doomed
-        # Requests added under an id whose old request a failed step scheduled, not themselves
-        # in any failed step: the known defect pinned by the xfail test below takes them down.
-        bystanders = {rid for rid, _ in self._requests_of(steps)} & expected
-        if REUSED_ID_BYSTANDER_DEFECT and bystanders and left == expected - bystanders:
-            event("known defect: a request under a reused id went down with a failed step it was not in")
-            doomed |= bystanders
-            expected -= bystanders
         assert left == expected, (
             f"after a step failed with {error!r} ({len(steps)} steps in flight): the requests of those steps "
             f"{sorted(doomed)} should be aborted and the others {sorted(expected)} carry on, but "
@@ -463,12 +452,6 @@ TestAsyncSchedulingSoak.pytestmark = [pytest.mark.slow]  # 20 runs of 20 rules: 
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a failed step aborts by request id: a request added under the id of an aborted request "
-    "that a step in flight computes goes down with that step although no failed step scheduled it "
-    "(Scheduler.abort_failed_step and LLMEngine._abort_failed_step/_drop_parents_of take ids, "
-    "not the step's request objects; async_scheduler.py NOTE 5)"
-))  # fmt: skip
 def test_a_failed_step_spares_a_request_added_under_a_reused_id() -> None:
     """Step 1 launches ``r`` and ``a``; ``r`` is aborted and a new ``r`` added while step 1 is
     in flight; step 2 schedules only ``a`` (an 8-token budget, ``a``'s prompt chunk takes it)
