@@ -33,6 +33,14 @@ gathers each key row's block id (``TILE_N / S`` distinct ids, read from cache). 
 tile means fewer loop trips and more bytes in flight per trip (decode is bound by memory)
 and a wider ``tl.dot`` (prefill is bound by arithmetic); ``choose_kv_tile`` picks it from
 measurements on an H100 (docs: Paged attention, "How fast").
+NOTE 4 (full and diagonal tiles): a KV tile whose keys all lie at or before the query tile's
+first position, and inside what it may see, is visible to every row: it needs neither the
+causal mask nor the bounds mask. ``_num_full_kv_tiles`` counts those leading tiles; they run
+unmasked, the few diagonal tiles after them masked (a split-KV segment takes its share of
+each). A spare tile past its request's last row sees no key at all.
+NOTE 5 (prefill tiles and launch): rows per query tile, keys per KV tile, ``num_warps`` and
+``num_stages`` come from ``choose_*`` functions, each overridable on ``paged_attention`` so
+``bench/attention.py`` can sweep them on a GPU; the defaults stay until a sweep says otherwise.
 
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 KV, head sizes that are not a
 power of two, autotuning (one configuration per shape class).
@@ -65,6 +73,15 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # kind of batch, because the two are bound by different things and another shape may split them.
 DECODE_KV_TILE = 32  # every request has one query token: bound by memory
 PREFILL_KV_TILE = 32  # a batch with prompt rows: bound by arithmetic
+# Rows per query tile (BLOCK_M's target, NOTE 5): about 16 for decode (one token per request),
+# 64 for prefill; the GPU sweep in bench/attention.py tries 64 and 128 for prefill.
+DECODE_QUERY_ROWS = 16
+PREFILL_QUERY_ROWS = 64
+# (num_warps, num_stages) per kind of batch (NOTE 5): Triton's defaults for a CUDA launch, the
+# launch options vLLM's unified attention kernel uses (it passes none); not yet measured here.
+DECODE_LAUNCH = (4, 3)
+PREFILL_LAUNCH = (4, 3)
+NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)  # Triton needs a power of two; 16 warps = 512 threads
 
 
 # --8<-- [start:choose]
@@ -76,12 +93,18 @@ def choose_num_segments(num_tokens: int, num_reqs: int, num_kv_heads: int, max_c
     return SPLIT_KV_SEGMENTS if decode_only and few_programs and long_context else 1
 
 
-def choose_query_tile(num_queries_per_kv: int, decode_only: bool) -> tuple[int, int]:
+def choose_query_tile(num_queries_per_kv: int, decode_only: bool, rows: int | None = None) -> tuple[int, int]:
     """``(BLOCK_Q, BLOCK_M)``: tokens per query tile and rows per tile (G heads per token).
-    About 16 rows for decode (one token per request), 64 for prefill; ``tl.dot`` needs 16."""
-    target_rows = 16 if decode_only else 64
+    ``rows`` (a power of two, default ``DECODE_QUERY_ROWS`` or ``PREFILL_QUERY_ROWS``) is the
+    target; BLOCK_M exceeds it only when one token's G heads do. ``tl.dot`` needs 16."""
+    target_rows = rows if rows is not None else DECODE_QUERY_ROWS if decode_only else PREFILL_QUERY_ROWS
     block_q = max(1, target_rows // num_queries_per_kv)
     return block_q, max(16, triton.next_power_of_2(block_q * num_queries_per_kv))
+
+
+def choose_launch_options(decode_only: bool) -> tuple[int, int]:
+    """``(num_warps, num_stages)`` of the attention kernel's launch (NOTE 5)."""
+    return DECODE_LAUNCH if decode_only else PREFILL_LAUNCH
 
 
 def choose_kv_tile(decode_only: bool) -> int:
@@ -107,6 +130,63 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
 
 
 # --8<-- [start:kernel]
+@triton.jit
+def _num_full_kv_tiles(first_pos, kv_len, TILE_N: tl.constexpr):
+    """KV tiles ``0 .. n - 1`` whose every key is visible to every row of a query tile whose
+    first token sits at ``first_pos`` and which sees ``kv_len`` keys (NOTE 4): all their
+    keys are ``<= first_pos`` and ``< kv_len``. Tile ``n`` on is diagonal (masked)."""
+    return tl.maximum(tl.minimum(first_pos + 1, kv_len), 0) // TILE_N
+
+
+@triton.jit
+def _attend_kv_tile(
+    q, m, l, acc,  # [M, D] the query tile; [M], [M], [M, D] the running max, denominator, numerator
+    j, kv_len, q_pos,  # the KV tile's index; keys the query tile may see; [M] each row's position
+    scale, block_table_row_ptr, key_head_ptr, value_head_ptr,  # the request's block ids; caches at the KV head
+    stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile is visible to every row (NOTE 4)
+    DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One step of the online softmax over KV tile ``j`` (keys ``j*TILE_N ..``): returns the
+    updated ``(m, l, acc)``. ``MASKED`` tiles mask keys past ``kv_len`` and keys after a
+    row's position to ``-inf``; full tiles skip both masks and the ``-inf`` guard."""
+    keys = tl.arange(0, TILE_N)  # [T]
+    dims = tl.arange(0, HEAD_SIZE)  # [D]
+    k_pos = j * TILE_N + keys  # [T]
+    if MASKED:
+        k_valid = k_pos < kv_len  # [T]
+        block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [T]
+    else:
+        block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE)  # [T]
+    slot = k_pos % BLOCK_SIZE  # [T]
+    k_ptrs = key_head_ptr + (block_id.to(tl.int64) * stride_k_b + slot * stride_k_s)[None, :] + dims[:, None]
+    v_ptrs = value_head_ptr + (block_id.to(tl.int64) * stride_v_b + slot * stride_v_s)[:, None] + dims[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=k_valid[None, :], other=0.0)  # [D, T]
+        v = tl.load(v_ptrs, mask=k_valid[:, None], other=0.0)  # [T, D]
+    else:
+        k = tl.load(k_ptrs)  # [D, T]
+        v = tl.load(v_ptrs)  # [T, D]
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, k, input_precision=INPUT_PRECISION) * scale  # [M, T]
+    if MASKED:
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M]: a row with no key yet
+    else:
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]: finite, every key is visible
+        m_safe = m_new
+    p = tl.exp(s - m_safe[:, None])  # [M, T]
+    alpha = tl.exp(m - m_safe)  # [M]
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return m_new, l, acc
+
+
 @triton.jit
 def _paged_attention_kernel(
     out_ptr,  # *T, [N, H, D]: the result (written when NUM_SEGMENTS == 1)
@@ -154,7 +234,7 @@ def _paged_attention_kernel(
 
     starting from ``m = -inf, l = 0, acc = 0``; the output is ``acc / l``. A fully masked
     tile leaves ``m = -inf``; ``m_new`` is then replaced by 0 in the exponents so that no
-    ``-inf - -inf`` appears. Split path: the program covers only the tiles of its segment
+    ``-inf - -inf`` appears. The leading full tiles (NOTE 4) skip the masks. Split path: the program covers only the tiles of its segment
     and stores ``(acc, m, l)``; ``_merge_segments_kernel`` combines the segments.
     """
     tile = tl.program_id(0)
@@ -181,9 +261,12 @@ def _paged_attention_kernel(
         mask=row_valid[:, None], other=0.0,
     )  # [M, D]  # fmt: skip
 
-    # Keys this tile can see: up to its last token's position (causal), at most seq_len.
+    # Keys this tile can see: up to its last token's position (causal), at most seq_len;
+    # none for a spare tile past the request's last row (it stores nothing).
     tile_end = tl.minimum(tile_start + BLOCK_Q, q_end)
     kv_len = tl.maximum(tl.minimum(seq_len, context_len + tile_end - q_begin), 0)
+    kv_len = tl.where(tile_start < q_end, kv_len, 0)
+    first_pos = context_len + tile_start - q_begin  # position of the tile's first token
     num_tiles = tl.cdiv(kv_len, TILE_N)
     tiles_per_segment = tl.cdiv(tl.cdiv(seq_len, TILE_N), NUM_SEGMENTS)
     tile_lo = segment * tiles_per_segment
@@ -192,37 +275,26 @@ def _paged_attention_kernel(
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [M] running max
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # [M] running denominator
     acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)  # [M, D] running numerator
-    keys = tl.arange(0, TILE_N)  # [T]
     if DOT_FP32:
         q = q.to(tl.float32)
-    for j in range(tile_lo, tile_hi):
-        k_pos = j * TILE_N + keys  # [T]
-        k_valid = k_pos < kv_len  # [T]
-        block_id = tl.load(block_table_ptr + r * stride_bt_r + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [T]
-        slot = k_pos % BLOCK_SIZE  # [T]
-        k_row = block_id.to(tl.int64) * stride_k_b + slot * stride_k_s  # [T]
-        v_row = block_id.to(tl.int64) * stride_v_b + slot * stride_v_s  # [T]
-        k = tl.load(
-            key_cache_ptr + k_row[None, :] + kv_head * stride_k_h + dims[:, None],
-            mask=k_valid[None, :], other=0.0,
-        )  # [D, T]  # fmt: skip
-        v = tl.load(
-            value_cache_ptr + v_row[:, None] + kv_head * stride_v_h + dims[None, :],
-            mask=k_valid[:, None], other=0.0,
-        )  # [T, D]  # fmt: skip
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=INPUT_PRECISION) * scale  # [M, T]
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M]
-        p = tl.exp(s - m_safe[:, None])  # [M, T]
-        alpha = tl.exp(m - m_safe)  # [M]
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m = m_new
+    # --8<-- [start:full_diagonal]
+    # NOTE 4: full tiles first (no key can be masked), then the diagonal ones (masked).
+    num_full = _num_full_kv_tiles(first_pos, kv_len, TILE_N)
+    for j in range(tile_lo, tl.minimum(tile_hi, num_full)):
+        m, l, acc = _attend_kv_tile(
+            q, m, l, acc, j, kv_len, q_pos, scale, block_table_ptr + r * stride_bt_r,
+            key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h,
+            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, False, DOT_FP32, INPUT_PRECISION,
+        )  # fmt: skip
+    for j in range(tl.maximum(tile_lo, num_full), tile_hi):
+        m, l, acc = _attend_kv_tile(
+            q, m, l, acc, j, kv_len, q_pos, scale, block_table_ptr + r * stride_bt_r,
+            key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h,
+            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, True, DOT_FP32, INPUT_PRECISION,
+        )  # fmt: skip
+    # --8<-- [end:full_diagonal]
 
     if NUM_SEGMENTS == 1:
         o = acc / tl.where(l == 0.0, 1.0, l)[:, None]  # padding rows: 0 / 1
@@ -320,6 +392,19 @@ def _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_le
         raise ValueError(f"device {query.device}: Triton needs CUDA or TRITON_INTERPRET=1")
 
 
+def _check_launch_overrides(block_m, num_warps, num_stages) -> None:
+    """The sweepable launch choices (NOTE 5): each None (the default) or a legal value."""
+    for name, value in (("block_m", block_m), ("num_warps", num_warps), ("num_stages", num_stages)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
+    if block_m is not None and (block_m < 16 or block_m & (block_m - 1)):
+        raise ValueError(f"block_m {block_m} must be a power of two >= 16")
+    if num_warps is not None and num_warps not in NUM_WARPS_CHOICES:
+        raise ValueError(f"num_warps {num_warps} must be one of {NUM_WARPS_CHOICES}")
+    if num_stages is not None and num_stages < 1:
+        raise ValueError(f"num_stages {num_stages} must be >= 1 (1: no software pipelining)")
+
+
 # --8<-- [start:launcher]
 def paged_attention(
     query: torch.Tensor,  # [N, H, D]
@@ -333,9 +418,14 @@ def paged_attention(
     *,
     num_segments: int | None = None,  # None: choose_num_segments; 1: no split
     kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile
+    block_m: int | None = None,  # rows per query tile (target); None: choose_query_tile
+    num_warps: int | None = None,  # None: choose_launch_options
+    num_stages: int | None = None,  # software-pipelining depth; None: choose_launch_options
 ) -> torch.Tensor:
-    """Causal paged attention with the Triton kernel; same contract as the reference."""
+    """Causal paged attention with the Triton kernel; same contract as the reference. The
+    keyword overrides exist so that ``bench/attention.py`` can sweep tile shapes (NOTE 5)."""
     _check_attention_args(query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out)
+    _check_launch_overrides(block_m, num_warps, num_stages)
     num_tokens, num_heads, head_size = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     num_reqs = seq_lens.shape[0]
@@ -351,7 +441,10 @@ def paged_attention(
     out = torch.empty_like(query) if out is None else out
     if num_tokens == 0:
         return out
-    block_q, block_m = choose_query_tile(group, decode_only=decode_only)
+    block_q, block_m = choose_query_tile(group, decode_only=decode_only, rows=block_m)
+    warps, stages = choose_launch_options(decode_only)
+    num_warps = warps if num_warps is None else num_warps
+    num_stages = stages if num_stages is None else num_stages
     interpreting = query.device.type != "cuda"
     part_shape = (num_tokens, num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
     part_acc = query.new_empty((*part_shape, head_size), dtype=torch.float32)  # [N, H, NSEG, D]
@@ -369,6 +462,7 @@ def paged_attention(
         BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
         DOT_FP32=interpreting or query.dtype == torch.float32,
         INPUT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_segments > 1:
         _merge_segments_kernel[(num_tokens, num_heads)](
