@@ -16,7 +16,9 @@ warm-up included):
 4. ``cudagraph_latency``: batch-1 and batch-32 decode step latency under each
    ``cudagraph_mode``, against NONE (``bench/cudagraphs.py``);
 5. ``prefix_caching``: caching on against off at about 49% hits (input throughput) and 37%
-   (mean TTFT), as the table of vLLM PR #9668 (``bench/prefix_caching.py --gpu``).
+   (mean TTFT), as the table of vLLM PR #9668 (``bench/prefix_caching.py --gpu``);
+6. ``attention_prefill``: the Triton kernel's prefill tile and launch configs against SDPA at
+   512-4,096 tokens, the best per length (``bench/attention.py --prefill-sweep``).
 
 Each step is ``passed``, ``failed`` (its exit status, or a timeout, with the last lines of
 its output) or ``skipped`` with the reason (``time``: the time left was under its budget
@@ -87,13 +89,18 @@ class Step:
 # Since then: 9 more gpu tests (KV tiles, rotary, the fused q/k norm and rotary: about 25 s
 # of compiling on a cold Triton cache, and the tests stop 20 s before the budget) and the
 # rotary A/B (one more build of FULL_AND_PIECEWISE, about 6 s).
+# The prefill sweep (issue 39) took its 44 s from environment (12 -> 10; it ran 6-9 s) and
+# gpu_tests (180 -> 138; the H200 run, 2026-11-28, used 97 s of it): the sweep stops starting
+# configs after ATTENTION_SWEEP_LIMIT_S and reports what it timed.
 STEPS = (
-    Step("environment", 12, "device, memory, nvidia-smi's device line, versions"),
-    Step("gpu_tests", 180, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("environment", 10, "device, memory, nvidia-smi's device line, versions"),
+    Step("gpu_tests", 138, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
     Step("throughput", 172, "nano-vllm's workload against transformers generate and nano-vllm's figure"),
     Step("cudagraph_latency", 60, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE"),
     Step("prefix_caching", 56, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
+    Step("attention_prefill", 44, "Triton prefill attention tile/launch configs against SDPA, 512-4096 tokens"),
 )
+ATTENTION_SWEEP_LIMIT_S = 30  # then the config in flight, the record and the process's exit
 MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
 TEST_DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"  # read by the root conftest.py
 TEST_DEADLINE_MARGIN_S = 20  # the longest gpu test (an engine built, graphs captured) and pytest's report
@@ -131,6 +138,10 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         mode = "--dry-run" if dry_run else "--gpu"
         cases = ["--cases", "hit_49,hit_37"]  # the PR's table; its 0% row would not fit the budget
         return [python, "bench/prefix_caching.py", mode, "--repeats", "1", *cases, *model, *out] + (["--quick"] if quick else [])
+    if step.name == "attention_prefill":
+        limit = ATTENTION_SWEEP_LIMIT_S // (2 if quick else 1)
+        cmd = [python, "bench/attention.py", "--prefill-sweep", "--time-limit", str(limit), *out]
+        return cmd + (["--dry-run"] if dry_run else [])
     raise ValueError(f"unknown step {step.name!r}")
 
 
@@ -151,6 +162,8 @@ def figures(step: Step, work: Path, output: str) -> dict:
         return throughput_figures(record)
     if step.name == "cudagraph_latency":
         return cudagraph_figures(record)
+    if step.name == "attention_prefill":
+        return attention_prefill_figures(record)
     return prefix_caching_figures(record)
 
 
@@ -228,6 +241,23 @@ def cudagraph_figures(record: dict) -> dict:
         if key in record:
             figures[key] = record[key]
     return figures
+
+
+def attention_prefill_figures(record: dict) -> dict:
+    """Per shape and length: SDPA's TFLOP/s, the default config's and the best config's, each
+    with its ratio to SDPA (the issue's goal: >= 0.6 at 4,096 tokens)."""
+    sweep = record["results"]["prefill_sweep"]
+    r2 = lambda x: None if x is None else round(x, 2)  # noqa: E731
+    rows = {
+        f"{r['shape']}/{r['length']}": {
+            "sdpa_TFLOPs": r2(r["sdpa_TFLOPs"]), "default": r["default_config"], "default_TFLOPs": r2(r["default_TFLOPs"]),
+            "default_x_sdpa": r2(r["default_ratio_to_sdpa"]), "best": r["best_config"], "best_TFLOPs": r2(r["best_TFLOPs"]),
+            "best_x_sdpa": r2(r["best_ratio_to_sdpa"]), "configs_timed": len(r["triton_us_by_config"]),
+            "configs_failed": len(r["errors"]),
+        }
+        for r in sweep["rows"]
+    }  # fmt: skip
+    return {"device": record["device"], "complete": sweep["complete"], "not_timed": len(sweep["not_timed"]), "rows": rows}
 
 
 def prefix_caching_figures(record: dict) -> dict:
