@@ -57,7 +57,7 @@ DRY = dict(
     copy_bytes=1 << 20, iters=1, warmup=0, graph_reps=1,
 )  # fmt: skip
 # The prefill sweep (triton_attention.py NOTE 5): rows per query tile, keys per KV tile, warps and
-# pipelining stages, the space Triton's fused-attention tutorial autotunes its forward kernel over,
+# pipelining stages, the kinds of choice Triton's fused-attention tutorial autotunes its forward over,
 # at the attention shapes of Llama-3-8B (32 query heads) and Qwen3-0.6B (16), 8 KV heads of 128.
 # "staged": every (block_m, kv_tile) at the default launch, then every (num_warps, num_stages)
 # at the best of those at the longest length: 11 configs a shape instead of the grid's 36, since

@@ -130,12 +130,14 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
 
 
 # --8<-- [start:kernel]
+# --8<-- [start:num_full]
 @triton.jit
 def _num_full_kv_tiles(first_pos, kv_len, TILE_N: tl.constexpr):
     """KV tiles ``0 .. n - 1`` whose every key is visible to every row of a query tile whose
     first token sits at ``first_pos`` and which sees ``kv_len`` keys (NOTE 4): all their
     keys are ``<= first_pos`` and ``< kv_len``. Tile ``n`` on is diagonal (masked)."""
     return tl.maximum(tl.minimum(first_pos + 1, kv_len), 0) // TILE_N
+# --8<-- [end:num_full]
 
 
 @triton.jit
