@@ -52,9 +52,24 @@ FULL = dict(
 )  # fmt: skip
 DRY = dict(
     num_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype="float32",
-    decode_batches=[1, 2], decode_contexts=[20, 520], prefill_lengths=[16, 24], kv_tiles=[16, 32], decode_segments=[1, 4],
+    decode_batches=[1, 2], decode_contexts=[20, 520], prefill_lengths=[16], kv_tiles=[16, 32], decode_segments=[1, 4],
     ragged_decode=[(3, 5, 60)],
     copy_bytes=1 << 20, iters=1, warmup=0, graph_reps=1,
+)  # fmt: skip
+# The prefill sweep (triton_attention.py NOTE 5): rows per query tile, keys per KV tile, warps and
+# pipelining stages, the kinds of choice Triton's fused-attention tutorial autotunes its forward over,
+# at the attention shapes of Llama-3-8B (32 query heads) and Qwen3-0.6B (16), 8 KV heads of 128.
+# "staged": every (block_m, kv_tile) at the default launch, then every (num_warps, num_stages)
+# at the best of those at the longest length: 11 configs a shape instead of the grid's 36, since
+# each config is one more compile (about 1.5 s for sm_90) and gpu.sh's step has 42 s for all.
+SWEEP_FULL = dict(
+    shapes=[("Llama-3-8B", 32, 8), ("Qwen3-0.6B", 16, 8)], head_size=128, block_size=16, dtype="bfloat16",
+    lengths=[512, 1024, 2048, 4096], block_m=[64, 128], kv_tile=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3, 4],
+    iters=10, warmup=3, graph_reps=10, atol=3e-2,
+)  # fmt: skip
+SWEEP_DRY = dict(
+    shapes=[("tiny", 4, 2)], head_size=16, block_size=16, dtype="float32", lengths=[16],
+    block_m=[64], kv_tile=[16, 32], num_warps=[4], num_stages=[3], iters=1, warmup=0, graph_reps=1, atol=1e-4,
 )  # fmt: skip
 
 
@@ -258,6 +273,114 @@ def run(cfg: dict, device: str) -> dict:
     return results
 
 
+def config_key(c: dict) -> str:
+    return f"m{c['block_m']}-n{c['kv_tile']}-w{c['num_warps']}-s{c['num_stages']}"
+
+
+def default_prefill_config(num_heads: int, num_kv_heads: int) -> dict:
+    """What the launcher chooses for a prefill batch of this shape (``choose_*``)."""
+    from tinyvllm.attention import triton_attention as ta
+
+    _, block_m = ta.choose_query_tile(num_heads // num_kv_heads, decode_only=False)
+    num_warps, num_stages = ta.choose_launch_options(decode_only=False)
+    return dict(block_m=block_m, kv_tile=ta.choose_kv_tile(decode_only=False), num_warps=num_warps, num_stages=num_stages)
+
+
+def sweep_stages(sweep: dict, default: dict, best_first: dict | None, mode: str) -> list[dict]:
+    """The configs to time: the whole grid, or (``staged``) stage 1, every (block_m, kv_tile) at
+    the default launch, then with ``best_first`` (stage 1's winner) every (num_warps, num_stages)."""
+    grid = [dict(block_m=m, kv_tile=n, num_warps=w, num_stages=st) for m in sweep["block_m"] for n in sweep["kv_tile"]
+            for w in sweep["num_warps"] for st in sweep["num_stages"]]  # fmt: skip
+    if mode == "grid":
+        return grid if best_first is None else []
+    if best_first is None:
+        return [dict(default, block_m=m, kv_tile=n) for m in sweep["block_m"] for n in sweep["kv_tile"]]
+    return [dict(best_first, num_warps=w, num_stages=st) for w in sweep["num_warps"] for st in sweep["num_stages"]]
+
+
+def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: float | None = None) -> dict:
+    """Prefill attention (one request of each length) for each config of ``sweep_stages``, as
+    device time, against SDPA in the same run: TFLOP/s, the ratio to SDPA, and the best config
+    per length. Each config is checked against SDPA first; one that fails to launch (too much
+    shared memory) or disagrees is recorded and left out of the best. Past ``time_limit_s`` no
+    further config starts (``complete: false`` and the configs left untimed are named)."""
+    from tinyvllm.attention import triton_attention
+
+    start, rows, skipped = time.perf_counter(), [], []
+    timing = dict(device=device, iters=sweep["iters"], warmup=sweep["warmup"], graph_reps=sweep["graph_reps"])
+    for name, num_heads, num_kv_heads in sweep["shapes"]:
+        cfg = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=sweep["head_size"],
+                   block_size=sweep["block_size"], dtype=sweep["dtype"])  # fmt: skip
+        default = default_prefill_config(num_heads, num_kv_heads)
+        cases = []
+        for length in sweep["lengths"]:
+            paged, (k, v) = make_batch([length], [length], cfg, device)
+            q4 = paged[0].view(1, length, num_heads, cfg["head_size"]).transpose(1, 2)  # [1, H, L, D]
+            expected = sdpa(q4, k, v, causal=True).transpose(1, 2).reshape_as(paged[0])  # [N, H, D]
+            sdpa_us = device_timer(lambda q4=q4, k=k, v=v: sdpa(q4, k, v, causal=True), **timing) * 1e6
+            flops = 2 * 2 * num_heads * cfg["head_size"] * length * (length + 1) / 2  # QK^T and PV, causal half
+            cases.append(dict(length=length, paged=paged, expected=expected, sdpa_us=sdpa_us, flops=flops,
+                              us={}, errors={}, max_abs_diff={}))  # fmt: skip
+        best_first = None
+        for stage in (0, 1):
+            for config in sweep_stages(sweep, default, best_first, mode):
+                key = config_key(config)
+                if key in cases[0]["us"] or key in cases[0]["errors"]:
+                    continue
+                if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+                    skipped.append(f"{name}:{key}")
+                    continue
+                for case in cases:
+                    out = torch.empty_like(case["paged"][0])
+                    call = lambda case=case, out=out: triton_attention.paged_attention(  # noqa: E731
+                        *case["paged"], cfg["head_size"] ** -0.5, out=out, **config
+                    )  # fmt: skip
+                    try:
+                        call()
+                    except Exception as exc:  # a config the device cannot launch: recorded, not fatal
+                        case["errors"][key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                        continue
+                    diff = (out.float() - case["expected"].float()).abs().max().item()
+                    case["max_abs_diff"][key] = diff
+                    if not diff <= sweep["atol"]:
+                        case["errors"][key] = f"wrong: max abs diff {diff:.3g} > {sweep['atol']}"
+                        continue
+                    case["us"][key] = device_timer(call, **timing) * 1e6
+            longest = cases[-1]["us"]
+            if mode == "grid" or not longest:
+                break
+            best_key = min(longest, key=longest.get)
+            best_first = next(c for c in sweep_stages(sweep, default, None, mode) if config_key(c) == best_key)
+        for case in cases:
+            us, default_key = case["us"], config_key(default)
+            best = min(us, key=us.get) if us else None
+            tflops = lambda t, case=case: case["flops"] / t / 1e6  # noqa: E731
+            rows.append(dict(
+                shape=name, num_heads=num_heads, num_kv_heads=num_kv_heads, length=case["length"],
+                sdpa_us=case["sdpa_us"], sdpa_TFLOPs=tflops(case["sdpa_us"]), default_config=default_key,
+                default_us=us.get(default_key), default_TFLOPs=tflops(us[default_key]) if default_key in us else None,
+                default_ratio_to_sdpa=case["sdpa_us"] / us[default_key] if default_key in us else None,
+                best_config=best, best_us=us.get(best), best_TFLOPs=tflops(us[best]) if best else None,
+                best_ratio_to_sdpa=case["sdpa_us"] / us[best] if best else None,
+                triton_us_by_config=us, errors=case["errors"], max_abs_diff_by_config=case["max_abs_diff"],
+            ))  # fmt: skip
+        del cases
+    return dict(mode=mode, complete=not skipped, not_timed=skipped, seconds=time.perf_counter() - start, rows=rows)
+
+
+def print_sweep(sweep: dict) -> None:
+    print(f"prefill sweep ({sweep['mode']}, {sweep['seconds']:.0f} s{'' if sweep['complete'] else ', cut short'}): "
+          "shape length | sdpa TFLOP/s | default config TFLOP/s x sdpa | best config TFLOP/s x sdpa | configs")  # fmt: skip
+    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    for r in sweep["rows"]:
+        print(
+            f"  {r['shape']:10s} {r['length']:5d} | {r['sdpa_TFLOPs']:7.1f} | {r['default_config']} "
+            f"{fmt(r['default_TFLOPs'], '7.1f')} {fmt(r['default_ratio_to_sdpa'], '5.2f')} | {r['best_config']} "
+            f"{fmt(r['best_TFLOPs'], '7.1f')} {fmt(r['best_ratio_to_sdpa'], '5.2f')} | "
+            f"{len(r['triton_us_by_config'])} timed, {len(r['errors'])} failed"
+        )
+
+
 def print_table(results: dict) -> None:
     print(f"copy bandwidth: {results['copy_bandwidth_GBps']:.0f} GB/s")
     print("device time in us (graph replays); 'launched': one call launched by the host")
@@ -298,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes; on the CPU under the Triton interpreter")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/attention-<time>.json)")
+    parser.add_argument("--prefill-sweep", action="store_true", help="only the prefill sweep (what bench/gpu.sh runs)")
+    parser.add_argument("--sweep-mode", choices=("staged", "grid"), default="staged", help="staged: 11 configs a shape; grid: 36")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds after which the sweep starts no config")
     args = parser.parse_args(argv)
     has_cuda = torch.cuda.is_available()
     if not has_cuda and not args.dry_run:
@@ -310,16 +436,20 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if has_cuda else "cpu"
     cfg = DRY if args.dry_run else FULL
+    sweep = SWEEP_DRY if args.dry_run else SWEEP_FULL
     torch.manual_seed(0)
-    results = run(cfg, device)
+    results = {} if args.prefill_sweep else run(cfg, device)
+    results["prefill_sweep"] = prefill_sweep(sweep, device, args.sweep_mode, args.time_limit)
     record = dict(
-        benchmark="attention", dry_run=args.dry_run, config=cfg,
+        benchmark="attention", dry_run=args.dry_run, config=cfg, sweep_config=sweep,
         device=torch.cuda.get_device_name() if has_cuda else f"cpu ({platform.processor() or platform.machine()})",
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
         python=platform.python_version(), time=time.strftime("%Y-%m-%dT%H:%M:%S"), results=results,
     )  # fmt: skip
     out = args.out or ROOT / "bench" / "results" / f"attention-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    print_table(results)
+    if not args.prefill_sweep:
+        print_table(results)
+    print_sweep(results["prefill_sweep"])
     write_json(out, record)
     return 0
 

@@ -15,8 +15,10 @@ warm-up included):
    nano-vllm publishes (``NANO_VLLM_PUBLISHED``: another GPU, so a reference, not a race);
 4. ``cudagraph_latency``: batch-1 and batch-32 decode step latency under each
    ``cudagraph_mode``, against NONE (``bench/cudagraphs.py``);
-5. ``prefix_caching``: caching on against off at about 49% hits (input throughput) and 37%
-   (mean TTFT), as the table of vLLM PR #9668 (``bench/prefix_caching.py --gpu``).
+5. ``prefix_caching``: caching on against off at about 49% hits (input throughput and mean
+   TTFT), a row of the table of vLLM PR #9668 (``bench/prefix_caching.py --gpu``);
+6. ``attention_prefill``: the Triton kernel's prefill tile and launch configs against SDPA at
+   512-4,096 tokens, the best per length (``bench/attention.py --prefill-sweep``).
 
 Each step is ``passed``, ``failed`` (its exit status, or a timeout, with the last lines of
 its output) or ``skipped`` with the reason (``time``: the time left was under its budget
@@ -87,17 +89,23 @@ class Step:
 # Since then: 9 more gpu tests (KV tiles, rotary, the fused q/k norm and rotary: about 25 s
 # of compiling on a cold Triton cache, and the tests stop 20 s before the budget) and the
 # rotary A/B (one more build of FULL_AND_PIECEWISE, about 6 s). The H200 run (2026-11-28): 6.3,
-# 97, 127, 34 and 33 s. Then the async-scheduling A/B (issue 39): one more engine and full
-# workload in ``throughput`` (about 25 s on the H200's figures), one more FULL_AND_PIECEWISE
-# build in ``cudagraph_latency`` (about 8 s): taken from the environment's, the tests' and
-# prefix caching's slack.
+# 97, 127, 34 and 33 s. Then three same-run A/Bs and a sweep: async scheduling (one more engine
+# and full workload in ``throughput``, about 25 s at the H200's figures; one more
+# FULL_AND_PIECEWISE build in ``cudagraph_latency``, about 8 s), the mixed-step A/B (about 4 s)
+# and the prefill sweep (``attention_prefill``, which starts no config after
+# ATTENTION_SWEEP_LIMIT_S and reports what it timed). Their time came from the environment's
+# slack, the tests' (the H200 ran them in 97 s; under the deadline the last ones are skipped
+# and named) and prefix caching, which now measures the 49%-hit case only (the 37% TTFT case
+# was measured on the H100 and the H200 runs above).
 STEPS = (
     Step("environment", 10, "device, memory, nvidia-smi's device line, versions"),
-    Step("gpu_tests", 172, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
-    Step("throughput", 180, "nano-vllm's workload against transformers generate and nano-vllm's figure, sync and async"),
-    Step("cudagraph_latency", 68, "batch-1 and batch-32 decode step latency per cudagraph_mode against NONE; async A/B"),
-    Step("prefix_caching", 50, "prefix caching on against off: input throughput at ~49% hits, TTFT at ~37%"),
+    Step("gpu_tests", 160, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("throughput", 178, "nano-vllm's workload against transformers generate and nano-vllm's figure, sync and async"),
+    Step("cudagraph_latency", 66, "decode step latency per cudagraph_mode against NONE at batch 1 and 32; mixed and async A/Bs"),
+    Step("prefix_caching", 30, "prefix caching on against off: input throughput and TTFT at ~49% hits"),
+    Step("attention_prefill", 36, "Triton prefill attention tile/launch configs against SDPA, 512-4096 tokens"),
 )
+ATTENTION_SWEEP_LIMIT_S = 24  # then the config in flight, the record and the process's exit
 MIN_STEP_S = 10  # a step left with less than this (and less than its budget) is skipped for time
 TEST_DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"  # read by the root conftest.py
 TEST_DEADLINE_MARGIN_S = 20  # the longest gpu test (an engine built, graphs captured) and pytest's report
@@ -134,8 +142,12 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
     if step.name == "prefix_caching":
         mode = "--dry-run" if dry_run else "--gpu"
-        cases = ["--cases", "hit_49,hit_37"]  # the PR's table; its 0% row would not fit the budget
+        cases = ["--cases", "hit_49"]  # one row of the PR's table: the budget (STEPS' comment)
         return [python, "bench/prefix_caching.py", mode, "--repeats", "1", *cases, *model, *out] + (["--quick"] if quick else [])
+    if step.name == "attention_prefill":
+        limit = ATTENTION_SWEEP_LIMIT_S // (2 if quick else 1)
+        cmd = [python, "bench/attention.py", "--prefill-sweep", "--time-limit", str(limit), *out]
+        return cmd + (["--dry-run"] if dry_run else [])
     raise ValueError(f"unknown step {step.name!r}")
 
 
@@ -156,6 +168,8 @@ def figures(step: Step, work: Path, output: str) -> dict:
         return throughput_figures(record)
     if step.name == "cudagraph_latency":
         return cudagraph_figures(record)
+    if step.name == "attention_prefill":
+        return attention_prefill_figures(record)
     return prefix_caching_figures(record)
 
 
@@ -239,6 +253,23 @@ def cudagraph_figures(record: dict) -> dict:
     if record.get("mixed_ab"):  # a mixed step PIECEWISE (the default) against FULL, and against a decode step
         figures["mixed_ab"] = {b: {k: round(v, 3) for k, v in ab.items()} for b, ab in record["mixed_ab"].items()}
     return figures
+
+
+def attention_prefill_figures(record: dict) -> dict:
+    """Per shape and length: SDPA's TFLOP/s, the default config's and the best config's, each
+    with its ratio to SDPA (the issue's goal: >= 0.6 at 4,096 tokens)."""
+    sweep = record["results"]["prefill_sweep"]
+    r2 = lambda x: None if x is None else round(x, 2)  # noqa: E731
+    rows = {
+        f"{r['shape']}/{r['length']}": {
+            "sdpa_TFLOPs": r2(r["sdpa_TFLOPs"]), "default": r["default_config"], "default_TFLOPs": r2(r["default_TFLOPs"]),
+            "default_x_sdpa": r2(r["default_ratio_to_sdpa"]), "best": r["best_config"], "best_TFLOPs": r2(r["best_TFLOPs"]),
+            "best_x_sdpa": r2(r["best_ratio_to_sdpa"]), "configs_timed": len(r["triton_us_by_config"]),
+            "configs_failed": len(r["errors"]),
+        }
+        for r in sweep["rows"]
+    }  # fmt: skip
+    return {"device": record["device"], "complete": sweep["complete"], "not_timed": len(sweep["not_timed"]), "rows": rows}
 
 
 def prefix_caching_figures(record: dict) -> dict:

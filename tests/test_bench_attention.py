@@ -37,7 +37,14 @@ def test_dry_run_writes_json_with_every_section(tmp_path):
     ragged = record["results"]["ragged_decode"]  # a ragged batch, then one at its mean context
     assert [r["shape"] for r in ragged] == ["ragged", "uniform"] and ragged[1]["contexts"][0] == ragged[0]["mean_context"]
     assert all(r["max_abs_diff_vs_reference"] < 1e-4 for r in ragged)  # the kernel against the torch reference
-    assert [r["length"] for r in prefill] == [16, 24]
+    assert [r["length"] for r in prefill] == [16]
+    sweep = record["results"]["prefill_sweep"]  # two configs at the smallest shape, against SDPA
+    assert sweep["complete"] is True and [(r["shape"], r["length"]) for r in sweep["rows"]] == [("tiny", 16)]
+    row = sweep["rows"][0]
+    assert set(row["triton_us_by_config"]) == {"m64-n16-w4-s3", "m64-n32-w4-s3"} and not row["errors"]
+    assert row["default_config"] == "m64-n32-w4-s3" and row["best_config"] in row["triton_us_by_config"]
+    assert row["best_ratio_to_sdpa"] > 0 and all(d < 1e-4 for d in row["max_abs_diff_by_config"].values())
+    assert "prefill sweep (staged" in result.stdout
     for row in decode + prefill:
         assert row["max_abs_diff_vs_sdpa"] < 1e-4, row  # every KV tile agrees with SDPA on contiguous K/V
         assert set(row["triton_us_by_kv_tile"]) == {"16", "32"} and row["best_kv_tile"] in (16, 32)
@@ -50,3 +57,32 @@ def test_without_cuda_exits_cleanly_with_a_message():
     result = _run()
     assert result.returncode == 0
     assert "no CUDA device" in result.stdout
+
+
+def _bench():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import attention
+
+    return attention
+
+
+def test_the_staged_sweep_times_tiles_first_then_launch_options_at_the_winner():
+    bench = _bench()
+    sweep, default = bench.SWEEP_FULL, bench.default_prefill_config(32, 8)
+    assert bench.config_key(default) == "m64-n32-w4-s3"  # the launcher's prefill choice today
+    first = [bench.config_key(c) for c in bench.sweep_stages(sweep, default, None, "staged")]
+    assert first == ["m64-n32-w4-s3", "m64-n64-w4-s3", "m64-n128-w4-s3", "m128-n32-w4-s3", "m128-n64-w4-s3", "m128-n128-w4-s3"]
+    winner = dict(default, block_m=128, kv_tile=64)
+    second = [bench.config_key(c) for c in bench.sweep_stages(sweep, default, winner, "staged")]
+    assert second == [f"m128-n64-w{w}-s{s}" for w in (4, 8) for s in (2, 3, 4)]  # one of them stage 1 timed
+    grid = bench.sweep_stages(sweep, default, None, "grid")
+    assert len({bench.config_key(c) for c in grid}) == 36 and bench.sweep_stages(sweep, default, winner, "grid") == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
+def test_a_sweep_past_its_time_limit_starts_no_config_and_says_so():
+    bench = _bench()
+    sweep = bench.prefill_sweep(bench.SWEEP_DRY, "cpu", time_limit_s=0.0)
+    assert sweep["complete"] is False and sweep["not_timed"] == ["tiny:m64-n16-w4-s3", "tiny:m64-n32-w4-s3"]
+    row = sweep["rows"][0]
+    assert row["triton_us_by_config"] == {} and row["best_config"] is None and row["sdpa_us"] > 0

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
 
-STEP_NAMES = ["environment", "gpu_tests", "throughput", "cudagraph_latency", "prefix_caching"]
+STEP_NAMES = ["environment", "gpu_tests", "throughput", "cudagraph_latency", "prefix_caching", "attention_prefill"]
 
 
 def test_the_steps_run_in_the_issues_order_and_their_budgets_fit_eight_minutes():
@@ -52,6 +52,11 @@ def test_each_step_runs_its_script_with_the_shared_model_folder(tmp_path, quick)
         assert ("--quick" in cmd) == (quick and name != "throughput")
     dry = gpu_check.step_command(gpu_check.STEPS[1], "py", tmp_path, True, False)
     assert "--collect-only" in dry
+    sweep = commands["attention_prefill"]
+    assert sweep[:3] == ["py", "bench/attention.py", "--prefill-sweep"]
+    assert sweep[sweep.index("--out") + 1] == str(tmp_path / "attention_prefill.json")
+    assert int(sweep[sweep.index("--time-limit") + 1]) == gpu_check.ATTENTION_SWEEP_LIMIT_S // (2 if quick else 1)
+    assert gpu_check.ATTENTION_SWEEP_LIMIT_S < gpu_check.STEPS[-1].budget_s - 10  # room to start and finish
 
 
 def test_a_failing_a_hanging_and_a_late_step_are_recorded_and_the_others_still_run(tmp_path):
@@ -126,7 +131,10 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert figures["throughput"]["async_speedup"] > 0 and figures["throughput"]["tinyvllm_async_tok_per_s"] > 0
     assert figures["cudagraph_latency"]["stats_check"] is True
     assert set(figures["cudagraph_latency"]["mixed_ab"]) == {"1"}  # B + the prompt fit the dry run's graphs at 1
-    assert set(figures["prefix_caching"]["ratios"]) == {"hit_49", "hit_37"}
+    assert set(figures["prefix_caching"]["ratios"]) == {"hit_49"}  # the one case the budget keeps
+    sweep = figures["attention_prefill"]  # the dry run's sweep: 2 configs at one tiny shape
+    assert sweep["complete"] is True and list(sweep["rows"]) == ["tiny/16"]
+    assert sweep["rows"]["tiny/16"]["configs_timed"] == 2 and sweep["rows"]["tiny/16"]["best_x_sdpa"] > 0
     log = (out / "gpu.log").read_text()
     assert all(f"== {name} (budget" in log for name in STEP_NAMES)
 

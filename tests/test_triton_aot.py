@@ -84,6 +84,13 @@ def test_triton_aot_matrix_covers_every_kernel_and_target():
     assert len(configs) == 3 * 4 * 2  # every dtype x group x split at sm_90
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if "-sweep-" in c["id"]], ids=lambda c: c["id"])
+def test_prefill_sweep_configs_are_software_pipelined_as_launched(compiled, case):
+    """With the alignment a launch specializes, the K/V loads become asynchronous copies
+    (cp.async): the kernel really is pipelined, so ``num_stages`` is a real choice to sweep."""
+    assert compiled[case["id"]]["async_copies"] > 0, case["id"]
+
+
 @pytest.mark.parametrize(
     "case", [c for c in CASES if c["kernel"] in ("rotary", "qk_norm_rotary") and not c.get("control")],
     ids=lambda c: c["id"],

@@ -35,9 +35,10 @@ TOLERANCES = {
 
 def check_against_reference(
     query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
-    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0, kv_tile=None,
+    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0, kv_tile=None, **launch,
 ):  # fmt: skip
-    """Run both backends on one case and compare; padding rows must come back zero."""
+    """Run both backends on one case and compare; padding rows must come back zero.
+    ``launch``: the launcher's tile and launch overrides (``block_m``, ``num_warps``, ``num_stages``)."""
     q, kc, vc, qsl, sl, bt, _ = make_case(
         query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
         seed=seed, dtype=dtype, device=device, pad_tokens=pad_tokens,
@@ -46,7 +47,7 @@ def check_against_reference(
     expected = reference.paged_attention(q, kc, vc, qsl, sl, bt, scale)
     out = torch.full_like(q, float("nan"))
     result = triton_attention.paged_attention(
-        q, kc, vc, qsl, sl, bt, scale, out=out, num_segments=num_segments, kv_tile=kv_tile
+        q, kc, vc, qsl, sl, bt, scale, out=out, num_segments=num_segments, kv_tile=kv_tile, **launch
     )
     assert result is out and out.dtype == dtype
     assert not out.isnan().any(), f"unwritten or NaN rows: {out.isnan().any(-1).any(-1).nonzero().flatten().tolist()}"
@@ -158,6 +159,7 @@ def tiny_batches(draw):
         dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])),
         num_segments=draw(st.sampled_from([None, None, 1, 4])), pad_tokens=draw(st.sampled_from([0, 0, 3])),
         seed=draw(st.integers(0, 2**16)), kv_tile=draw(st.sampled_from([None, None, 16, 32, 64])),
+        block_m=draw(st.sampled_from([None, None, 16, 128])),
     )  # fmt: skip
 
 
@@ -174,11 +176,13 @@ def test_choose_num_segments_splits_only_few_long_decodes():
     assert choose_num_segments(num_tokens=4, num_reqs=4, num_kv_heads=8, max_context=256) == 1  # short
 
 
-@given(st.integers(1, 16), st.booleans())
-def test_query_tile_holds_its_rows(group, decode_only):
-    block_q, block_m = choose_query_tile(group, decode_only)
+@given(st.integers(1, 16), st.booleans(), st.sampled_from([None, 16, 32, 64, 128]))
+def test_query_tile_holds_its_rows(group, decode_only, rows):
+    block_q, block_m = choose_query_tile(group, decode_only, rows=rows)
     assert block_q >= 1 and block_m >= 16 and block_m & (block_m - 1) == 0
     assert block_q * group <= block_m
+    if rows is not None and group <= rows:  # the target is met exactly when one token's heads fit
+        assert block_m == rows
 
 
 def _args():
@@ -202,6 +206,11 @@ def _args():
         (lambda a: a.update(num_segments=3), "num_segments 3"),
         (lambda a: a.update(kv_tile=24), "kv_tile 24"),
         (lambda a: a.update(kv_tile=8), "kv_tile 8"),
+        (lambda a: a.update(block_m=48), "block_m 48 must be a power of two >= 16"),
+        (lambda a: a.update(block_m=8), "block_m 8"),
+        (lambda a: a.update(num_warps=3), "num_warps 3 must be one of"),
+        (lambda a: a.update(num_warps=32), "num_warps 32"),
+        (lambda a: a.update(num_stages=0), "num_stages 0 must be >= 1"),
         (lambda a: a.update(query=torch.zeros(2, 16, 4).transpose(1, 2)), "query must have unit stride along D"),
     ],
 )
@@ -210,6 +219,16 @@ def test_launcher_checks(change, message):
     change(args)
     with pytest.raises(ValueError, match=message):
         triton_attention.paged_attention(**args)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [(dict(block_m=64.0), "block_m must be an int or None, got float 64.0"), (dict(num_warps=True), "num_warps must be an int"),
+     (dict(num_stages="3"), "num_stages must be an int or None, got str '3'")],
+)  # fmt: skip
+def test_launcher_rejects_launch_overrides_of_the_wrong_type(override, message):
+    with pytest.raises(TypeError, match=message):
+        triton_attention.paged_attention(**_args(), **override)
 
 
 @pytest.mark.parametrize("block_size, head_size, message", [(8, 16, "block size 8"), (16, 80, "head size 80")])

@@ -60,6 +60,33 @@ def attention_cases() -> list[dict]:
     return cases
 
 
+# What a real launch tells the compiler and the cases above do not: Triton specializes an int
+# argument divisible by 16 and a 16-byte-aligned pointer, and only with that alignment known are
+# the kernel's K/V loads software-pipelined (cp.async; without it ``num_stages`` changes nothing).
+ATTENTION_DIVISIBLE_BY_16 = (
+    "out_ptr", "part_acc_ptr", "part_max_ptr", "part_sum_ptr", "query_ptr", "key_cache_ptr", "value_cache_ptr",
+    "query_start_loc_ptr", "seq_lens_ptr", "block_table_ptr", "stride_q_n", "stride_q_h", "stride_o_n", "stride_o_h",
+    "stride_k_b", "stride_k_s", "stride_k_h", "stride_v_b", "stride_v_s", "stride_v_h", "stride_bt_r",
+)  # fmt: skip
+
+
+def prefill_sweep_cases() -> list[dict]:
+    """Corners of bench/attention.py's prefill sweep (the most shared memory: 128 keys a tile,
+    4 stages) as launched on an H100 (``ATTENTION_DIVISIBLE_BY_16``), Llama-3-8B's heads, bf16,
+    and the default prefill config for comparison: each must fit sm_90's shared memory."""
+    from tinyvllm.attention.triton_attention import choose_query_tile
+
+    cases = []
+    for block_m, tile_n, warps, stages in ((64, 32, 4, 3), (128, 128, 8, 4), (64, 128, 4, 4), (128, 64, 8, 2)):
+        block_q, rows = choose_query_tile(4, decode_only=False, rows=block_m)
+        consts = dict(QUERIES_PER_KV=4, BLOCK_SIZE=16, TILE_N=tile_n, HEAD_SIZE=128, BLOCK_Q=block_q, BLOCK_M=rows,
+                      NUM_SEGMENTS=1, DOT_FP32=False, INPUT_PRECISION="tf32")  # fmt: skip
+        cases.append(dict(id=f"attention-sm90-bfloat16-g4-sweep-m{block_m}-n{tile_n}-w{warps}-s{stages}", kernel="attention",
+                          cc=90, dtype="bfloat16", consts=consts, options=dict(num_warps=warps, num_stages=stages),
+                          divisible_by_16=ATTENTION_DIVISIBLE_BY_16))  # fmt: skip
+    return cases
+
+
 def merge_cases() -> list[dict]:
     from tinyvllm.attention.triton_attention import SPLIT_KV_SEGMENTS
 
@@ -143,7 +170,7 @@ def qk_norm_rotary_cases() -> list[dict]:
 
 
 def all_cases() -> list[dict]:
-    return (attention_cases() + merge_cases() + write_cases() + rms_norm_cases() + add_rms_norm_cases()
+    return (attention_cases() + prefill_sweep_cases() + merge_cases() + write_cases() + rms_norm_cases() + add_rms_norm_cases()
             + rotary_cases() + qk_norm_rotary_cases())  # fmt: skip
 
 
@@ -204,22 +231,25 @@ def compile_case(case: dict) -> dict:
     from triton.compiler import ASTSource
 
     fn, types = _kernel_and_types(case)
-    signature, constexprs = {}, {}
+    signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in case["consts"]:
             signature[name], constexprs[(i,)] = "constexpr", case["consts"][name]
         else:
             signature[name] = types.get(name, "i32")
+            if name in case.get("divisible_by_16", ()):
+                attrs[(i,)] = [["tt.divisibility", 16]]
     try:
         kernel = triton.compile(
-            ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", case["cc"], 32), options=case.get("options")
+            ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", case["cc"], 32), options=case.get("options")
         )
     except Exception as exc:  # reported, not raised: the test names the case
         return dict(id=case["id"], error=f"{type(exc).__name__}: {str(exc)[:2000]}")
     ptx = kernel.asm["ptx"]
     target = next((line for line in ptx.splitlines() if line.startswith(".target")), "")
     return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")),
-                shared_bytes=kernel.metadata.shared, fused_multiply_adds=contracted_fmas(ptx))  # fmt: skip
+                shared_bytes=kernel.metadata.shared, fused_multiply_adds=contracted_fmas(ptx),
+                async_copies=ptx.count("cp.async."))  # fmt: skip
 
 
 def main() -> None:

@@ -46,6 +46,14 @@ CUDA the plan keeps, per key of what Triton specializes on (strides, pointer ali
 kernel ``JITFunction.warmup`` compiled and launches it directly. Triton has no supported API
 for this (its ``CompiledKernel`` launch is internal, the same in 3.6 and 3.7), so the JIT
 stays the default until a GPU run shows the gain (docs: Paged attention, "Host cost").
+NOTE 6 (full and diagonal tiles): a KV tile whose keys all lie at or before the query tile's
+first position, and inside what it may see, is visible to every row: it needs neither the
+causal mask nor the bounds mask. ``_num_full_kv_tiles`` counts those leading tiles; they run
+unmasked, the few diagonal tiles after them masked (a split-KV segment takes its share of
+each). A spare tile past its request's last row sees no key at all.
+NOTE 7 (prefill tiles and launch): rows per query tile, keys per KV tile, ``num_warps`` and
+``num_stages`` come from ``choose_*`` functions, each overridable on ``paged_attention`` so
+``bench/attention.py`` can sweep them on a GPU; the defaults stay until a sweep says otherwise.
 
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 KV, head sizes that are not a
 power of two, autotuning (one configuration per shape class).
@@ -59,11 +67,17 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
-import triton.language as tl
 
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.arith import cdiv
 from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
+from tinyvllm.attention.triton_kernels import (  # noqa: F401  (the kernels' pieces, for tests and the AOT compile)
+    _attend_kv_tile,
+    _find_request,
+    _merge_segments_kernel,
+    _num_full_kv_tiles,
+    _paged_attention_kernel,
+)
 from tinyvllm.platform import triton_can_run_on
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
@@ -84,6 +98,15 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LAUNCH_ENV = "TINYVLLM_TRITON_LAUNCH"  # "prebound": NOTE 5's launch on CUDA; "jit" (unset): Triton's own
 DECODE_KV_TILE = 32  # every request has one query token: bound by memory
 PREFILL_KV_TILE = 32  # a batch with prompt rows: bound by arithmetic
+# Rows per query tile (BLOCK_M's target, NOTE 7): about 16 for decode (one token per request),
+# 64 for prefill; the GPU sweep in bench/attention.py tries 64 and 128 for prefill.
+DECODE_QUERY_ROWS = 16
+PREFILL_QUERY_ROWS = 64
+# (num_warps, num_stages) per kind of batch (NOTE 7): Triton's defaults for a CUDA launch, the
+# launch options vLLM's unified attention kernel uses (it passes none); not yet measured here.
+DECODE_LAUNCH = (4, 3)
+PREFILL_LAUNCH = (4, 3)
+NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)  # Triton needs a power of two; 16 warps = 512 threads
 
 
 # --8<-- [start:choose]
@@ -95,12 +118,18 @@ def choose_num_segments(num_tokens: int, num_reqs: int, num_kv_heads: int, max_c
     return SPLIT_KV_SEGMENTS if decode_only and few_programs and long_context else 1
 
 
-def choose_query_tile(num_queries_per_kv: int, decode_only: bool) -> tuple[int, int]:
+def choose_query_tile(num_queries_per_kv: int, decode_only: bool, rows: int | None = None) -> tuple[int, int]:
     """``(BLOCK_Q, BLOCK_M)``: tokens per query tile and rows per tile (G heads per token).
-    About 16 rows for decode (one token per request), 64 for prefill; ``tl.dot`` needs 16."""
-    target_rows = 16 if decode_only else 64
+    ``rows`` (a power of two, default ``DECODE_QUERY_ROWS`` or ``PREFILL_QUERY_ROWS``) is the
+    target; BLOCK_M exceeds it only when one token's G heads do. ``tl.dot`` needs 16."""
+    target_rows = rows if rows is not None else DECODE_QUERY_ROWS if decode_only else PREFILL_QUERY_ROWS
     block_q = max(1, target_rows // num_queries_per_kv)
     return block_q, max(16, triton.next_power_of_2(block_q * num_queries_per_kv))
+
+
+def choose_launch_options(decode_only: bool) -> tuple[int, int]:
+    """``(num_warps, num_stages)`` of the attention kernel's launch (NOTE 7)."""
+    return DECODE_LAUNCH if decode_only else PREFILL_LAUNCH
 
 
 def choose_kv_tile(decode_only: bool) -> int:
@@ -109,181 +138,6 @@ def choose_kv_tile(decode_only: bool) -> int:
 # --8<-- [end:choose]
 
 
-@triton.jit
-def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
-    """The largest r in [0, R] whose first tile ``query_start_loc[r] // BLOCK_Q + r`` is
-    <= ``tile``. r == R means the tile lies in the padding after the last request."""
-    lo: tl.int32 = 0  # typed: an int argument equal to 1 arrives as a constexpr
-    hi: tl.int32 = num_reqs + 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
-        if first_tile <= tile:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
-
-
-# --8<-- [start:kernel]
-@triton.jit
-def _paged_attention_kernel(
-    out_ptr,  # *T, [N, H, D]: the result (written when NUM_SEGMENTS == 1)
-    part_acc_ptr,  # *fp32, [N, H, NUM_SEGMENTS, D]: unnormalised segment outputs (split path)
-    part_max_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: each segment's running max m (split path)
-    part_sum_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: each segment's softmax denominator l
-    query_ptr,  # *T, [N, H, D]: this step's queries, requests back to back
-    key_cache_ptr,  # *T, [B, S, Hkv, D]: the layer's key cache
-    value_cache_ptr,  # *T, [B, S, Hkv, D]: the layer's value cache
-    query_start_loc_ptr,  # *int32, [R + 1]: first query row of each request, then N_actual
-    seq_lens_ptr,  # *int32, [R]: tokens in the cache per request, this step's included
-    block_table_ptr,  # *int32, [R, max_blocks]: each request's block ids in token order
-    scale,  # float: softmax scale, usually D ** -0.5
-    num_tokens,  # N: query rows, padding included
-    num_reqs,  # R
-    num_heads,  # H (indexes the partial buffers)
-    stride_q_n, stride_q_h,  # query strides: between tokens, between heads
-    stride_o_n, stride_o_h,  # out strides: between tokens, between heads
-    stride_k_b, stride_k_s, stride_k_h,  # key_cache strides: block, slot, head
-    stride_v_b, stride_v_s, stride_v_h,  # value_cache strides: block, slot, head
-    stride_bt_r,  # block_table stride between requests
-    QUERIES_PER_KV: tl.constexpr,  # G = H // Hkv, query heads packed into one tile
-    BLOCK_SIZE: tl.constexpr,  # S: tokens per cache block
-    TILE_N: tl.constexpr,  # keys per KV tile (NOTE 3), a power of two >= 16
-    HEAD_SIZE: tl.constexpr,  # D (a power of two)
-    BLOCK_Q: tl.constexpr,  # query tokens per tile
-    BLOCK_M: tl.constexpr,  # rows per tile, a power of two >= BLOCK_Q * G and >= 16
-    NUM_SEGMENTS: tl.constexpr,  # 1: write out directly; > 1: write partials for the merge
-    DOT_FP32: tl.constexpr,  # upcast operands to fp32 before tl.dot (interpreter, fp32 input)
-    INPUT_PRECISION: tl.constexpr,  # tl.dot precision for fp32 operands ("ieee" or "tf32")
-):
-    """Causal attention for one (query tile, KV head, segment) of a paged batch.
-
-    Row i of the tile is query token ``t = i // G`` with head ``kv_head * G + i % G``, at
-    position ``pos[i] = context_len + t`` (``context_len = seq_len - query_len``). For each
-    KV tile j (keys at positions ``j*TILE_N .. j*TILE_N + TILE_N - 1``) the scores
-    ``s = scale * q @ K_j^T`` are masked to ``-inf`` where ``key_pos > pos[i]`` or
-    ``key_pos >= seq_len``, and the online softmax updates, in float32,
-
-        m_new = max(m, rowmax(s))
-        p     = exp(s - m_new)
-        l     = l * exp(m - m_new) + rowsum(p)
-        acc   = acc * exp(m - m_new) + p @ V_j
-        m     = m_new
-
-    starting from ``m = -inf, l = 0, acc = 0``; the output is ``acc / l``. A fully masked
-    tile leaves ``m = -inf``; ``m_new`` is then replaced by 0 in the exponents so that no
-    ``-inf - -inf`` appears. Split path: the program covers only the tiles of its segment
-    and stores ``(acc, m, l)``; ``_merge_segments_kernel`` combines the segments.
-    """
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    segment = tl.program_id(2)
-
-    # Which request (or the padding, r == R) owns this tile, and which rows it holds.
-    r = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
-    is_request = r < num_reqs
-    q_begin = tl.load(query_start_loc_ptr + r)
-    q_end = tl.load(query_start_loc_ptr + r + 1, mask=is_request, other=num_tokens)
-    seq_len = tl.load(seq_lens_ptr + r, mask=is_request, other=0)
-    context_len = seq_len - (q_end - q_begin)
-    tile_start = q_begin + (tile - (q_begin // BLOCK_Q + r)) * BLOCK_Q
-
-    rows = tl.arange(0, BLOCK_M)  # [M]
-    dims = tl.arange(0, HEAD_SIZE)  # [D]
-    token = tile_start + rows // QUERIES_PER_KV  # [M] query row in [0, N)
-    head = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV  # [M] query head
-    row_valid = (rows < BLOCK_Q * QUERIES_PER_KV) & (token < q_end)  # [M]
-    q_pos = context_len + token - q_begin  # [M] position of each row's token
-    q = tl.load(
-        query_ptr + token[:, None] * stride_q_n + head[:, None] * stride_q_h + dims[None, :],
-        mask=row_valid[:, None], other=0.0,
-    )  # [M, D]  # fmt: skip
-
-    # Keys this tile can see: up to its last token's position (causal), at most seq_len.
-    tile_end = tl.minimum(tile_start + BLOCK_Q, q_end)
-    kv_len = tl.maximum(tl.minimum(seq_len, context_len + tile_end - q_begin), 0)
-    num_tiles = tl.cdiv(kv_len, TILE_N)
-    tiles_per_segment = tl.cdiv(tl.cdiv(seq_len, TILE_N), NUM_SEGMENTS)
-    tile_lo = segment * tiles_per_segment
-    tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
-
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [M] running max
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # [M] running denominator
-    acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)  # [M, D] running numerator
-    keys = tl.arange(0, TILE_N)  # [T]
-    if DOT_FP32:
-        q = q.to(tl.float32)
-    for j in range(tile_lo, tile_hi):
-        k_pos = j * TILE_N + keys  # [T]
-        k_valid = k_pos < kv_len  # [T]
-        block_id = tl.load(block_table_ptr + r * stride_bt_r + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [T]
-        slot = k_pos % BLOCK_SIZE  # [T]
-        k_row = block_id.to(tl.int64) * stride_k_b + slot * stride_k_s  # [T]
-        v_row = block_id.to(tl.int64) * stride_v_b + slot * stride_v_s  # [T]
-        k = tl.load(
-            key_cache_ptr + k_row[None, :] + kv_head * stride_k_h + dims[:, None],
-            mask=k_valid[None, :], other=0.0,
-        )  # [D, T]  # fmt: skip
-        v = tl.load(
-            value_cache_ptr + v_row[:, None] + kv_head * stride_v_h + dims[None, :],
-            mask=k_valid[:, None], other=0.0,
-        )  # [T, D]  # fmt: skip
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, k, input_precision=INPUT_PRECISION) * scale  # [M, T]
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M]
-        p = tl.exp(s - m_safe[:, None])  # [M, T]
-        alpha = tl.exp(m - m_safe)  # [M]
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m = m_new
-
-    if NUM_SEGMENTS == 1:
-        o = acc / tl.where(l == 0.0, 1.0, l)[:, None]  # padding rows: 0 / 1
-        o_ptrs = out_ptr + token[:, None] * stride_o_n + head[:, None] * stride_o_h + dims[None, :]
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
-    else:
-        part = (token * num_heads + head).to(tl.int64) * NUM_SEGMENTS + segment  # [M]
-        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + dims[None, :], acc, mask=row_valid[:, None])
-        tl.store(part_max_ptr + part, m, mask=row_valid)
-        tl.store(part_sum_ptr + part, l, mask=row_valid)
-# --8<-- [end:kernel]
-
-
-# --8<-- [start:merge]
-@triton.jit
-def _merge_segments_kernel(
-    out_ptr,  # *T, [N, H, D]: the result
-    part_acc_ptr,  # *fp32, [N, H, NUM_SEGMENTS, D]: unnormalised segment outputs
-    part_max_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: segment maxima m_s
-    part_sum_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: segment denominators l_s
-    stride_o_n, stride_o_h,  # out strides: between tokens, between heads
-    num_heads,  # H
-    NUM_SEGMENTS: tl.constexpr,  # segments per request (a power of two)
-    HEAD_SIZE: tl.constexpr,  # D
-):
-    """One program per (token, head): with ``M = max_s m_s`` and ``w_s = exp(m_s - M)``,
-    ``out = sum_s w_s * acc_s / sum_s w_s * l_s``. Empty segments have ``m_s = -inf`` and
-    weigh 0; a row with no keys at all (padding) gets 0."""
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    segs = tl.arange(0, NUM_SEGMENTS)  # [NSEG]
-    dims = tl.arange(0, HEAD_SIZE)  # [D]
-    base = (token * num_heads + head).to(tl.int64) * NUM_SEGMENTS
-    m = tl.load(part_max_ptr + base + segs)  # [NSEG]
-    l = tl.load(part_sum_ptr + base + segs)  # [NSEG]
-    acc = tl.load(part_acc_ptr + (base + segs[:, None]) * HEAD_SIZE + dims[None, :])  # [NSEG, D]
-    m_all = tl.max(m, axis=0)
-    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all))  # [NSEG]
-    total = tl.sum(w * l, axis=0)
-    o = tl.sum(w[:, None] * acc, axis=0) / tl.where(total == 0.0, 1.0, total)  # [D]
-    tl.store(out_ptr + token * stride_o_n + head * stride_o_h + dims, o.to(out_ptr.dtype.element_ty))
-# --8<-- [end:merge]
 
 
 def _check_layer_tensors(query, key_cache, value_cache, out) -> AttentionLayout:
@@ -380,10 +234,14 @@ def plan_step(
     *,
     num_segments: int | None = None,  # None: choose_num_segments; 1: no split
     kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile
+    block_m: int | None = None,  # rows per query tile (target); None: choose_query_tile (NOTE 7)
+    num_warps: int | None = None,  # None: choose_launch_options (NOTE 7)
+    num_stages: int | None = None,  # None: choose_launch_options (NOTE 7)
 ) -> LaunchPlan:
     """Check the step's metadata and layout, choose the tiles and the split, size the grid and
     allocate the partial results: all that depends on the step, not the layer (NOTE 4)."""
     _check_step(query_start_loc, seq_lens, block_table, layout)
+    _check_launch_overrides(block_m, num_warps, num_stages)
     num_reqs, num_kv_heads, block_size = seq_lens.shape[0], layout.num_kv_heads, layout.block_size
     if num_segments is None:
         num_segments = choose_num_segments(num_tokens, num_reqs, num_kv_heads, block_table.shape[1] * block_size)
@@ -394,7 +252,9 @@ def plan_step(
     if kv_tile < 16 or kv_tile & (kv_tile - 1):
         raise ValueError(f"kv_tile {kv_tile} must be a power of two >= 16")
     group = layout.num_heads // num_kv_heads
-    block_q, block_m = choose_query_tile(group, decode_only=decode_only)
+    block_q, block_m = choose_query_tile(group, decode_only=decode_only, rows=block_m)
+    warps, stages = choose_launch_options(decode_only)
+    options = dict(num_warps=warps if num_warps is None else num_warps, num_stages=stages if num_stages is None else num_stages)
     fp32 = layout.dtype == torch.float32
     constexprs = dict(
         QUERIES_PER_KV=group, BLOCK_SIZE=block_size, TILE_N=kv_tile, HEAD_SIZE=layout.head_size,
@@ -411,7 +271,7 @@ def plan_step(
         grid=(cdiv(num_tokens, block_q) + num_reqs, num_kv_heads, num_segments),  # NOTE 1
         constexprs=constexprs, part_acc=torch.empty((*part_shape, layout.head_size), **new),
         part_max=torch.empty(part_shape, **new), part_sum=torch.empty(part_shape, **new),
-        launchers={} if launch == "prebound" and layout.device.type == "cuda" else None,
+        launchers={} if launch == "prebound" and layout.device.type == "cuda" else None, options=options,
     )  # fmt: skip
 
 
@@ -455,6 +315,19 @@ def prebound_launcher(plan: LaunchPlan, args: tuple) -> Callable[..., None]:
     return _paged_attention_kernel.warmup(*args, grid=plan.grid, **plan.constexprs, **plan.options)[plan.grid]
 
 
+def _check_launch_overrides(block_m, num_warps, num_stages) -> None:
+    """The sweepable launch choices (NOTE 7): each None (the default) or a legal value."""
+    for name, value in (("block_m", block_m), ("num_warps", num_warps), ("num_stages", num_stages)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
+    if block_m is not None and (block_m < 16 or block_m & (block_m - 1)):
+        raise ValueError(f"block_m {block_m} must be a power of two >= 16")
+    if num_warps is not None and num_warps not in NUM_WARPS_CHOICES:
+        raise ValueError(f"num_warps {num_warps} must be one of {NUM_WARPS_CHOICES}")
+    if num_stages is not None and num_stages < 1:
+        raise ValueError(f"num_stages {num_stages} must be >= 1 (1: no software pipelining)")
+
+
 # --8<-- [start:launcher]
 def paged_attention(
     query: torch.Tensor,  # [N, H, D]
@@ -468,15 +341,21 @@ def paged_attention(
     *,
     num_segments: int | None = None,  # None: choose_num_segments; 1: no split (without a plan)
     kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile (without a plan)
+    block_m: int | None = None,  # rows per query tile (target); None: choose_query_tile (without a plan)
+    num_warps: int | None = None,  # None: choose_launch_options (without a plan)
+    num_stages: int | None = None,  # software-pipelining depth; None: choose_launch_options (without a plan)
     plan: LaunchPlan | None = None,  # the step's (NOTE 4); made here when not given
 ) -> torch.Tensor:
-    """Causal paged attention with the Triton kernel; same contract as the reference."""
+    """Causal paged attention with the Triton kernel; same contract as the reference. The
+    keyword overrides exist so that ``bench/attention.py`` can sweep tile shapes (NOTE 7)."""
+    overrides = dict(num_segments=num_segments, kv_tile=kv_tile, block_m=block_m, num_warps=num_warps,
+                     num_stages=num_stages)  # fmt: skip
+    given = {name: value for name, value in overrides.items() if value is not None}
     if plan is None:
         layout = _check_layer_tensors(query, key_cache, value_cache, out)
-        plan = plan_step(query_start_loc, seq_lens, block_table, query.shape[0], layout,
-                         num_segments=num_segments, kv_tile=kv_tile)  # fmt: skip
-    elif num_segments is not None or kv_tile is not None:
-        raise ValueError(f"num_segments {num_segments} and kv_tile {kv_tile}: give them to plan_step, not with a plan")
+        plan = plan_step(query_start_loc, seq_lens, block_table, query.shape[0], layout, **overrides)
+    elif given:
+        raise ValueError(", ".join(f"{name} {value}" for name, value in given.items()) + ": give them to plan_step, not with a plan")
     else:
         _check_against_plan(plan, query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out)
     out = torch.empty_like(query) if out is None else out

@@ -1,0 +1,251 @@
+"""The Triton kernels of paged attention: the unified kernel and the merge of split-KV segments.
+
+Concept: the device code alone, as ``@triton.jit`` functions; ``triton_attention.py`` chooses
+the tiles, plans each step's launch and launches them (its header has the mechanism: query
+tiles of ``BLOCK_Q`` tokens times ``G`` heads, KV tiles of ``TILE_N`` keys gathered through
+the block table, the online softmax, the split-KV path and its merge, full and diagonal KV
+tiles). ``_paged_attention_kernel`` computes one (query tile, KV head, segment);
+``_merge_segments_kernel`` combines a split request's segments; ``_num_full_kv_tiles`` and
+``_attend_kv_tile`` are the kernel's pieces.
+
+Mirrors: ``vllm/attention/ops/triton_unified_attention.py`` (``kernel_unified_attention_2d``,
+``_3d`` and ``reduce_segments``).
+
+Invariants: what ``triton_attention.py`` states for the kernel (identical results to the
+reference within the dtype's tolerance, every output row written, a grid that depends on
+shapes only); every parameter after the tensors' strides is a ``tl.constexpr``, in the order
+the launch plan passes them (``triton_attention.py`` NOTE 5).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q: tl.constexpr):
+    """The largest r in [0, R] whose first tile ``query_start_loc[r] // BLOCK_Q + r`` is
+    <= ``tile``. r == R means the tile lies in the padding after the last request."""
+    lo: tl.int32 = 0  # typed: an int argument equal to 1 arrives as a constexpr
+    hi: tl.int32 = num_reqs + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+# --8<-- [start:kernel]
+# --8<-- [start:num_full]
+@triton.jit
+def _num_full_kv_tiles(first_pos, kv_len, TILE_N: tl.constexpr):
+    """KV tiles ``0 .. n - 1`` whose every key is visible to every row of a query tile whose
+    first token sits at ``first_pos`` and which sees ``kv_len`` keys (``triton_attention.py`` NOTE 6): all their
+    keys are ``<= first_pos`` and ``< kv_len``. Tile ``n`` on is diagonal (masked)."""
+    return tl.maximum(tl.minimum(first_pos + 1, kv_len), 0) // TILE_N
+# --8<-- [end:num_full]
+
+
+@triton.jit
+def _attend_kv_tile(
+    q, m, l, acc,  # [M, D] the query tile; [M], [M], [M, D] the running max, denominator, numerator
+    j, kv_len, q_pos,  # the KV tile's index; keys the query tile may see; [M] each row's position
+    scale, block_table_row_ptr, key_head_ptr, value_head_ptr,  # the request's block ids; caches at the KV head
+    stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile is visible to every row (``triton_attention.py`` NOTE 6)
+    DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One step of the online softmax over KV tile ``j`` (keys ``j*TILE_N ..``): returns the
+    updated ``(m, l, acc)``. ``MASKED`` tiles mask keys past ``kv_len`` and keys after a
+    row's position to ``-inf``; full tiles skip both masks and the ``-inf`` guard."""
+    keys = tl.arange(0, TILE_N)  # [T]
+    dims = tl.arange(0, HEAD_SIZE)  # [D]
+    k_pos = j * TILE_N + keys  # [T]
+    if MASKED:
+        k_valid = k_pos < kv_len  # [T]
+        block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [T]
+    else:
+        block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE)  # [T]
+    slot = k_pos % BLOCK_SIZE  # [T]
+    k_ptrs = key_head_ptr + (block_id.to(tl.int64) * stride_k_b + slot * stride_k_s)[None, :] + dims[:, None]
+    v_ptrs = value_head_ptr + (block_id.to(tl.int64) * stride_v_b + slot * stride_v_s)[:, None] + dims[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=k_valid[None, :], other=0.0)  # [D, T]
+        v = tl.load(v_ptrs, mask=k_valid[:, None], other=0.0)  # [T, D]
+    else:
+        k = tl.load(k_ptrs)  # [D, T]
+        v = tl.load(v_ptrs)  # [T, D]
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, k, input_precision=INPUT_PRECISION) * scale  # [M, T]
+    if MASKED:
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M]: a row with no key yet
+    else:
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]: finite, every key is visible
+        m_safe = m_new
+    p = tl.exp(s - m_safe[:, None])  # [M, T]
+    alpha = tl.exp(m - m_safe)  # [M]
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,  # *T, [N, H, D]: the result (written when NUM_SEGMENTS == 1)
+    part_acc_ptr,  # *fp32, [N, H, NUM_SEGMENTS, D]: unnormalised segment outputs (split path)
+    part_max_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: each segment's running max m (split path)
+    part_sum_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: each segment's softmax denominator l
+    query_ptr,  # *T, [N, H, D]: this step's queries, requests back to back
+    key_cache_ptr,  # *T, [B, S, Hkv, D]: the layer's key cache
+    value_cache_ptr,  # *T, [B, S, Hkv, D]: the layer's value cache
+    query_start_loc_ptr,  # *int32, [R + 1]: first query row of each request, then N_actual
+    seq_lens_ptr,  # *int32, [R]: tokens in the cache per request, this step's included
+    block_table_ptr,  # *int32, [R, max_blocks]: each request's block ids in token order
+    scale,  # float: softmax scale, usually D ** -0.5
+    num_tokens,  # N: query rows, padding included
+    num_reqs,  # R
+    num_heads,  # H (indexes the partial buffers)
+    stride_q_n, stride_q_h,  # query strides: between tokens, between heads
+    stride_o_n, stride_o_h,  # out strides: between tokens, between heads
+    stride_k_b, stride_k_s, stride_k_h,  # key_cache strides: block, slot, head
+    stride_v_b, stride_v_s, stride_v_h,  # value_cache strides: block, slot, head
+    stride_bt_r,  # block_table stride between requests
+    QUERIES_PER_KV: tl.constexpr,  # G = H // Hkv, query heads packed into one tile
+    BLOCK_SIZE: tl.constexpr,  # S: tokens per cache block
+    TILE_N: tl.constexpr,  # keys per KV tile (``triton_attention.py`` NOTE 3), a power of two >= 16
+    HEAD_SIZE: tl.constexpr,  # D (a power of two)
+    BLOCK_Q: tl.constexpr,  # query tokens per tile
+    BLOCK_M: tl.constexpr,  # rows per tile, a power of two >= BLOCK_Q * G and >= 16
+    NUM_SEGMENTS: tl.constexpr,  # 1: write out directly; > 1: write partials for the merge
+    DOT_FP32: tl.constexpr,  # upcast operands to fp32 before tl.dot (interpreter, fp32 input)
+    INPUT_PRECISION: tl.constexpr,  # tl.dot precision for fp32 operands ("ieee" or "tf32")
+):
+    """Causal attention for one (query tile, KV head, segment) of a paged batch.
+
+    Row i of the tile is query token ``t = i // G`` with head ``kv_head * G + i % G``, at
+    position ``pos[i] = context_len + t`` (``context_len = seq_len - query_len``). For each
+    KV tile j (keys at positions ``j*TILE_N .. j*TILE_N + TILE_N - 1``) the scores
+    ``s = scale * q @ K_j^T`` are masked to ``-inf`` where ``key_pos > pos[i]`` or
+    ``key_pos >= seq_len``, and the online softmax updates, in float32,
+
+        m_new = max(m, rowmax(s))
+        p     = exp(s - m_new)
+        l     = l * exp(m - m_new) + rowsum(p)
+        acc   = acc * exp(m - m_new) + p @ V_j
+        m     = m_new
+
+    starting from ``m = -inf, l = 0, acc = 0``; the output is ``acc / l``. A fully masked
+    tile leaves ``m = -inf``; ``m_new`` is then replaced by 0 in the exponents so that no
+    ``-inf - -inf`` appears. The leading full tiles (``triton_attention.py`` NOTE 6) skip the masks. Split path: the program covers only the tiles of its segment
+    and stores ``(acc, m, l)``; ``_merge_segments_kernel`` combines the segments.
+    """
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+
+    # Which request (or the padding, r == R) owns this tile, and which rows it holds.
+    r = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
+    is_request = r < num_reqs
+    q_begin = tl.load(query_start_loc_ptr + r)
+    q_end = tl.load(query_start_loc_ptr + r + 1, mask=is_request, other=num_tokens)
+    seq_len = tl.load(seq_lens_ptr + r, mask=is_request, other=0)
+    context_len = seq_len - (q_end - q_begin)
+    tile_start = q_begin + (tile - (q_begin // BLOCK_Q + r)) * BLOCK_Q
+
+    rows = tl.arange(0, BLOCK_M)  # [M]
+    dims = tl.arange(0, HEAD_SIZE)  # [D]
+    token = tile_start + rows // QUERIES_PER_KV  # [M] query row in [0, N)
+    head = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV  # [M] query head
+    row_valid = (rows < BLOCK_Q * QUERIES_PER_KV) & (token < q_end)  # [M]
+    q_pos = context_len + token - q_begin  # [M] position of each row's token
+    q = tl.load(
+        query_ptr + token[:, None] * stride_q_n + head[:, None] * stride_q_h + dims[None, :],
+        mask=row_valid[:, None], other=0.0,
+    )  # [M, D]  # fmt: skip
+
+    # Keys this tile can see: up to its last token's position (causal), at most seq_len;
+    # none for a spare tile past the request's last row (it stores nothing).
+    tile_end = tl.minimum(tile_start + BLOCK_Q, q_end)
+    kv_len = tl.maximum(tl.minimum(seq_len, context_len + tile_end - q_begin), 0)
+    kv_len = tl.where(tile_start < q_end, kv_len, 0)
+    first_pos = context_len + tile_start - q_begin  # position of the tile's first token
+    num_tiles = tl.cdiv(kv_len, TILE_N)
+    tiles_per_segment = tl.cdiv(tl.cdiv(seq_len, TILE_N), NUM_SEGMENTS)
+    tile_lo = segment * tiles_per_segment
+    tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
+
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [M] running max
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # [M] running denominator
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)  # [M, D] running numerator
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    # --8<-- [start:full_diagonal]
+    # triton_attention.py NOTE 6: full tiles first (no key can be masked), then the diagonal ones (masked).
+    num_full = _num_full_kv_tiles(first_pos, kv_len, TILE_N)
+    for j in range(tile_lo, tl.minimum(tile_hi, num_full)):
+        m, l, acc = _attend_kv_tile(
+            q, m, l, acc, j, kv_len, q_pos, scale, block_table_ptr + r * stride_bt_r,
+            key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h,
+            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, False, DOT_FP32, INPUT_PRECISION,
+        )  # fmt: skip
+    for j in range(tl.maximum(tile_lo, num_full), tile_hi):
+        m, l, acc = _attend_kv_tile(
+            q, m, l, acc, j, kv_len, q_pos, scale, block_table_ptr + r * stride_bt_r,
+            key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h,
+            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, True, DOT_FP32, INPUT_PRECISION,
+        )  # fmt: skip
+    # --8<-- [end:full_diagonal]
+
+    if NUM_SEGMENTS == 1:
+        o = acc / tl.where(l == 0.0, 1.0, l)[:, None]  # padding rows: 0 / 1
+        o_ptrs = out_ptr + token[:, None] * stride_o_n + head[:, None] * stride_o_h + dims[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    else:
+        part = (token * num_heads + head).to(tl.int64) * NUM_SEGMENTS + segment  # [M]
+        tl.store(part_acc_ptr + part[:, None] * HEAD_SIZE + dims[None, :], acc, mask=row_valid[:, None])
+        tl.store(part_max_ptr + part, m, mask=row_valid)
+        tl.store(part_sum_ptr + part, l, mask=row_valid)
+# --8<-- [end:kernel]
+
+
+# --8<-- [start:merge]
+@triton.jit
+def _merge_segments_kernel(
+    out_ptr,  # *T, [N, H, D]: the result
+    part_acc_ptr,  # *fp32, [N, H, NUM_SEGMENTS, D]: unnormalised segment outputs
+    part_max_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: segment maxima m_s
+    part_sum_ptr,  # *fp32, [N, H, NUM_SEGMENTS]: segment denominators l_s
+    stride_o_n, stride_o_h,  # out strides: between tokens, between heads
+    num_heads,  # H
+    NUM_SEGMENTS: tl.constexpr,  # segments per request (a power of two)
+    HEAD_SIZE: tl.constexpr,  # D
+):
+    """One program per (token, head): with ``M = max_s m_s`` and ``w_s = exp(m_s - M)``,
+    ``out = sum_s w_s * acc_s / sum_s w_s * l_s``. Empty segments have ``m_s = -inf`` and
+    weigh 0; a row with no keys at all (padding) gets 0."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    segs = tl.arange(0, NUM_SEGMENTS)  # [NSEG]
+    dims = tl.arange(0, HEAD_SIZE)  # [D]
+    base = (token * num_heads + head).to(tl.int64) * NUM_SEGMENTS
+    m = tl.load(part_max_ptr + base + segs)  # [NSEG]
+    l = tl.load(part_sum_ptr + base + segs)  # [NSEG]
+    acc = tl.load(part_acc_ptr + (base + segs[:, None]) * HEAD_SIZE + dims[None, :])  # [NSEG, D]
+    m_all = tl.max(m, axis=0)
+    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all))  # [NSEG]
+    total = tl.sum(w * l, axis=0)
+    o = tl.sum(w[:, None] * acc, axis=0) / tl.where(total == 0.0, 1.0, total)  # [D]
+    tl.store(out_ptr + token * stride_o_n + head * stride_o_h + dims, o.to(out_ptr.dtype.element_ty))
+# --8<-- [end:merge]

@@ -1,0 +1,111 @@
+"""Prefill attention in the Triton kernel: full KV tiles run without masks, diagonal ones
+with them (triton_attention.py NOTE 4), and the prefill tile and launch choices (NOTE 5).
+
+Under the interpreter on the CPU (tiny shapes) or on a GPU (``gpu`` marker). The cases sit
+on the boundaries the full/diagonal split draws: a query tile starting exactly at a KV tile
+boundary or one key before it, contexts that are and are not multiples of ``TILE_N``, a
+chunk of a prompt after a long context, the split-KV path cutting full and diagonal tiles
+into segments, and a mixed batch with padding."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from test_triton_attention import DEVICE, check_against_reference
+
+from tinyvllm.attention import triton_attention
+from tinyvllm.attention.triton_attention import (
+    PREFILL_LAUNCH,
+    PREFILL_QUERY_ROWS,
+    choose_launch_options,
+    choose_query_tile,
+)
+
+
+@triton.jit
+def _num_full_kv_tiles_probe(first_pos_ptr, kv_len_ptr, out_ptr, TILE_N: tl.constexpr, SIZE: tl.constexpr):
+    i = tl.arange(0, SIZE)
+    out = triton_attention._num_full_kv_tiles(tl.load(first_pos_ptr + i), tl.load(kv_len_ptr + i), TILE_N)
+    tl.store(out_ptr + i, out)
+
+
+@pytest.mark.parametrize("tile_n", [16, 32])
+def test_full_kv_tiles_are_exactly_the_leading_tiles_with_no_masked_key(tile_n):
+    """Every (first query position, visible keys) pair of a small grid: the kernel's count of
+    full tiles equals the brute-force count of leading KV tiles whose every key is at or
+    before the first position and inside ``kv_len`` (so skipping their mask is exact, and no
+    tile that could skip it is left masked)."""
+    pairs = [(f, k) for f in range(-2, 70) for k in range(0, 75)]
+    size = triton.next_power_of_2(len(pairs))
+    pairs += [(0, 0)] * (size - len(pairs))
+    first_pos = torch.tensor([f for f, _ in pairs], dtype=torch.int32, device=DEVICE)
+    kv_len = torch.tensor([k for _, k in pairs], dtype=torch.int32, device=DEVICE)
+    out = torch.full_like(first_pos, -1)
+    _num_full_kv_tiles_probe[(1,)](first_pos, kv_len, out, TILE_N=tile_n, SIZE=size)
+
+    def brute_force(f: int, k: int) -> int:
+        n = 0
+        while all(key <= f and key < k for key in range(n * tile_n, (n + 1) * tile_n)):
+            n += 1
+        return n
+
+    wrong = [(f, k, n) for (f, k), n in zip(pairs, out.tolist()) if n != brute_force(f, k)]
+    assert not wrong, f"(first_pos, kv_len, kernel's count) wrong in {len(wrong)} cases, e.g. {wrong[:5]}"
+
+
+# (query_lens, seq_lens, pad_tokens, num_segments): 4 query heads on 2 KV heads (G = 2).
+BOUNDARY_CASES = {
+    "query tile at a KV tile boundary": ([20], [52], 0, None),  # context 32: first position 32
+    "one key before the boundary": ([20], [51], 0, None),  # context 31: keys 0-31 all full
+    "two keys before the boundary": ([20], [50], 0, None),  # context 30: key 31 is masked for row 0
+    "one key after the boundary": ([20], [53], 0, None),
+    "prompts of a multiple of TILE_N and not": ([64, 33, 1, 1], [64, 33, 64, 65], 0, None),
+    "chunked prefill, long context": ([24], [324], 0, None),
+    "split-KV through full and diagonal tiles": ([24, 1], [324, 200], 0, 4),
+    "mixed batch with padding": ([1, 7, 0, 40, 1], [90, 39, 5, 40, 1], 3, None),
+}
+
+
+@pytest.mark.parametrize("kv_tile, block_m", [(16, 16), (16, 64), (32, 64), (32, 128), (64, 128), (64, 16)])
+@pytest.mark.parametrize("case", BOUNDARY_CASES, ids=lambda name: name.replace(" ", "-"))
+def test_full_and_diagonal_tiles_match_reference(case, kv_tile, block_m):
+    query_lens, seq_lens, pad_tokens, num_segments = BOUNDARY_CASES[case]
+    check_against_reference(
+        query_lens, seq_lens, 4, 2, 16, 16, kv_tile=kv_tile, block_m=block_m, pad_tokens=pad_tokens,
+        num_segments=num_segments,
+    )  # fmt: skip
+
+
+def test_prefill_defaults_are_todays_tiles_and_tritons_launch_defaults():
+    """NOTE 5: without a measurement that says otherwise, prefill keeps 64 rows per query
+    tile and Triton's default launch (4 warps, 3 stages), as vLLM's unified kernel does."""
+    assert PREFILL_QUERY_ROWS == 64 and choose_query_tile(2, decode_only=False) == (32, 64)
+    assert choose_query_tile(2, decode_only=False, rows=128) == (64, 128)
+    assert choose_query_tile(4, decode_only=False, rows=128) == (32, 128)
+    assert choose_launch_options(decode_only=False) == PREFILL_LAUNCH == (4, 3)
+    assert choose_launch_options(decode_only=True) == (4, 3)
+
+
+@pytest.mark.parametrize("num_warps, num_stages", [(8, 2), (4, 4), (1, 1)])
+def test_launch_overrides_keep_the_result(num_warps, num_stages):
+    """On a GPU these change the compiled kernel; under the interpreter they only pass through."""
+    check_against_reference([40, 1], [72, 30], 4, 2, 16, 16, num_warps=num_warps, num_stages=num_stages, block_m=128)
+
+
+# ---- GPU ----
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "block_m, kv_tile, num_warps, num_stages", [(64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 4)]
+)  # fmt: skip
+def test_gpu_prefill_configs(block_m, kv_tile, num_warps, num_stages):
+    """Corners of bench/attention.py's prefill sweep on real tensor cores, bf16, Llama-3-8B's
+    heads (GQA 4, head size 128): a long prompt, a chunk after a long context, decodes."""
+    launch = dict(block_m=block_m, kv_tile=kv_tile, num_warps=num_warps, num_stages=num_stages)
+    check_against_reference(
+        [1024, 300, 1, 77], [1024, 2300, 700, 77 + 128], 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", **launch
+    )  # fmt: skip
