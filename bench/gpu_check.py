@@ -259,7 +259,7 @@ def attention_prefill_figures(record: dict) -> dict:
     """Per shape and length: SDPA's TFLOP/s, the default config's and the best config's, each
     with its ratio to SDPA (the issue's goal: >= 0.6 at 4,096 tokens)."""
     sweep = record["results"]["prefill_sweep"]
-    r2 = lambda x: None if x is None else round(x, 2)  # noqa: E731
+    r2 = lambda x: None if x is None else float(f"{x:.3g}")  # noqa: E731  (3 significant digits: a dry run's ratios are ~1e-3)
     rows = {
         f"{r['shape']}/{r['length']}": {
             "sdpa_TFLOPs": r2(r["sdpa_TFLOPs"]), "default": r["default_config"], "default_TFLOPs": r2(r["default_TFLOPs"]),
