@@ -3,8 +3,8 @@
 Concept: the runner orchestrates one forward and owns nothing that has its own module. Each
 step: (a) update its copy of every request, the persistent batch and its block table
 (removals, additions, condense; after the forward, refresh: one ``BatchUpdate`` reaches the
-logits processors and the thinking budget); (b) ask the CUDA-graph dispatcher for the runtime mode and padded
-``BatchDescriptor``; (c) write the padded inputs and attention metadata into the persistent
+logits processors and the thinking budget); (b) ask the CUDA-graph dispatcher for the
+runtime mode and padded ``BatchDescriptor``; (c) write the padded inputs and attention metadata into the persistent
 buffers; (d) run the model over the paged KV cache under ``set_forward_context``, so graph
 wrappers capture, replay or pass through; (e) sample from each request's last scheduled
 token and report one token per request whose step reached the end of its tokens.
@@ -77,7 +77,8 @@ from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.rejection_sampler import rejection_sample
-from tinyvllm.sample.sampler import Sampler, sampled_to_host
+from tinyvllm.sample.metadata import SamplingMetadata
+from tinyvllm.sample.sampler import Sampler, SamplerOutput, sampled_to_host
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.async_output import (
     AsyncModelRunnerOutput,
@@ -139,8 +140,8 @@ class StepInFlight:
     complete: list[bool] = dataclasses.field(default_factory=list)
     pending_prompt_logprobs: list[PendingPromptLogprobs] = dataclasses.field(default_factory=list)
     host_ids: HostIds | None = None  # plain sampling: the ids on their way up (async_output.py)
-    sampler_output: object = None
-    sampling_metadata: object = None
+    sampler_output: SamplerOutput | None = None
+    sampling_metadata: SamplingMetadata | None = None
     tokens: list[list[int] | None] | None = None  # drafts verified: kept tokens, already read
     logprobs: dict[str, list[LogprobEntry]] = dataclasses.field(default_factory=dict)
     handle: AsyncModelRunnerOutput | None = None
