@@ -5,6 +5,10 @@
   ``HYPOTHESIS_PROFILE=dev|ci``.
 - With no CUDA device, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1``
   is set here, before any test module imports a kernel.
+- Ctrl-C works in the tests: a run started as a background job of a non-interactive shell
+  (``pytest ... &`` in a script) inherits SIGINT ignored, and so would every process it
+  starts; the tests of Ctrl-C (``tests/test_multiproc_executor.py``) need the default, so
+  an ignored SIGINT is given back Python's default handler here.
 - A time budget: when ``TINYVLLM_TEST_DEADLINE`` (seconds since the epoch) is set and has
   passed, every test not yet started is skipped with a reason that starts "out of time".
   ``bench/gpu_check.py`` sets it for its ``pytest -m gpu`` step, so a run that would outlast
@@ -14,6 +18,7 @@
 """
 
 import os
+import signal
 import time
 
 import pytest
@@ -49,6 +54,10 @@ def _cuda_available() -> bool:
 
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # inherited: see the module docstring
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 DEADLINE_ENV = "TINYVLLM_TEST_DEADLINE"

@@ -118,16 +118,25 @@ def test_an_abort_with_drafts_in_flight_frees_everything_and_the_rest_carry_on(t
     assert kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks
 
 
+WHOLE_WORKLOAD = dict(attention_backend="triton", block_size=16, max_num_seqs=4, max_num_batched_tokens=12,
+                      num_gpu_blocks_override=6, max_model_len=96, enable_prefix_caching=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def whole_workload_expected(tiny_model_dirs) -> list[list[int]]:
+    """The reference of the whole-workload test: no speculation, no graphs. It does not depend
+    on the mode, so it is run once for the five modes, not once per mode."""
+    return run(make_llm(tiny_model_dirs["qwen3"], None, **WHOLE_WORKLOAD), PROMPTS[1:], greedy(12))
+
+
 @pytest.mark.parametrize("mode", ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
 @pytest.mark.slow
-def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tiny_model_dirs, mode):
+def test_greedy_equivalence_on_the_whole_workload_under_every_cudagraph_mode(tiny_model_dirs, whole_workload_expected, mode):
     """Chunked prefill, preemption, prefix hits and an abort with drafts in flight, together,
     with emulated CUDA graphs over the Triton backend: the tokens of every request that is not
     aborted equal those of an engine without speculation and without graphs."""
     folder = tiny_model_dirs["qwen3"]
-    common = dict(attention_backend="triton", block_size=16, max_num_seqs=4, max_num_batched_tokens=12,
-                  num_gpu_blocks_override=6, max_model_len=96, enable_prefix_caching=True)  # fmt: skip
-    expected = run(make_llm(folder, None, **common), PROMPTS[1:], greedy(12))
+    common, expected = WHOLE_WORKLOAD, whole_workload_expected
     config = {"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 12]}
     spec = make_llm(folder, compilation_config=config, **common)
     engine = spec.engine

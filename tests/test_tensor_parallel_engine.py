@@ -81,18 +81,28 @@ def test_two_ranks_with_ngram_speculation_give_one_ranks_tokens(tiny_model_dirs)
     assert runs[2][4] > 0 and runs[2][4] == runs[1][4]  # drafts were accepted, the same ones
 
 
+GRAPHS_ENGINE = dict(
+    device="cpu", torch_threads=1, block_size=16, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4,
+    attention_backend="triton",
+)  # fmt: skip
+GRAPHS_PARAMS = SamplingParams(max_tokens=6, temperature=0, logprobs=1, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def one_rank_eager_outputs(tiny_model_dirs):
+    """The reference of the per-mode test below: one rank, eager. It does not depend on the
+    mode, so it runs once for the four modes, not once per mode."""
+    eager = LLM(str(tiny_model_dirs["qwen3"]), **GRAPHS_ENGINE, enforce_eager=True)
+    return eager.generate(PROMPTS[1:], GRAPHS_PARAMS, use_tqdm=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
-def test_two_ranks_under_each_emulated_cudagraph_mode(tiny_model_dirs, mode):
+def test_two_ranks_under_each_emulated_cudagraph_mode(tiny_model_dirs, one_rank_eager_outputs, mode):
     """Full graphs need a backend that allows them: Triton, under its interpreter on the CPU
     (``conftest.py`` sets ``TRITON_INTERPRET=1``; the worker processes inherit it)."""
     folder = str(tiny_model_dirs["qwen3"])
-    engine = dict(
-        device="cpu", torch_threads=1, block_size=16, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4,
-        attention_backend="triton",
-    )  # fmt: skip
-    params = SamplingParams(max_tokens=6, temperature=0, logprobs=1, ignore_eos=True)
-    eager = LLM(folder, **engine, enforce_eager=True)
+    engine, params = GRAPHS_ENGINE, GRAPHS_PARAMS
     graphs = LLM(
         folder, tensor_parallel_size=2, **engine,
         compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]},
@@ -100,7 +110,7 @@ def test_two_ranks_under_each_emulated_cudagraph_mode(tiny_model_dirs, mode):
     try:
         assert graphs.startup_report.cudagraph_mode == mode
         assert_same_tokens_and_logprobs(
-            eager.generate(PROMPTS[1:], params, use_tqdm=False), graphs.generate(PROMPTS[1:], params, use_tqdm=False),
+            one_rank_eager_outputs, graphs.generate(PROMPTS[1:], params, use_tqdm=False),
             abs_tol=LOGPROB_TOL,
         )  # fmt: skip
     finally:
