@@ -44,26 +44,22 @@ failure costs more: the state machine shrinks its counterexample (minutes).
 
 from __future__ import annotations
 
-import functools
 import sys
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_engine_failures import Boom, Fault, inject  # noqa: E402
+from test_engine_soak import fresh, model_folder, one_torch_thread  # noqa: E402,F401  (the sync soak's: one engine of reference, one thread)
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.core.sched_output import SchedulerOutput  # noqa: E402
 from tinyvllm.engine.llm_engine import LLMEngine  # noqa: E402
-from tinyvllm.models.tiny import build_tiny_model  # noqa: E402
 from tinyvllm.request import Request  # noqa: E402
 
 SITES = ("forward", "read_back", "apply", "update_state")  # where a fault can be injected
@@ -77,35 +73,8 @@ prompts = st.builds(
 )  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: for a model this small, more only contend on shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@functools.cache
-def model_folder() -> str:
-    return str(build_tiny_model(Path(tempfile.mkdtemp()) / "qwen3", "qwen3"))
-
-
-@functools.cache
-def reference_llm() -> LLM:
-    """The synchronous engine whose tokens every async output must equal."""
-    return LLM(model_folder(), device="cpu", max_model_len=64, block_size=4, enable_prefix_caching=False)
-
-
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-
-
-@functools.cache
-def fresh(prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-    """The greedy tokens a fresh synchronous engine gives ``prompt`` alone."""
-    [out] = reference_llm().generate({"prompt_token_ids": list(prompt)}, greedy(max_tokens), use_tqdm=False)
-    return list(out.outputs[0].token_ids)
 
 
 def make_async_llm(budget: int, blocks: int, caching: bool) -> LLM:
