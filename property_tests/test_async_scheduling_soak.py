@@ -55,7 +55,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_engine_failures import Boom, Fault, inject  # noqa: E402
-from test_engine_soak import fresh, model_folder, one_torch_thread  # noqa: E402,F401  (the sync soak's: one engine of reference, one thread)
+from test_engine_soak import Trap, fresh, model_folder, one_torch_thread  # noqa: E402,F401  (the sync soak's: its traps, one engine of reference, one thread)
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.core.sched_output import SchedulerOutput  # noqa: E402
@@ -81,30 +81,6 @@ def make_async_llm(budget: int, blocks: int, caching: bool) -> LLM:
     return LLM(model_folder(), device="cpu", max_model_len=32, block_size=4, max_num_batched_tokens=budget,
                num_gpu_blocks_override=blocks, max_num_seqs=4, enable_prefix_caching=caching,
                async_scheduling=True)  # fmt: skip
-
-
-class Trap(Fault):
-    """A fault site's switch: when armed, raises ``Boom`` once, after letting ``skip``
-    triggers pass; every error it raises is appended to the shared ``log``."""
-
-    def __init__(self, site: str, log: list[BaseException]) -> None:
-        super().__init__(at=0)  # Fault's own "at" never matches: arm() decides
-        self.site, self.log, self.armed, self.skip = site, log, False, 0
-
-    def arm(self, skip: int) -> None:
-        self.armed, self.skip = True, skip
-
-    def trigger(self) -> None:
-        self.calls += 1
-        if not self.armed:
-            return
-        if self.skip:
-            self.skip -= 1
-            return
-        self.armed = False
-        error = Boom(f"injected fault in {self.site}")
-        self.log.append(error)
-        raise error
 
 
 def install_traps(llm: LLM, log: list[BaseException]) -> dict[str, Trap]:
