@@ -7,7 +7,7 @@ class attributes used as globals).
 Mirrors: ``vllm/config/`` (``SchedulerConfig``, ``CacheConfig``, ``ModelConfig``,
 ``DeviceConfig``, ``VllmConfig``) and ``vllm/config/compilation.py`` (``CompilationConfig``:
 ``cudagraph_mode``, capture sizes; the ``CUDAGraphMode`` enum lives there too, so the worker
-imports it from here).
+imports it from here) and ``vllm/config/structured_outputs.py``.
 Invalid values raise ``ValueError`` naming the field and the value; ``ReasoningConfig``,
 which users build and pass to ``LLM``, follows ``tinyvllm.validation``'s rule (a wrong type
 is a ``TypeError``). Whether its ids lie in the vocabulary is checked by the input processor
@@ -247,6 +247,41 @@ class SpeculativeConfig:
 # --8<-- [end:speculative]
 
 
+# --8<-- [start:structured_outputs_config]
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """How requests with ``SamplingParams.structured_outputs`` are constrained
+    (``structured_output/``; vLLM's ``StructuredOutputsConfig``).
+
+    Attributes:
+        backend: the grammar library; "xgrammar" (vLLM's default) is the one built here.
+        enable_in_reasoning: False (vLLM's default): a request inside a think section is not
+            constrained until the section ends (``structured_output/manager.py`` NOTE 4).
+    """
+
+    backend: str = "xgrammar"
+    enable_in_reasoning: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("xgrammar", "auto"):
+            raise ValueError(f"structured_outputs_config backend must be 'xgrammar' (or 'auto'), got {self.backend!r}")
+        if not isinstance(self.enable_in_reasoning, bool):
+            raise TypeError(f"structured_outputs_config enable_in_reasoning must be a bool, got {self.enable_in_reasoning!r}")
+        object.__setattr__(self, "backend", "xgrammar")  # "auto" picks the one backend
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, object]) -> "StructuredOutputsConfig":
+        """Build from a dict like vLLM's ``structured_outputs_config``; unknown keys are a ValueError."""
+        if not isinstance(config, Mapping):
+            raise TypeError(f"structured_outputs_config must be a dict, got {config!r}")
+        known = {"backend", "enable_in_reasoning"}
+        unknown = sorted(map(str, set(config) - known))
+        if unknown:
+            raise ValueError(f"structured_outputs_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        return cls(**config)
+# --8<-- [end:structured_outputs_config]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The model as the worker loads it: every field resolved and checked.
@@ -336,6 +371,7 @@ class EngineConfig:
     model_config: ModelConfig | None = None
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Every FINISHED_* status compares above PREEMPTED."""
 
     WAITING = enum.auto()
+    WAITING_FOR_FSM = enum.auto()  # its grammar is still compiling (structured outputs; vLLM's name)
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     FINISHED_STOPPED = enum.auto()
@@ -104,6 +105,13 @@ class Request:
         # Async scheduling (``core/async_scheduler.py``): tokens sampled by steps still on the
         # device, scheduled past (their positions computed next) before their values are known.
         self.num_output_placeholders = 0
+        # Structured outputs (``structured_output/request.py``): its grammar, set by the engine
+        # when ``sampling_params.structured_outputs`` asks for one.
+        self.structured_output_request = None
+
+    @property
+    def use_structured_output(self) -> bool:
+        return self.structured_output_request is not None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -14,7 +14,7 @@ up to the context), ``stop_token_ids``, ``stop`` (stop strings),
 ``include_stop_str_in_output``, ``ignore_eos``, ``seed``, ``logprobs`` and
 ``prompt_logprobs`` (NOTE 6), ``n`` (NOTE 7), ``skip_special_tokens``,
 ``thinking_token_budget`` (None = no limit), ``output_kind`` (NOTE 3), ``extra_args``
-(free-form, for custom logits processors), ``detokenize`` (NOTE 8).
+(free-form, for custom logits processors), ``detokenize`` (NOTE 8), ``structured_outputs`` (NOTE 9).
 
 Invariants: an instance is frozen; ``stop_token_ids`` is a tuple of non-negative ints;
 ``stop`` and ``bad_words`` are tuples of non-empty strings (a single str becomes a 1-tuple);
@@ -54,14 +54,15 @@ every prompt token after the first. Both come from the raw logits (vLLM's defaul
 NOTE 7 (n): ``n`` completions, one child request each, sharing the prompt's blocks through the
 prefix cache; a seeded parent gives child ``i`` the seed ``seed + i`` (wrapped into int64).
 ``n`` is at most 16384, vLLM's ``VLLM_MAX_N_SEQUENCES``: no more children than a process holds.
-NOTE 8 (detokenize): ``detokenize=False`` returns token ids with an empty text and logprobs
-without text: ``decode`` is never called for the request (vLLM's throughput benchmark turns
-it off). Stop strings are found in the text, so they need it (vLLM refuses them too).
+NOTE 8 (detokenize): False returns token ids, no text: ``decode`` is never called (vLLM's
+throughput benchmark turns it off). Stop strings are found in the text, so they need it.
+NOTE 9 (structured outputs): one constraint each; whether xgrammar takes it is checked at add_request.
 """
 
 from __future__ import annotations
 
 import enum
+import json as json_module
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,82 @@ class RequestOutputKind(enum.IntEnum):
     CUMULATIVE = 0  # everything so far, every step that adds tokens
     DELTA = 1  # only what is new, every step that adds tokens
     FINAL_ONLY = 2  # one output, when the request finishes
+
+
+# --8<-- [start:structured_outputs_params]
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """One constraint on a request's output (NOTE 9), vLLM's names; exactly one is set.
+
+    Attributes:
+        json: a JSON schema (a dict or its JSON text): the output is a JSON value it validates.
+        regex: the output matches this regular expression in full.
+        choice: the output is one of these strings.
+        grammar: an EBNF grammar (xgrammar's dialect, GBNF-like, rule ``root``).
+        json_object: True: the output is any JSON object.
+        disable_any_whitespace: with ``json``: no whitespace between tokens of the JSON.
+        whitespace_pattern: vLLM's field, for backends that take one (xgrammar does not: refused).
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.json, Mapping):  # a private copy that JSON can write (the key, below)
+            try:
+                object.__setattr__(self, "json", json_module.loads(json_module.dumps(self.json)))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"structured_outputs json must be JSON-serialisable, got {self.json!r}: {error}") from None
+        elif isinstance(self.json, str):
+            try:
+                json_module.loads(self.json)
+            except ValueError as error:
+                raise ValueError(f"structured_outputs json is not valid JSON: {self.json!r} ({error})") from None
+        elif self.json is not None:
+            raise TypeError(f"structured_outputs json must be a dict, a JSON str or None, got {self.json!r}")
+        for name in ("regex", "grammar", "whitespace_pattern"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs {name} must be a non-empty str or None, got {value!r}")
+        if self.choice is not None:
+            choice = self.choice
+            if isinstance(choice, (str, bytes, Mapping)) or not isinstance(choice, (list, tuple)) or not choice:
+                raise ValueError(f"structured_outputs choice must be a non-empty list of str, got {choice!r}")
+            if not all(isinstance(c, str) and c for c in choice):
+                raise ValueError(f"structured_outputs choice must hold non-empty strs, got {choice!r}")
+            object.__setattr__(self, "choice", tuple(choice))
+        if self.json_object not in (None, True):
+            raise ValueError(f"structured_outputs json_object must be True or None, got {self.json_object!r}")
+        check_bool("disable_any_whitespace", self.disable_any_whitespace)
+        given = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"structured_outputs needs exactly one of {', '.join(_CONSTRAINTS)}; got "
+                + (", ".join(f"{n}={getattr(self, n)!r}" for n in given) if given else "none")
+            )
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        return next(name for name in _CONSTRAINTS if getattr(self, name) is not None)
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """What a compiled grammar is cached under: the kind, the spec as text, the whitespace flag."""
+        kind, spec = self.kind, getattr(self, self.kind)
+        if kind == "json":
+            spec = json_module.loads(spec) if isinstance(spec, str) else spec
+        text = json_module.dumps(spec, sort_keys=True) if kind in ("json", "choice") else str(spec)
+        return kind, text, self.disable_any_whitespace
+# --8<-- [end:structured_outputs_params]
 
 
 @dataclass(frozen=True)
@@ -122,6 +199,7 @@ class SamplingParams:
         output_kind: what ``LLMEngine.step()`` reports for the request (NOTE 3).
         extra_args: free-form arguments for custom logits processors.
         detokenize: False returns no text, only token ids (NOTE 8).
+        structured_outputs: a grammar the output must follow (NOTE 9); None: no constraint.
     """
 
     temperature: float = 1.0
@@ -149,6 +227,7 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     extra_args: dict[str, Any] | None = None
     detokenize: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {}  # field -> the value to store (numpy scalars become Python numbers)
@@ -198,6 +277,8 @@ class SamplingParams:
         checked["output_kind"] = _checked_output_kind(self.output_kind)
         checked["extra_args"] = _checked_extra_args(self.extra_args)
         checked["detokenize"] = check_bool("detokenize", self.detokenize)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise TypeError(f"structured_outputs must be a StructuredOutputsParams or None, got {self.structured_outputs!r}")
         if checked["stop"] and not checked["detokenize"]:  # NOTE 8
             raise ValueError(f"stop={checked['stop']!r} needs detokenize=True: stop strings are found in the text")
         for name, value in checked.items():

@@ -17,6 +17,9 @@ NOTE 1 (a NamedTuple for the per-step record): a ``CachedRequestData`` is built 
 running request in every step. A ``NamedTuple`` is as immutable as a frozen dataclass
 and several times cheaper to build (a frozen dataclass sets each field through
 ``object.__setattr__``), which matters at a few microseconds per request per step.
+NOTE 2 (the grammar bitmask): the scheduler leaves it empty; the engine adds it after
+``schedule()`` (``structured_output/manager.py``), as vLLM's ``get_grammar_bitmask`` does.
+The core never imports torch or numpy: to it the mask is an opaque object.
 """
 
 from __future__ import annotations
@@ -66,8 +69,13 @@ class SchedulerOutput:
     # Speculative decoding: each decoding request's drafts to verify this step (its
     # num_scheduled_tokens count them: 1 + len(drafts)); empty without drafts.
     scheduled_spec_decode_tokens: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # Structured outputs (NOTE 2): each constrained request's first row in ``grammar_bitmask``
+    # (a request verifying k drafts owns k + 1 rows), and the mask, numpy int32 [G, ceil(V / 32)].
+    structured_output_request_ids: Mapping[str, int] = field(default_factory=dict)
+    grammar_bitmask: object | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "structured_output_request_ids", MappingProxyType(dict(self.structured_output_request_ids)))
         object.__setattr__(self, "num_scheduled_tokens", MappingProxyType(dict(self.num_scheduled_tokens)))
         object.__setattr__(self, "scheduled_spec_decode_tokens", MappingProxyType(dict(self.scheduled_spec_decode_tokens)))
         assert self.total_num_scheduled_tokens == sum(self.num_scheduled_tokens.values()), (

@@ -55,7 +55,9 @@ with ``FINISHED_ERROR`` (``finish_reason="error"``, vLLM's status of that name) 
 token this step, rather than a token it banned.
 
 Async scheduling (``core/async_scheduler.py``) overrides the hooks at the end of the class.
-Left out: priorities, structured output, encoder inputs, KV transfer.
+NOTE 6 (structured outputs): a request whose grammar still compiles (``WAITING_FOR_FSM``) is passed
+over and keeps its place; the engine adds the step's bitmask (``structured_output/manager.py``).
+Left out: priorities, encoder inputs, KV transfer.
 """
 # --8<-- [end:header]
 
@@ -69,6 +71,7 @@ from tinyvllm.config import CacheConfig, SchedulerConfig
 from tinyvllm.arith import cdiv
 from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from tinyvllm.core.sched_utils import check_stop
 from tinyvllm.outputs import EngineCoreOutput, ModelRunnerOutput
 from tinyvllm.request import Request, RequestStatus
 
@@ -84,40 +87,6 @@ class SchedulerStats:
     num_preemptions: int
     spec_acceptance_rate: float = 0.0  # drafts kept / drafts verified (speculative decoding)
     spec_mean_accepted_length: float = 0.0  # tokens a verification step yields per request
-
-
-# --8<-- [start:check_stop]
-def check_stop(request: Request, max_model_len: int) -> bool:
-    """Set a finished status on ``request`` if its last token ends it; True if it does.
-
-    Below ``min_tokens`` outputs only ``max_model_len`` ends a request. Then, in order:
-    the EOS token (unless ``ignore_eos``), then a stop token, then length
-    (``max_tokens`` outputs or ``max_model_len`` tokens), so a last token that is both a
-    stop token and the ``max_tokens``-th reports "stop". This is today's vLLM order; the
-    v0.8-era ``check_stop`` tested length first and would report "length".
-    """
-    params = request.sampling_params
-    last = request.output_token_ids[-1]
-    if request.num_output_tokens < params.min_tokens:
-        # EOS and stop tokens do not count yet (MinTokens masks them in the sampler too);
-        # the length limits still do, so max_model_len is never passed.
-        if request.num_tokens >= max_model_len:
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
-    if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
-        request.status = RequestStatus.FINISHED_STOPPED
-        return True
-    if last in params.stop_token_ids:
-        request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = last
-        return True
-    max_tokens = params.max_tokens  # None: up to the context, which max_model_len caps
-    if (max_tokens is not None and request.num_output_tokens >= max_tokens) or request.num_tokens >= max_model_len:
-        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        return True
-    return False
-# --8<-- [end:check_stop]
 
 
 # --8<-- [start:spec]
@@ -216,7 +185,8 @@ class Scheduler:
             f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than max_model_len {self.max_model_len}"
         )
         max_tokens = request.sampling_params.max_tokens  # None: up to the context; SamplingParams refuses < 1
-        if request.status != RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
+        fresh = request.status in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_FSM)
+        if not fresh or request.num_computed_tokens or request.output_token_ids:
             raise ValueError(f"request {rid!r} is not fresh: {request!r}")
         final_len = min(request.num_prompt_tokens + (max_tokens or self.max_model_len), self.max_model_len)
         blocks_needed = cdiv(final_len, self.cache_config.block_size)
@@ -315,8 +285,14 @@ class Scheduler:
 
         # --8<-- [start:waiting_loop]
         # 2. Waiting requests, in arrival order, unless this step had to preempt.
+        skipped: list[Request] = []  # NOTE 6: grammars still compiling; they keep their place
         while not preempted and self.waiting and token_budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_FSM:
+                if not request.structured_output_request.is_grammar_ready():
+                    skipped.append(self.waiting.popleft())
+                    continue
+                request.status = RequestStatus.WAITING
             if request.num_output_placeholders:
                 break  # preempted with a token still on the device: it waits for it (async scheduling)
             hits, num_hit_tokens = kv.get_computed_blocks(request)
@@ -338,6 +314,7 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             start_tokens[request.request_id] = num_hit_tokens
             token_budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
         # --8<-- [end:waiting_loop]
 
         output = SchedulerOutput(
@@ -513,6 +490,6 @@ class Scheduler:
             assert r.status == RequestStatus.RUNNING, f"{r!r} is in running"
             assert 0 < r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders, f"{r!r} has bad num_computed_tokens"
         for r in self.waiting:
-            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r!r} is in waiting"
+            assert r.status in (RequestStatus.WAITING, RequestStatus.WAITING_FOR_FSM, RequestStatus.PREEMPTED), f"{r!r} is in waiting"
             assert r.num_computed_tokens == 0, f"waiting {r!r} has computed tokens"
             assert not self.kv_cache_manager.req_to_blocks.get(r.request_id), f"waiting {r!r} holds blocks"

@@ -77,6 +77,7 @@ from tinyvllm.config import (
     ReasoningConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    StructuredOutputsConfig,
 )
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.hub import check_revision, resolve_model
@@ -133,6 +134,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1  # NOTE 10
     distributed_executor_backend: str | None = None
     async_scheduling: bool = False  # NOTE 11
+    structured_outputs_config: dict | StructuredOutputsConfig | None = None
 
     # --8<-- [start:add_cli_args]
     @staticmethod
@@ -251,6 +253,13 @@ class EngineArgs:
         if speculative_config is not None and logits_processors:
             raise ValueError("custom logits_processors cannot be combined with speculative decoding (seed 001 ch. 11.4)")
         async_scheduling = check_bool("async_scheduling", self.async_scheduling)
+        structured_outputs_config = self.structured_outputs_config
+        if isinstance(structured_outputs_config, Mapping):  # vLLM's {"backend": "xgrammar"}
+            structured_outputs_config = StructuredOutputsConfig.from_dict(structured_outputs_config)
+        elif structured_outputs_config is None:
+            structured_outputs_config = StructuredOutputsConfig()
+        elif not isinstance(structured_outputs_config, StructuredOutputsConfig):
+            raise TypeError(f"structured_outputs_config must be a dict, a StructuredOutputsConfig or None, got {structured_outputs_config!r}")
         if async_scheduling and speculative_config is not None:  # NOTE 11
             raise ValueError(
                 "async_scheduling=True cannot be combined with speculative decoding (speculative_config): the n-gram "
@@ -298,6 +307,7 @@ class EngineArgs:
             ),
             DeviceConfig(str(device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads),
             ParallelConfig(tensor_parallel_size, executor_backend),
+            structured_outputs_config,
         )
     # --8<-- [end:create_engine_config]
 

@@ -34,6 +34,9 @@ id, the first of its children to be refused before.
 NOTE 5 (prompts): a prompt is a str or a dict with the keys of vLLM's
 ``TextPrompt``/``TokensPrompt``: ``"prompt"``, ``"prompt_token_ids"``, ``"cache_salt"``
 (different salts never share a cached block); any other key is a ValueError.
+NOTE 6 (structured outputs): the constraint is parsed here (``structured_output/backend_xgrammar.py``
+``validate``), so a bad schema, regex or grammar is a ValueError naming it before anything is queued;
+it is refused with async scheduling, whose next step is scheduled before this one's tokens are known.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sample.logits_processors.loader import validate_logits_processors_parameters
 from tinyvllm.sampling_defaults import generation_defaults
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
+from tinyvllm.structured_output import backend_xgrammar
 from tinyvllm.validation import check_token_ids
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # NOTE 5
@@ -125,6 +129,7 @@ class InputProcessor:
         extra_stop_token_ids: tuple[int, ...] = (),
         logits_processors: tuple = (),
         generation_defaults: Mapping[str, Any] | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         self.tokenizer = tokenizer  # None: text prompts, stop strings and bad words are refused
         self.eos_token_id = eos_token_id
@@ -136,6 +141,7 @@ class InputProcessor:
         self.extra_stop_token_ids = extra_stop_token_ids  # NOTE 1
         self.logits_processors = logits_processors  # custom ones, asked about every request
         self.generation_defaults = dict(generation_defaults or {})  # the model's sampling defaults
+        self.async_scheduling = async_scheduling  # NOTE 6: structured outputs are refused with it
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> InputProcessor:
@@ -166,6 +172,7 @@ class InputProcessor:
             reasoning_config=reasoning_config, speculative=config.speculative_config is not None,
             max_logprobs=model_config.max_logprobs, extra_stop_token_ids=extra_stop_token_ids,
             logits_processors=model_config.logits_processors, generation_defaults=defaults,
+            async_scheduling=config.scheduler_config.async_scheduling,
         )  # fmt: skip
 
     # --8<-- [start:prompt_inputs]
@@ -262,9 +269,26 @@ class InputProcessor:
         """The checks both ways share: stop strings and bad words need the tokenizer (NOTE 3)."""
         if params.stop and self.tokenizer is None:
             raise ValueError(f"{name}: stop={params.stop!r} needs text, but the engine has no tokenizer")
+        if params.structured_outputs is not None:
+            self._check_structured_outputs(name, params)
         bad_words = self._bad_words_token_ids(name, params)  # sample/bad_words.py NOTE 1
         check_some_token_is_allowed(name, params, bad_words, self.eos_token_id)  # NOTE 3
         return EngineCoreRequest(request_id, text, tuple(ids), params, salt, bad_words)
+
+    def _check_structured_outputs(self, name: str, params: SamplingParams) -> None:
+        """NOTE 6: the constraint parses (xgrammar, without the tokenizer) and the engine can apply it."""
+        kind = params.structured_outputs.kind
+        if self.async_scheduling:
+            raise ValueError(
+                f"{name}: structured_outputs ({kind}) cannot be combined with async_scheduling=True: each step's "
+                "grammar bitmask needs the previous step's tokens on the host before the step is scheduled"
+            )
+        if self.tokenizer is None or self.vocab_size is None:
+            raise ValueError(f"{name}: structured_outputs ({kind}) needs the engine's tokenizer and vocab_size")
+        try:
+            backend_xgrammar.validate(params.structured_outputs)
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
 
     def _bad_words_token_ids(self, label: str, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
         """``params.bad_words`` as token sequences, each id in the vocabulary."""

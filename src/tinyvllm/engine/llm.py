@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tinyvllm.config import CompilationConfig, EngineConfig, ReasoningConfig, SpeculativeConfig
+from tinyvllm.config import CompilationConfig, EngineConfig, ReasoningConfig, SpeculativeConfig, StructuredOutputsConfig
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.input_processor import PromptType
@@ -87,6 +87,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         distributed_executor_backend: str | None = None,
         async_scheduling: bool = False,
+        structured_outputs_config: dict | StructuredOutputsConfig | None = None,
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, block_size=block_size,
@@ -97,7 +98,7 @@ class LLM:
             logits_processors=logits_processors, revision=revision, generation_config=generation_config,
             speculative_config=speculative_config, max_logprobs=max_logprobs, torch_threads=torch_threads,
             tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
-            async_scheduling=async_scheduling,
+            async_scheduling=async_scheduling, structured_outputs_config=structured_outputs_config,
         )  # fmt: skip
         self.engine = LLMEngine.from_engine_args(engine_args)  # NOTE 1
         self._ids = itertools.count()

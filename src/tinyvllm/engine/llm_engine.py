@@ -67,7 +67,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from tinyvllm.config import EngineConfig, ReasoningConfig
+from tinyvllm.config import EngineConfig, ReasoningConfig, StructuredOutputsConfig
 from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.async_scheduler import MAX_STEPS_IN_FLIGHT, AsyncScheduler
 from tinyvllm.core.scheduler import Scheduler
@@ -78,6 +78,7 @@ from tinyvllm.outputs import EngineCoreOutput, ModelRunnerOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
+from tinyvllm.structured_output.manager import StructuredOutputManager
 from tinyvllm.executor.abstract import Executor, StepFuture, initialize_kv_caches, runner_view, worker_attribute
 from tinyvllm.executor.multiproc_executor import MultiprocExecutor
 from tinyvllm.executor.uniproc_executor import ExecutorWithExternalLauncher, UniProcExecutor
@@ -125,6 +126,7 @@ class LLMEngine:
         proposer: NgramProposer | None = None,
         max_logprobs: int = MAX_LOGPROBS,
         input_processor: InputProcessor | None = None,
+        structured_outputs_config: StructuredOutputsConfig | None = None,
     ):
         self.scheduler = scheduler
         self.model_executor = model_executor  # the engine's one door to the device
@@ -132,10 +134,16 @@ class LLMEngine:
             input_processor = InputProcessor(
                 tokenizer, eos_token_id, vocab_size=vocab_size, max_model_len=scheduler.max_model_len,
                 reasoning_config=reasoning_config, speculative=proposer is not None, max_logprobs=max_logprobs,
+                async_scheduling=isinstance(scheduler, AsyncScheduler),
             )  # fmt: skip
         self.input_processor = input_processor
         self.output_processor = OutputProcessor(input_processor.tokenizer)
         self.proposer = proposer  # None: no speculative decoding (NOTE 7)
+        self.structured_output_manager = StructuredOutputManager(  # grammars: structured_output/manager.py
+            structured_outputs_config or StructuredOutputsConfig(), input_processor.tokenizer, input_processor.vocab_size,
+            [t for t in (input_processor.eos_token_id, *input_processor.extra_stop_token_ids) if t is not None],
+            input_processor.reasoning_config,
+        )  # fmt: skip
         self.observer: StepObserver | None = None  # NOTE 8
         self.config: EngineConfig | None = None  # from_engine_args sets these three (NOTE 5)
         self.startup_report: StartupReport | None = None
@@ -168,7 +176,10 @@ class LLMEngine:
             spec_config.num_speculative_tokens, spec_config.prompt_lookup_min, spec_config.prompt_lookup_max,
             config.scheduler_config.max_model_len,
         )  # fmt: skip
-        engine = cls(scheduler, executor, proposer=proposer, input_processor=input_processor)
+        engine = cls(
+            scheduler, executor, proposer=proposer, input_processor=input_processor,
+            structured_outputs_config=config.structured_outputs_config,
+        )  # fmt: skip
         engine.config, engine.startup_report, engine.startup_reports = config, reports[0], reports
         engine.cudagraph_memory_bytes = graph_bytes
         return engine
@@ -259,6 +270,8 @@ class LLMEngine:
             raise ValueError(f"duplicate request id {request_id!r} (a request with n > 1 has it)")
         request = Request(request_id, core.prompt_token_ids, params, eos_token_id=self.eos_token_id, cache_salt=core.cache_salt)
         request.bad_words_token_ids = core.bad_words_token_ids
+        if params.structured_outputs is not None:  # its grammar compiles while it waits
+            self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)
         self.output_processor.add_request(request_id, core.prompt, request.prompt_token_ids, params)
 
@@ -281,6 +294,7 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         self.output_processor.note_first_scheduling(scheduler_output)
         try:
+            scheduler_output = self.structured_output_manager.grammar_bitmask(scheduler_output, self.scheduler.requests)
             model_output = self.model_executor.execute_model(scheduler_output)
         except BaseException as error:  # KeyboardInterrupt too: the engine must stay usable (NOTE 1)
             self._abort_failed_step([scheduler_output], error)
@@ -293,6 +307,9 @@ class LLMEngine:
         raises: with the steps still in flight, NOTE 10)."""
         try:
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+            for out in core_outputs:  # structured outputs: each matcher takes its request's new tokens
+                if (request := self.scheduler.requests.get(out.request_id)) is not None and request.use_structured_output:
+                    self.structured_output_manager.advance(request, out.new_token_ids)
             if self.proposer is not None:
                 self._propose_drafts(core_outputs)  # NOTE 7: the next step verifies them
             outputs, stopped = self.output_processor.process_outputs(core_outputs)
@@ -357,7 +374,7 @@ class LLMEngine:
         requests = self.scheduler.requests
         decoding = [requests[out.request_id] for out in core_outputs if out.new_token_ids and out.finish_reason is None]
         for request, drafts in zip(decoding, self.proposer.propose_batch(decoding)):
-            request.spec_token_ids = drafts
+            request.spec_token_ids = self.structured_output_manager.trim_drafts(request, drafts)
     # --8<-- [end:propose]
     # --8<-- [start:abort_failed_step]
     def _abort_failed_step(self, scheduler_outputs: list[SchedulerOutput], error: BaseException) -> None:
@@ -426,6 +443,7 @@ class LLMEngine:
         """Release the device: the executor stops its worker(s) (with N > 1, their processes
         end here rather than when the collector finds the engine). A second call does nothing;
         every later step raises."""
+        self.structured_output_manager.shutdown()
         self.model_executor.shutdown()
 
     def steps_in_flight(self) -> tuple[SchedulerOutput, ...]:

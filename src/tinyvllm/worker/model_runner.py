@@ -79,6 +79,7 @@ from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.rejection_sampler import rejection_sample
 from tinyvllm.sample.metadata import SamplingMetadata
 from tinyvllm.sample.sampler import Sampler, SamplerOutput, sampled_to_host
+from tinyvllm.structured_output.bitmask import apply_grammar_bitmask
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.async_output import (
     AsyncModelRunnerOutput,
@@ -410,10 +411,11 @@ class ModelRunner:
         sampling_metadata = self.input_batch.make_sampling_metadata()
         if self.speculative:
             step.tokens, step.logprobs = self._verify_drafts(
-                hidden, num_sched, drafts, sampling_metadata, req_ids, step.complete
+                hidden, num_sched, drafts, sampling_metadata, req_ids, step.complete, scheduler_output
             )  # fmt: skip
         else:
             logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
+            apply_grammar_bitmask(scheduler_output, req_ids, logits)  # structured outputs: before the sampler
             sampler_output = self.sampler(logits, sampling_metadata)
             if read_later:
                 sampler_output = dataclasses.replace(sampler_output, logprobs=logprobs_to_host_early(sampler_output.logprobs))
@@ -465,7 +467,7 @@ class ModelRunner:
     # --8<-- [start:verify]
     def _verify_drafts(
         self, hidden: torch.Tensor, num_sched: list[int], drafts: list[tuple[int, ...]], metadata,
-        req_ids: list[str], complete: list[bool],
+        req_ids: list[str], complete: list[bool], scheduler_output: SchedulerOutput,
     ) -> tuple[list[list[int] | None], dict[str, list[LogprobEntry]]]:
         """NOTE 9: the logits of each request's last ``len(drafts) + 1`` positions, through the
         rejection sampler; the tokens each request keeps, and the logprobs of the kept tokens
@@ -476,6 +478,7 @@ class ModelRunner:
             end += n
             rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
         logits = self.model.compute_logits(hidden[upload(rows, torch.int64, hidden.device)])  # [sum(k_r + 1), V]
+        apply_grammar_bitmask(scheduler_output, req_ids, logits, dict(zip(req_ids, spec_row_starts(drafts))))
         sampler_output = self.sampler(logits, metadata.expand(drafts))  # a plain step's steps, row by row; on a copy
         ids, no_token = sampled_to_host(sampler_output.sampled_token_ids, sampler_output.no_token)  # the wait
         tokens = rejection_sample(ids, no_token, drafts)  # the drafts each request keeps, then its own token

@@ -1,0 +1,338 @@
+"""Structured outputs: a grammar per request, a token mask per step (``structured_output/``).
+
+Pinned down here: the parameters (exactly one constraint), the backend's parse check (a bad
+constraint is a ValueError naming the field, before anything is queued), the pure helpers
+(choice as a grammar, think sections, the bitmask's layout), the scheduler's
+``WAITING_FOR_FSM`` (passed over, keeping its place), and on the shipped model: choices,
+regexes and schemas obeyed, unconstrained neighbours untouched, the compile cache, an abort
+while compiling, a failed compile, logprobs after the mask, speculation and think sections.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.config import CacheConfig, SchedulerConfig, StructuredOutputsConfig
+from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.request import Request, RequestStatus
+from tinyvllm.sampling_params import StructuredOutputsParams as SO
+from tinyvllm.structured_output.bitmask import apply_grammar_bitmask, unpack_bitmask
+from tinyvllm.structured_output.manager import find_last, think_section_open
+
+xgr = pytest.importorskip("xgrammar")
+from tinyvllm.structured_output import backend_xgrammar  # noqa: E402
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+# -- the parameters and the parse check ------------------------------------------------------
+
+
+def test_params_hold_exactly_one_constraint():
+    with pytest.raises(ValueError, match="exactly one of json, regex, choice, grammar, json_object; got none"):
+        SO()
+    with pytest.raises(ValueError, match=r"got regex='a', choice=\('x',\)"):
+        SO(regex="a", choice=["x"])
+    with pytest.raises(ValueError, match="choice must be a non-empty list"):
+        SO(choice=[])
+    with pytest.raises(ValueError, match="json_object must be True or None, got False"):
+        SO(json_object=False)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        SO(json="{not json")
+    with pytest.raises(TypeError, match="structured_outputs must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs={"choice": ["a"]})
+    # A schema as a dict or as its JSON text is one cache key.
+    assert SO(json=PERSON).key == SO(json=json.dumps(PERSON, indent=2)).key
+    assert SO(json=PERSON).key != SO(json=PERSON, disable_any_whitespace=True).key
+    assert SO(choice=["a", "b"]).kind == "choice"
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (SO(regex="a(b"), "regex"),
+        (SO(json={"type": "no-such-type"}), "json"),
+        (SO(grammar='root ::= "a" |'), "grammar"),
+    ],
+)
+def test_a_constraint_xgrammar_cannot_parse_is_a_value_error_naming_the_field(params, field):
+    with pytest.raises(ValueError, match=f"structured_outputs {field} is not a valid {field}: "):
+        backend_xgrammar.validate(params)
+
+
+def test_whitespace_pattern_is_refused_by_name():
+    with pytest.raises(ValueError, match="whitespace_pattern"):
+        backend_xgrammar.validate(SO(json=PERSON, whitespace_pattern=r"[ ]?"))
+
+
+def test_choice_becomes_an_escaped_ebnf_that_xgrammar_reads():
+    text = backend_xgrammar.choice_as_grammar(["yes", 'say "hi"', "a\\b\nc"])
+    assert text == r'root ::= "yes" | "say \"hi\"" | "a\\b\nc"'
+    xgr.Grammar.from_ebnf(text)  # parses
+
+
+def test_find_last_and_think_sections():
+    assert find_last([1, 2, 3, 1, 2], [1, 2]) == 5
+    assert find_last([1, 2, 3, 1, 2], [1, 2], end=4) == 2
+    assert find_last([1, 2], [3]) == -1
+    start, end = (7,), (8, 9)
+    assert think_section_open([1, 7, 5], start, end)
+    assert not think_section_open([1, 7, 5, 8, 9], start, end)
+    assert think_section_open([7, 8, 9, 7], start, end)
+    assert not think_section_open([1, 2, 3], start, end)  # neither sequence: not thinking (manager.py NOTE 4)
+    assert not think_section_open([7], (), end)
+
+
+# -- the worker's half: the bitmask's layout -------------------------------------------------
+
+
+def test_unpack_bitmask_reads_32_tokens_per_word_and_refuses_tokens_past_it():
+    words = torch.tensor([[0b101, -1], [0, -(1 << 31)]], dtype=torch.int32)  # [2, 2]: 64 tokens
+    allowed = unpack_bitmask(words, 70)  # a vocabulary padded past the mask
+    assert allowed.shape == (2, 70)
+    assert allowed[0].nonzero().flatten().tolist() == [0, 2, *range(32, 64)]
+    assert allowed[1].nonzero().flatten().tolist() == [63]
+    # xgrammar's own layout agrees: its matcher's row and our unpacking name the same tokens.
+    info = xgr.TokenizerInfo([f"t{i}" for i in range(40)])
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_regex("t1[0-9]"))
+    mask = xgr.allocate_token_bitmask(1, 40)
+    matcher.fill_next_token_bitmask(mask)
+    assert unpack_bitmask(mask, 40)[0].nonzero().flatten().tolist() == [1] + list(range(10, 20))
+
+
+def step_with_mask(req_ids, first_rows, mask_rows, spec=None) -> SchedulerOutput:
+    return SchedulerOutput(
+        (), (), {r: 1 + len((spec or {}).get(r, ())) for r in req_ids},
+        sum(1 + len((spec or {}).get(r, ())) for r in req_ids), frozenset(), frozenset(),
+        scheduled_spec_decode_tokens=spec or {}, structured_output_request_ids=first_rows,
+        grammar_bitmask=np.array(mask_rows, dtype=np.int32),
+    )  # fmt: skip
+
+
+def test_apply_grammar_bitmask_masks_only_the_constrained_rows():
+    logits = torch.arange(3 * 40, dtype=torch.float32).reshape(3, 40)
+    before = logits.clone()
+    step = step_with_mask(["a", "b", "c"], {"b": 0}, [[0b110, 0]])
+    apply_grammar_bitmask(step, ["a", "b", "c"], logits)
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [1, 2]
+    assert logits[1, 1] == before[1, 1]
+
+
+def test_apply_grammar_bitmask_gives_each_draft_position_its_row():
+    logits = torch.zeros(5, 32)  # "a": 1 row; "b": 1 + 2 drafts = rows 1-3; "c": row 4
+    step = step_with_mask(["a", "b", "c"], {"b": 0}, [[1 << 3], [1 << 4], [1 << 5]], spec={"b": (7, 8)})
+    apply_grammar_bitmask(step, ["a", "b", "c"], logits, {"a": 0, "b": 1, "c": 4})
+    assert [torch.isfinite(row).nonzero().flatten().tolist() for row in logits] == [
+        list(range(32)), [3], [4], [5], list(range(32))
+    ]
+
+
+# -- the scheduler: WAITING_FOR_FSM ----------------------------------------------------------
+
+
+class FakeCompile:
+    """A grammar whose compile finishes when the test says so."""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def is_grammar_ready(self) -> bool:
+        return self.ready
+
+
+def test_a_request_waiting_for_its_grammar_is_passed_over_and_keeps_its_place():
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64),
+                          CacheConfig(block_size=4, num_gpu_blocks=64))  # fmt: skip
+    waiting = Request("fsm", [1, 2, 3], SamplingParams(max_tokens=4))
+    waiting.structured_output_request = compile_ = FakeCompile()
+    waiting.status = RequestStatus.WAITING_FOR_FSM
+    scheduler.add_request(waiting)
+    scheduler.add_request(Request("plain", [4, 5], SamplingParams(max_tokens=4)))
+    out = scheduler.schedule()
+    assert list(out.num_scheduled_tokens) == ["plain"]
+    assert [r.request_id for r in scheduler.waiting] == ["fsm"] and waiting.status == RequestStatus.WAITING_FOR_FSM
+    scheduler.check_invariants()
+    scheduler.add_request(Request("later", [6], SamplingParams(max_tokens=4)))
+    scheduler.finish_requests("plain", RequestStatus.FINISHED_ABORTED)
+    compile_.ready = True
+    out = scheduler.schedule()
+    assert list(out.num_scheduled_tokens) == ["fsm", "later"]  # its place, ahead of "later"
+    assert waiting.status == RequestStatus.RUNNING
+    scheduler.check_invariants()
+
+
+def test_an_abort_while_the_grammar_compiles_frees_everything():
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64),
+                          CacheConfig(block_size=4, num_gpu_blocks=16))  # fmt: skip
+    waiting = Request("fsm", [1, 2, 3], SamplingParams(max_tokens=4))
+    waiting.structured_output_request = FakeCompile()
+    waiting.status = RequestStatus.WAITING_FOR_FSM
+    scheduler.add_request(waiting)
+    assert scheduler.schedule().total_num_scheduled_tokens == 0
+    scheduler.finish_requests("fsm", RequestStatus.FINISHED_ABORTED)
+    assert not scheduler.requests and not scheduler.waiting
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 16
+    scheduler.check_invariants()
+
+
+# -- the engine, on the shipped model --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llm():
+    llm = LLM(torch_threads=1, max_num_seqs=16)
+    yield llm
+    llm.engine.shutdown()
+
+
+def greedy(so: SO | None, max_tokens: int = 24, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=so, **kw)
+
+
+def texts(outs) -> list[str]:
+    return [o.outputs[0].text for o in outs]
+
+
+def test_choices_regexes_and_schemas_are_obeyed(llm):
+    choice = SO(choice=["yes", "no", "maybe"])
+    regex = SO(regex=r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)")
+    prompts = ["Is the sky blue?", "Answer: ", "def f(x):", "import os\n"]
+    outs = llm.generate(prompts, [greedy(choice)] * 4, use_tqdm=False)
+    assert all(t in ("yes", "no", "maybe") for t in texts(outs))
+    assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+    seeded = [SamplingParams(temperature=1.0, seed=s, max_tokens=24, structured_outputs=choice) for s in range(4)]
+    assert all(t in ("yes", "no", "maybe") for t in texts(llm.generate(prompts, seeded, use_tqdm=False)))
+    outs = llm.generate(["Email: "] * 2, [greedy(regex, 30), SamplingParams(temperature=1.0, seed=3, max_tokens=30,
+                        structured_outputs=regex)], use_tqdm=False)  # fmt: skip
+    for out in outs:
+        text = out.outputs[0].text
+        assert re.fullmatch(r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)", text) or out.outputs[0].finish_reason == "length"
+        assert re.fullmatch(r"[a-z]{0,6}(@[a-z]{0,5}(\.[a-z]{0,3})?)?", text), text  # a prefix, whatever happened
+    outs = llm.generate(["person = "], [greedy(SO(json=PERSON, disable_any_whitespace=True), 60)], use_tqdm=False)
+    out = outs[0].outputs[0]
+    assert out.finish_reason == "stop", out.text
+    value = json.loads(out.text)
+    assert set(value) == {"name", "age"} and isinstance(value["name"], str) and len(value["name"]) <= 8
+    assert isinstance(value["age"], int) and 0 <= value["age"] <= 99
+
+
+def test_json_object_gives_an_object_and_a_grammar_its_language(llm):
+    outs = llm.generate(["x = "], [greedy(SO(json_object=True), 80)], use_tqdm=False)
+    text = outs[0].outputs[0].text
+    assert text.lstrip().startswith("{")
+    if outs[0].outputs[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    grammar = 'root ::= "(" digits ")"\ndigits ::= [0-9] | [0-9] digits'
+    out = llm.generate(["n = "], [greedy(SO(grammar=grammar), 12)], use_tqdm=False)[0].outputs[0]
+    assert re.fullmatch(r"\([0-9]+\)" if out.finish_reason == "stop" else r"\([0-9]*", out.text), out.text
+
+
+def test_unconstrained_neighbours_get_the_tokens_they_get_alone(llm):
+    plain = [greedy(None, 16), SamplingParams(temperature=0.9, seed=11, max_tokens=16)]
+    prompts = ["def add(a, b):", "class Stack:"]
+    alone = [o.outputs[0].token_ids for o in llm.generate(prompts, plain, use_tqdm=False)]
+    mixed = llm.generate(
+        [*prompts, "Is it?", "person = "],
+        [*plain, greedy(SO(choice=["yes", "no"])), greedy(SO(json=PERSON), 16)], use_tqdm=False,
+    )  # fmt: skip
+    assert [o.outputs[0].token_ids for o in mixed[:2]] == alone
+
+
+def test_logprobs_are_of_the_masked_logits(llm):
+    allowed = ("yes", "no")
+    out = llm.generate(["Is it?"], [greedy(SO(choice=list(allowed)), logprobs=5)], use_tqdm=False)[0].outputs[0]
+    first = out.logprobs[0]  # {token_id: Logprob}: the top 5 and the sampled one
+    finite = {tid for tid, lp in first.items() if lp.logprob > float("-inf")}
+    tok = llm.get_tokenizer() if hasattr(llm, "get_tokenizer") else llm.engine.tokenizer
+    starts = {tid for tid in range(tok.vocab_size) if any(c.startswith(tok.decode([tid])) and tok.decode([tid]) for c in allowed)}
+    assert finite and finite <= starts, (finite, starts)
+    assert abs(sum(np.exp(lp.logprob) for tid, lp in first.items() if tid in finite) - 1) < 1e-4 or len(finite) == 5
+
+
+def test_a_bad_constraint_is_refused_before_anything_is_queued(llm):
+    engine = llm.engine
+    free = engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    for so, field in [(SO(regex="(unclosed"), "regex"), (SO(json={"type": "nope"}), "json")]:
+        with pytest.raises(ValueError, match=f"structured_outputs {field} is not a valid {field}"):
+            llm.generate(["x"], [greedy(so)], use_tqdm=False)
+    assert not engine.has_unfinished_requests() and not engine.scheduler.requests
+    assert engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == free
+    assert texts(llm.generate(["Is it?"], [greedy(SO(choice=["yes", "no"]))], use_tqdm=False))[0] in ("yes", "no")
+
+
+def test_one_compile_per_schema_is_shared_and_cached(llm):
+    manager = llm.engine.structured_output_manager
+    schema = {"type": "object", "properties": {"k": {"type": "boolean"}}, "required": ["k"]}
+    first = manager.compile(SO(json=schema))
+    assert manager.compile(SO(json=json.dumps(schema))) is first  # same key, same Future
+    first.result(timeout=30)
+    outs = llm.generate(["a = ", "b = "], [greedy(SO(json=schema, disable_any_whitespace=True), 20)] * 2, use_tqdm=False)
+    assert all(json.loads(t) in ({"k": True}, {"k": False}) for t, o in zip(texts(outs), outs) if o.outputs[0].finish_reason == "stop")
+    manager.check_invariants()
+
+
+def test_an_abort_while_compiling_leaks_nothing_and_others_run_meanwhile(llm, monkeypatch):
+    engine, manager = llm.engine, llm.engine.structured_output_manager
+    gate = threading.Event()
+    real = manager.backend.compile
+
+    def slow_compile(params):
+        assert gate.wait(30)
+        return real(params)
+
+    monkeypatch.setattr(manager.backend, "compile", slow_compile)
+    engine.add_request("slow", [5, 6, 7], greedy(SO(regex="[0-9]{3}-slow")))
+    engine.add_request("plain", [5, 6, 7], greedy(None, 3))
+    finished = []
+    while "plain" not in finished:
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert engine.scheduler.requests["slow"].status == RequestStatus.WAITING_FOR_FSM
+    engine.abort_request("slow")
+    gate.set()
+    assert not engine.has_unfinished_requests() and not engine.scheduler.requests
+    engine.check_invariants()
+    assert engine.scheduler.kv_cache_manager.usage == 0
+
+
+def test_a_failed_compile_ends_the_request_with_an_error_and_the_engine_serves_on(llm, monkeypatch):
+    manager = llm.engine.structured_output_manager
+
+    def broken(params):
+        raise RuntimeError("backend exploded")
+
+    monkeypatch.setattr(manager.backend, "compile", broken)
+    outs = llm.generate(["a", "Is it?"], [greedy(SO(regex="[0-9]+zz")), greedy(None, 4)], use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "error" and outs[0].outputs[0].token_ids == []
+    assert len(outs[1].outputs[0].token_ids) == 4
+    manager._cache.clear()  # the failed Future is not reused anyway (manager.compile)
+
+
+def test_structured_outputs_with_async_scheduling_are_refused_naming_both():
+    llm = LLM(torch_threads=1, async_scheduling=True, max_num_seqs=4)
+    try:
+        with pytest.raises(ValueError, match="structured_outputs.*async_scheduling=True"):
+            llm.generate(["x"], [greedy(SO(choice=["a"]))], use_tqdm=False)
+        assert not llm.engine.has_unfinished_requests()
+    finally:
+        llm.engine.shutdown()
+
+
+def test_structured_outputs_config_is_checked():
+    with pytest.raises(ValueError, match="unknown keys"):
+        StructuredOutputsConfig.from_dict({"backend": "xgrammar", "bogus": 1})
+    with pytest.raises(ValueError, match="'guidance'"):
+        StructuredOutputsConfig(backend="guidance")
