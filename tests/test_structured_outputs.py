@@ -336,3 +336,121 @@ def test_structured_outputs_config_is_checked():
         StructuredOutputsConfig.from_dict({"backend": "xgrammar", "bogus": 1})
     with pytest.raises(ValueError, match="'guidance'"):
         StructuredOutputsConfig(backend="guidance")
+
+
+# -- composing with the rest of the engine ---------------------------------------------------
+
+
+def test_n_seeds_and_penalties_compose_with_the_mask(llm):
+    choice = ["red", "green", "blue", "yellow"]
+    params = SamplingParams(temperature=1.0, seed=7, n=3, max_tokens=12, presence_penalty=1.5, repetition_penalty=1.3,
+                            structured_outputs=SO(choice=choice))  # fmt: skip
+    first = llm.generate(["colour: "], [params], use_tqdm=False)[0]
+    again = llm.generate(["colour: "], [params], use_tqdm=False)[0]
+    assert len(first.outputs) == 3 and all(c.text in choice for c in first.outputs)
+    assert [c.token_ids for c in first.outputs] == [c.token_ids for c in again.outputs]  # seeded: repeatable
+
+
+def test_preemption_keeps_each_matcher_in_step_with_its_tokens():
+    # 20 blocks of 4 tokens for four requests of ~30 tokens (8 blocks each): the last running ones are preempted.
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 8, "maxItems": 8}
+    params = [greedy(SO(json=schema, disable_any_whitespace=True), 40)] * 4
+    prompts = ["x = " * 6, "y = " * 6, "z = " * 6, "w = " * 6]
+    small = LLM(torch_threads=1, max_num_seqs=4, block_size=4, num_gpu_blocks_override=20, max_model_len=64)
+    roomy = LLM(torch_threads=1, max_num_seqs=4)
+    try:
+        tight = small.generate(prompts, params, use_tqdm=False)
+        assert small.engine.scheduler.num_preemptions > 0
+        assert [o.outputs[0].token_ids for o in tight] == [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
+        for out in tight:
+            if out.outputs[0].finish_reason == "stop":
+                value = json.loads(out.outputs[0].text)
+                assert len(value) == 8 and all(isinstance(v, int) and 0 <= v <= 9 for v in value)
+    finally:
+        small.engine.shutdown()
+        roomy.engine.shutdown()
+
+
+def test_drafts_the_grammar_refuses_are_cut_when_proposed(llm):
+    manager = llm.engine.structured_output_manager
+    tok = llm.engine.tokenizer
+    request = Request("d", [5, 6], greedy(SO(regex="ab+c")))
+    request.status = RequestStatus.WAITING
+    manager.grammar_init(request)
+    while not request.structured_output_request.is_grammar_ready():
+        pass
+    a, b, c, x = (tok.convert_tokens_to_ids(t) for t in ("a", "b", "c", "x"))
+    assert manager.trim_drafts(request, [a, b, b, x, c]) == [a, b, b]
+    assert manager.trim_drafts(request, [x, a]) == []
+    grammar = request.structured_output_request.grammar
+    assert grammar.num_processed_tokens == 0 and grammar.validate_tokens([a, b, c]) == [a, b, c]  # state untouched
+
+
+def test_speculative_decoding_gives_the_greedy_tokens_of_plain_decoding():
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    schema = {"type": "array", "items": {"type": "string", "enum": ["ab", "abab", "b"]}, "minItems": 6, "maxItems": 6}
+    params = [greedy(SO(json=schema, disable_any_whitespace=True), 48), greedy(SO(regex="(ab|ba){2,12}"), 24),
+              greedy(None, 16)]  # fmt: skip
+    prompts = ['["ab", "ab", "ab", ', "abababab", "for i in range(10):"]
+    plain = LLM(torch_threads=1, max_num_seqs=4)
+    speculative = LLM(torch_threads=1, max_num_seqs=4, speculative_config=spec)
+    try:
+        want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+        got = [o.outputs[0].token_ids for o in speculative.generate(prompts, params, use_tqdm=False)]
+        assert got == want
+        assert speculative.engine.scheduler.spec_stats.num_draft_tokens > 0  # drafts were verified under the mask
+    finally:
+        plain.engine.shutdown()
+        speculative.engine.shutdown()
+
+
+def test_a_think_section_in_the_prompt_is_waited_out_then_the_grammar_applies(llm):
+    engine, tok = llm.engine, llm.engine.tokenizer
+    start, end = (tok.convert_tokens_to_ids(t) for t in ("<think>", "</think>"))
+    prompt = tok.encode("Is the sky blue? ") + [start]
+    params = SamplingParams(temperature=0, max_tokens=20, thinking_token_budget=3, structured_outputs=SO(choice=["yes", "no"]))
+    engine.add_request("think", prompt, params)
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    ids = list(done[0].outputs[0].token_ids)
+    assert ids[3] == end  # three free think tokens, then the forced end
+    assert tok.decode(ids[4:], skip_special_tokens=True) in ("yes", "no")
+    # Without the open section the first token is already constrained.
+    engine.add_request("plain", tok.encode("Is the sky blue? "), params)
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    assert done[0].outputs[0].text in ("yes", "no")
+
+
+def test_enable_in_reasoning_constrains_inside_the_think_section():
+    llm = LLM(torch_threads=1, max_num_seqs=2, structured_outputs_config={"enable_in_reasoning": True})
+    try:
+        tok = llm.engine.tokenizer
+        prompt = tok.encode("Is the sky blue? ") + [tok.convert_tokens_to_ids("<think>")]
+        out = llm.generate([{"prompt_token_ids": prompt}], [greedy(SO(choice=["yes", "no"]))], use_tqdm=False)
+        assert out[0].outputs[0].text in ("yes", "no")
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_mask_is_applied_on_the_device_and_outputs_obey_it():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    logits = torch.randn(3, 64, device="cuda")
+    step = step_with_mask(["a", "b", "c"], {"c": 0}, [[1 << 5, 1 << 1]])
+    expected = logits.cpu().clone()
+    apply_grammar_bitmask(step, ["a", "b", "c"], expected)
+    apply_grammar_bitmask(step, ["a", "b", "c"], logits)
+    assert torch.equal(logits.cpu(), expected) and torch.isfinite(logits[2]).nonzero().flatten().tolist() == [5, 33]
+    llm = LLM(device="cuda", max_num_seqs=8)
+    try:
+        outs = llm.generate(["Is it?", "person = "], [greedy(SO(choice=["yes", "no"])),
+                            greedy(SO(json=PERSON, disable_any_whitespace=True), 60)], use_tqdm=False)  # fmt: skip
+        assert outs[0].outputs[0].text in ("yes", "no")
+        if outs[1].outputs[0].finish_reason == "stop":
+            assert set(json.loads(outs[1].outputs[0].text)) == {"name", "age"}
+    finally:
+        llm.engine.shutdown()

@@ -3,12 +3,14 @@ gives the tokens of a one-process engine, token for token, with logprobs within 
 rounding, for Qwen3, Qwen2 and Llama, through prefix caching (a shared prefix), chunked
 prefill (a small token budget), preemption (few KV blocks) and n > 1; seeded sampling
 repeats under N = 2; n-gram speculative decoding and every emulated ``cudagraph_mode`` too
-(slow); ``AsyncLLM`` streams the same tokens, with async scheduling. Each engine start spawns two worker processes,
+(slow); a regex-constrained request gets one rank's tokens (the grammar bitmask reaches both ranks);
+``AsyncLLM`` streams the same tokens, with async scheduling. Each engine start spawns two worker processes,
 so each test starts few engines and gives each several prompts and features at once."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from engine_compare import assert_same_tokens_and_logprobs
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.engine.async_llm import AsyncLLM
 from tinyvllm.engine.engine_args import EngineArgs
+from tinyvllm.sampling_params import StructuredOutputsParams
 
 LOGPROB_TOL = 1e-4  # float32 rounding: a split matmul sums in another order
 SHARED = list(range(3, 35))  # a 32-token prefix, 8 blocks of 4: cached by the first request
@@ -27,6 +30,7 @@ PROMPTS = [
     {"prompt_token_ids": list(range(60, 90))},
 ]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, logprobs=1, ignore_eos=True)
+CONSTRAINED = SamplingParams(max_tokens=10, temperature=0, structured_outputs=StructuredOutputsParams(regex="[a-c]{3}(-[0-9]{2})+"))
 # 20 blocks of 4 tokens hold one 64-token request and little more: four requests preempt
 ENGINE = dict(
     device="cpu", torch_threads=1, block_size=4, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4,
@@ -45,10 +49,11 @@ def generate_both(folder: str, **kwargs):
             greedy = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
             sampled = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
             again = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
+            constrained = llm.generate(PROMPTS[2:], CONSTRAINED, use_tqdm=False)  # the step's bitmask reaches both ranks
             scheduler = llm.engine.scheduler
             runs[size] = (
                 greedy, sampled, again, scheduler.num_preemptions, scheduler.spec_stats.num_accepted_tokens,
-                scheduler.get_stats().prefix_cache_hit_rate,
+                scheduler.get_stats().prefix_cache_hit_rate, constrained,
             )  # fmt: skip
         finally:
             llm.engine.model_executor.shutdown()
@@ -62,7 +67,7 @@ def token_ids(outputs) -> list[list[list[int]]]:
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 def test_two_ranks_give_one_ranks_tokens(tiny_model_dirs, family):
     runs = generate_both(str(tiny_model_dirs[family]))
-    (greedy_1, sampled_1, *_), (greedy_2, sampled_2, again_2, preemptions_2, _, hit_rate_2) = runs[1], runs[2]
+    (greedy_1, sampled_1, *_, constrained_1), (greedy_2, sampled_2, again_2, preemptions_2, _, hit_rate_2, constrained_2) = runs[1], runs[2]
     assert_same_tokens_and_logprobs(greedy_1, greedy_2, abs_tol=LOGPROB_TOL)
     assert all(len(out.outputs[0].token_ids) == 12 for out in greedy_2)
     assert preemptions_2 > 0  # the few blocks did preempt: recompute gave the same tokens
@@ -70,6 +75,8 @@ def test_two_ranks_give_one_ranks_tokens(tiny_model_dirs, family):
     assert token_ids(sampled_2) == token_ids(again_2)  # seeded sampling repeats under N = 2
     assert token_ids(sampled_2) == token_ids(sampled_1)  # and matches one rank's
     assert all(len(out.outputs) == 2 for out in sampled_2)
+    assert token_ids(constrained_2) == token_ids(constrained_1)  # structured outputs: the mask on both ranks
+    assert all(re.fullmatch(r"[a-c]{0,3}|[a-c]{3}(-[0-9]{0,2})*", out.outputs[0].text) for out in constrained_2)
 
 
 @pytest.mark.slow

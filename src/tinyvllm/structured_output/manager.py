@@ -141,6 +141,8 @@ class StructuredOutputManager:
     ) -> SchedulerOutput:
         """The step with its bitmask: one row per sampled position of each scheduled
         constrained request (NOTE 3); the step unchanged when none is (NOTE 5)."""
+        if self._backend is None:  # NOTE 5: no request has asked for a constraint yet
+            return scheduler_output
         constrained = [rid for rid in scheduler_output.num_scheduled_tokens
                        if (r := requests.get(rid)) is not None and r.use_structured_output]  # fmt: skip
         if not constrained:
