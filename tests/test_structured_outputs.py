@@ -413,6 +413,7 @@ def test_a_think_section_in_the_prompt_is_waited_out_then_the_grammar_applies(ll
     done = []
     while engine.has_unfinished_requests():
         done += [o for o in engine.step() if o.finished]
+        engine.check_invariants()  # the matcher took exactly the tokens after the section
     ids = list(done[0].outputs[0].token_ids)
     assert ids[3] == end  # three free think tokens, then the forced end
     assert tok.decode(ids[4:], skip_special_tokens=True) in ("yes", "no")

@@ -6,9 +6,9 @@ that ``import tinyvllm.core`` (the scheduler side) never pulls in torch; a test 
 
 from tinyvllm.outputs import CompletionOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "CompletionOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 

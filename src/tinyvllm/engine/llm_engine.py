@@ -416,6 +416,7 @@ class LLMEngine:
         assert all(view == views[0] for view in views), "the ranks' runners hold different requests"
         runner = views[0]
         self.output_processor.check_invariants()
+        self.structured_output_manager.check_invariants(scheduler.requests.values())
         if self.proposer is not None:
             self.proposer.check_invariants()
         unfinished, tracked = set(scheduler.requests), set(self.output_processor.request_states)

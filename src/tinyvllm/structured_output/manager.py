@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -191,6 +191,7 @@ class StructuredOutputManager:
         if so is None or so.grammar is None or not new_token_ids:
             return
         tokens = list(new_token_ids)
+        so.num_unconstrained_tokens += len(tokens)  # until the matcher takes them, below
         if not self.should_fill_bitmask(request):
             end_ids = self.reasoning_config.reasoning_end_token_ids
             first_new = request.num_tokens - len(tokens)
@@ -199,7 +200,10 @@ class StructuredOutputManager:
                 return  # still thinking: no end sequence ends among the new tokens
             so.reasoning_ended = True
             tokens = tokens[closed_at - first_new :]
-        if not so.grammar.is_terminated() and not so.grammar.accept_tokens(tokens):
+        if so.grammar.is_terminated():
+            return  # it took its stop token; what follows (ignore_eos) stays unconstrained
+        so.num_unconstrained_tokens -= len(tokens)
+        if not so.grammar.accept_tokens(tokens):
             so.grammar, so.error = None, f"the grammar refused a sampled token of {tokens}"  # its next rows allow nothing
     # --8<-- [end:advance]
 
@@ -223,5 +227,12 @@ class StructuredOutputManager:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
-    def check_invariants(self) -> None:
+    def check_invariants(self, requests: Iterable[Request] = ()) -> None:
+        """The cache's bound, and each unfinished request's matcher against its output tokens."""
         assert len(self._cache) <= MAX_CACHED_GRAMMARS, f"{len(self._cache)} cached grammars"
+        for request in requests:
+            so = request.structured_output_request
+            if so is None or so.grammar is None:
+                continue
+            fed = so.grammar.num_processed_tokens + so.num_unconstrained_tokens
+            assert fed == request.num_output_tokens, f"{request!r}: its matcher took {fed} of {request.num_output_tokens} tokens"

@@ -38,6 +38,7 @@ class StructuredOutputRequest:
         self.grammar = None  # this request's matcher, once ready
         self.error: str | None = None  # NOTE 1
         self.reasoning_ended: bool | None = None  # None: not decided yet (manager.py NOTE 4)
+        self.num_unconstrained_tokens = 0  # output tokens of its think section, never fed to the matcher
 
     def is_grammar_ready(self) -> bool:
         """True once the compile finished (then ``grammar`` or ``error`` is set); never blocks."""
