@@ -455,3 +455,13 @@ def test_on_cuda_the_mask_is_applied_on_the_device_and_outputs_obey_it():
             assert set(json.loads(outs[1].outputs[0].text)) == {"name", "age"}
     finally:
         llm.engine.shutdown()
+
+
+def test_past_its_stop_token_a_request_that_ignores_eos_runs_unconstrained(llm):
+    params = greedy(SO(choice=["yes", "no"]), 8, ignore_eos=True)
+    out = llm.generate(["Is it?"], [params], use_tqdm=False)[0].outputs[0]
+    eos = llm.engine.eos_token_id
+    ids = list(out.token_ids)
+    assert len(ids) == 8 and eos in ids, ids  # the grammar's end, then free tokens
+    answer = llm.engine.tokenizer.decode(ids[: ids.index(eos)])
+    assert answer in ("yes", "no")

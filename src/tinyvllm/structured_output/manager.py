@@ -29,6 +29,8 @@ end sequence. vLLM's reasoning parsers treat a prompt with neither sequence as s
 here it is constrained from the first token, since a model without a think section never closes one.
 NOTE 5 (no constraint, no cost): a step with no constrained request builds nothing and its
 ``SchedulerOutput`` carries no mask.
+NOTE 6 (after the stop token): a matcher that accepted its stop token is terminated; a request
+that runs on (``ignore_eos``) is unconstrained from there, as in vLLM.
 """
 
 from __future__ import annotations
@@ -163,7 +165,10 @@ class StructuredOutputManager:
             else:
                 accepted = 0
                 for i, draft in enumerate((*drafts, None)):
-                    so.grammar.fill_bitmask(bitmask, row + i)
+                    if so.grammar.is_terminated():  # NOTE 6: past its stop token, nothing to constrain
+                        bitmask[row + i] = -1
+                    else:
+                        so.grammar.fill_bitmask(bitmask, row + i)
                     if draft is not None and not so.grammar.is_terminated():
                         assert so.grammar.accept_tokens([draft]), f"{rid!r}: draft {draft} was trimmed (NOTE 3)"
                         accepted += 1
