@@ -34,6 +34,9 @@ def snapshot_counts(snapshot: StepSnapshot, panels: tuple[str, ...]) -> Counter:
     if "scheduler" in panels and snapshot.scheduler is not None:
         want["running"] = len(snapshot.scheduler.running)
         want["waiting"] = len(snapshot.scheduler.waiting)
+        for x in snapshot.scheduler.scheduled:
+            for row, count in enumerate(x.num_allowed_tokens or ()):
+                want[f"allowed:{x.request_id}:{row}"] = count + 1  # + 1: a count of 0 still counts
     if "batch" in panels and snapshot.batch is not None:
         want["batch-row"] = len(snapshot.batch.rows)
     if "kv_cache" in panels:
@@ -55,6 +58,9 @@ def drawn_counts(svg: str) -> Counter:
             got["written-slot"] += 'data-written="1"' in element
         elif role[1] == "free-run":  # a run of free blocks the trace never touched (svg_step NOTE 2)
             got["free-block"] += int(re.search(r'data-count="(\d+)"', element)[1])
+        elif role[1] == "allowed-tokens":  # svg_step NOTE 4: one box per constrained request
+            for row, count in enumerate(re.search(r'data-allowed="([\d ]*)"', element)[1].split()):
+                got[f"allowed:{request[1]}:{row}"] += int(count) + 1
         elif role[1] in ("free-block", "running", "waiting", "batch-row"):
             got[role[1]] += 1
     return +got
