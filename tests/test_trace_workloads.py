@@ -203,6 +203,26 @@ def test_popcount_row_counts_the_set_bits_below_the_vocabulary():
     assert popcount_row([], 10) == 0
 
 
+def test_allowed_token_counts_give_each_draft_position_its_row():
+    """A request verifying k drafts owns k + 1 rows from its first (manager.py NOTE 3); an
+    unconstrained request and a step without a mask have no count."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tinyvllm.trace.grammar_rows import allowed_token_counts
+
+    mask = np.zeros((4, 2), dtype=np.int32)  # rows: A; B after 0, 1 and 2 drafts
+    mask[0] = [-1, -1]
+    mask[1] = [0b111, 0]
+    mask[2] = [0b1, 0]
+    mask[3] = [0, 1 << 3]
+    out = SimpleNamespace(grammar_bitmask=mask, structured_output_request_ids={"A": 0, "B": 1},
+                          scheduled_spec_decode_tokens={"B": [5, 6], "C": [7]})  # fmt: skip
+    assert allowed_token_counts(out, 40) == {"A": (40,), "B": (3, 1, 1)}
+    assert allowed_token_counts(SimpleNamespace(grammar_bitmask=None), 40) == {}
+
+
 def test_structured_outputs_trace_counts_what_an_independent_matcher_allows():
     """Tutorial 12's constraints beside a free request: each constrained row's recorded count
     equals the count of an xgrammar matcher of the test's own (built from the tokenizer, fed
