@@ -6,7 +6,9 @@ relies on.
 recounted by an independent xgrammar matcher (built from the tokenizer, not from the
 engine's manager): the allowed count the tutorial read from the step's bitmask equals the
 matcher's count after the tokens chosen before it, the chosen token is one of them, the
-listed tokens are exactly the allowed ones, and each part's output fits its constraint.
+listed tokens are exactly the allowed ones, and each part's output fits its constraint. Part 4
+(speculative decoding) is replayed the same way, a row per draft position: row i after drafts
+0 .. i-1, the matcher rolled back after, advanced by the kept tokens only.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def test_tutorial_12_allowed_counts_are_an_independent_matchers():
     for t in range(vocab):
         text_to_id.setdefault(tok.decode([t]), []).append(t)
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[eos]))
-    parts = _parts(out)
+    parts = _parts(out)[:PARTS]  # part 4, with drafts: test_tutorial_12_each_draft_position_has_its_row
     assert len(parts) == PARTS, out
     for (header, rows, output), (_, _, constraint, _) in zip(parts, _tutorial().PARTS):
         if constraint.choice is not None:
@@ -87,3 +89,62 @@ def test_tutorial_12_allowed_counts_are_an_independent_matchers():
         assert matcher.is_terminated()
         assert "finish_reason 'stop'" in output and output.endswith(": yes"), output
     assert "compiled grammars in the manager's cache: 3" in out
+
+
+def _cells(cell: str) -> list[str]:
+    """The tokens of a part-4 cell: Python reprs separated by spaces, or "-"."""
+    return [ast.literal_eval(t) for t in re.findall(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", cell)]
+
+
+@pytest.mark.slow
+def test_tutorial_12_each_draft_position_has_its_row():
+    xgr = pytest.importorskip("xgrammar")
+    from tinyvllm.models.tokenizer import load_tokenizer
+    from tinyvllm.stdlib_tiny import STDLIB_TINY
+
+    out = tutorial_output("12_structured_outputs.py")
+    part = out.split("\n== part 4:", 1)[1]
+    tok = load_tokenizer(STDLIB_TINY)
+    vocab = len(tok)
+    ids_of: dict[str, list[int]] = {}
+    for t in range(vocab):
+        ids_of.setdefault(tok.decode([t]), []).append(t)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[tok.eos_token_id]))
+    _, constraint, _ = _tutorial().IMPORTS
+    matcher = xgr.GrammarMatcher(compiler.compile_regex(constraint.regex))
+    mask = xgr.allocate_token_bitmask(1, vocab)
+
+    def allowed() -> list[int]:
+        matcher.fill_next_token_bitmask(mask)
+        return [t for t in range(vocab) if (int(mask[0, t // 32]) >> (t % 32)) & 1]
+
+    def one_id(text: str, among: list[int]) -> int:
+        [token] = [t for t in ids_of[text] if t in among]
+        return token
+
+    rows = [line.split(" | ") for line in part.splitlines() if re.match(r"^\s*\d+ \| ", line)]
+    assert rows, part
+    trimmed = kept_drafts = 0
+    for step, proposed, verified, counts, kept in rows:
+        proposed, verified, kept = _cells(proposed), _cells(verified), _cells(kept)
+        counts = [int(n) for n in counts.split(" / ")]
+        assert verified == proposed[: len(verified)], f"step {step}: the verified drafts are not a prefix of the proposal"
+        assert len(counts) == len(verified) + 1, f"step {step}: {len(counts)} rows for {len(verified)} drafts"
+        accepted = 0
+        for i, draft in enumerate([*verified, None]):
+            ids = allowed()
+            assert counts[i] == len(ids), f"step {step}, row {i}: printed {counts[i]}, the matcher allows {len(ids)}"
+            if draft is not None:
+                assert matcher.accept_token(one_id(draft, ids))
+                accepted += 1
+        if len(verified) < len(proposed):  # the grammar refused the next proposed draft
+            ids = allowed()
+            assert not [t for t in ids_of[proposed[len(verified)]] if t in ids], f"step {step}: a draft was trimmed that fits"
+            trimmed += 1
+        matcher.rollback(accepted)
+        for text in kept:
+            assert matcher.accept_token(one_id(text, allowed())), f"step {step}: kept {text!r}, which the grammar refuses"
+        assert kept[: len(kept) - 1] == verified[: len(kept) - 1]  # kept drafts, then the target's token
+        kept_drafts += len(kept) - 1 if verified else 0
+    assert matcher.is_terminated() and trimmed >= 1 and kept_drafts >= 1, (trimmed, kept_drafts)
+    assert "finish_reason 'stop'; re.fullmatch: yes" in part and "same tokens as without speculation: yes" in part

@@ -8,6 +8,10 @@ grammar allows (the row's set bits), the few it allows when they are few, the to
 chose among them, and the text so far. At the end of each part: the output checked against its
 constraint, and what the model writes from the same prompt with no constraint.
 
+Part 4 adds speculative decoding (tutorial 10's n-gram drafts, k 3) under a regex of import
+lines: a step verifying k drafts has k + 1 bitmask rows, row i being what the grammar allows
+after drafts 0 .. i-1; we print the drafts, each row's allowed count, and the tokens kept.
+
 Run it from the repository root: ``python tutorials/12_structured_outputs.py``.
 """
 
@@ -35,6 +39,8 @@ PARTS = [  # (title, prompt, constraint, max_tokens)
     ("a JSON schema", "config = ", StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True), 40),
 ]
 SHOW_ALLOWED = 8  # list the allowed tokens when there are at most this many
+SPEC = {"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}  # tutorial 10's
+IMPORTS = ("import os\nimport sys\nimport re\n", StructuredOutputsParams(regex=r"(import (os|sys|re)\n){4}"), 24)
 
 
 def popcount(words) -> int:
@@ -44,6 +50,21 @@ def popcount(words) -> int:
 
 def allowed_ids(words) -> list[int]:
     return [32 * i + b for i, w in enumerate(words) for b in range(32) if (int(w) >> b) & 1]
+
+
+class DraftRows:
+    """An ``LLMEngine.observer``: each step's drafts and every bitmask row of one request."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.steps: list[tuple[list[int], list[list[int]]]] = []
+
+    def on_step(self, engine, scheduler_output, core_outputs, error) -> None:
+        drafts = list(scheduler_output.scheduled_spec_decode_tokens.get(self.rid, ()))
+        first = scheduler_output.structured_output_request_ids.get(self.rid)
+        mask = scheduler_output.grammar_bitmask
+        rows = [] if first is None else [mask[r].tolist() for r in range(first, first + 1 + len(drafts))]
+        self.steps.append((drafts, rows))
 
 
 class BitmaskRows:
@@ -116,6 +137,52 @@ def main() -> None:
         free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
         print(f"without the constraint: {free.outputs[0].text!r}")
     print(f"\ncompiled grammars in the manager's cache: {manager.num_cached_grammars()}")
+    with_drafts()
+
+
+def with_drafts() -> None:
+    """Part 4: a mask row per draft position (``structured_output/manager.py`` NOTE 3)."""
+    llm = LLM(device="cpu", torch_threads=1, max_model_len=256, enable_prefix_caching=False, speculative_config=SPEC)
+    engine, tok = llm.engine, llm.get_tokenizer()
+    prompt, constraint, max_tokens = IMPORTS
+    engine.structured_output_manager.compile(constraint).result()
+    observer = DraftRows("part4")
+    engine.observer = observer
+    manager, proposals = engine.structured_output_manager, []
+    trim = manager.trim_drafts  # wrapped, to see what the n-gram proposer offered before the grammar trimmed it
+
+    def trim_and_keep(request, drafts):
+        proposals.append(list(drafts))
+        return trim(request, drafts)
+
+    manager.trim_drafts = trim_and_keep
+    engine.add_request("part4", tok(prompt).input_ids, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                        structured_outputs=constraint))  # fmt: skip
+    request = engine.scheduler.requests["part4"]
+    print(f"\n== part 4: drafts under a regex: regex = {constraint.regex!r}, speculative_config {SPEC}")
+    print(f"prompt {prompt!r}")
+    print("step | proposed                  | verified                  | allowed per row | tokens kept")
+    print("-----+---------------------------+---------------------------+-----------------+------------")
+    done, finish = 0, None
+    while engine.has_unfinished_requests():
+        proposed = proposals.pop() if proposals else []
+        for out in engine.step():
+            finish = out.outputs[0].finish_reason
+        drafts, rows = observer.steps[-1]
+        kept = request.output_token_ids[done:]
+        done = len(request.output_token_ids)
+        offered, shown = (" ".join(show(tok, t) for t in ids) or "-" for ids in (proposed, drafts))
+        counts = " / ".join(str(popcount(row)) for row in rows)
+        print(f"{len(observer.steps):4d} | {offered:25s} | {shown:25s} | {counts:15s} | {' '.join(show(tok, t) for t in kept)}")
+    engine.observer = None
+    stats = engine.scheduler.spec_stats
+    text = tok.decode([t for t in request.output_token_ids if t != engine.input_processor.eos_token_id])
+    print(f"output {text!r}, finish_reason {finish!r}; re.fullmatch: {'yes' if re.fullmatch(constraint.regex, text) else 'NO'}")
+    print(f"drafts verified {stats.num_draft_tokens}, kept {stats.num_accepted_tokens}")
+    plain = LLM(device="cpu", torch_threads=1, max_model_len=256, enable_prefix_caching=False)
+    same = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=constraint),
+                          use_tqdm=False)[0].outputs[0].token_ids == request.output_token_ids  # fmt: skip
+    print(f"same tokens as without speculation: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":
