@@ -123,6 +123,9 @@ COUNT_VISIBLE = """
     else if (role === 'slot') key = e.dataset.written === '1' ? 'written-slot' : null;
     else if (['free-block', 'running', 'waiting', 'batch-row'].includes(role)) key = role;
     if (role === 'free-run') counts['free-block'] = (counts['free-block'] || 0) + Number(e.dataset.count);
+    if (role === 'allowed-tokens') e.dataset.allowed.split(' ').forEach((n, row) => {
+      counts[`allowed:${e.dataset.request}:${row}`] = Number(n) + 1;  // trace_fixtures.drawn_counts
+    });
     if (key) counts[key] = (counts[key] || 0) + 1;
   }
   const box = fig[0].querySelector('svg').getBoundingClientRect();

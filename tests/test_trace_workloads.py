@@ -191,3 +191,100 @@ def test_spec_decode_trace_draws_drafts_kept_and_rejected():
     slot = r.block_ids[position // trace.block_size] * trace.block_size + position % trace.block_size
     hatched = {int(m) for m in re.findall(r'<rect [^>]*fill="url\(#[\w-]*hatch\)"[^>]*data-slot="(\d+)"', svg)}
     assert hatched == {slot}, (hatched, slot)
+
+
+def test_popcount_row_counts_the_set_bits_below_the_vocabulary():
+    from tinyvllm.trace.grammar_rows import popcount_row
+
+    assert popcount_row([-1, -1], 64) == 64  # an int32 word of -1: all 32 tokens
+    assert popcount_row([-1, -1], 40) == 40  # bits past the vocabulary do not count
+    assert popcount_row([0b1011, 1 << 31], 64) == 4  # tokens 0, 1, 3 and 63 (the sign bit)
+    assert popcount_row([0, 1 << 5, -1], 38) == 1  # token 37 is past the vocabulary
+    assert popcount_row([], 10) == 0
+
+
+def test_allowed_token_counts_give_each_draft_position_its_row():
+    """A request verifying k drafts owns k + 1 rows from its first (manager.py NOTE 3); an
+    unconstrained request and a step without a mask have no count."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tinyvllm.trace.grammar_rows import allowed_token_counts
+
+    mask = np.zeros((4, 2), dtype=np.int32)  # rows: A; B after 0, 1 and 2 drafts
+    mask[0] = [-1, -1]
+    mask[1] = [0b111, 0]
+    mask[2] = [0b1, 0]
+    mask[3] = [0, 1 << 3]
+    out = SimpleNamespace(grammar_bitmask=mask, structured_output_request_ids={"A": 0, "B": 1},
+                          scheduled_spec_decode_tokens={"B": [5, 6], "C": [7]})  # fmt: skip
+    assert allowed_token_counts(out, 40) == {"A": (40,), "B": (3, 1, 1)}
+    assert allowed_token_counts(SimpleNamespace(grammar_bitmask=None), 40) == {}
+
+
+def test_structured_outputs_trace_counts_what_an_independent_matcher_allows():
+    """Tutorial 12's constraints beside a free request: each constrained row's recorded count
+    equals the count of an xgrammar matcher of the test's own (built from the tokenizer, fed
+    the tokens the trace recorded, its bitmask unpacked by the worker's ``unpack_bitmask``);
+    the free request has no count at any step; each constrained request ends on a row that
+    allows EOS alone; the picture draws each count once."""
+    xgr = pytest.importorskip("xgrammar")
+    import json
+
+    from tinyvllm.models.tokenizer import load_tokenizer
+    from tinyvllm.stdlib_tiny import STDLIB_TINY
+    from tinyvllm.structured_output.backend_xgrammar import choice_as_grammar
+    from tinyvllm.structured_output.bitmask import unpack_bitmask
+    from tinyvllm.trace.svg_step import step_svg
+
+    trace = workload_trace("structured-outputs")
+    tok = load_tokenizer(STDLIB_TINY)
+    vocab = len(tok)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[tok.eos_token_id]))
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+              "required": ["name", "ok"], "additionalProperties": False}  # fmt: skip
+    matchers = {
+        "choice": xgr.GrammarMatcher(compiler.compile_grammar(choice_as_grammar(["yes", "no", "maybe"]))),
+        "year": xgr.GrammarMatcher(compiler.compile_regex(r"(19|20)[0-9]{2}")),
+        "json": xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)),
+    }
+    mask = xgr.allocate_token_bitmask(1, vocab)
+    seen: dict[str, list[int]] = {rid: [] for rid in (*matchers, "free")}
+    texts: dict[str, list[int]] = {rid: [] for rid in seen}
+    for index, step in enumerate(trace.steps):
+        for x in step.scheduler.scheduled:
+            if x.request_id == "free":
+                assert x.num_allowed_tokens is None, f"step {index}: an unconstrained request got a count"
+                continue
+            matcher = matchers[x.request_id]
+            matcher.fill_next_token_bitmask(mask)
+            count = int(unpack_bitmask(mask, vocab).sum())
+            assert x.num_allowed_tokens == (count,), f"step {index}, {x.request_id}: {x.num_allowed_tokens} != {count}"
+            seen[x.request_id].append(count)
+            for token in x.new_token_ids:
+                assert matcher.accept_token(token), f"step {index}: {x.request_id} sampled {token}, which its grammar refuses"
+            texts[x.request_id] += x.new_token_ids
+        svg = step_svg(trace, index)
+        for x in step.scheduler.scheduled:
+            drawn = re.findall(rf'data-role="allowed-tokens" data-request="{x.request_id}" data-allowed="([\d ]*)"', svg)
+            assert drawn == ([] if x.num_allowed_tokens is None else [" ".join(map(str, x.num_allowed_tokens))]), index
+    assert all(m.is_terminated() for m in matchers.values())
+    assert all(seen[rid][-1] == 1 for rid in matchers) and max(seen["json"]) > 1000  # EOS alone; a string is wide
+    assert tok.decode(texts["choice"][:-1]) in ("yes", "no", "maybe")
+    assert re.fullmatch(r"(19|20)[0-9]{2}", tok.decode(texts["year"][:-1]))
+    assert set(json.loads(tok.decode(texts["json"][:-1]))) == {"name", "ok"}
+
+
+def test_traces_without_constraints_keep_their_json_and_pictures():
+    """A trace with no constrained request writes no count (the JSON of the traces before
+    structured outputs, snapshot.py NOTE 5) and draws no grammar row."""
+    from tinyvllm.trace.svg_step import step_svg
+
+    for name in ("seed002-prefix-caching", "scheduler-preemption", "spec-decode-drafts"):
+        trace = workload_trace(name)
+        assert "num_allowed_tokens" not in trace.to_json(), name
+        assert all(x.num_allowed_tokens is None for s in trace.steps if s.scheduler for x in s.scheduler.scheduled)
+        assert not any('data-role="allowed-tokens"' in step_svg(trace, i) for i in range(len(trace.steps))), name
+    with_counts = workload_trace("structured-outputs")
+    assert Trace.from_json(with_counts.to_json()) == with_counts and '"num_allowed_tokens": [' in with_counts.to_json()

@@ -31,6 +31,7 @@ from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.device_syncs import upload
 
 
+# --8<-- [start:apply]
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``[G, W]`` int32 words -> ``[G, vocab_size]`` bool, True where the token is allowed."""
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
@@ -75,3 +76,4 @@ def apply_grammar_bitmask(
     allowed = unpack_bitmask(upload(words, torch.int32, logits.device), logits.shape[1])  # [G, V]
     at = upload(logits_rows, torch.int64, logits.device)  # [G]
     logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
+# --8<-- [end:apply]

@@ -100,6 +100,7 @@ class StructuredOutputManager:
             self._backend = backend_xgrammar.XgrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return self._backend
 
+    # --8<-- [start:compile]
     def compile(self, params: StructuredOutputsParams) -> Future:
         """The compile of ``params``' grammar, started now or found in the cache (NOTE 1, NOTE 2)."""
         key = params.key
@@ -123,6 +124,7 @@ class StructuredOutputManager:
         future = self.compile(params)
         request.structured_output_request = StructuredOutputRequest(params, future, self.backend.matcher)
         request.status = RequestStatus.WAITING_FOR_FSM
+    # --8<-- [end:compile]
 
     # -- one step ----------------------------------------------------------------------
 

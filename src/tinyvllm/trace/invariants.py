@@ -175,6 +175,8 @@ def _check_entry(x: ScheduledRequest, block_size: int, label: str) -> None:
         f"{label}: a decode of {x.num_tokens} tokens with {x.num_draft_tokens} drafts"
     )
     assert x.kind != "chunk" or not x.new_token_ids, f"{label}: a partial prefill sampled {x.new_token_ids}"
+    allowed = x.num_allowed_tokens  # snapshot.py NOTE 5: a count per bitmask row, one row per sampled position
+    assert allowed is None or (len(allowed) == 1 + x.num_draft_tokens and min(allowed) >= 0), f"{label}: allowed {allowed}"
     if x.admitted is not None:
         assert x.admitted in ("new", "resumed") and x.start == x.num_hit_tokens, (
             f"{label}: admitted {x.admitted!r} at {x.start} with {x.num_hit_tokens} hit tokens"

@@ -6,8 +6,8 @@ a worked example drives by hand: a ``Scheduler``, a ``KVCacheManager`` or an
 ``InputBatch`` (then the example calls ``capture`` where it wants a picture). Either way a
 snapshot only reads: the block pool and its free queue, the prefix cache map, every
 unfinished request and its block table, the step's ``SchedulerOutput`` and outputs, the
-persistent batch's rows and ``last_batch_update``, the runner's ``last_dispatch`` and the
-slot mapping it wrote into its persistent buffers. ``check_snapshot`` runs on every
+persistent batch's rows and ``last_batch_update``, the runner's ``last_dispatch``, its slot
+mapping, and the tokens each row of the step's grammar bitmask allows (``grammar_rows.py``). ``check_snapshot`` runs on every
 snapshot (``check=True``). The snapshots, with how to draw them, make a ``Trace``.
 
     with tinyvllm.trace.record(llm) as t:
@@ -71,6 +71,7 @@ from typing import Any
 from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.prefix_hash import HASH_VALUE, TOKEN_IDS
 from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.trace.grammar_rows import allowed_token_counts
 from tinyvllm.trace.in_flight import BatchSince, in_flight_output, in_flight_step, since_last_snapshot
 from tinyvllm.trace.invariants import check_snapshot
 from tinyvllm.trace.runner_state import RunnerState, batch_state, runner_state
@@ -86,6 +87,7 @@ from tinyvllm.trace.snapshot import (
     SlotWrite,
     StepSnapshot,
     Trace,
+    step_kind,
 )
 from tinyvllm.worker.startup_report import format_bytes
 
@@ -368,6 +370,7 @@ class Recorder:
             self._prompt_lens[d.req_id] = len(d.prompt_token_ids)
         results = {o.request_id: o for o in core_outputs}
         drafts = getattr(out, "scheduled_spec_decode_tokens", {})
+        allowed = allowed_token_counts(out, getattr(getattr(self.engine, "structured_output_manager", None), "vocab_size", 0))
         scheduled = []
         for rid, n in out.num_scheduled_tokens.items():
             start, new_blocks, admitted = starts[rid]
@@ -379,8 +382,8 @@ class Recorder:
             if reason is None and rid in finished:
                 reason = "stop"  # a stop string, found by the engine after the scheduler's update
             scheduled.append(ScheduledRequest(
-                rid, start, n, num_drafts, _kind(start, n - num_drafts, self._prompt_lens.get(rid, 0), tokens),
-                admitted, start if admitted else 0, tuple(new_blocks), tokens, reason,
+                rid, start, n, num_drafts, step_kind(start, n - num_drafts, self._prompt_lens.get(rid, 0), tokens),
+                admitted, start if admitted else 0, tuple(new_blocks), tokens, reason, allowed.get(rid),
             ))  # fmt: skip
         return SchedulerStep(budget, tuple(scheduled), tuple(sorted(out.preempted_req_ids)), finished, **queues)
 
@@ -479,15 +482,6 @@ class Recorder:
         from tinyvllm.trace.viewer import write_svgs
 
         return write_svgs(self.trace, folder)
-
-
-def _kind(start: int, num_real: int, num_prompt: int, sampled: tuple[int, ...]) -> str:
-    """``snapshot.py`` NOTE 2: decode, prefill (reached the end: sampled) or chunk."""
-    if not sampled:
-        return "chunk"
-    if num_real == 1 and start >= num_prompt:
-        return "decode"
-    return "prefill"
 
 
 def _same(a, b) -> bool:

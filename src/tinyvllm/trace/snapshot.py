@@ -48,6 +48,10 @@ next step is on the device. ``StepSnapshot.in_flight`` lists that step's request
 step in flight, always so without async scheduling) and ``RequestState.num_output_placeholders``
 the tokens each waits for; the JSON leaves both out at their defaults, so a synchronous
 trace is written as before (``recorder.py`` NOTE 8).
+NOTE 5 (structured outputs): ``ScheduledRequest.num_allowed_tokens`` counts the tokens each of
+the request's rows of the step's grammar bitmask allows (``grammar_rows.py``: the sampled
+position, and each draft position under speculation); None for an unconstrained request, and
+left out of the JSON then, so a trace without constraints is written as before.
 """
 
 from __future__ import annotations
@@ -237,6 +241,7 @@ class ScheduledRequest:
     new_block_ids: tuple[int, ...]  # blocks it got this step (its whole table when admitted)
     new_token_ids: tuple[int, ...]  # tokens sampled and kept this step
     finish_reason: str | None  # "stop", "length" or "abort" when it finished this step
+    num_allowed_tokens: tuple[int, ...] | None = None  # per grammar bitmask row; None: unconstrained (NOTE 5)
 
 
 @dataclass(frozen=True)
@@ -403,7 +408,16 @@ _NESTED: dict[str, type] = {
     "slots": SlotWrite,
     "in_flight": ScheduledRequest,
 }
-_OMITTED_AT_DEFAULT = ("in_flight", "num_output_placeholders")  # NOTE 4: the synchronous JSON unchanged
+_OMITTED_AT_DEFAULT = ("in_flight", "num_output_placeholders", "num_allowed_tokens")  # NOTE 4, NOTE 5
+
+
+def step_kind(start: int, num_real: int, num_prompt: int, sampled: tuple[int, ...]) -> str:
+    """NOTE 2: decode, prefill (reached the end: sampled) or chunk."""
+    if not sampled:
+        return "chunk"
+    if num_real == 1 and start >= num_prompt:
+        return "decode"
+    return "prefill"
 
 
 def _runs(ids: Iterable[int]) -> list[tuple[int, int]]:
@@ -441,6 +455,9 @@ def _step_dict(step: StepSnapshot) -> dict[str, Any]:
     data["free_queue"] = [list(run) for run in runs]
     if step.in_flight is None:  # NOTE 4
         del data["in_flight"]
+    for scheduled in [*(data["scheduler"] or {}).get("scheduled", ()), *(data.get("in_flight") or ())]:
+        if scheduled["num_allowed_tokens"] is None:  # NOTE 5
+            del scheduled["num_allowed_tokens"]
     for request in data["requests"]:
         if not request["num_output_placeholders"]:
             del request["num_output_placeholders"]

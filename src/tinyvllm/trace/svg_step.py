@@ -15,7 +15,8 @@ Mirrors: nothing in vLLM.
 
 Invariants: the drawn counts are the snapshot's: one ``free-block`` per block of the free
 queue, one ``table-block`` per entry of each block table, one ``running`` / ``waiting`` chip
-per queued request, one ``batch-row`` per row after the step, one ``slot`` with
+per queued request, one ``allowed-tokens`` box per constrained request (its counts in
+``data-allowed``), one ``batch-row`` per row after the step, one ``slot`` with
 ``data-written="1"`` per slot written (``tests/test_trace_viewer.py`` counts them in a
 browser). A ``free-run`` box stands for ``data-count`` free blocks the run never touched
 (NOTE 2): they count as free blocks too.
@@ -32,6 +33,9 @@ NOTE 3 (async scheduling, ``in_flight.py``): a step recorded with the next one o
 draws that step as a second, dashed budget bar (``in-flight-segment``), a request's
 placeholders after its computed count (``+1 placeholder``), and says in the batch,
 dispatch and KV cache headings that they show the step in flight.
+NOTE 4 (structured outputs): a step with constrained requests draws, under the queues, one
+``allowed-tokens`` box per constrained request: how many tokens each of its grammar bitmask
+rows allows (``snapshot.py`` NOTE 5); a step without them draws nothing more.
 """
 
 from __future__ import annotations
@@ -148,6 +152,7 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
         if not ids:
             c.text(end, c.y + 14, "(empty)", 11, fill=MUTED)
         c.y += 26
+    _grammar_rows(c, d, x0, colours)
     notes = [f"{x.request_id} admitted ({x.admitted}): {x.num_hit_tokens} tokens from the prefix cache"
              for x in d.scheduled if x.admitted]  # fmt: skip
     notes += [_drafts_note(x) for x in d.scheduled if x.num_draft_tokens and x.new_token_ids]
@@ -158,6 +163,23 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
     for line in wrap("; ".join(notes), 150):
         c.text(MARGIN, c.y + 12, line, 11)
         c.y += 16
+
+
+def _grammar_rows(c: Canvas, d, x0: float, colours: dict[str, str]) -> None:
+    """NOTE 4: each constrained request's allowed-token count per bitmask row (drafts: one per position)."""
+    constrained = [r for r in d.scheduled if r.num_allowed_tokens is not None]
+    if not constrained:
+        return
+    c.text(MARGIN, c.y + 14, "grammar", 11, fill=MUTED)
+    x = x0
+    for r in constrained:
+        label = f"{r.request_id}: {' / '.join(str(n) for n in r.num_allowed_tokens)} allowed"
+        w = 14 + 6.6 * len(label)
+        c.rect(x, c.y, w, 20, lighten(colours[r.request_id], 0.7), colours[r.request_id], rx=4, data_role="allowed-tokens",
+               data_request=r.request_id, data_allowed=" ".join(str(n) for n in r.num_allowed_tokens))  # fmt: skip
+        c.text(x + w / 2, c.y + 14, label, 11, text_anchor="middle")
+        x += w + 4
+    c.y += 26
 
 
 def _in_flight_bar(c: Canvas, s: StepSnapshot, x0: float, width: float, budget: int, colours: dict[str, str]) -> str:

@@ -19,7 +19,10 @@ returns its ``Trace``; ``tinyvllm trace --workload NAME`` and the docs hook draw
   keys and values into slots ``block_id * 4 + offset``; a prefix hit writes none;
 - ``spec-decode-drafts``: tutorial 10's request (the shipped model continues a list of
   imports, n-gram drafts, k 3): each step's drafts, how many the target kept, and the
-  KV slots the verification writes, rejected drafts' included.
+  KV slots the verification writes, rejected drafts' included;
+- ``structured-outputs``: tutorial 12's three constraints (a choice, a regex, a JSON schema)
+  on the shipped model, beside an unconstrained request: each step, how many tokens each
+  constrained row of the grammar bitmask allows.
 
 Follows: the sections named above. Mirrors: nothing in vLLM.
 
@@ -32,7 +35,10 @@ sequence (as in tutorial 02), so identical prompts give identical outputs (seed 
 "same prompt with greedy sampling") whatever the batching. ``cuda-graphs-padding`` and
 ``seed003-kv-slots`` build a tiny random Qwen3 (one layer) once per process and need torch;
 ``spec-decode-drafts`` runs the shipped model, whose text repeats itself as a random model's
-does not.
+does not; ``structured-outputs`` runs it too, for a tokenizer whose tokens read as text.
+NOTE 2 (compiled first): ``structured-outputs`` compiles its grammars before adding the
+requests, so each is ready at its first ``schedule()``; otherwise how many steps a request
+waits as ``WAITING_FOR_FSM`` would depend on the machine, and the trace would not be fixed.
 """
 
 from __future__ import annotations
@@ -323,6 +329,45 @@ def spec_decode_drafts() -> Trace:
     return _engine_trace(llm, options, {0: [("R", prompt, 16)]})
 
 
+def structured_outputs() -> Trace:
+    from tinyvllm import LLM
+    from tinyvllm.sampling_params import StructuredOutputsParams as Constraint
+    from tinyvllm.stdlib_tiny import STDLIB_TINY
+
+    llm = LLM(STDLIB_TINY, device="cpu", max_model_len=128, max_num_batched_tokens=32, enable_prefix_caching=False,
+              seed=0)  # fmt: skip
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "ok": {"type": "boolean"}},
+              "required": ["name", "ok"], "additionalProperties": False}  # fmt: skip
+    requests = [  # (id, prompt, constraint or None, max_tokens, arrival step): tutorial 12's three, and one free
+        ("choice", "Is the sky blue? Answer:", Constraint(choice=["yes", "no", "maybe"]), 8, 0),
+        ("free", "def fibonacci(n):\n", None, 6, 0),
+        ("year", "The year Python was released:", Constraint(regex=r"(19|20)[0-9]{2}"), 8, 1),
+        ("json", "config = ", Constraint(json=schema, disable_any_whitespace=True), 40, 2),
+    ]
+    options = dict(
+        title="Structured outputs: the tokens each constrained row allows (tutorial 12)",
+        description="Three requests under a grammar (a choice of yes / no / maybe, the regex (19|20)[0-9]{2}, a JSON "
+        "schema) and one without, greedy on the shipped model. After schedule(), the engine fills one bitmask row "
+        "per constrained request; the grammar row of each picture counts its set bits: the tokens the sampler may "
+        "pick from. A count of 1 is the grammar deciding alone; the last row of a request allows only EOS.",
+        panels=("scheduler", "block_tables", "batch"),
+    )
+    engine, tok = llm.engine, llm.get_tokenizer()
+    for _, _, constraint, _, _ in requests:
+        if constraint is not None:
+            engine.structured_output_manager.compile(constraint).result()  # NOTE 2
+    with record(llm, **options) as rec:
+        step = 0
+        while step <= max(r[4] for r in requests) or engine.has_unfinished_requests():
+            for rid, prompt, constraint, max_tokens, arrival in requests:
+                if arrival == step:
+                    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=constraint)
+                    engine.add_request(rid, tok(prompt).input_ids, params)
+            engine.step()
+            step += 1
+    return rec.trace
+
+
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
@@ -333,6 +378,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("cuda-graphs-padding", "CUDA graphs: padding to capture sizes (emulated)", True, cuda_graphs_padding),
         Workload("seed003-kv-slots", "seed 003: the KV cache tensor and its slots", True, seed003_kv_slots),
         Workload("spec-decode-drafts", "speculative decoding: drafts kept and rejected", True, spec_decode_drafts),
+        Workload("structured-outputs", "structured outputs: the tokens each constrained row allows", True, structured_outputs),
     )
 }  # fmt: skip
 
