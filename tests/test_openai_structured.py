@@ -6,8 +6,10 @@ the schema of ``tool_choice: "required"``), then, against the shipped model serv
 ``structured_outputs`` extra field (``choice``, ``regex``) on both endpoints; a bad schema, a bad
 regex, two constraints at once, each a 400 naming the field; streaming; ``tools`` with a named and
 a required ``tool_choice`` answering ``tool_calls`` whose arguments validate against the
-function's schema, streamed and not; ``tool_choice: "auto"`` refused by name. The shipped model is
-small: each prompt here is one it completes (``finish_reason: "stop"``) under its constraint.
+function's schema, streamed and not; ``tool_choice: "auto"`` refused by name, and, on a server
+started with the hermes parser, read out of the text (``<tool_call>`` blocks the test forces with
+a regex, since the shipped model never writes one). The shipped model is small: each prompt here
+is one it completes (``finish_reason: "stop"``) under its constraint.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ pytest.importorskip("xgrammar")  # the engine's grammars
 import openai  # noqa: E402
 
 from tinyvllm import LLM  # noqa: E402
-from tinyvllm.entrypoints.constraints import constraint, tool_calls, tool_choice  # noqa: E402
+from tinyvllm.entrypoints.constraints import (  # noqa: E402
+    ToolChoice,
+    constraint,
+    held_back,
+    hermes_tool_calls,
+    tool_calls,
+    tool_choice,
+)
 from tinyvllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, RequestError  # noqa: E402
 from tinyvllm.sampling_params import StructuredOutputsParams as SO  # noqa: E402
 
@@ -92,8 +101,9 @@ def test_each_field_becomes_one_structured_outputs_params():
     ({"structured_outputs": {}}, "structured_outputs", "exactly one of json, regex"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
      "needs `json_schema` with its `schema`"),
-    ({"tools": TOOLS}, "tool_choice", '`tool_choice: "auto"` (the default when `tools` is sent) is not supported'),
-    ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", "needs a parser for the model's own tool-call format"),
+    ({"tools": TOOLS}, "tool_choice", '`tool_choice: "auto"` (the default when `tools` is sent) needs a parser'),
+    ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", "--enable-auto-tool-choice --tool-call-parser hermes"),
+    ({"tools": TOOLS, "tool_choice": "required", "echo": True}, "echo", "`echo` cannot be combined with a `tool_choice`"),
     ({"tool_choice": "required"}, "tool_choice", "`tool_choice` needs `tools`"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "names the function 'nope', which is not in `tools` (add, get_weather)"),
@@ -127,8 +137,21 @@ def test_required_is_an_array_of_named_calls_with_the_tools_defs_on_top():
     required = tool_choice(chat_body(tools=tools, tool_choice="required"))
     assert "maxItems" not in required.schema
     assert tool_calls(required, '[{"name": "stop", "parameters": {}}, {"name": "move", "parameters": {"to": {"x": 1}}}]') \
-        == [("stop", "{}"), ("move", '{"to": {"x": 1}}')]  # fmt: skip
-    assert tool_calls(required, '[{"name": "stop", "param') is None  # cut short: no calls
+        == ("", [("stop", "{}"), ("move", '{"to": {"x": 1}}')])  # fmt: skip
+    assert tool_calls(required, '[{"name": "stop", "param') == ('[{"name": "stop", "param', None)  # cut short: text
+
+
+def test_the_hermes_parser_reads_qwen3_tool_call_blocks():
+    auto = tool_choice(chat_body(tools=TOOLS), parser="hermes")
+    assert auto == ToolChoice("auto", {}) and constraint(chat_body(tools=TOOLS), parser="hermes") is None
+    assert constraint(chat_body(tools=TOOLS, structured_outputs={"regex": "a"}), parser="hermes")[0] == "structured_outputs"
+    two = 'Let me.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert tool_calls(auto, two) == ("Let me.\n", [("add", '{"a": 1, "b": 2}'), ("get_weather", '{"city": "Paris"}')])
+    assert hermes_tool_calls('<tool_call>{"name": "add", "arguments": {}}</tool_call>') == (None, [("add", "{}")])
+    assert hermes_tool_calls("def f(): pass") == ("def f(): pass", None)
+    assert hermes_tool_calls("x <tool_call>{not json</tool_call>") == ("x <tool_call>{not json</tool_call>", None)
+    assert hermes_tool_calls('<tool_call>["add"]</tool_call>') == ('<tool_call>["add"]</tool_call>', None)
+    assert [held_back(t) for t in ("abc", "abc<", "abc<tool_", "abc<tool_call", "a<b", "<tool_call>")] == [0, 1, 6, 10, 0, 0]
 
 
 # -- over HTTP, on the shipped model ---------------------------------------------------------------
@@ -258,3 +281,29 @@ def test_the_tools_reach_the_chat_template(client):
     body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": template, "tools": TOOLS}
     rendered = httpx.post(url + "tokenize", json=body).json()["tokens"]
     assert rendered == httpx.post(url + "tokenize", json={"prompt": "get_weather;add;hi", "add_special_tokens": False}).json()["tokens"]
+
+
+def test_auto_with_the_hermes_parser_answers_the_calls_the_model_writes():
+    """``tool_choice: "auto"`` on a server started with the hermes parser (``--tool-call-parser
+    hermes``): a regex makes the shipped model write Qwen3's block, which comes back as a call."""
+    llm = LLM(torch_threads=1)
+    block = r'Sure\. <tool_call>\{"name": "add", "arguments": \{"a": [1-9], "b": [1-9]\}\}</tool_call>'
+    try:
+        with running_server(llm, NAME, tool_call_parser="hermes") as (url, _):
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            out = ask(client, ask="add(1, 2)", tools=TOOLS, extra_body={"structured_outputs": {"regex": block}})
+            choice = out.choices[0]
+            assert (choice.finish_reason, choice.message.content) == ("tool_calls", "Sure. "), choice
+            [call] = choice.message.tool_calls
+            assert call_of(call)[0] == "add"
+            chunks = [c for c in ask(client, ask="add(1, 2)", tools=TOOLS, stream=True,
+                                     extra_body={"structured_outputs": {"regex": block}}) if c.choices]  # fmt: skip
+            assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Sure. "
+            [streamed] = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+            assert (streamed.function.name, streamed.function.arguments) == ("add", call.function.arguments)
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+            plain = ask(client, ask="add(1, 2)", tools=TOOLS, max_tokens=12)  # no block: all content, no calls
+            assert plain.choices[0].message.tool_calls is None and "<tool_call>" not in plain.choices[0].message.content
+            assert plain.choices[0].message.content == ask(client, ask="add(1, 2)", max_tokens=12).choices[0].message.content
+    finally:
+        llm.engine.shutdown()

@@ -7,19 +7,19 @@ flags as ``generate`` (``add_engine_args``). ``--served-model-name`` defaults to
 ``--model`` string as given (a hub id stays ``org/name``), as in vLLM. Its own flags
 (``serve_args``): ``--chat-template FILE_OR_STRING``, ``--api-key`` (else
 ``$VLLM_API_KEY``), ``--allowed-origins`` (CORS), ``--max-request-body-bytes`` (413 past
-it), ``--max-waiting-requests`` (503 past it), ``--shutdown-timeout`` (seconds running
-requests may go on after SIGTERM); a bad value is one line, exit status 2.
+it), ``--max-waiting-requests`` (503), ``--shutdown-timeout`` (seconds running requests may go
+on after SIGTERM), ``--enable-auto-tool-choice --tool-call-parser hermes`` (vLLM's pair, for
+``tool_choice: "auto"``); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
 prompt is one user message, rendered by the model's chat template (``LLM.chat``;
 ``--chat-template-kwargs JSON`` passes variables to it, such as Qwen3's ``enable_thinking``);
 ``--json-schema FILE|JSON``, ``--regex`` or ``--choice a,b,c`` constrains the completion.
-``--cudagraph-mode`` and ``--enforce-eager`` choose how the model runs under CUDA graphs, as
-vLLM's ``--compilation-config`` and ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a
-tiny random-weight model folder (for trying the engine with no download). ``tinyvllm trace``
-records every engine step of a built-in workload or of ``--prompts FILE`` and writes a
-self-contained HTML viewer (``tinyvllm/trace/command.py``).
+``--cudagraph-mode`` and ``--enforce-eager`` choose how the model runs under CUDA graphs (vLLM's
+``--compilation-config`` and ``--enforce-eager``). ``tinyvllm tiny-model DIR`` writes a tiny
+random-weight model folder (no download). ``tinyvllm trace`` records every engine step of a
+built-in workload or of ``--prompts FILE`` and writes an HTML viewer (``trace/command.py``).
 
 ``--model`` is a local folder or a Hugging Face model id (``Qwen/Qwen3-0.6B``), resolved
 into the hub cache by ``models/hub.py`` (a local folder of the same spelling wins;
@@ -169,6 +169,11 @@ def _add_serve(sub) -> None:
     p.add_argument(
         "--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
         help="on SIGTERM or Ctrl-C, let running requests go on this long, then abort them (vLLM's; default 0: at once)",
+    )  # fmt: skip
+    p.add_argument("--enable-auto-tool-choice", action="store_true", help="serve tool_choice auto (needs --tool-call-parser)")
+    p.add_argument(
+        "--tool-call-parser", default=None, choices=["hermes"],
+        help="what reads the model's own tool calls: hermes, <tool_call>{...}</tool_call> (Qwen3's format)",
     )  # fmt: skip
     # --8<-- [end:serve_args]
     add_engine_args(p)
@@ -364,6 +369,8 @@ def _serve(args) -> int:
         raise ValueError("--api-key must not be empty")
     if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
         raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):  # vLLM's rule: both or neither
+        raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together: give both or neither")
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
@@ -389,7 +396,7 @@ def _run_serve(args, sock, origins, shipped: bool) -> int:
     run_server(
         llm, name, args.host, args.port, args.max_waiting_requests, chat_template=template, api_key=args.api_key,
         allowed_origins=origins, max_request_body_bytes=args.max_request_body_bytes,
-        shutdown_timeout=args.shutdown_timeout, sock=sock,
+        shutdown_timeout=args.shutdown_timeout, sock=sock, tool_call_parser=args.tool_call_parser,
     )  # fmt: skip
     return 0
 

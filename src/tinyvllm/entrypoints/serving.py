@@ -120,8 +120,10 @@ def in_request_words(message: str, renamed: dict[str, str]) -> str:
 class OpenAIServing:
     """What the endpoints share: the engine, the served name, the metrics, the chat template."""
 
-    def __init__(self, async_llm: AsyncLLM, served_model_name: str, chat_template: str | None = None) -> None:
+    def __init__(self, async_llm: AsyncLLM, served_model_name: str, chat_template: str | None = None,
+                 tool_call_parser: str | None = None) -> None:  # fmt: skip
         self.async_llm = async_llm
+        self.tool_call_parser = tool_call_parser  # --tool-call-parser (constraints.py NOTE 4)
         self.served_model_name = served_model_name
         self.max_model_len = async_llm.max_model_len
         self.vocab_size: int = async_llm.input_processor.vocab_size
@@ -273,10 +275,9 @@ class OpenAIServing:
         """``param_of``'s words: each ``SamplingParams`` field set, and the prompt."""
         return {**{name: param for name, (param, _) in fields.items()}, **dict.fromkeys(PROMPT_WORDS, prompt_field)}
 
-    @staticmethod
-    def _with_constraint(body, fields: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
+    def _with_constraint(self, body, fields: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
         """``fields`` with the request's output constraint, under the request field that asked for it."""
-        found = constraint(body)
+        found = constraint(body, self.tool_call_parser)
         return fields if found is None else {**fields, "structured_outputs": found}
 
     # -- the two endpoints ---------------------------------------------------------------------
@@ -349,7 +350,7 @@ class OpenAIServing:
         builder = ChoiceBuilder(
             states, params.n, chat, self._decode, logprobs=params.logprobs, echo=bool(body.echo),
             as_token_id=bool(body.return_tokens_as_token_ids), drop_output=drop,
-            want_prompt_logprobs=params.prompt_logprobs is not None, tool=tool_choice(body) if chat else None,
+            want_prompt_logprobs=params.prompt_logprobs is not None, tool=tool_choice(body, self.tool_call_parser) if chat else None,
         )  # fmt: skip
         head = {"id": response_id, "created": int(time.time()), "model": self.served_model_name}
         outputs = MergedOutputs(firsts, streams, trackers)
