@@ -203,6 +203,7 @@ def test_the_structured_outputs_field_takes_a_choice_and_a_regex(client):
     ({"structured_outputs": {"grammar": "root ::= "}}, "structured_outputs", "structured_outputs grammar is not a valid grammar"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one of"),
     ({"structured_outputs": {"regex": 5}}, "structured_outputs", "`structured_outputs.regex` must be a string"),
+    ({"structured_outputs": {"json": 5}}, "structured_outputs", "`structured_outputs.json` must be an object or string or null"),
 ])  # fmt: skip
 def test_a_bad_constraint_is_a_400_naming_the_field(client, extra, param, words):
     for api in ("completions", "chat"):

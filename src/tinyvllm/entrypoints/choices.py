@@ -85,7 +85,7 @@ class ChoiceBuilder:
     as_token_id: bool = False
     drop_output: bool = False  # echo with max_tokens 0 (NOTE 1)
     want_prompt_logprobs: bool = False
-    tool: ToolChoice | None = None  # chat's forcing tool_choice (NOTE 3)
+    tool: ToolChoice | None = None  # chat's tool_choice, when it calls tools (NOTE 3)
     choices_by_index: dict[int, ChoiceState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -207,7 +207,8 @@ def _child(annotation, key):
     if origin is dict and isinstance(key, str):
         return args[1]
     if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel) and isinstance(key, str):
-        info = annotation.model_fields.get(key)
+        fields = annotation.model_fields
+        info = fields.get(key) or next((f for f in fields.values() if f.alias == key), None)  # ``json``: ``json_``
         return None if info is None else info.annotation
     return None
 

@@ -36,7 +36,7 @@ different ``max_completion_tokens`` is a 400 (vLLM takes the second silently); c
 ``top_logprobs`` keeps the k most likely tokens by rank.
 NOTE 5 (constraints): ``response_format``, ``structured_outputs``, ``tools`` and
 ``tool_choice`` are typed here; ``constraints.py`` turns them into one constraint.
-Left out: ``tool_choice: "auto"`` (``constraints.py`` NOTE 4), beam search, multimodal
+Left out: tool-call parsers but hermes (``constraints.py`` NOTE 4), beam search, multimodal
 inputs, prompt embeddings.
 """
 
@@ -119,7 +119,7 @@ INFORMATIONAL = ("user", "metadata", "store", "service_tier", "prompt_cache_key"
 
 # --8<-- [start:constraint_fields]
 class JsonSchemaFormat(_Strict):
-    """``response_format.json_schema``: OpenAI's named schema (``strict`` is informational, NOTE 5)."""
+    """``response_format.json_schema``: OpenAI's named schema (``strict``: ``constraints.py`` NOTE 5)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
     name: str
