@@ -145,7 +145,8 @@ def test_the_hermes_parser_reads_qwen3_tool_call_blocks():
     auto = tool_choice(chat_body(tools=TOOLS), parser="hermes")
     assert auto == ToolChoice("auto", {}) and constraint(chat_body(tools=TOOLS), parser="hermes") is None
     assert constraint(chat_body(tools=TOOLS, structured_outputs={"regex": "a"}), parser="hermes")[0] == "structured_outputs"
-    two = 'Let me.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    two = ('Let me.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+           '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}')  # the last one unclosed
     assert tool_calls(auto, two) == ("Let me.\n", [("add", '{"a": 1, "b": 2}'), ("get_weather", '{"city": "Paris"}')])
     assert hermes_tool_calls('<tool_call>{"name": "add", "arguments": {}}</tool_call>') == (None, [("add", "{}")])
     assert hermes_tool_calls("def f(): pass") == ("def f(): pass", None)
@@ -219,7 +220,8 @@ def test_constrained_answers_stream(client):
     whole = ask(client, ask="Email?", max_tokens=30, extra_body={"structured_outputs": {"regex": EMAIL}})
     assert text == whole.choices[0].message.content and re.fullmatch(EMAIL, text)
     assert chunks[-1].choices[0].finish_reason == "stop"
-    chunks = list(ask(client, prompt="Is the sky blue?", stream=True, extra_body={"structured_outputs": {"choice": ["yes", "no"]}}))
+    yes_no = {"structured_outputs": {"choice": ["yes", "no"]}}
+    chunks = list(ask(client, prompt="Is the sky blue?", stream=True, extra_body=yes_no))
     assert "".join(c.choices[0].text for c in chunks) == "no"
 
 
@@ -252,7 +254,8 @@ def test_required_answers_tool_calls_with_finish_reason_tool_calls(client):
         out = ask(client, ask=prompt, max_tokens=80, tools=TOOLS, tool_choice="required")
         choice = out.choices[0]
         assert (choice.finish_reason, choice.message.content) == ("tool_calls", ""), choice
-        assert [call_of(call)[0] in SCHEMAS for call in choice.message.tool_calls] == [True] * len(choice.message.tool_calls) != []
+        calls = choice.message.tool_calls
+        assert calls and all(call_of(call)[0] in SCHEMAS for call in calls), calls
     out = ask(client, ask="add(1, 2)", max_tokens=80, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     assert len(out.choices[0].message.tool_calls) == 1
     chunks = [c for c in ask(client, ask="add(1, 2)", max_tokens=80, tools=TOOLS, tool_choice="required",

@@ -170,7 +170,9 @@ def _add_serve(sub) -> None:
         "--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
         help="on SIGTERM or Ctrl-C, let running requests go on this long, then abort them (vLLM's; default 0: at once)",
     )  # fmt: skip
-    p.add_argument("--enable-auto-tool-choice", action="store_true", help="serve tool_choice auto (needs --tool-call-parser)")
+    p.add_argument(
+        "--enable-auto-tool-choice", action="store_true", help="serve tool_choice auto (with --tool-call-parser)",
+    )  # fmt: skip
     p.add_argument(
         "--tool-call-parser", default=None, choices=["hermes"],
         help="what reads the model's own tool calls: hermes, <tool_call>{...}</tool_call> (Qwen3's format)",

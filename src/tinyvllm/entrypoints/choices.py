@@ -170,7 +170,8 @@ class ChoiceBuilder:
         """The choice's content, calls and finish reason: "tool_calls" for calls a required choice
         stopped with (``constraints.py`` NOTE 3), or an auto choice made (``constraints.py`` NOTE 4)."""
         content, calls = tool_calls(self.tool, "".join(choice.pieces))
-        called = calls and (self.tool.kind == "auto" or (self.tool.kind == "required" and choice.finish_reason == "stop"))
+        kind = self.tool.kind
+        called = calls and (kind == "auto" or (kind == "required" and choice.finish_reason == "stop"))
         return content, calls, "tool_calls" if called else choice.finish_reason
     # --8<-- [end:tool_chunks]
 

@@ -350,7 +350,8 @@ class OpenAIServing:
         builder = ChoiceBuilder(
             states, params.n, chat, self._decode, logprobs=params.logprobs, echo=bool(body.echo),
             as_token_id=bool(body.return_tokens_as_token_ids), drop_output=drop,
-            want_prompt_logprobs=params.prompt_logprobs is not None, tool=tool_choice(body, self.tool_call_parser) if chat else None,
+            want_prompt_logprobs=params.prompt_logprobs is not None,
+            tool=tool_choice(body, self.tool_call_parser) if chat else None,
         )  # fmt: skip
         head = {"id": response_id, "created": int(time.time()), "model": self.served_model_name}
         outputs = MergedOutputs(firsts, streams, trackers)
