@@ -326,3 +326,40 @@ def test_starting_the_engine_does_not_import_torch_dynamo():
     code = "import sys\nfrom tinyvllm import LLM\nLLM().generate('x', use_tqdm=False)\nprint('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_generate_constraint_flags_shape_the_completion(torch_threads, tmp_path, capsys):
+    """``--choice`` and ``--json-schema`` (a file; the schema's own text and ``--regex`` reach xgrammar in the next test)."""
+    pytest.importorskip("xgrammar")
+    import json
+
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["age"], "additionalProperties": False}  # fmt: skip
+    (tmp_path / "age.json").write_text(json.dumps(schema), encoding="utf-8")
+    base = ["generate", "--max-tokens", "30", "--temperature", "0", "--device", "cpu", "--threads", "1"]
+    cases = [(["--prompt", "Is the sky blue?", "--choice", "yes,no"], lambda t: t == "no"),
+             (["--prompt", "x = ", "--json-schema", str(tmp_path / "age.json")], lambda t: json.loads(t)["age"] in range(100))]  # fmt: skip
+    for flags, ok in cases:
+        assert cli.main(base + flags) == 0
+        completion, figures = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+        assert ok(completion) and figures.endswith("finish_reason=stop, torch threads 1"), (flags, completion, figures)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--regex", "(unclosed"], "tinyvllm: error: --regex: structured_outputs regex is not a valid regex: "),
+    (["--json-schema", '{"type": "nope"}'], "tinyvllm: error: --json-schema: structured_outputs json is not a valid json: "),
+    (["--json-schema", "{not json"], "tinyvllm: error: --json-schema: must be a JSON object, got '{not json'"),
+    (["--json-schema", "missing.json"], "tinyvllm: error: --json-schema 'missing.json' is neither a JSON object nor a readable file"),
+    (["--choice", "a,,b"], "tinyvllm: error: --choice: structured_outputs choice must hold non-empty strs"),
+])  # fmt: skip
+def test_a_bad_constraint_flag_is_one_line_naming_it_before_the_model_loads(flags, message, capsys):
+    pytest.importorskip("xgrammar")
+    assert cli.main(["generate", "--prompt", "p", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_two_constraint_flags_are_argparse_s_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["generate", "--prompt", "p", "--regex", "a", "--choice", "a,b"])
+    assert info.value.code == 2 and "argument --choice: not allowed with argument --regex" in capsys.readouterr().err

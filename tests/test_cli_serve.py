@@ -60,6 +60,8 @@ def test_serve_refuses_a_missing_folder(tmp_path):
         (["--allowed-origins", "[oops"], "--allowed-origins is not a JSON list"),
         (["--chat-template", "no_such_template.jinja"], "is neither a file nor a Jinja template"),
         (["--chat-template", "{% for m in messages %}"], "--chat-template: the chat template is not valid Jinja"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice and --tool-call-parser go together"),
+        (["--tool-call-parser", "hermes"], "--enable-auto-tool-choice and --tool-call-parser go together"),
     ],
 )
 def test_serve_refuses_bad_values(tiny_model_dirs, flags, words):

@@ -297,6 +297,28 @@ def forced_42(ctx, api, out):
     assert ctx.ref(api, extra_args={"force_token": 42}).outputs[0].token_ids == [42] * 8
 
 
+def constrained(**so) -> Callable:
+    """The offline text under ``StructuredOutputsParams(**so)``, which differs from the text without it."""
+    from tinyvllm.sampling_params import StructuredOutputsParams
+
+    return changes(structured_outputs=StructuredOutputsParams(**so))
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {},
+                                                                        "additionalProperties": False}}}]  # fmt: skip
+
+
+def calls_f(finish: str) -> Callable:
+    """One call of ``f`` with its only arguments, ``{}`` (the grammar allows nothing else), ``content`` empty."""
+
+    def check(ctx, api, out):
+        message = out.choices[0].message
+        calls = [(c.type, c.function.name, c.function.arguments) for c in message.tool_calls]
+        assert (calls, message.content, out.choices[0].finish_reason) == ([("function", "f", "{}")], "", finish)
+
+    return check
+
+
 def served_name(ctx, api, out):
     assert out.model == NAME and text(out) == ctx.ref(api).outputs[0].text
 
@@ -394,7 +416,7 @@ ROWS: list[Row] = [
     *both("stream_options", {"include_usage": True}, streamed_usage, extra={"stream": True}),
     *both("temperature", 1.0, changes(temperature=1.0, seed=9), extra={"seed": 9}),
     *both("top_p", 0.01, greedy_via(top_p=0.01), extra=SAMPLE),
-    *both("response_format", {"type": "json_object"}),
+    *both("response_format", {"type": "json_object"}, constrained(json_object=True)),
     *both("user", "someone", unchanged),
     # shared by both: vLLM's extra fields
     *both("best_of", 2, n_choices, extra={"n": 2, "temperature": 1.0, "seed": 5}, engine="n"),
@@ -434,7 +456,7 @@ ROWS: list[Row] = [
     *both("guided_grammar", "root ::= 'a'"),
     *both("guided_decoding_backend", "xgrammar"),
     *both("guided_whitespace_pattern", " "),
-    *both("structured_outputs", {"json": {"type": "object"}}),
+    *both("structured_outputs", {"regex": "[0-9]{3}"}, constrained(regex="[0-9]{3}")),
     *both("priority", 1),
     *both("logits_processors", ["my_module:MyProcessor"]),
     *both("kv_transfer_params", {"do_remote_decode": True}),
@@ -450,11 +472,13 @@ ROWS: list[Row] = [
     Row("chat", "logprobs", True, chat_logprobs(0), engine="logprobs"),
     Row("chat", "top_logprobs", 2, chat_logprobs(2), extra={"logprobs": True}, engine="logprobs"),
     Row("chat", "max_completion_tokens", 7, counts(7, "length"), extra={"ignore_eos": True, "max_tokens": None}),
-    Row("chat", "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    Row("chat", "tool_choice", "auto"),
+    Row("chat", "tools", TOOLS, calls_f("tool_calls"), extra={"tool_choice": "required", "max_tokens": 40}),
+    Row("chat", "tool_choice", {"type": "function", "function": {"name": "f"}}, calls_f("stop"),
+        extra={"tools": TOOLS, "max_tokens": 40}),  # fmt: skip
     Row("chat", "functions", [{"name": "f"}]),
     Row("chat", "function_call", "auto"),
-    Row("chat", "parallel_tool_calls", True),
+    Row("chat", "parallel_tool_calls", False, calls_f("tool_calls"),
+        extra={"tools": TOOLS, "tool_choice": "required", "max_tokens": 40}),  # fmt: skip
     Row("chat", "audio", {"voice": "alloy", "format": "mp3"}),
     Row("chat", "modalities", ["text", "audio"]),
     Row("chat", "prediction", {"type": "content", "content": "x = 1"}),
@@ -481,8 +505,13 @@ ROWS: list[Row] = [
 ]
 
 
+CONSTRAINTS = ("response_format", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls")
+
+
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
 def test_field(ctx, row: Row):
+    if row.field in CONSTRAINTS:
+        pytest.importorskip("xgrammar")  # the engine's grammars (absent where the serve extra is, on the GPU machine)
     resolve = lambda v: v(ctx, row.api) if callable(v) else v  # noqa: E731
     body = {**BASE[row.api], **{k: resolve(v) for k, v in row.extra.items()}, row.field: resolve(row.value)}
     if row.check is not None:

@@ -7,18 +7,19 @@ flags as ``generate`` (``add_engine_args``). ``--served-model-name`` defaults to
 ``--model`` string as given (a hub id stays ``org/name``), as in vLLM. Its own flags
 (``serve_args``): ``--chat-template FILE_OR_STRING``, ``--api-key`` (else
 ``$VLLM_API_KEY``), ``--allowed-origins`` (CORS), ``--max-request-body-bytes`` (413 past
-it), ``--max-waiting-requests`` (503 past it), ``--shutdown-timeout`` (seconds running
-requests may go on after SIGTERM); a bad value is one line, exit status 2.
+it), ``--max-waiting-requests`` (503), ``--shutdown-timeout`` (seconds running requests may go
+on after SIGTERM), ``--enable-auto-tool-choice --tool-call-parser hermes`` (vLLM's pair, for
+``tool_choice: "auto"``); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
 prompt is one user message, rendered by the model's chat template (``LLM.chat``;
-``--chat-template-kwargs JSON`` passes variables to it, such as Qwen3's ``enable_thinking``).
-``--cudagraph-mode`` and ``--enforce-eager`` choose how the model runs under CUDA graphs, as
-vLLM's ``--compilation-config`` and ``--enforce-eager`` do. ``tinyvllm tiny-model DIR`` writes a
-tiny random-weight model folder (for trying the engine with no download). ``tinyvllm trace``
-records every engine step of a built-in workload or of ``--prompts FILE`` and writes a
-self-contained HTML viewer (``tinyvllm/trace/command.py``).
+``--chat-template-kwargs JSON`` passes variables to it, such as Qwen3's ``enable_thinking``);
+``--json-schema FILE|JSON``, ``--regex`` or ``--choice a,b,c`` constrains the completion.
+``--cudagraph-mode`` and ``--enforce-eager`` choose how the model runs under CUDA graphs (vLLM's
+``--compilation-config`` and ``--enforce-eager``). ``tinyvllm tiny-model DIR`` writes a tiny
+random-weight model folder (no download). ``tinyvllm trace`` records every engine step of a
+built-in workload or of ``--prompts FILE`` and writes an HTML viewer (``trace/command.py``).
 
 ``--model`` is a local folder or a Hugging Face model id (``Qwen/Qwen3-0.6B``), resolved
 into the hub cache by ``models/hub.py`` (a local folder of the same spelling wins;
@@ -50,13 +51,12 @@ greedy (``--temperature`` 0) when the model's generation config sets no sampling
 else ``SamplingParams``' own defaults for the fields it leaves out (temperature 1), as
 vLLM's ``LLM.generate`` gives the model's defaults.
 
-Fail fast: ``generate`` checks the numbers, the sampling values, an empty ``--prompt``,
-resolves the model (``resolve_model``) and checks the whole folder (``check_model_folder``:
-config, weight headers, tokenizer files, EOS; no torch) before importing the engine, so a
-typo costs a fraction of a second, not torch's import; ``serve`` also binds its port once
-to see it is free. ``--threads N`` (every engine command) sets torch's CPU threads; left
-out, ``cpu_threads.py`` chooses from the model's size, and the count is in the start-up
-line (``generate``'s figures, ``serve``'s first line).
+Fail fast: ``generate`` checks the numbers, the sampling values and the constraint, an empty
+``--prompt``, resolves the model (``resolve_model``) and checks the whole folder
+(``check_model_folder``: config, weight headers, tokenizer files, EOS; no torch) before
+importing the engine, so a typo costs a fraction of a second; ``serve`` also binds its port
+once to see it is free. ``--threads N`` (every engine command) sets torch's CPU threads; left
+out, ``cpu_threads.py`` chooses from the model's size (the count is in the start-up line).
 """
 
 from __future__ import annotations
@@ -124,6 +124,15 @@ def _add_generate(sub) -> None:
         "--chat-template-kwargs", default=None, metavar="JSON",
         help="with --chat: extra variables for the template, e.g. '{\"enable_thinking\": false}' for Qwen3",
     )  # fmt: skip
+    # --8<-- [start:constraint_flags]
+    constraint = p.add_mutually_exclusive_group()  # one constraint: two are argparse's error, exit status 2
+    constraint.add_argument(
+        "--json-schema", default=None, metavar="FILE|JSON",
+        help="the completion is JSON that validates against this schema (a file, or the schema itself)",
+    )  # fmt: skip
+    constraint.add_argument("--regex", default=None, help="the completion matches this regular expression in full")
+    constraint.add_argument("--choice", default=None, metavar="A,B,C", help="the completion is one of these strings")
+    # --8<-- [end:constraint_flags]
     add_engine_args(p)
 
 
@@ -160,6 +169,13 @@ def _add_serve(sub) -> None:
     p.add_argument(
         "--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
         help="on SIGTERM or Ctrl-C, let running requests go on this long, then abort them (vLLM's; default 0: at once)",
+    )  # fmt: skip
+    p.add_argument(
+        "--enable-auto-tool-choice", action="store_true", help="serve tool_choice auto (with --tool-call-parser)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tool-call-parser", default=None, choices=["hermes"],
+        help="what reads the model's own tool calls: hermes, <tool_call>{...}</tool_call> (Qwen3's format)",
     )  # fmt: skip
     # --8<-- [end:serve_args]
     add_engine_args(p)
@@ -231,6 +247,32 @@ def _chat_template_kwargs_arg(args) -> dict | None:
     return check_template_kwargs(_json_object_arg("--chat-template-kwargs", args.chat_template_kwargs))
 
 
+def _structured_outputs_arg(args):
+    """``--json-schema``, ``--regex`` or ``--choice`` as ``StructuredOutputsParams``, parsed by
+    xgrammar now (no tokenizer needed); ValueError naming the flag."""
+    from tinyvllm.sampling_params import StructuredOutputsParams
+    from tinyvllm.structured_output.backend_xgrammar import validate
+
+    flag, given = next(((f, v) for f, v in (("--json-schema", args.json_schema), ("--regex", args.regex),
+                                            ("--choice", args.choice)) if v is not None), (None, None))  # fmt: skip
+    if flag is None:
+        return None
+    try:
+        if flag == "--json-schema":
+            text = given if given.lstrip().startswith("{") else Path(given).read_text(encoding="utf-8")
+            params = StructuredOutputsParams(json=_json_object_arg(flag, text))
+        elif flag == "--regex":
+            params = StructuredOutputsParams(regex=given)
+        else:
+            params = StructuredOutputsParams(choice=[c.strip() for c in given.split(",")])
+        validate(params)
+    except OSError as error:
+        raise ValueError(f"{flag} {given!r} is neither a JSON object nor a readable file ({error.strerror})") from None
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{flag}: {str(error).removeprefix(flag + ' ')}") from None
+    return params
+
+
 def _check_counts(args) -> None:
     """The engine's own rule for the counts (``engine_args.check_counts``), naming the flags."""
     check_counts(args.max_model_len, args.num_gpu_blocks_override, args.threads, CLI_NAMES)
@@ -249,6 +291,9 @@ def _check_args(args) -> dict:
     if not args.chat and args.prompt == "":  # the engine refuses it too, but only after loading
         raise ValueError("--prompt must not be empty")
     explicit = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
+    constraint = _structured_outputs_arg(args)
+    if constraint is not None:
+        explicit["structured_outputs"] = constraint
     SamplingParams(**explicit)  # each value checked now, before torch is imported
     _check_engine_args(args)
     return explicit
@@ -326,6 +371,8 @@ def _serve(args) -> int:
         raise ValueError("--api-key must not be empty")
     if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
         raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):  # vLLM's rule: both or neither
+        raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together: give both or neither")
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
@@ -351,7 +398,7 @@ def _run_serve(args, sock, origins, shipped: bool) -> int:
     run_server(
         llm, name, args.host, args.port, args.max_waiting_requests, chat_template=template, api_key=args.api_key,
         allowed_origins=origins, max_request_body_bytes=args.max_request_body_bytes,
-        shutdown_timeout=args.shutdown_timeout, sock=sock,
+        shutdown_timeout=args.shutdown_timeout, sock=sock, tool_call_parser=args.tool_call_parser,
     )  # fmt: skip
     return 0
 

@@ -22,7 +22,7 @@ joined with newlines, as vLLM does for a model whose template expects a string.
 NOTE 2 (chat_template_kwargs): extra variables for the template (``enable_thinking`` is
 Qwen3's). A name that ``apply_chat_template`` itself takes (``tools``, ``tokenize``, ...) is
 refused, so it cannot change how the prompt is rendered.
-Left out: tools, documents for ``LLM.chat`` (the server passes them through), multimodal
+Left out: tools and documents for ``LLM.chat`` (the server passes them through), multimodal
 parts, and vLLM's detection of templates that iterate over content parts.
 """
 
@@ -122,12 +122,13 @@ def render_chat(
     continue_final_message: bool,
     template_kwargs: dict[str, Any],
     documents: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The prompt text of ``messages`` (already flattened); a template that raises on them
-    is a ValueError."""
+    is a ValueError. ``tools``: the server's OpenAI function tools, for the template."""
     try:
         return tokenizer.apply_chat_template(
-            messages, chat_template=template, documents=documents, tokenize=False,
+            messages, chat_template=template, documents=documents, tools=tools, tokenize=False,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
             **template_kwargs,
         )  # fmt: skip

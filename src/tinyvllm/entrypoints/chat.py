@@ -29,6 +29,9 @@ Qwen3's). A name that ``apply_chat_template`` itself takes (``tools``, ``tokeniz
 is a 400, so it cannot change how the server renders (``engine/chat_template.py`` NOTE 2).
 NOTE 2 (echo): as vLLM's, ``echo`` prepends the last message's content to the answer
 when that message is the assistant's (the model continues it); otherwise it adds nothing.
+NOTE 3 (tools): the request's ``tools`` reach the template as ``tools`` (whatever
+``tool_choice`` says, as vLLM renders them), so a template that describes functions to the
+model (Qwen3's) does; the shipped model's template ignores them.
 """
 
 from __future__ import annotations
@@ -69,10 +72,11 @@ def render(tokenizer, template: str, messages: list[dict[str, Any]], request: Ch
     continue_final = bool(request.continue_final_message)
     add_generation_prompt = not continue_final if request.add_generation_prompt is None else request.add_generation_prompt
     kwargs = template_kwargs(request)
+    tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None  # NOTE 3
     try:
         return render_chat(
             tokenizer, template, messages, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final, template_kwargs=kwargs, documents=request.documents,
+            continue_final_message=continue_final, template_kwargs=kwargs, documents=request.documents, tools=tools,
         )  # fmt: skip
     except ValueError as error:
         raise RequestError(str(error), "messages") from None

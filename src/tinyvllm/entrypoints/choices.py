@@ -24,12 +24,25 @@ does. Chat's echo (``chat.py`` NOTE 2) is the text in ``PromptState.echo``, with
 NOTE 2 (chunks): a streamed output becomes one chunk per choice that changed; a chunk is
 sent when it has text, logprobs or a finish reason. A chat stream opens each choice with
 ``{"role": "assistant", "content": ""}``, then its echo, if any, as vLLM's does.
+NOTE 3 (tool calls, ``constraints.py`` NOTE 3; streamed, ``constraints.py`` NOTE 6): with a
+``tool_choice`` that calls, a chat choice's calls are read out of its text into ``tool_calls``
+(``content``: "" for a named or required choice, the text before the calls for auto); a named
+function's arguments stream as deltas, a required choice's calls come whole with the finish
+(its text held back until then), an auto choice's text streams until a call may begin.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tinyvllm.entrypoints.constraints import (
+    TOOL_CALL_START,
+    ToolChoice,
+    held_back,
+    new_tool_call_id,
+    tool_call_json,
+    tool_calls,
+)
 from tinyvllm.entrypoints.logprobs_format import Decode, chat_logprobs, completion_logprobs, prompt_logprobs_json
 from tinyvllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
@@ -55,6 +68,8 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     opened: bool = False
+    tool_call_id: str | None = None  # a named function's streamed call (NOTE 3)
+    sent: int = 0  # characters of a tool choice's text streamed as content (NOTE 3)
 
 
 @dataclass
@@ -70,6 +85,7 @@ class ChoiceBuilder:
     as_token_id: bool = False
     drop_output: bool = False  # echo with max_tokens 0 (NOTE 1)
     want_prompt_logprobs: bool = False
+    tool: ToolChoice | None = None  # chat's tool_choice, when it calls tools (NOTE 3)
     choices_by_index: dict[int, ChoiceState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -110,11 +126,54 @@ class ChoiceBuilder:
         choice.logprobs.extend(positions)
         choice.text_length += len(text)
         logprobs = self._format(ids, positions, offset) if self.logprobs is not None and ids else None
+        if self.tool is not None:
+            return chunks + self._tool_chunks(choice, text, logprobs, completion.finish_reason is not None)
         if text or logprobs or completion.finish_reason is not None:
             chunk = self._choice(choice, text, logprobs)
             chunk["finish_reason"], chunk["stop_reason"] = choice.finish_reason, choice.stop_reason
             chunks.append(chunk)
         return chunks
+
+    # --8<-- [start:tool_chunks]
+    def _tool_chunks(self, choice: ChoiceState, text: str, logprobs: dict | None, finished: bool) -> list[dict]:
+        """NOTE 3: a named function's arguments as ``tool_calls`` deltas; an auto choice's text up
+        to where a call may begin; at the finish, the rest: the calls, or the text held back."""
+        delta: dict = {}
+        reason = choice.finish_reason
+        if self.tool.kind == "named":
+            if text:
+                call: dict = {"index": 0, "function": {"arguments": text}}
+                if choice.tool_call_id is None:
+                    choice.tool_call_id = new_tool_call_id()
+                    call = tool_call_json(self.tool.name, text, choice.tool_call_id, index=0)
+                delta = {"tool_calls": [call]}
+        elif not finished:
+            if self.tool.kind == "auto":  # a required choice's array streams nothing until it parses
+                joined = "".join(choice.pieces)
+                start = joined.find(TOOL_CALL_START)
+                safe = start if start >= 0 else len(joined) - held_back(joined)
+                if safe > choice.sent:
+                    delta, choice.sent = {"content": joined[choice.sent : safe]}, safe
+        else:
+            content, calls, reason = self._calls(choice)
+            rest = (content or "")[choice.sent :]
+            delta = {"content": rest} if rest else {}
+            if calls:
+                delta["tool_calls"] = [tool_call_json(n, a, index=i) for i, (n, a) in enumerate(calls)]
+        if not (delta or logprobs or finished):
+            return []
+        chunk = self._choice(choice, "", logprobs)
+        chunk["delta"], chunk["finish_reason"], chunk["stop_reason"] = delta, reason, choice.stop_reason
+        return [chunk]
+
+    def _calls(self, choice: ChoiceState) -> tuple[str | None, list[tuple[str, str]] | None, str | None]:
+        """The choice's content, calls and finish reason: "tool_calls" for calls a required choice
+        stopped with (``constraints.py`` NOTE 3), or an auto choice made (``constraints.py`` NOTE 4)."""
+        content, calls = tool_calls(self.tool, "".join(choice.pieces))
+        kind = self.tool.kind
+        called = calls and (kind == "auto" or (kind == "required" and choice.finish_reason == "stop"))
+        return content, calls, "tool_calls" if called else choice.finish_reason
+    # --8<-- [end:tool_chunks]
 
     def _open(self, choice: ChoiceState) -> list[dict]:
         """The chunks that open a choice: chat's role, then the echo (NOTE 1, NOTE 2)."""
@@ -166,12 +225,18 @@ class ChoiceBuilder:
             choice = self.choices_by_index[index]
             text = "".join(choice.pieces)
             item: dict = {"index": index}
+            finish_reason = choice.finish_reason
             if self.chat:
                 item["message"] = {"role": "assistant", "content": text}
+                if self.tool is not None:  # NOTE 3
+                    content, calls, finish_reason = self._calls(choice)
+                    item["message"]["content"] = content
+                    if calls:
+                        item["message"]["tool_calls"] = [tool_call_json(n, a) for n, a in calls]
             else:
                 item["text"] = text
             item["logprobs"] = self._final_logprobs(choice) if self.logprobs is not None else None
-            item["finish_reason"], item["stop_reason"] = choice.finish_reason, choice.stop_reason
+            item["finish_reason"], item["stop_reason"] = finish_reason, choice.stop_reason
             if not self.chat and self.want_prompt_logprobs:
                 item["prompt_logprobs"] = prompt_logprobs_json(choice.prompt.prompt_logprobs or [])
             out.append(item)

@@ -60,6 +60,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 import tinyvllm
 from tinyvllm.engine.async_llm import AsyncLLM
+from tinyvllm.entrypoints.constraints import TOOL_CALL_PARSERS
 from tinyvllm.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -206,7 +207,8 @@ def _child(annotation, key):
     if origin is dict and isinstance(key, str):
         return args[1]
     if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel) and isinstance(key, str):
-        info = annotation.model_fields.get(key)
+        fields = annotation.model_fields
+        info = fields.get(key) or next((f for f in fields.values() if f.alias == key), None)  # ``json``: ``json_``
         return None if info is None else info.annotation
     return None
 
@@ -289,11 +291,15 @@ def build_app(
     api_key: str | None = None,
     allowed_origins: list[str] | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``async_llm`` as ``served_model_name`` (``chat_template``: the
-    ``--chat-template`` text, which wins over the tokenizer's)."""
+    ``--chat-template`` text, which wins over the tokenizer's; ``tool_call_parser``: what reads
+    ``tool_choice: "auto"`` answers, ``constraints.py`` NOTE 4)."""
+    if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS} or None, got {tool_call_parser!r}")
     app = FastAPI(title="tinyvllm", version=tinyvllm.__version__)
-    serving = OpenAIServing(async_llm, served_model_name, chat_template)
+    serving = OpenAIServing(async_llm, served_model_name, chat_template, tool_call_parser)
     app.state.serving = serving
     app.add_middleware(BodyLimitMiddleware, limit=max_request_body_bytes)  # innermost (NOTE 1)
     if api_key:

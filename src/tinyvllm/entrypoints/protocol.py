@@ -28,20 +28,23 @@ NOTE 2 (defaults): ``max_tokens`` left out is 16 for completions (OpenAI's legac
 endpoint) and up to the context for chat; an explicit null is up to the context for
 both, as vLLM reads it. ``serving.py`` computes it with the prompt's length.
 NOTE 3 (refused values): each refused field has the values that ask for nothing, which
-pass (``tool_choice: "none"``, ``response_format: {"type": "text"}``, ``tools: []``), so
-a client that always sends them still works; any other value is a 400.
+pass (``functions: []``, ``modalities: ["text"]``), so a client that always sends them
+still works; any other value is a 400.
 NOTE 4 (vLLM differences): chat's ``echo`` does not ask for prompt logprobs (vLLM's
 turns ``top_logprobs`` into ``prompt_logprobs``); ``max_tokens`` together with a
 different ``max_completion_tokens`` is a 400 (vLLM takes the second silently); chat's
 ``top_logprobs`` keeps the k most likely tokens by rank.
-Left out: tools, structured output, beam search, multimodal inputs, prompt embeddings.
+NOTE 5 (constraints): ``response_format``, ``structured_outputs``, ``tools`` and
+``tool_choice`` are typed here; ``constraints.py`` turns them into one constraint.
+Left out: tool-call parsers but hermes (``constraints.py`` NOTE 4), beam search, multimodal
+inputs, prompt embeddings.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class RequestError(ValueError):
@@ -83,20 +86,15 @@ class StreamOptions(_Strict):
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None,), "no fill-in-the-middle"),
     "prompt_embeds": ((None,), "prompts are text or token ids"),
-    "tools": ((None, []), "no tool calling"),
-    "tool_choice": ((None, "none"), "no tool calling"),
-    "functions": ((None, []), "no function calling"),
-    "function_call": ((None, "none"), "no function calling"),
-    "parallel_tool_calls": ((None,), "no tool calling"),
-    "response_format": ((None, {"type": "text"}), "no structured output; only {'type': 'text'}"),
-    "guided_json": ((None,), "no structured output"),
-    "guided_regex": ((None,), "no structured output"),
-    "guided_choice": ((None,), "no structured output"),
-    "guided_grammar": ((None,), "no structured output"),
-    "guided_decoding_backend": ((None,), "no structured output"),
-    "guided_whitespace_pattern": ((None,), "no structured output"),
-    "structural_tag": ((None,), "no structured output"),
-    "structured_outputs": ((None,), "no structured output"),
+    "functions": ((None, []), "OpenAI's older name: send `tools`"),
+    "function_call": ((None, "none"), "OpenAI's older name: send `tool_choice`"),
+    "guided_json": ((None,), "vLLM's older name: send `structured_outputs`"),
+    "guided_regex": ((None,), "vLLM's older name: send `structured_outputs`"),
+    "guided_choice": ((None,), "vLLM's older name: send `structured_outputs`"),
+    "guided_grammar": ((None,), "vLLM's older name: send `structured_outputs`"),
+    "guided_decoding_backend": ((None,), "one backend, xgrammar (vLLM's older name)"),
+    "guided_whitespace_pattern": ((None,), "vLLM's older name; xgrammar takes no whitespace pattern"),
+    "structural_tag": ((None,), "no structural tags; send `structured_outputs` or `tools`"),
     "audio": ((None,), "text only"),
     "modalities": ((None, ["text"]), "text only"),
     "prediction": ((None,), "no predicted outputs"),
@@ -119,6 +117,63 @@ INFORMATIONAL = ("user", "metadata", "store", "service_tier", "prompt_cache_key"
 # --8<-- [end:fates]
 
 
+# --8<-- [start:constraint_fields]
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: OpenAI's named schema (``strict``: ``constraints.py`` NOTE 5)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``response_format``: ``text`` (no constraint), ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(_Strict):
+    """vLLM's ``structured_outputs`` extra field: ``StructuredOutputsParams``' fields, by name."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")  # (``json`` is a BaseModel method)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
+    whitespace_pattern: str | None = None
+
+
+class FunctionDefinition(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class ChatCompletionTool(_Strict):
+    """One of ``tools``: ``{"type": "function", "function": {...}}``."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming one function: ``{"type": "function", "function": {"name": "f"}}``."""
+
+    type: Literal["function"]
+    function: NamedFunction
+# --8<-- [end:constraint_fields]
+
+
 class _RequestFields(_Strict):
     """The fields both endpoints take (the rest are on ``CompletionRequest`` and ``ChatCompletionRequest``)."""
 
@@ -135,7 +190,7 @@ class _RequestFields(_Strict):
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None  # constraints.py
     # vLLM's sampling extras
     best_of: int | None = None
     top_k: int | None = None
@@ -157,6 +212,7 @@ class _RequestFields(_Strict):
     return_tokens_as_token_ids: bool | None = None
     cache_salt: str | None = None
     vllm_xargs: dict[str, str | int | float] | None = None
+    structured_outputs: StructuredOutputsField | None = None  # constraints.py
     # refused (REFUSED)
     use_beam_search: bool | None = None
     length_penalty: float | None = None
@@ -167,7 +223,6 @@ class _RequestFields(_Strict):
     guided_grammar: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
-    structured_outputs: Any = None
     priority: int | None = None
     logits_processors: Any = None
     kv_transfer_params: Any = None
@@ -259,12 +314,12 @@ class ChatCompletionRequest(_RequestFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
+    tools: list[ChatCompletionTool] | None = None  # constraints.py
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # False: at most one call (constraints.py NOTE 2)
     # refused (REFUSED)
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -327,7 +382,7 @@ class TokenizeChatRequest(_Strict):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
-    tools: Any = None
+    tools: list[ChatCompletionTool] | None = None  # given to the chat template, as a chat request's
     return_token_strs: bool | None = None
 
 

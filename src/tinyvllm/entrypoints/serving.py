@@ -2,7 +2,9 @@
 
 Concept: the steps every generation request takes, in order:
 
-1. checks that need no model: the model name (404), the refused fields (``protocol.py``);
+1. checks that need no model: the model name (404), the refused fields (``protocol.py``),
+   the one output constraint (``constraints.py``: ``response_format``, ``structured_outputs``,
+   ``tools``), which the engine parses in step 4 (a bad one is a 400 naming its field);
 2. the prompts: tokenized, or rendered from messages by the chat template
    (``chat.py``), on the tokenizer's thread (``engine/prompt_tokenizer.py``), each refused
    there if longer than the context, so no request stalls another's stream;
@@ -66,6 +68,7 @@ from tinyvllm.engine.async_llm import AsyncLLM, EngineDeadError, TooManyWaitingR
 from tinyvllm.engine.chat_template import check_template
 from tinyvllm.entrypoints.chat import echo_text, messages_as_dicts, render
 from tinyvllm.entrypoints.choices import ChoiceBuilder, PromptState
+from tinyvllm.entrypoints.constraints import constraint, tool_choice
 from tinyvllm.entrypoints.metrics import RequestTracker, ServerMetrics
 from tinyvllm.entrypoints.streams import MergedOutputs, first_outputs
 from tinyvllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body
@@ -117,8 +120,10 @@ def in_request_words(message: str, renamed: dict[str, str]) -> str:
 class OpenAIServing:
     """What the endpoints share: the engine, the served name, the metrics, the chat template."""
 
-    def __init__(self, async_llm: AsyncLLM, served_model_name: str, chat_template: str | None = None) -> None:
+    def __init__(self, async_llm: AsyncLLM, served_model_name: str, chat_template: str | None = None,
+                 tool_call_parser: str | None = None) -> None:  # fmt: skip
         self.async_llm = async_llm
+        self.tool_call_parser = tool_call_parser  # --tool-call-parser (constraints.py NOTE 4)
         self.served_model_name = served_model_name
         self.max_model_len = async_llm.max_model_len
         self.vocab_size: int = async_llm.input_processor.vocab_size
@@ -270,12 +275,17 @@ class OpenAIServing:
         """``param_of``'s words: each ``SamplingParams`` field set, and the prompt."""
         return {**{name: param for name, (param, _) in fields.items()}, **dict.fromkeys(PROMPT_WORDS, prompt_field)}
 
+    def _with_constraint(self, body, fields: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
+        """``fields`` with the request's output constraint, under the request field that asked for it."""
+        found = constraint(body, self.tool_call_parser)
+        return fields if found is None else {**fields, "structured_outputs": found}
+
     # -- the two endpoints ---------------------------------------------------------------------
 
     async def completions(self, body: CompletionRequest, raw_request: Request, request_id: str, arrival: float):
         self.check_model(body.model)
         body.check_refused()
-        fields = body.sampling_fields()
+        fields = self._with_constraint(body, body.sampling_fields())
         prompt = body.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompts = [prompt]
@@ -297,7 +307,7 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, raw_request: Request, request_id: str, arrival: float):
         self.check_model(body.model)
         body.check_refused()
-        fields = body.sampling_fields()
+        fields = self._with_constraint(body, body.sampling_fields())
         self._check_fits(1, body.n)
         messages = messages_as_dicts(body)
         template = self.template(body)
@@ -341,6 +351,7 @@ class OpenAIServing:
             states, params.n, chat, self._decode, logprobs=params.logprobs, echo=bool(body.echo),
             as_token_id=bool(body.return_tokens_as_token_ids), drop_output=drop,
             want_prompt_logprobs=params.prompt_logprobs is not None,
+            tool=tool_choice(body, self.tool_call_parser) if chat else None,
         )  # fmt: skip
         head = {"id": response_id, "created": int(time.time()), "model": self.served_model_name}
         outputs = MergedOutputs(firsts, streams, trackers)

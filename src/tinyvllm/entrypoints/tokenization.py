@@ -2,7 +2,7 @@
 
 Concept: a client counts a prompt's tokens before it sends it, or reads the text of ids.
 ``/tokenize`` takes a ``prompt`` or chat ``messages`` (rendered by the same template as a
-chat request, ``chat.py``) and answers ``{"count", "max_model_len", "tokens",
+chat request, ``chat.py``, its ``tools`` too) and answers ``{"count", "max_model_len", "tokens",
 "token_strs"}``; ``/detokenize`` takes ``tokens`` and answers ``{"prompt"}``. Both run
 on the tokenizer's thread (``engine/prompt_tokenizer.py``).
 
@@ -28,8 +28,6 @@ async def tokenize(serving: OpenAIServing, body: TokenizeCompletionRequest | Tok
     serving.check_model(body.model)
     tokenizer = serving.async_llm.prompt_tokenizer
     if isinstance(body, TokenizeChatRequest):
-        if body.tools:
-            raise RequestError("`tools` is not supported (no tool calling)", "tools")
         messages, template = messages_as_dicts(body), serving.template(body)
 
         def work() -> str:
