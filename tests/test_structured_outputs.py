@@ -336,3 +336,19 @@ def test_structured_outputs_config_is_checked():
         StructuredOutputsConfig.from_dict({"backend": "xgrammar", "bogus": 1})
     with pytest.raises(ValueError, match="'guidance'"):
         StructuredOutputsConfig(backend="guidance")
+
+
+def test_a_finished_grammar_constrains_nothing_more_with_ignore_eos(llm):
+    """With ``ignore_eos`` a request runs on after its grammar accepted the EOS: its later rows
+    allow every token (as vLLM fills a terminated grammar's rows), the step never raises."""
+    choice = SO(choice=["yes", "no"])
+    eos = llm.get_tokenizer().eos_token_id
+    params = [SamplingParams(temperature=t, seed=3, max_tokens=8, ignore_eos=True, structured_outputs=choice)
+              for t in (0.0, 1.0)]  # fmt: skip
+    outs = llm.generate(["Is it?", "Is it?"], params, use_tqdm=False)
+    for out in outs:
+        ids = list(out.outputs[0].token_ids)
+        assert len(ids) == 8 and out.outputs[0].finish_reason == "length", out.outputs[0]
+        done = ids.index(eos)  # the grammar's only allowed token once "yes" or "no" is written
+        assert llm.get_tokenizer().decode(ids[:done]) in ("yes", "no"), ids
+    assert not llm.engine.has_unfinished_requests()

@@ -29,6 +29,8 @@ end sequence. vLLM's reasoning parsers treat a prompt with neither sequence as s
 here it is constrained from the first token, since a model without a think section never closes one.
 NOTE 5 (no constraint, no cost): a step with no constrained request builds nothing and its
 ``SchedulerOutput`` carries no mask.
+NOTE 6 (a finished grammar): a matcher that accepted the EOS has no next-token mask; a request
+that runs on past it (``ignore_eos``) gets rows that allow every token, as vLLM fills them.
 """
 
 from __future__ import annotations
@@ -161,7 +163,10 @@ class StructuredOutputManager:
             else:
                 accepted = 0
                 for i, draft in enumerate((*drafts, None)):
-                    so.grammar.fill_bitmask(bitmask, row + i)
+                    if so.grammar.is_terminated():  # NOTE 6: past its EOS (ignore_eos), nothing is constrained
+                        bitmask[row + i] = -1
+                    else:
+                        so.grammar.fill_bitmask(bitmask, row + i)
                     if draft is not None and not so.grammar.is_terminated():
                         assert so.grammar.accept_tokens([draft]), f"{rid!r}: draft {draft} was trimmed (NOTE 3)"
                         accepted += 1
