@@ -10,7 +10,8 @@ two unconstrained requests (one greedy, one seeded). Then:
   with xgrammar directly (not through ``tinyvllm.structured_output``);
 - every family is bounded (bounded repeats and lengths, compact JSON), and ``max_tokens`` is
   more than its longest text in bytes, so every output stops; one that stops ends with the EOS
-  and the independent matcher is then terminated (the text is complete);
+  and the independent matcher is then terminated (the text is complete). JSON with any
+  whitespace (the default) is not bounded: an output cut by ``max_tokens`` is checked as a prefix;
 - a regex output matches in full (``re.fullmatch``), a JSON output parses and satisfies its
   schema (checked here by ``conforms``), a choice output is one of the choices;
 - the unconstrained neighbours give exactly the tokens they give alone.
@@ -79,9 +80,10 @@ def neighbour_params(seed: int | None) -> SamplingParams:
 
 
 def run_and_check(constraint: StructuredOutputsParams, compiled, max_bytes: int, prompt: str, seed: int,
-                  neighbour: tuple[str, int]) -> list[str]:  # fmt: skip
+                  neighbour: tuple[str, int], bounded: bool = True) -> list[str]:  # fmt: skip
     """Two seeded constrained requests and two unconstrained neighbours in one batch; the
-    checks every family shares. Returns the constrained outputs' texts (each one stopped)."""
+    checks every family shares. Returns the texts of the constrained outputs that stopped
+    (with ``bounded``, every one must)."""
     params = [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=max_bytes + 1, structured_outputs=constraint)
               for i in range(2)]  # fmt: skip
     neighbour_prompt, neighbour_seed = neighbour
@@ -96,6 +98,9 @@ def run_and_check(constraint: StructuredOutputsParams, compiled, max_bytes: int,
         matcher = xgr.GrammarMatcher(compiled)
         for i, token in enumerate(ids):
             assert matcher.accept_token(token), f"{constraint}: token {i} ({token}) of {ids} is not allowed"
+        if completion.finish_reason == "length" and not bounded:
+            assert len(ids) == max_bytes + 1 and not matcher.is_terminated(), (constraint, ids)
+            continue  # a valid prefix, cut by max_tokens
         assert completion.finish_reason == "stop", (constraint, completion)  # bounded: it must stop
         assert ids and ids[-1] in eos_ids() and matcher.is_terminated(), (constraint, ids)
         texts.append(completion.text)
@@ -189,12 +194,15 @@ def conforms(value, schema: dict) -> bool:
 
 
 @settings(max_examples=16, deadline=None)
-@given(schema=schemas, prompt=prompts, seed=seeds, neighbour=neighbours)
-def test_json_outputs_are_allowed_token_by_token_and_satisfy_the_schema(schema, prompt, seed, neighbour):
+@given(schema=schemas, compact=st.booleans(), prompt=prompts, seed=seeds, neighbour=neighbours)
+def test_json_outputs_are_allowed_token_by_token_and_satisfy_the_schema(schema, compact, prompt, seed, neighbour):
+    """``compact``: no whitespace but xgrammar's separators, so the text is bounded and must stop;
+    otherwise (the default) any whitespace between tokens: a stopped output is checked in full,
+    one cut by ``max_tokens`` as a prefix."""
     spec, max_bytes = schema
-    compiled = independent_compiler().compile_json_schema(json.dumps(spec), any_whitespace=False)
-    constraint = StructuredOutputsParams(json=spec, disable_any_whitespace=True)
-    for text in run_and_check(constraint, compiled, max_bytes, prompt, seed, neighbour):
+    compiled = independent_compiler().compile_json_schema(json.dumps(spec), any_whitespace=not compact)
+    constraint = StructuredOutputsParams(json=spec, disable_any_whitespace=compact)
+    for text in run_and_check(constraint, compiled, max_bytes, prompt, seed, neighbour, bounded=compact):
         assert conforms(json.loads(text), spec), (spec, text)
 
 
