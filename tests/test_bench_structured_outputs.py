@@ -37,6 +37,7 @@ def test_structured_outputs_dry_run_writes_every_case_ratio_and_compile(tmp_path
     parts = record["grammar_parts_ms_per_step"]
     assert parts["constrained_0"]["advance"] == 0  # no constrained request: no matcher to advance
     assert parts["constrained_100"]["grammar_bitmask"] > 0 and parts["constrained_100"]["apply_grammar_bitmask"] > 0
+    assert set(record["ratios_from_parts"]) == set(record["cpu"]["ratios"])
     compiles = record["compile"]
     assert compiles["count"] == 2 and all(len(v) == 2 for v in compiles["runs_ms"].values())
     assert set(record["goals"]) >= {"step_ratio_100_met", "cached_compile_met"}
