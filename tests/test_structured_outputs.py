@@ -465,3 +465,37 @@ def test_past_its_stop_token_a_request_that_ignores_eos_runs_unconstrained(llm):
     assert len(ids) == 8 and eos in ids, ids  # the grammar's end, then free tokens
     answer = llm.engine.tokenizer.decode(ids[: ids.index(eos)])
     assert answer in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    "constrained, spec",
+    [
+        (["a", "b", "c", "d"], {}),  # every row, in order: one slice written in place
+        (["d", "a", "c", "b"], {}),  # mask rows in another order than the logits rows
+        (["b", "d"], {}),  # rows 1 and 3: not one slice
+        (["c", "a"], {"a": (9, 10)}),  # drafts: "a" has rows 0-2, "c" row 4
+    ],
+)
+def test_apply_grammar_bitmask_equals_a_token_by_token_reference(constrained, spec):
+    """Whatever the rows, token t of a constrained row is -inf exactly when bit t % 32 of word
+    t // 32 of its mask row is clear, tokens past the mask's 64 included; the rest is untouched."""
+    req_ids, vocab = ["a", "b", "c", "d"], 70
+    gen = torch.Generator().manual_seed(len(constrained) + len(spec))
+    first_mask_row, row = {}, 0
+    for rid in constrained:
+        first_mask_row[rid], row = row, row + 1 + len(spec.get(rid, ()))
+    words = torch.randint(-(2**31), 2**31, (row, 2), generator=gen, dtype=torch.int64).to(torch.int32)  # [G, 2]
+    step = step_with_mask(req_ids, first_mask_row, words.tolist(), spec=spec)
+    first_logits_row, at = {}, 0
+    for rid in req_ids:
+        first_logits_row[rid], at = at, at + 1 + len(spec.get(rid, ()))
+    logits = torch.randn(at, vocab, generator=gen)
+    expected = logits.clone()
+    for rid in constrained:
+        for i in range(1 + len(spec.get(rid, ()))):
+            for token in range(vocab):
+                word = int(words[first_mask_row[rid] + i, token // 32]) if token < 64 else 0
+                if not (word >> (token % 32)) & 1:
+                    expected[first_logits_row[rid] + i, token] = float("-inf")
+    apply_grammar_bitmask(step, req_ids, logits, first_logits_row)
+    assert torch.equal(logits, expected)

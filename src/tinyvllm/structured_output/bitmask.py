@@ -18,6 +18,11 @@ bad words, penalties, temperature, top-k/p, seeds) composes with it, and the log
 constrained row give its disallowed tokens ``-inf`` (``sample/sampler.py``'s order, step 0).
 NOTE 2 (rows): the runner says which logits row each mask row belongs to: row ``r`` of a plain
 step, rows ``r .. r + k`` of a request verifying k drafts.
+NOTE 3 (in place): the constrained rows of the logits are most often one run of rows (every
+request constrained, or the constrained ones side by side), and the mask's rows are in their
+order: then the mask is applied to that slice in place, with no copy of the mask's rows nor a
+gather and scatter of the logits' (the bench of ``bench/structured_outputs.py`` measures it).
+Other layouts take the gather and scatter; both give the same logits.
 """
 
 from __future__ import annotations
@@ -72,8 +77,15 @@ def apply_grammar_bitmask(
     mask_rows, logits_rows = grammar_rows(scheduler_output, req_ids, first_logits_row)
     if not logits_rows:
         return
-    words = torch.from_numpy(np.ascontiguousarray(scheduler_output.grammar_bitmask[mask_rows]))  # [G, W]
-    allowed = unpack_bitmask(upload(words, torch.int32, logits.device), logits.shape[1])  # [G, V]
-    at = upload(logits_rows, torch.int64, logits.device)  # [G]
-    logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
+    words = scheduler_output.grammar_bitmask  # [G, W]
+    if mask_rows != list(range(words.shape[0])):
+        words = np.ascontiguousarray(words[mask_rows])  # NOTE 3: only when not every row in the mask's order
+    allowed = unpack_bitmask(upload(torch.from_numpy(words), torch.int32, logits.device), logits.shape[1])  # [G, V]
+    refused = ~allowed
+    start, num_rows = logits_rows[0], len(logits_rows)
+    if logits_rows == list(range(start, start + num_rows)):  # NOTE 3: one slice, written in place
+        logits[start : start + num_rows].masked_fill_(refused, float("-inf"))
+    else:
+        at = upload(logits_rows, torch.int64, logits.device)  # [G]
+        logits[at] = logits[at].masked_fill(refused, float("-inf"))
 # --8<-- [end:apply]
