@@ -321,14 +321,47 @@ def test_a_failed_compile_ends_the_request_with_an_error_and_the_engine_serves_o
     manager._cache.clear()  # the failed Future is not reused anyway (manager.compile)
 
 
-def test_structured_outputs_with_async_scheduling_are_refused_naming_both():
-    llm = LLM(torch_threads=1, async_scheduling=True, max_num_seqs=4)
+ASYNC_PROMPTS = ["Is it?", "Email: ", "person = ", "def f(x):", "colour: "]
+
+
+def async_params() -> list[SamplingParams]:
+    return [
+        greedy(SO(choice=["yes", "no", "maybe"])),
+        SamplingParams(temperature=1.0, seed=4, max_tokens=20, structured_outputs=SO(regex=r"[a-z]{2,6}@[a-z]{2,5}\.com")),
+        greedy(SO(json=PERSON, disable_any_whitespace=True), 40),
+        SamplingParams(temperature=0.8, seed=9, max_tokens=12),  # unconstrained, beside them
+        SamplingParams(temperature=1.0, seed=2, n=2, max_tokens=10, structured_outputs=SO(choice=["red", "blue"])),
+    ]
+
+
+def test_async_scheduling_gives_the_synchronous_tokens_under_constraints(llm):
+    """manager.py NOTE 7: a constrained request's token in flight is read back before the next
+    step is scheduled, so every mask sees every token before it; the tokens are sync's."""
+    want = [[c.token_ids for c in o.outputs] for o in llm.generate(ASYNC_PROMPTS, async_params(), use_tqdm=False)]
+    async_llm = LLM(torch_threads=1, max_num_seqs=16, async_scheduling=True)
     try:
-        with pytest.raises(ValueError, match="structured_outputs.*async_scheduling=True"):
-            llm.generate(["x"], [greedy(SO(choice=["a"]))], use_tqdm=False)
-        assert not llm.engine.has_unfinished_requests()
+        engine = async_llm.engine
+        for i, (prompt, params) in enumerate(zip(ASYNC_PROMPTS, async_params())):
+            engine.add_request(str(i), engine.tokenizer.encode(prompt), params)
+        got: dict[str, list] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    got[out.request_id] = [c.token_ids for c in out.outputs]
+            engine.check_invariants()  # each matcher took exactly its request's tokens
+        assert [got[str(i)] for i in range(len(ASYNC_PROMPTS))] == want
+        # An abort while a constrained request's step is in flight leaks nothing.
+        engine.add_request("x", engine.tokenizer.encode("Is it?"), greedy(SO(choice=["yes", "no"])))
+        engine.add_request("y", engine.tokenizer.encode("Is it?"), greedy(None, 6))
+        engine.step()
+        engine.step()
+        engine.abort_request("x")
+        while engine.has_unfinished_requests():
+            engine.step()
+            engine.check_invariants()
+        assert engine.scheduler.kv_cache_manager.usage == 0 and not engine.scheduler.requests
     finally:
-        llm.engine.shutdown()
+        async_llm.engine.shutdown()
 
 
 def test_structured_outputs_config_is_checked():

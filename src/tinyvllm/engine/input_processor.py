@@ -35,8 +35,7 @@ NOTE 5 (prompts): a prompt is a str or a dict with the keys of vLLM's
 ``TextPrompt``/``TokensPrompt``: ``"prompt"``, ``"prompt_token_ids"``, ``"cache_salt"``
 (different salts never share a cached block); any other key is a ValueError.
 NOTE 6 (structured outputs): the constraint is parsed here (``structured_output/backend_xgrammar.py``
-``validate``), so a bad schema, regex or grammar is a ValueError naming it before anything is queued;
-it is refused with async scheduling, whose next step is scheduled before this one's tokens are known.
+``validate``), so a bad schema, regex or grammar is a ValueError naming it before anything is queued.
 """
 
 from __future__ import annotations
@@ -129,7 +128,6 @@ class InputProcessor:
         extra_stop_token_ids: tuple[int, ...] = (),
         logits_processors: tuple = (),
         generation_defaults: Mapping[str, Any] | None = None,
-        async_scheduling: bool = False,
     ) -> None:
         self.tokenizer = tokenizer  # None: text prompts, stop strings and bad words are refused
         self.eos_token_id = eos_token_id
@@ -141,7 +139,6 @@ class InputProcessor:
         self.extra_stop_token_ids = extra_stop_token_ids  # NOTE 1
         self.logits_processors = logits_processors  # custom ones, asked about every request
         self.generation_defaults = dict(generation_defaults or {})  # the model's sampling defaults
-        self.async_scheduling = async_scheduling  # NOTE 6: structured outputs are refused with it
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> InputProcessor:
@@ -172,7 +169,6 @@ class InputProcessor:
             reasoning_config=reasoning_config, speculative=config.speculative_config is not None,
             max_logprobs=model_config.max_logprobs, extra_stop_token_ids=extra_stop_token_ids,
             logits_processors=model_config.logits_processors, generation_defaults=defaults,
-            async_scheduling=config.scheduler_config.async_scheduling,
         )  # fmt: skip
 
     # --8<-- [start:prompt_inputs]
@@ -278,11 +274,6 @@ class InputProcessor:
     def _check_structured_outputs(self, name: str, params: SamplingParams) -> None:
         """NOTE 6: the constraint parses (xgrammar, without the tokenizer) and the engine can apply it."""
         kind = params.structured_outputs.kind
-        if self.async_scheduling:
-            raise ValueError(
-                f"{name}: structured_outputs ({kind}) cannot be combined with async_scheduling=True: each step's "
-                "grammar bitmask needs the previous step's tokens on the host before the step is scheduled"
-            )
         if self.tokenizer is None or self.vocab_size is None:
             raise ValueError(f"{name}: structured_outputs ({kind}) needs the engine's tokenizer and vocab_size")
         try:

@@ -33,17 +33,15 @@ processor check them (``process_token_ids``); ``LLM`` and ``AsyncLLM`` hand over
 the engine only adds what depends on its state: a request id must not be in use.
 NOTE 4 (an undo that fails too): every part of the undo runs (``try``/``finally``); a second
 exception is logged and noted on the first, which the caller gets: it explains the failure.
-NOTE 5 (building one): ``from_engine_args`` is the one factory ``LLM`` and ``AsyncLLM`` share:
-the arguments into an ``EngineConfig`` (``engine_args.py``), the input processor (tokenizer,
-EOS ids, reasoning config), the device start-up (weights, KV cache, runner, CUDA graphs),
-then the scheduler, the proposer and the engine.
+NOTE 5 (building one): ``from_engine_args``, shared by ``LLM`` and ``AsyncLLM``: the arguments into
+an ``EngineConfig`` (``engine_args.py``), the input processor (tokenizer, EOS ids, reasoning
+config), the device start-up (weights, KV cache, runner, graphs), scheduler, proposer, engine.
 NOTE 6 (n completions): ``SamplingParams.n`` > 1 adds n child requests
 (``engine/parallel_sampling.py``) that scheduler and runner see as any other; the output
 processor hands each child's output to its ``ParentRequest``, which gathers them;
 ``unfinished_request_ids`` names the parent.
-NOTE 7 (speculative decoding): with a proposer, every running request that sampled a token
-in a step gets drafts (``Request.spec_token_ids``, ``spec_decode/ngram_proposer.py``), a
-partial prefill none, as in vLLM; the runner keeps those the target agrees with.
+NOTE 7 (speculative decoding): with a proposer, every running request that sampled a token gets
+drafts (``spec_decode/ngram_proposer.py``; cut to what its grammar allows), a partial prefill none.
 NOTE 8 (an observer): ``observer`` (None by default) is called after every step, a failed one
 too (after the undo, with the error); what it raises is logged and noted, never raised in
 the step's place. The step pays one ``is not None`` check (``trace/recorder.py`` measures it).
@@ -56,7 +54,8 @@ call schedules and launches the next step, then reads back the oldest step in fl
 (at most two): so the scheduler's work, the runner's input preparation and the output
 processing overlap the device's forward. The first call only launches; a step that fails
 (launch, read-back or update) takes every step in flight down with it (NOTE 1).
-``has_unfinished_requests`` stays True until every step launched was read back.
+``has_unfinished_requests`` stays True until every step launched was read back. A constrained
+request's token in flight is read back first (``structured_output/manager.py`` NOTE 7).
 """
 
 from __future__ import annotations
@@ -134,7 +133,6 @@ class LLMEngine:
             input_processor = InputProcessor(
                 tokenizer, eos_token_id, vocab_size=vocab_size, max_model_len=scheduler.max_model_len,
                 reasoning_config=reasoning_config, speculative=proposer is not None, max_logprobs=max_logprobs,
-                async_scheduling=isinstance(scheduler, AsyncScheduler),
             )  # fmt: skip
         self.input_processor = input_processor
         self.output_processor = OutputProcessor(input_processor.tokenizer)
@@ -327,10 +325,11 @@ class LLMEngine:
     def _step_with_batch_queue(self) -> list[RequestOutput]:
         """NOTE 10: schedule and launch the next step, then read back the oldest in flight."""
         queue = self._batch_queue  # newest on the left
-        if self.scheduler.has_unfinished_requests():
+        if self.scheduler.has_unfinished_requests() and not self._grammar_waits_for_tokens():
             scheduler_output = self.scheduler.schedule()  # the last step is still on the device
             self.output_processor.note_first_scheduling(scheduler_output)
             try:
+                scheduler_output = self.structured_output_manager.grammar_bitmask(scheduler_output, self.scheduler.requests)
                 future = self.model_executor.execute_model(scheduler_output, non_block=True)
             except BaseException as error:
                 self._abort_failed_step([scheduler_output, *(so for _, so in queue)], error)
@@ -350,6 +349,12 @@ class LLMEngine:
             raise
         return self._update(scheduler_output, model_output)
     # --8<-- [end:step_with_batch_queue]
+
+    def _grammar_waits_for_tokens(self) -> bool:
+        """NOTE 10: a constrained request has a token in flight, which its next mask needs."""
+        return bool(self._batch_queue) and any(
+            r.use_structured_output and r.num_output_placeholders for r in self.scheduler.requests.values()
+        )  # fmt: skip
 
     def _observe(
         self, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput], error: BaseException | None

@@ -31,6 +31,10 @@ NOTE 5 (no constraint, no cost): a step with no constrained request builds nothi
 ``SchedulerOutput`` carries no mask.
 NOTE 6 (after the stop token): a matcher that accepted its stop token is terminated; a request
 that runs on (``ignore_eos``) is unconstrained from there, as in vLLM.
+NOTE 7 (async scheduling): a row's mask needs every token before it in the matcher, so while a
+constrained request has a token still on the device the engine reads that step back before it
+schedules the next (``engine/llm_engine.py`` NOTE 10): such steps run one at a time, and the
+tokens are the synchronous engine's. (vLLM fills the mask while the forward runs and samples after.)
 """
 
 from __future__ import annotations
