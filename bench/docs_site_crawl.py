@@ -13,14 +13,11 @@ It needs what the test needs: Debian's Chromium and the browser extra.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,31 +38,28 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site_dir)], cwd=ROOT,
                        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"), capture_output=True, check=True)
         print(f"build {time.monotonic() - start:.1f} s", flush=True)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(t._QuietHandler, directory=str(site_dir)))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    server, base = t._serve(site_dir)
     urls = t._page_urls(site_dir, base)[:: args.every]
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         start = time.monotonic()
-        browser = pw.chromium.launch(executable_path=t._find_chromium(), args=t.CHROMIUM_FLAGS)
+        browser, first = t._open_context(pw, t._find_chromium(), base)  # the test's browser and proxy
         print(f"launch {time.monotonic() - start:.1f} s", flush=True)
+        first.close()  # each tab count below starts from a fresh context (an empty HTTP cache)
         for tabs in args.tabs:
             context = browser.new_context(viewport=t.VIEWPORT)
             context.set_default_timeout(30_000)
             context.add_init_script(t.RECORD_SHADOW_ROOTS)
-            context.route(lambda url: not url.startswith(base), lambda route: route.abort())
             start = time.monotonic()
             if tabs == 1:  # one page at a time, timed page by page
                 times = []
                 for url in urls:
                     page_start = time.monotonic()
-                    t._crawl(context, site_dir, base, [url], tabs=1)
+                    t._crawl(context, server, site_dir, base, [url], tabs=1)
                     times.append((time.monotonic() - page_start, url[len(base):]))
             else:
-                t._crawl(context, site_dir, base, urls, tabs=tabs)
+                t._crawl(context, server, site_dir, base, urls, tabs=tabs)
             print(f"tabs {tabs}: {len(urls)} pages in {time.monotonic() - start:.1f} s", flush=True)
             if tabs == 1:
                 for seconds, rel in sorted(times, reverse=True)[:15]:

@@ -6,9 +6,11 @@ the folder must hold an ``index.html``), or, with the variable unset, builds it 
 a temporary directory itself (a local run). It serves the site on 127.0.0.1 and loads every
 page of it (every ``*.html`` the build wrote, except ``404.html``) in headless Chromium,
 driven by Playwright, ``CRAWL_TABS`` pages at a time in tabs of one browser; each tab records
-its own page's events. Requests that leave 127.0.0.1 are recorded and aborted. A crawled
-page's request for the search index gets the server's status and a cut index (see
-``_start_visit``); the search test loads the full one.
+its own page's events. Requests that leave 127.0.0.1 are recorded, and fail at a proxy where
+nothing listens (``_open_context``): nothing is fetched. No request is routed through
+Playwright, so the browser's HTTP cache works across pages. While the crawl runs the server
+answers the search index's URL with a cut index (see ``_crawl``); the search test loads the
+full one.
 The tests then check, page by page:
 
 - every mermaid diagram was drawn as an SVG by the copy of mermaid the site serves;
@@ -232,9 +234,57 @@ def test_docs_build_without_network_or_cache_stops_with_one_line_saying_what_to_
 # --- The site in a browser ----------------------------------------------------------------
 
 
+SEARCH_INDEX = "search/search_index.json"
+
+
+class _SiteServer(ThreadingHTTPServer):
+    """Serves a built site on 127.0.0.1. While ``cut_search_index`` holds bytes, the search
+    index's URL answers with them instead of the file (see ``_crawl``)."""
+
+    daemon_threads = True
+    cut_search_index: bytes | None = None
+
+
 class _QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, format, *args):
         pass
+
+    def send_head(self):
+        cut = getattr(self.server, "cut_search_index", None)
+        if cut is None or urllib.parse.urlsplit(self.path).path != "/" + SEARCH_INDEX:
+            return super().send_head()
+        if not (Path(self.directory) / SEARCH_INDEX).is_file():  # a missing index still fails
+            return super().send_head()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(cut)))
+        self.end_headers()
+        return io.BytesIO(cut)
+
+
+def _serve(site_dir: Path) -> tuple[_SiteServer, str]:
+    """Starts serving ``site_dir`` on a free port of 127.0.0.1; returns the server and its base URL."""
+    server = _SiteServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site_dir)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def _open_context(pw, chromium: str, base: str):
+    """Chromium, and a context of it set up for a crawl of the site served at ``base``.
+
+    The browser's proxy is a port of 127.0.0.1 where nothing listens, bypassed only for the
+    site's host: every request to another host, the machine's other loopback addresses
+    included (``<-loopback>``), fails there and fetches nothing, while each is still reported
+    (``request`` event) and recorded as external. Chromium's bypass rules match a host, not a
+    port, so another port of the site's host would be reached, and still recorded.
+    """
+    host = urllib.parse.urlsplit(base).hostname
+    proxy = {"server": _closed_port_url("").rstrip("/"), "bypass": f"<-loopback>,{host}"}
+    browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS, proxy=proxy)
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(30_000)
+    context.add_init_script(RECORD_SHADOW_ROOTS)
+    return browser, context
 
 
 class _Anchors(html.parser.HTMLParser):
@@ -279,7 +329,7 @@ class Site:
     base: str
     pages: dict[str, Page]
     context: object  # the Playwright browser context the pages were loaded in
-    external_elsewhere: list[str] = field(default_factory=list)  # requests no tab's route saw
+    external_elsewhere: list[str] = field(default_factory=list)  # requests no crawled tab saw
 
 
 def _page_urls(site_dir: Path, base: str) -> list[str]:
@@ -302,25 +352,20 @@ class _Visit:
     closing: bool = False  # requests cut short by closing the tab are not failures
 
 
-SEARCH_INDEX = "search/search_index.json"
-
-
 def _small_search_index(site_dir: Path) -> bytes:
     """The site's search index cut to its config and first document (a few hundred bytes)."""
     index = json.loads((site_dir / SEARCH_INDEX).read_text(encoding="utf-8"))
     return json.dumps({"config": index["config"], "docs": index["docs"][:1]}).encode()
 
 
-def _start_visit(context, site_dir: Path, base: str, url: str, search_index: bytes) -> _Visit:
+def _start_visit(context, site_dir: Path, base: str, url: str) -> _Visit:
     """Opens a tab, hooks its events and starts loading ``url``; returns before the page loads.
 
-    Requests that leave ``base`` are aborted by the tab's own route, so each is recorded on
-    the page that made it, however many tabs are loading at once. The page's request for the
-    search index is answered with the server's status for that URL (a HEAD request) and
-    ``search_index``, the index cut short: every page fetches the 1.5 MB index after "load"
-    and its search worker then spends CPU building it, which the crawl never uses and which
-    slows the other tabs in flight. A wrong index URL still reaches the server and fails;
-    the full index is served and searched by test_docs_search_finds_chinese_words.
+    Each tab records its own page's requests that leave ``base`` (its ``request`` event),
+    however many tabs are loading at once; the browser's proxy (``_open_context``) makes
+    them fail, so none is fetched. No request is routed through Playwright: a route would
+    turn the browser's HTTP cache off, and every page would fetch the theme's scripts, styles
+    and fonts again, each request a round trip through this process.
     """
     rel = url[len(base):]
     html_file = site_dir / (rel + "index.html" if rel == "" or rel.endswith("/") else rel)
@@ -330,6 +375,8 @@ def _start_visit(context, site_dir: Path, base: str, url: str, search_index: byt
     def started(request):
         if request.url.startswith(base):
             visit.in_flight.add(request)
+        else:
+            page.external_requests.append(request.url)
 
     def answered(response):
         if response.url.startswith(base) and response.status >= 400:
@@ -338,7 +385,7 @@ def _start_visit(context, site_dir: Path, base: str, url: str, search_index: byt
     def finished(request):
         visit.in_flight.discard(request)
 
-    def failed(request):  # requests to other hosts are aborted and reported separately
+    def failed(request):  # requests to other hosts fail at the proxy and are reported separately
         visit.in_flight.discard(request)
         if request.url.startswith(base) and not visit.closing:
             page.failed_requests.append(f"{request.url} -> {request.failure}")
@@ -348,15 +395,6 @@ def _start_visit(context, site_dir: Path, base: str, url: str, search_index: byt
             where = message.location.get("url") or ""
             page.console_errors.append(f"{message.text} ({where})" if where else message.text)
 
-    def abort_external(route):
-        page.external_requests.append(route.request.url)
-        route.abort()
-
-    def small_search_index(route):
-        served = route.fetch(method="HEAD")
-        route.fulfill(status=served.status, content_type=served.headers.get("content-type"),
-                      body=search_index if served.status == 200 else b"")
-
     tab = visit.tab
     tab.on("console", console)
     tab.on("pageerror", lambda e: page.page_errors.append(str(e)))
@@ -364,8 +402,6 @@ def _start_visit(context, site_dir: Path, base: str, url: str, search_index: byt
     tab.on("response", answered)
     tab.on("requestfinished", finished)
     tab.on("requestfailed", failed)
-    tab.route(lambda u: not u.startswith(base), abort_external)
-    tab.route(base + SEARCH_INDEX, small_search_index)
     try:
         # "commit": the response has started; the load itself is awaited in _finish_visit,
         # while the other tabs in flight load too.
@@ -408,17 +444,25 @@ def _finish_visit(visit: _Visit) -> Page:
     return page
 
 
-def _crawl(context, site_dir: Path, base: str, urls: list[str], tabs: int = CRAWL_TABS) -> dict[str, Page]:
+def _crawl(context, server: _SiteServer, site_dir: Path, base: str, urls: list[str],
+           tabs: int = CRAWL_TABS) -> dict[str, Page]:
     """Loads every url, ``tabs`` at a time (a sliding window: the oldest page is finished
-    while the newer ones load), and returns the pages in the order of ``urls``."""
+    while the newer ones load), and returns the pages in the order of ``urls``.
+
+    While it runs, ``server`` answers the search index's URL with the index cut short
+    (``_small_search_index``): every page fetches the 1.5 MB index after "load" and its search
+    worker then spends CPU building it, which the crawl never uses and which slows the other
+    tabs in flight. A wrong index URL still fails (the server answers only the right one, and
+    only while the file exists); test_docs_search_finds_chinese_words searches the full index.
+    """
     if tabs < 1:
         raise ValueError(f"tabs must be at least 1, got {tabs}")
-    search_index = _small_search_index(site_dir)
     done: dict[str, Page] = {}
     window: collections.deque[_Visit] = collections.deque()
+    server.cut_search_index = _small_search_index(site_dir)
     try:
         for url in urls:
-            window.append(_start_visit(context, site_dir, base, url, search_index))
+            window.append(_start_visit(context, site_dir, base, url))
             if len(window) >= tabs:
                 visit = window.popleft()
                 done[visit.page.url] = _finish_visit(visit)
@@ -426,6 +470,7 @@ def _crawl(context, site_dir: Path, base: str, urls: list[str], tabs: int = CRAW
             visit = window.popleft()
             done[visit.page.url] = _finish_visit(visit)
     finally:
+        server.cut_search_index = None
         for visit in window:  # only after an error: close what is still open
             visit.closing = True
             visit.tab.close()
@@ -454,8 +499,8 @@ def _built_site(tmp_path_factory) -> Path:
     return site_dir
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def _chromium_and_playwright() -> str:
+    """The Chromium binary to drive; skips (or fails, see _no_browser) without it or Playwright."""
     chromium = _find_chromium()
     if chromium is None:
         named = os.environ.get("TINYVLLM_CHROMIUM")
@@ -463,40 +508,92 @@ def site(tmp_path_factory):
             f"TINYVLLM_CHROMIUM={named} is not an executable file" if named
             else "no Chromium binary was found (looked for /usr/bin/chromium and chromium on PATH)"
         )
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
+    if importlib.util.find_spec("playwright") is None:
         _no_browser("the Python package 'playwright' is not installed")
+    return chromium
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    chromium = _chromium_and_playwright()
+    from playwright.sync_api import sync_playwright
+
     pytest.importorskip("mkdocs")
 
     site_dir = _built_site(tmp_path_factory)
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site_dir))
-    )
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}/"
-    elsewhere: list[str] = []  # external requests no tab's route saw (none expected)
+    server, base = _serve(site_dir)
+    in_context: list[str] = []  # every request of the context that leaves the site
 
-    def abort_external(route):
-        elsewhere.append(route.request.url)
-        route.abort()
+    def external(request):
+        if not request.url.startswith(base):
+            in_context.append(request.url)
 
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-            context = browser.new_context(viewport=VIEWPORT)
-            context.set_default_timeout(30_000)
-            context.add_init_script(RECORD_SHADOW_ROOTS)
-            # Anything not served by the test server is recorded and never fetched: each tab's
-            # route records it on its page, this one catches any request no tab routed.
-            context.route(lambda url: not url.startswith(base), abort_external)
-            pages = _crawl(context, site_dir, base, _page_urls(site_dir, base))
-            yield Site(base=base, pages=pages, context=context, external_elsewhere=elsewhere)
+            browser, context = _open_context(pw, chromium, base)
+            context.on("request", external)
+            pages = _crawl(context, server, site_dir, base, _page_urls(site_dir, base))
+            # A request the context saw and no crawled tab recorded (a worker's of its own, say).
+            elsewhere = collections.Counter(in_context) - collections.Counter(
+                url for page in pages.values() for url in page.external_requests)
+            yield Site(base=base, pages=pages, context=context, external_elsewhere=sorted(elsewhere.elements()))
             browser.close()
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_crawl_records_a_broken_pages_requests_and_errors_and_fetches_nothing_elsewhere(tmp_path):
+    """The crawl's negative control, on a two-page site: the broken page's request to another
+    server, its request for a missing file and its console error are each recorded on it, the
+    other server is never reached (the proxy), the clean page records nothing, and the search
+    index is served cut while the crawl runs and whole after it."""
+    chromium = _chromium_and_playwright()
+    from playwright.sync_api import sync_playwright
+
+    reached: list[str] = []
+
+    class Elsewhere(_QuietHandler):
+        def do_GET(self):
+            reached.append(self.path)
+            self.send_error(404)
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)  # another host of this machine
+    threading.Thread(target=elsewhere.serve_forever, daemon=True).start()
+    spy_url = f"http://127.0.0.2:{elsewhere.server_address[1]}/spy.png"
+    (tmp_path / "search").mkdir()
+    docs = [{"location": "", "title": "a", "text": ""}, {"location": "b/", "title": "b", "text": ""}]
+    (tmp_path / SEARCH_INDEX).write_text(json.dumps({"config": {"lang": ["en"]}, "docs": docs}))
+    (tmp_path / "index.html").write_text(
+        f'<!doctype html><html><body><a id="top" href="b/">b</a><img src="{spy_url}"><img src="missing.png">'
+        '<script>console.error("boom"); const x = new XMLHttpRequest(); x.open("GET", "search/search_index.json", false);'
+        ' x.send(); document.body.id = "docs-" + JSON.parse(x.responseText).docs.length;</script></body></html>'
+    )  # fmt: skip
+    (tmp_path / "favicon.ico").write_bytes(b"")  # the browser asks for it
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "index.html").write_text('<!doctype html><html><body><p id="x">fine</p></body></html>')
+    server, base = _serve(tmp_path)
+    try:
+        with sync_playwright() as pw:
+            browser, context = _open_context(pw, chromium, base)
+            try:
+                pages = _crawl(context, server, tmp_path, base, _page_urls(tmp_path, base), tabs=2)
+            finally:
+                browser.close()
+        with urllib.request.urlopen(base + SEARCH_INDEX, timeout=30) as response:
+            served_after = json.loads(response.read())
+    finally:
+        for s in (server, elsewhere):
+            s.shutdown()
+            s.server_close()
+    broken, clean = pages[base], pages[base + "b/"]
+    assert broken.external_requests == [spy_url] and reached == []
+    assert broken.failed_requests == [f"{base}missing.png -> HTTP 404"]
+    assert any(error.startswith("boom") for error in broken.console_errors), broken.console_errors
+    assert {"top", "docs-1"} <= broken.anchors and base + "b/" in broken.links  # the cut index: 1 doc
+    assert served_after["docs"] == docs
+    assert (clean.external_requests, clean.failed_requests, clean.console_errors, clean.page_errors) == ([], [], [], [])
+    assert clean.anchors == {"x"}
 
 
 def _report(problems: list[str], what: str) -> str:
@@ -532,7 +629,7 @@ def test_docs_pages_log_no_errors(site):
 def test_docs_pages_request_nothing_outside_the_site(site):
     problems = [
         f"{p.url}: requested {request}" for p in site.pages.values() for request in p.external_requests
-    ] + [f"(no tab's route saw it): requested {request}" for request in site.external_elsewhere]
+    ] + [f"(no crawled tab saw it): requested {request}" for request in site.external_elsewhere]
     assert not problems, _report(problems, "requests to other hosts")
 
 

@@ -53,6 +53,9 @@ def error_of(response: httpx.Response, status: int) -> dict:
     return error
 
 
+IN_ENGINE = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
 def samples(url: str) -> dict[str, float]:
     """``/metrics`` as ``{sample name: value}``, histogram buckets left out."""
     text = httpx.get(url + "/metrics").text
@@ -275,7 +278,12 @@ def test_sigterm_drains_for_at_most_the_shutdown_timeout(folder):
             thread = threading.Thread(target=lambda: short.update(httpx.post(url + "/v1/completions", timeout=30, json={
                 "model": "tiny", "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}).json()))  # fmt: skip
             thread.start()
-            time.sleep(0.3)  # the short request is in
+            # The short request is in the engine before the signal: polled, not a fixed sleep,
+            # which a busy machine outlasted (the request then met a closed port).
+            deadline = time.monotonic() + 30
+            while sum(v for k, v in samples(url).items() if k in IN_ENGINE) < 2:
+                assert time.monotonic() < deadline, "the short request never reached the engine"
+                time.sleep(0.02)
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             chunks.extend(line[6:] for line in lines if line.startswith("data: "))

@@ -6,7 +6,8 @@ arrow keys (Home and End jump to the ends); the address ends in ``#step-N``, so 
 open a given step. The trace itself is embedded as JSON (``<script type="application/json"
 id="tinyvllm-trace">``), for whoever wants the numbers behind a picture. The page loads
 nothing: no script, style sheet, font or image from anywhere, so it works offline, from a
-file, inside the docs site (an ``<iframe>``) or attached to an issue.
+file, inside the docs site (an ``<iframe>``) or attached to an issue; its icon is an empty
+``data:`` URL, so a browser does not ask the server for ``/favicon.ico`` either.
 
 Follows: issue 26 ("a viewer"). Mirrors: nothing in vLLM.
 
@@ -89,6 +90,7 @@ def trace_html(trace: Trace) -> str:
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'  # an empty icon: no request for /favicon.ico
         f"<title>{escape(trace.title)}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>{escape(trace.title)}</h1>"
         + (f"<p>{escape(trace.description).replace(chr(10), '<br>')}</p>" if trace.description else "")  # a line per rank
