@@ -280,7 +280,7 @@ def test_waiting_bound_gets_503(folder):
 
 def test_client_disconnect_aborts_the_stream(server, monkeypatch):
     url, llm, _ = server
-    slow_steps(monkeypatch, llm, 0.02)  # 100 tokens would take 2 s
+    slow_steps(monkeypatch, llm, 0.1)  # 100 tokens would take 10 s
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": 100, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()  # keep a reference: a collected iterator closes the response
@@ -290,19 +290,19 @@ def test_client_disconnect_aborts_the_stream(server, monkeypatch):
     start = time.monotonic()
     m = wait_idle(url)
     assert (m["vllm:num_requests_running"], m["vllm:num_requests_waiting"], m["vllm:kv_cache_usage_perc"]) == (0, 0, 0)
-    assert time.monotonic() - start < 1.0  # aborted, not run to its end
+    assert time.monotonic() - start < 5.0  # aborted, not run to its end (10 s); a margin for a loaded machine
 
 
 def test_non_streamed_client_disconnect_aborts_too(server, monkeypatch):
     url, llm, _ = server
-    slow_steps(monkeypatch, llm, 0.02)
+    slow_steps(monkeypatch, llm, 0.1)  # 100 tokens would take 10 s
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": 100, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/v1/completions", json=body, timeout=0.3)  # the client gives up after 0.3 s
     start = time.monotonic()
     m = wait_idle(url)
     assert (m["vllm:num_requests_running"], m["vllm:kv_cache_usage_perc"]) == (0, 0)
-    assert time.monotonic() - start < 1.5  # the server noticed (it polls every 0.2 s) well before 2 s
+    assert time.monotonic() - start < 5.0  # the server noticed (it polls every 0.2 s), well before the 10 s run
 
 
 def test_metrics_use_vllm_names(server, client):
