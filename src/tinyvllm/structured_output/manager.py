@@ -92,12 +92,6 @@ class StructuredOutputManager:
 
     # -- requests in -------------------------------------------------------------------
 
-    def validate(self, params: StructuredOutputsParams) -> None:
-        """ValueError naming the field when the constraint cannot be used (before anything is queued)."""
-        if self.tokenizer is None or self.vocab_size is None:
-            raise ValueError(f"structured_outputs ({params.kind}) needs the engine's tokenizer and vocab_size")
-        backend_xgrammar.validate(params)
-
     @property
     def backend(self) -> backend_xgrammar.XgrammarBackend:
         if self._backend is None:
