@@ -305,9 +305,10 @@ class LLMEngine:
         raises: with the steps still in flight, NOTE 10)."""
         try:
             core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
-            for out in core_outputs:  # structured outputs: each matcher takes its request's new tokens
-                if (request := self.scheduler.requests.get(out.request_id)) is not None and request.use_structured_output:
-                    self.structured_output_manager.advance(request, out.new_token_ids)
+            if self.structured_output_manager.in_use:  # each matcher takes its request's new tokens
+                for out in core_outputs:
+                    if (request := self.scheduler.requests.get(out.request_id)) is not None and request.use_structured_output:
+                        self.structured_output_manager.advance(request, out.new_token_ids)
             if self.proposer is not None:
                 self._propose_drafts(core_outputs)  # NOTE 7: the next step verifies them
             outputs, stopped = self.output_processor.process_outputs(core_outputs)
@@ -352,7 +353,7 @@ class LLMEngine:
 
     def _grammar_waits_for_tokens(self) -> bool:
         """NOTE 10: a constrained request has a token in flight, which its next mask needs."""
-        return bool(self._batch_queue) and any(
+        return bool(self._batch_queue) and self.structured_output_manager.in_use and any(
             r.use_structured_output and r.num_output_placeholders for r in self.scheduler.requests.values()
         )  # fmt: skip
 

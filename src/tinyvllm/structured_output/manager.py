@@ -93,6 +93,11 @@ class StructuredOutputManager:
     # -- requests in -------------------------------------------------------------------
 
     @property
+    def in_use(self) -> bool:
+        """Whether any request has asked for a constraint yet (NOTE 5: until then, nothing to do)."""
+        return self._backend is not None
+
+    @property
     def backend(self) -> backend_xgrammar.XgrammarBackend:
         if self._backend is None:
             self._backend = backend_xgrammar.XgrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -143,7 +148,7 @@ class StructuredOutputManager:
     ) -> SchedulerOutput:
         """The step with its bitmask: one row per sampled position of each scheduled
         constrained request (NOTE 3); the step unchanged when none is (NOTE 5)."""
-        if self._backend is None:  # NOTE 5: no request has asked for a constraint yet
+        if not self.in_use:  # NOTE 5
             return scheduler_output
         constrained = [rid for rid in scheduler_output.num_scheduled_tokens
                        if (r := requests.get(rid)) is not None and r.use_structured_output]  # fmt: skip
