@@ -335,8 +335,8 @@ def async_params() -> list[SamplingParams]:
 
 
 def test_async_scheduling_gives_the_synchronous_tokens_under_constraints(llm):
-    """manager.py NOTE 7: a constrained request's token in flight is read back before the next
-    step is scheduled, so every mask sees every token before it; the tokens are sync's."""
+    """manager.py NOTE 7: a constrained request's mask is made after the step before it was read
+    back, so every mask sees every token before it; the tokens are sync's."""
     want = [[c.token_ids for c in o.outputs] for o in llm.generate(ASYNC_PROMPTS, async_params(), use_tqdm=False)]
     async_llm = LLM(torch_threads=1, max_num_seqs=16, async_scheduling=True)
     try:
@@ -360,6 +360,84 @@ def test_async_scheduling_gives_the_synchronous_tokens_under_constraints(llm):
             engine.step()
             engine.check_invariants()
         assert engine.scheduler.kv_cache_manager.usage == 0 and not engine.scheduler.requests
+    finally:
+        async_llm.engine.shutdown()
+
+
+def test_under_async_scheduling_a_constrained_step_is_launched_before_the_last_is_read_back():
+    """manager.py NOTE 7, llm_engine.py NOTE 10: with a constrained request's token in flight,
+    each call schedules the next step and launches its forward (F) before the step in flight is
+    read back (R); only then is the mask made (M) and the step sampled (P). Without the split,
+    the engine would read the step back first and launch after: the overlap would be lost."""
+    async_llm = LLM(torch_threads=1, async_scheduling=True)
+    try:
+        engine, timeline = async_llm.engine, []
+        runner = engine.model_runner
+
+        def mark(owner, name: str, letter: str, after: bool = False) -> None:
+            call = getattr(owner, name)
+
+            def marked(*args, **kwargs):
+                timeline.append("" if after else letter)
+                out = call(*args, **kwargs)
+                timeline.append(letter if after else "")
+                return out
+
+            setattr(owner, name, marked)
+
+        mark(engine.scheduler, "schedule", "S")
+        mark(runner, "_forward", "F")
+        mark(runner, "_read_back", "R", after=True)  # when the ids are on the host
+        mark(engine.structured_output_manager, "grammar_bitmask", "M")
+        mark(runner, "sampler", "P")
+        params = greedy(SO(regex=r"[a-z]{12}"), 10)
+        for i, prompt in enumerate(["My name is", "Hello"]):
+            engine.add_request(str(i), engine.tokenizer.encode(prompt), params)
+        calls = []
+        while engine.has_unfinished_requests():
+            timeline.clear()
+            engine.step()
+            calls.append("".join(timeline))
+        launching = [c for c in calls if "F" in c]  # the calls that launched a step
+        assert launching[0] == "SMFP" and launching[1:] == ["SFRMP"] * 9, calls
+    finally:
+        async_llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("where", ["forward", "read_back", "mask", "sample"])
+def test_a_failure_between_a_deferred_forward_and_its_sampling_takes_the_steps_in_flight_down(where, monkeypatch):
+    """llm_engine.py NOTE 10: a step launched with its sampling deferred fails at its forward,
+    at the read-back of the step before it, at its mask or at its sampling: every step in
+    flight is aborted, every block freed, the runner emptied of requests and of the deferred
+    step; then the engine serves the same request with the same tokens."""
+    async_llm = LLM(torch_threads=1, async_scheduling=True)
+    try:
+        engine, runner = async_llm.engine, async_llm.engine.model_runner
+        params = greedy(SO(regex=r"[a-z]{12}"), 10)
+        prompts = ["My name is", "Hello"]
+        want = [o.outputs[0].token_ids for o in async_llm.generate(prompts, params, use_tqdm=False)]  # compiled now
+        owner, name = {"forward": (runner, "_forward"), "read_back": (runner, "_read_back"),
+                       "mask": (engine.structured_output_manager, "grammar_bitmask"),
+                       "sample": (runner, "sample_tokens")}[where]  # fmt: skip
+        original, calls = getattr(owner, name), []
+
+        def failing(*args, **kwargs):
+            calls.append(name)
+            if len(calls) == 4:  # a deferred step's (the first step samples at once)
+                raise RuntimeError("injected")
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, failing)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"doomed{i}", engine.tokenizer.encode(prompt), params)
+        with pytest.raises(RuntimeError, match="injected"):
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert not engine.has_unfinished_requests() and not engine.steps_in_flight()
+        assert engine.scheduler.kv_cache_manager.usage == 0 and not runner.requests and runner._deferred is None
+        engine.check_invariants()
+        monkeypatch.setattr(owner, name, original)
+        assert [o.outputs[0].token_ids for o in async_llm.generate(prompts, params, use_tqdm=False)] == want
     finally:
         async_llm.engine.shutdown()
 

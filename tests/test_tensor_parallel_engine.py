@@ -126,23 +126,25 @@ def test_two_ranks_under_each_emulated_cudagraph_mode(tiny_model_dirs, one_rank_
 
 def test_async_llm_on_two_ranks_streams_one_ranks_tokens(tiny_model_dirs):
     """With async scheduling too (``async_scheduling=True``): each worker process keeps its
-    steps in flight, and the executor reads the oldest back (``executor/abstract.py`` NOTE 4)."""
+    steps in flight, and the executor reads the oldest back (``executor/abstract.py`` NOTE 4);
+    a constrained request's steps take the third call, ``sample_tokens``, on both ranks."""
     folder = str(tiny_model_dirs["llama"])
     params = SamplingParams(max_tokens=6, temperature=0)
+    requests = [(PROMPTS[2], params), (PROMPTS[3], params), (PROMPTS[3], CONSTRAINED)]
     one = LLM(folder, **ENGINE)
-    expected = [list(out.outputs[0].token_ids) for out in one.generate(PROMPTS[2:], params, use_tqdm=False)]
+    expected = [list(one.generate([prompt], p, use_tqdm=False)[0].outputs[0].token_ids) for prompt, p in requests]
     engine = AsyncLLM.from_engine_args(EngineArgs(folder, tensor_parallel_size=2, async_scheduling=True, **ENGINE))
     assert engine.engine.async_scheduling
 
-    async def stream(i: int, prompt: dict) -> list[int]:
+    async def stream(i: int, prompt: dict, p: SamplingParams) -> list[int]:
         tokens: list[int] = []
-        async for out in engine.generate(prompt, params, f"r{i}"):
+        async for out in engine.generate(prompt, p, f"r{i}"):
             tokens = list(out.outputs[0].token_ids)
         return tokens
 
     async def main() -> list[list[int]]:
         try:
-            return list(await asyncio.gather(*(stream(i, p) for i, p in enumerate(PROMPTS[2:]))))
+            return list(await asyncio.gather(*(stream(i, prompt, p) for i, (prompt, p) in enumerate(requests))))
         finally:
             await engine.shutdown()
 

@@ -19,7 +19,9 @@ and several times cheaper to build (a frozen dataclass sets each field through
 ``object.__setattr__``), which matters at a few microseconds per request per step.
 NOTE 2 (the grammar bitmask): the scheduler leaves it empty; the engine adds it after
 ``schedule()`` (``structured_output/manager.py``), as vLLM's ``get_grammar_bitmask`` does.
-The core never imports torch or numpy: to it the mask is an opaque object.
+The core never imports torch or numpy: to it the mask is an opaque object. When the mask is
+made after the step's forward was launched (async scheduling), it travels on its own, as a
+``GrammarOutput`` (vLLM's), to the runner's ``sample_tokens``.
 """
 
 from __future__ import annotations
@@ -86,3 +88,18 @@ class SchedulerOutput:
     def num_scheduled_reqs(self) -> int:
         return len(self.num_scheduled_tokens)
 # --8<-- [end:scheduler_output]
+
+
+@dataclass(frozen=True)
+class GrammarOutput:
+    """A step's grammar mask on its own (NOTE 2): the fields of the ``SchedulerOutput``'s."""
+
+    structured_output_request_ids: Mapping[str, int]
+    grammar_bitmask: object | None
+
+    @classmethod
+    def of(cls, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The step's mask, or None when the step has none."""
+        if scheduler_output.grammar_bitmask is None:
+            return None
+        return cls(scheduler_output.structured_output_request_ids, scheduler_output.grammar_bitmask)

@@ -54,8 +54,8 @@ call schedules and launches the next step, then reads back the oldest step in fl
 (at most two): so the scheduler's work, the runner's input preparation and the output
 processing overlap the device's forward. The first call only launches; a step that fails
 (launch, read-back or update) takes every step in flight down with it (NOTE 1).
-``has_unfinished_requests`` stays True until every step launched was read back. A constrained
-request's token in flight is read back first (``structured_output/manager.py`` NOTE 7).
+``has_unfinished_requests`` stays True until every step launched was read back. A step whose
+mask needs a token in flight: forward, read-back, mask, then sampling (``manager.py`` NOTE 7).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from tinyvllm.config import EngineConfig, ReasoningConfig, StructuredOutputsConfig
-from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.core.async_scheduler import MAX_STEPS_IN_FLIGHT, AsyncScheduler
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.input_processor import EngineCoreRequest, InputProcessor
@@ -326,9 +326,11 @@ class LLMEngine:
     def _step_with_batch_queue(self) -> list[RequestOutput]:
         """NOTE 10: schedule and launch the next step, then read back the oldest in flight."""
         queue = self._batch_queue  # newest on the left
-        if self.scheduler.has_unfinished_requests() and not self._grammar_waits_for_tokens():
+        if self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()  # the last step is still on the device
             self.output_processor.note_first_scheduling(scheduler_output)
+            if self._mask_needs_tokens_in_flight(scheduler_output):
+                return self._step_with_deferred_sampling(scheduler_output)
             try:
                 scheduler_output = self.structured_output_manager.grammar_bitmask(scheduler_output, self.scheduler.requests)
                 future = self.model_executor.execute_model(scheduler_output, non_block=True)
@@ -339,23 +341,49 @@ class LLMEngine:
             queue.appendleft((future, scheduler_output))
             if scheduler_output.total_num_scheduled_tokens and len(queue) < MAX_STEPS_IN_FLIGHT:
                 return []  # the first step in flight: its tokens come back with the next call
-        if not queue:
-            return []
-        future, scheduler_output = queue.pop()
+        return self._update_oldest() if queue else []
+
+    def _update_oldest(self) -> list[RequestOutput]:
+        """Read back the oldest step in flight and take in its tokens (NOTE 10)."""
+        future, scheduler_output = self._batch_queue.pop()
         try:
             model_output = future.result()  # the step's one wait
         except BaseException as error:
-            self._abort_failed_step([scheduler_output, *(so for _, so in queue)], error)
+            self._abort_failed_step([scheduler_output, *(so for _, so in self._batch_queue)], error)
             self._observe(scheduler_output, [], error)
             raise
         return self._update(scheduler_output, model_output)
+
+    def _step_with_deferred_sampling(self, scheduler_output: SchedulerOutput) -> list[RequestOutput]:
+        """NOTE 10, manager.py NOTE 7: the step's forward runs while the step before it is read
+        back and its tokens reach the matchers; then the mask is made and the step sampled."""
+        queue = self._batch_queue
+        queue.appendleft((None, scheduler_output))  # in flight: a failure below takes it down too
+        try:
+            self.model_executor.execute_model(scheduler_output, non_block=True, defer_sampling=True)
+        except BaseException as error:
+            self._abort_failed_step([so for _, so in queue], error)
+            self._observe(scheduler_output, [], error)
+            raise
+        outputs = self._update_oldest() if len(queue) > 1 else []
+        try:
+            scheduler_output = self.structured_output_manager.grammar_bitmask(scheduler_output, self.scheduler.requests)
+            queue[0] = (self.model_executor.sample_tokens(GrammarOutput.of(scheduler_output)), scheduler_output)
+        except BaseException as error:
+            self._abort_failed_step([so for _, so in queue], error)
+            self._observe(scheduler_output, [], error)
+            raise
+        return outputs
     # --8<-- [end:step_with_batch_queue]
 
-    def _grammar_waits_for_tokens(self) -> bool:
-        """NOTE 10: a constrained request has a token in flight, which its next mask needs."""
-        return bool(self._batch_queue) and self.structured_output_manager.in_use and any(
-            r.use_structured_output and r.num_output_placeholders for r in self.scheduler.requests.values()
-        )  # fmt: skip
+    def _mask_needs_tokens_in_flight(self, scheduler_output: SchedulerOutput) -> bool:
+        """NOTE 10: a step in flight, and a constrained request in this one (its mask may need
+        that step's token)."""
+        if not self._batch_queue or not self.structured_output_manager.in_use:
+            return False
+        requests = self.scheduler.requests
+        return any((r := requests.get(rid)) is not None and r.use_structured_output
+                   for rid in scheduler_output.num_scheduled_tokens)  # fmt: skip
 
     def _observe(
         self, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput], error: BaseException | None

@@ -34,7 +34,10 @@ NOTE 4 (a step in flight): under async scheduling the engine launches a step bef
 the last one back. ``execute_model(..., non_block=True)`` asks every worker to launch it
 (the worker keeps the handle: ``worker.py`` NOTE 6) and returns a ``StepFuture``; its
 ``result()`` asks the workers for the oldest step's output. Two calls, so any executor
-that can call its workers can run steps in flight.
+that can call its workers can run steps in flight. A step whose grammar mask needs the
+tokens of the step before it is launched with ``defer_sampling``: its forward runs while the
+engine reads that step back and makes the mask, then ``sample_tokens`` samples it (vLLM's
+``execute_model`` and ``sample_tokens``).
 NOTE 2 (the EOS id): the tokenizer's EOS travels to the worker's persistent batch
 (``worker.py`` NOTE 3), beside the config: it is the tokenizer's, not the config's.
 """
@@ -47,7 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tinyvllm.config import EngineConfig
-from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.worker.kv_cache import (
     available_memory_bytes,
@@ -133,13 +136,20 @@ class Executor(ABC):
 
     # --8<-- [start:execute_model]
     def execute_model(
-        self, scheduler_output: SchedulerOutput, non_block: bool = False
-    ) -> ModelRunnerOutput | StepFuture:
+        self, scheduler_output: SchedulerOutput, non_block: bool = False, defer_sampling: bool = False
+    ) -> ModelRunnerOutput | StepFuture | None:
         """Run one step; with ``non_block`` (async scheduling) launch it and return a
-        ``StepFuture`` whose ``result()`` reads it back, oldest step first (NOTE 4)."""
+        ``StepFuture`` whose ``result()`` reads it back, oldest step first (NOTE 4). With
+        ``defer_sampling`` too, launch its forward only and return None: ``sample_tokens``."""
         if not non_block:
             return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
-        self.collective_rpc("execute_model_async", args=(scheduler_output,))
+        self.collective_rpc("execute_model_async", args=(scheduler_output, defer_sampling))
+        return None if defer_sampling else StepFuture(lambda: self.collective_rpc("take_async_output")[0])
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> StepFuture:
+        """Sample the step whose forward ``execute_model(..., defer_sampling=True)`` launched,
+        under ``grammar_output``'s mask (NOTE 4); its ``StepFuture``."""
+        self.collective_rpc("sample_tokens_async", args=(grammar_output,))
         return StepFuture(lambda: self.collective_rpc("take_async_output")[0])
     # --8<-- [end:execute_model]
 

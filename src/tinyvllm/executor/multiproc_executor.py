@@ -73,7 +73,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tinyvllm.config import EngineConfig
-from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.distributed.parallel_state import default_backend
 from tinyvllm.exceptions import EngineDeadError
 from tinyvllm.executor.abstract import Executor, StepFuture
@@ -84,7 +84,7 @@ from tinyvllm.worker.worker import Worker
 SHUTDOWN_TIMEOUT_S = 10.0  # a rank's time to release its worker before it is terminated
 
 
-STEP_CALLS = ("execute_model", "execute_model_async", "take_async_output")  # a failure there: EngineDeadError
+STEP_CALLS = ("execute_model", "execute_model_async", "sample_tokens_async", "take_async_output")  # a failure there: EngineDeadError
 
 
 def read_only(mapping: dict) -> MappingProxyType:
@@ -375,12 +375,20 @@ class MultiprocExecutor(Executor):
             raise RuntimeError("the executor is shut down")
 
     def execute_model(
-        self, scheduler_output: SchedulerOutput, non_block: bool = False
-    ) -> ModelRunnerOutput | StepFuture:
+        self, scheduler_output: SchedulerOutput, non_block: bool = False, defer_sampling: bool = False
+    ) -> ModelRunnerOutput | StepFuture | None:
         """As ``Executor.execute_model`` (its NOTE 4), with only rank 0's output pickled back."""
         if not non_block:
             return self.collective_rpc("execute_model", args=(scheduler_output,), output_rank=0)[0]
-        self.collective_rpc("execute_model_async", args=(scheduler_output,), output_rank=0)
+        self.collective_rpc("execute_model_async", args=(scheduler_output, defer_sampling), output_rank=0)
+        return None if defer_sampling else self._step_future()
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> StepFuture:
+        """As ``Executor.sample_tokens``, with only rank 0's output pickled back."""
+        self.collective_rpc("sample_tokens_async", args=(grammar_output,), output_rank=0)
+        return self._step_future()
+
+    def _step_future(self) -> StepFuture:
         return StepFuture(lambda: self.collective_rpc("take_async_output", output_rank=0)[0])
 
     def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:

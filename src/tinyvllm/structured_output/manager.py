@@ -31,10 +31,11 @@ NOTE 5 (no constraint, no cost): a step with no constrained request builds nothi
 ``SchedulerOutput`` carries no mask.
 NOTE 6 (after the stop token): a matcher that accepted its stop token is terminated; a request
 that runs on (``ignore_eos``) is unconstrained from there, as in vLLM.
-NOTE 7 (async scheduling): a row's mask needs every token before it in the matcher, so while a
-constrained request has a token still on the device the engine reads that step back before it
-schedules the next (``engine/llm_engine.py`` NOTE 10): such steps run one at a time, and the
-tokens are the synchronous engine's. (vLLM fills the mask while the forward runs and samples after.)
+NOTE 7 (async scheduling): a row's mask needs every token before it in the matcher, and under
+async scheduling the step before may still hold one on the device. So the engine launches such a
+step's forward alone, reads the step before back (the matchers take its tokens), makes the mask,
+then has it sampled (``engine/llm_engine.py`` NOTE 10; vLLM's ``execute_model`` / ``sample_tokens``):
+the forward still overlaps the host's work, and the tokens are the synchronous engine's.
 """
 
 from __future__ import annotations

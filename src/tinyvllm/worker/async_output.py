@@ -26,18 +26,32 @@ included). That wait is explicit, so CUDA's sync debug mode does not report it. 
 host and device are one memory: the ids are read when asked, through ``sampled_to_host``,
 so the device-sync counter sees the one wait where it happens. A step read back at once
 (synchronous scheduling) reads them as before, with one blocking read.
+NOTE 2 (sampling deferred): the runner keeps a launched step as a ``StepInFlight`` until it is
+read back. A step whose grammar mask needs the tokens of the step before it is launched in two
+calls, as vLLM's ``execute_model`` and ``sample_tokens``: the forward (a ``ForwardInFlight``: the
+rows, the hidden states, what the sampler needs), then, once the engine has read the step
+before back and made the mask, the sampling. The forward reads the step before's id on the
+device as any step does, and the device runs it while the host reads back and makes the mask.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from tinyvllm.outputs import ModelRunnerOutput
+from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample.logprobs import LogprobsTensors
-from tinyvllm.sample.sampler import sampled_to_host
+from tinyvllm.sample.sampler import SamplerOutput, sampled_to_host
+
+if TYPE_CHECKING:
+    from tinyvllm.attention.metadata import AttentionMetadata
+    from tinyvllm.core.sched_output import SchedulerOutput
+    from tinyvllm.sample.metadata import SamplingMetadata
+    from tinyvllm.worker.prompt_logprobs import PendingPromptLogprobs
 
 
 # --8<-- [start:feed]
@@ -130,3 +144,35 @@ class AsyncModelRunnerOutput:
         if self._finish is not None:
             self._output, self._finish = self._finish(), None
         return self._output
+
+
+@dataclass
+class StepInFlight:
+    """A launched step, until it is read back (the runner's ``_read_back``): its rows and what the
+    sampler left on the device (plain sampling) or on the host (drafts verified)."""
+
+    req_ids: list[str]
+    states: list  # the runner's RunnerRequestState of each row (model_runner.py imports this module)
+    num_sched: list[int]
+    drafts: list[tuple[int, ...]]
+    req_id_to_index: dict[str, int]
+    complete: list[bool] = dataclasses.field(default_factory=list)
+    pending_prompt_logprobs: list[PendingPromptLogprobs] = dataclasses.field(default_factory=list)
+    host_ids: HostIds | None = None  # plain sampling: the ids on their way up (async_output.py)
+    sampler_output: SamplerOutput | None = None
+    sampling_metadata: SamplingMetadata | None = None
+    tokens: list[list[int] | None] | None = None  # drafts verified: kept tokens, already read
+    logprobs: dict[str, list[LogprobEntry]] = dataclasses.field(default_factory=dict)
+    handle: AsyncModelRunnerOutput | None = None
+
+
+@dataclass
+class ForwardInFlight:
+    """A step whose forward is launched and whose sampling waits (the runner's ``sample_tokens``,
+    once the engine has the step's grammar mask): the rows, and what the sampler will need."""
+
+    step: StepInFlight
+    hidden: torch.Tensor | None  # [T, hidden_size]; None for a step without rows
+    metadata: AttentionMetadata | None
+    computed: list[int]  # each row's computed tokens before the step
+    scheduler_output: SchedulerOutput

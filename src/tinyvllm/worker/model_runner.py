@@ -55,8 +55,8 @@ logprobs are that row's raw ones, as without speculation (vLLM's PR #26060); rej
 are not reported. Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
 NOTE 11 (everything queued before the one wait): a step waits once, reading the sampled ids
 (``tinyvllm/device_syncs.py``); the prompt logprobs are queued before it, read after it.
-NOTE 12 (``worker/async_output.py``): ``execute_model_async`` launches a step, read back when
-asked or by the next launch, after its forward (fed unread ids on the device).
+NOTE 12 (``worker/async_output.py``): ``execute_model_async`` launches a step, read back when asked or
+by the next launch (``defer_sampling``: its forward only, and ``sample_tokens`` samples it, vLLM's split).
 """
 
 from __future__ import annotations
@@ -68,23 +68,23 @@ from dataclasses import dataclass
 
 import torch
 
-from tinyvllm.arith import spec_row_starts
 from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
 from tinyvllm.attention.metadata import AttentionMetadata
-from tinyvllm.arith import cdiv
-from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.arith import cdiv, spec_row_starts
+from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.rejection_sampler import rejection_sample
-from tinyvllm.sample.metadata import SamplingMetadata
-from tinyvllm.sample.sampler import Sampler, SamplerOutput, sampled_to_host
+from tinyvllm.sample.sampler import Sampler, sampled_to_host
 from tinyvllm.structured_output.bitmask import apply_grammar_bitmask
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.async_output import (
     AsyncModelRunnerOutput,
+    ForwardInFlight,
     HostIds,
     PlaceholderFeed,
+    StepInFlight,
     logprobs_to_host_early,
     placeholder_feed,
 )
@@ -94,7 +94,7 @@ from tinyvllm.worker.cudagraph_capture import CUDAGraphSetup
 from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode, common_query_len
 from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.input_buffers import InputBuffers
-from tinyvllm.worker.prompt_logprobs import PendingPromptLogprobs, collect_prompt_logprobs, queue_prompt_logprobs
+from tinyvllm.worker.prompt_logprobs import collect_prompt_logprobs, queue_prompt_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -126,26 +126,6 @@ class RunnerRequestState:
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
-
-
-@dataclass
-class StepInFlight:
-    """A launched step, until it is read back (``_finish_step``): its rows and what the
-    sampler left on the device (plain sampling) or on the host (drafts verified)."""
-
-    req_ids: list[str]
-    states: list[RunnerRequestState]
-    num_sched: list[int]
-    drafts: list[tuple[int, ...]]
-    req_id_to_index: dict[str, int]
-    complete: list[bool] = dataclasses.field(default_factory=list)
-    pending_prompt_logprobs: list[PendingPromptLogprobs] = dataclasses.field(default_factory=list)
-    host_ids: HostIds | None = None  # plain sampling: the ids on their way up (async_output.py)
-    sampler_output: SamplerOutput | None = None
-    sampling_metadata: SamplingMetadata | None = None
-    tokens: list[list[int] | None] | None = None  # drafts verified: kept tokens, already read
-    logprobs: dict[str, list[LogprobEntry]] = dataclasses.field(default_factory=dict)
-    handle: AsyncModelRunnerOutput | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +185,7 @@ class ModelRunner:
         self.emulate_cudagraphs = cudagraphs.emulate
         self.full_graph = cudagraphs.full_graph
         self._in_flight: StepInFlight | None = None  # the last step launched (NOTE 12)
+        self._deferred: ForwardInFlight | None = None  # a forward launched, its sampling to come (NOTE 12)
 
     # -- (a) states and the persistent batch ---------------------------------------------
 
@@ -251,7 +232,7 @@ class ModelRunner:
                     self.eos_token_id, block_ids=state.block_ids,
                     bad_words_token_ids=state.bad_words_token_ids,
                 )  # fmt: skip
-        batch.condense()  # the processors hear of the step in ``_launch_step``, after NOTE 12's read-back
+        batch.condense()  # the processors hear of the step in ``_launch_forward``, after NOTE 12's read-back
     # --8<-- [end:update_states]
 
     # -- (b)-(d) dispatch, inputs, forward -----------------------------------------------
@@ -312,7 +293,7 @@ class ModelRunner:
         the failed step may have left in flight (``input_buffers`` NOTE 2)."""
         for req_id in failed_req_ids:
             self.requests.pop(req_id, None)
-        self._in_flight = None  # its ids are never read: the steps in flight failed together
+        self._in_flight = self._deferred = None  # never read or sampled: the steps in flight failed together
         try:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -328,6 +309,7 @@ class ModelRunner:
         the dispatcher and every graph wrapper check themselves. Call it between steps."""
         batch = self.input_batch
         batch.check_invariants()
+        assert self._deferred is None, "a step's forward was launched and never sampled (NOTE 12)"
         for row, req_id in enumerate(batch.req_ids):
             if req_id is None:
                 continue
@@ -350,7 +332,6 @@ class ModelRunner:
                 wrapper.check_invariants()
     # --8<-- [end:check_invariants]
 
-
     # -- one step ------------------------------------------------------------------------
 
     # --8<-- [start:execute_model]
@@ -360,18 +341,40 @@ class ModelRunner:
         return self._launch(scheduler_output, read_later=False).get_output()
 
     @torch.inference_mode()
-    def execute_model_async(self, scheduler_output: SchedulerOutput) -> AsyncModelRunnerOutput:
-        """One step launched; its output is read back by the handle's ``get_output()``, at
-        the latest when the next step is launched (NOTE 12)."""
+    def execute_model_async(
+        self, scheduler_output: SchedulerOutput, defer_sampling: bool = False
+    ) -> AsyncModelRunnerOutput | None:
+        """One step launched; its output is read back by the handle's ``get_output()``, at the
+        latest when the next step is launched. With ``defer_sampling`` only its forward, and
+        ``sample_tokens`` samples it (NOTE 12)."""
+        if defer_sampling:
+            self._deferred = self._launch_forward(scheduler_output)
+            return None
         return self._launch(scheduler_output, read_later=True)
 
+    @torch.inference_mode()
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> AsyncModelRunnerOutput:
+        """NOTE 12: sample the step whose forward ``execute_model_async`` launched, under the
+        grammar mask made since; its handle, as ``execute_model_async`` returns it."""
+        if self._deferred is None:
+            raise RuntimeError("sample_tokens: no step's forward is waiting to be sampled")
+        forward, self._deferred = self._deferred, None
+        if grammar_output is not None:
+            forward.scheduler_output = dataclasses.replace(
+                forward.scheduler_output, structured_output_request_ids=grammar_output.structured_output_request_ids,
+                grammar_bitmask=grammar_output.grammar_bitmask,
+            )  # fmt: skip
+        return self._handle(self._sample(forward, read_later=True))
+
     def _launch(self, scheduler_output: SchedulerOutput, read_later: bool) -> AsyncModelRunnerOutput:
-        step = self._launch_step(scheduler_output, read_later)
+        return self._handle(self._sample(self._launch_forward(scheduler_output), read_later))
+
+    def _handle(self, step: StepInFlight) -> AsyncModelRunnerOutput:
         self._in_flight = step
-        step.handle = AsyncModelRunnerOutput(lambda: self._finish_step(step))
+        step.handle = AsyncModelRunnerOutput(lambda: self._read_back(step))
         return step.handle
 
-    def _launch_step(self, scheduler_output: SchedulerOutput, read_later: bool) -> StepInFlight:
+    def _launch_forward(self, scheduler_output: SchedulerOutput) -> ForwardInFlight:
         self._update_states(scheduler_output)  # (a)
         batch = self.input_batch
         req_ids: list[str] = list(batch.req_ids)  # row order
@@ -399,12 +402,16 @@ class ModelRunner:
             prev.handle.get_output()  # NOTE 12: its tokens join the output lists before the processors read them
         batch.refresh(spec_token_ids=[spec.get(r, ()) for r in batch.req_ids] if spec else None)
         step = StepInFlight(req_ids, states, num_sched, drafts, dict(batch.req_id_to_index))
+        return ForwardInFlight(step, hidden, metadata, computed, scheduler_output)
+
+    def _sample(self, forward: ForwardInFlight, read_later: bool) -> StepInFlight:
+        """(e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2)."""
+        step, hidden, computed, scheduler_output = forward.step, forward.hidden, forward.computed, forward.scheduler_output
+        req_ids, states, num_sched, drafts = step.req_ids, step.states, step.num_sched, step.drafts
         if not req_ids:
             return step
-
-        # (e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2).
         step.complete = [c + n - len(d) >= s.num_tokens for s, c, n, d in zip(states, computed, num_sched, drafts)]
-        pending = self._queue_prompt_logprobs(states, computed, num_sched, hidden)  # NOTE 11
+        pending = queue_prompt_logprobs(self.model, states, computed, num_sched, hidden)  # NOTE 8 first half, NOTE 11
         if read_later:  # copied up behind the sampler, before the event (async_output.py NOTE 1)
             pending = [dataclasses.replace(p, tensors=logprobs_to_host_early(p.tensors)) for p in pending]
         step.pending_prompt_logprobs = pending
@@ -414,7 +421,7 @@ class ModelRunner:
                 hidden, num_sched, drafts, sampling_metadata, req_ids, step.complete, scheduler_output
             )  # fmt: skip
         else:
-            logits = self.model.compute_logits(hidden[metadata.logits_indices[: len(req_ids)]])  # [R, V]
+            logits = self.model.compute_logits(hidden[forward.metadata.logits_indices[: len(req_ids)]])  # [R, V]
             apply_grammar_bitmask(scheduler_output, req_ids, logits)  # structured outputs: before the sampler
             sampler_output = self.sampler(logits, sampling_metadata)
             if read_later:
@@ -422,7 +429,7 @@ class ModelRunner:
             step.host_ids = HostIds(sampler_output.sampled_token_ids, sampler_output.no_token, early=read_later)
             step.sampler_output, step.sampling_metadata = sampler_output, sampling_metadata
         for state, n in zip(states, num_sched):
-            state.num_computed_tokens += n  # rejected drafts are taken back when read (_finish_step)
+            state.num_computed_tokens += n  # rejected drafts are taken back when read (_read_back)
         return step
 
     def _placeholder_feed(
@@ -435,12 +442,9 @@ class ModelRunner:
         feed = placeholder_feed(req_ids, computed, num_sched, [s.num_tokens for s in states], prev.req_id_to_index)
         return feed if feed.positions else None
 
-    def _finish_step(self, step: StepInFlight) -> ModelRunnerOutput:
-        """Read a launched step back (the one wait, NOTE 11) and update the request states."""
-        with torch.inference_mode():
-            return self._read_back(step)
-
+    @torch.inference_mode()
     def _read_back(self, step: StepInFlight) -> ModelRunnerOutput:
+        """Read a launched step back (the one wait, NOTE 11) and update the request states."""
         req_ids, states = step.req_ids, step.states
         if not req_ids:
             return ModelRunnerOutput([], {}, [])
@@ -509,12 +513,6 @@ class ModelRunner:
         rows = sampler_output.logprob_rows
         entries = logprob_ops.row_entries(sampler_output.logprobs, [metadata.num_logprobs[row] for row in rows])
         return {req_ids[row]: [entry] for row, entry in zip(rows, entries) if complete[row]}
-
-    def _queue_prompt_logprobs(
-        self, states: list[RunnerRequestState], computed: list[int], num_sched: list[int], hidden: torch.Tensor
-    ) -> list[PendingPromptLogprobs]:
-        """NOTE 8, first half, before the step waits (NOTE 11): ``prompt_logprobs.py``."""
-        return queue_prompt_logprobs(self.model, states, computed, num_sched, hidden)
 
     _collect_prompt_logprobs = staticmethod(collect_prompt_logprobs)  # NOTE 8, second half, after the wait
     # --8<-- [end:logprobs]

@@ -41,8 +41,8 @@ NOTE 4 (ranks): with ``tensor_parallel_size`` N > 1 an executor builds N workers
 Every rank seeds alike and runs the same steps, so every rank samples the same ids.
 NOTE 6 (async scheduling): ``execute_model_async`` launches a step and keeps its handle
 (``worker/async_output.py``); ``take_async_output`` reads back the oldest. The handles stay
-here, in the worker's process, so the executor needs nothing but two calls, whether the
-worker lives in the engine's process or in its own.
+here, in the worker's process, so the executor needs nothing but two calls (three when the
+sampling waits for a grammar mask: ``sample_tokens_async``), wherever the worker lives.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import torch
 
 from tinyvllm.arith import cdiv
 from tinyvllm.config import EngineConfig
-from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.device_syncs import pin_memory_for
 from tinyvllm.distributed.parallel_state import (
     default_backend,
@@ -297,9 +297,16 @@ class Worker:
         return self.model_runner.execute_model(scheduler_output)
 
     # --8<-- [start:async_steps]
-    def execute_model_async(self, scheduler_output: SchedulerOutput) -> None:
-        """Launch a step and keep its handle (async scheduling, NOTE 6); nothing comes back yet."""
-        self._async_outputs.append(self.model_runner.execute_model_async(scheduler_output))
+    def execute_model_async(self, scheduler_output: SchedulerOutput, defer_sampling: bool = False) -> None:
+        """Launch a step and keep its handle (async scheduling, NOTE 6); nothing comes back yet.
+        With ``defer_sampling`` only its forward: ``sample_tokens_async`` samples it."""
+        handle = self.model_runner.execute_model_async(scheduler_output, defer_sampling)
+        if handle is not None:
+            self._async_outputs.append(handle)
+
+    def sample_tokens_async(self, grammar_output: GrammarOutput | None) -> None:
+        """Sample the step whose forward was launched, under its grammar mask, and keep its handle."""
+        self._async_outputs.append(self.model_runner.sample_tokens(grammar_output))
 
     def take_async_output(self) -> ModelRunnerOutput:
         """The oldest launched step's output, read back (NOTE 6)."""
