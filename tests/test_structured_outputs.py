@@ -2,7 +2,8 @@
 
 Pinned down here: the parameters (exactly one constraint), the backend's parse check (a bad
 constraint is a ValueError naming the field, before anything is queued), the pure helpers
-(choice as a grammar, think sections, the bitmask's layout), the scheduler's
+(choice as a grammar, think sections; the bitmask's layout and its application to the logits
+are ``tests/test_grammar_bitmask.py``'s, which needs no xgrammar), the scheduler's
 ``WAITING_FOR_FSM`` (passed over, keeping its place), and on the shipped model: choices,
 regexes and schemas obeyed, unconstrained neighbours untouched, the compile cache, an abort
 while compiling, a failed compile, logprobs after the mask, speculation and think sections.
@@ -20,11 +21,10 @@ import torch
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import CacheConfig, SchedulerConfig, StructuredOutputsConfig
-from tinyvllm.core.sched_output import SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import StructuredOutputsParams as SO
-from tinyvllm.structured_output.bitmask import apply_grammar_bitmask, unpack_bitmask
+from tinyvllm.structured_output.bitmask import unpack_bitmask
 from tinyvllm.structured_output.manager import find_last, think_section_open
 
 xgr = pytest.importorskip("xgrammar")
@@ -99,46 +99,14 @@ def test_find_last_and_think_sections():
 # -- the worker's half: the bitmask's layout -------------------------------------------------
 
 
-def test_unpack_bitmask_reads_32_tokens_per_word_and_refuses_tokens_past_it():
-    words = torch.tensor([[0b101, -1], [0, -(1 << 31)]], dtype=torch.int32)  # [2, 2]: 64 tokens
-    allowed = unpack_bitmask(words, 70)  # a vocabulary padded past the mask
-    assert allowed.shape == (2, 70)
-    assert allowed[0].nonzero().flatten().tolist() == [0, 2, *range(32, 64)]
-    assert allowed[1].nonzero().flatten().tolist() == [63]
-    # xgrammar's own layout agrees: its matcher's row and our unpacking name the same tokens.
+def test_our_unpacking_names_the_tokens_xgrammars_matcher_allows():
+    """xgrammar's own layout agrees: its matcher's row and ``unpack_bitmask`` name the same
+    tokens (the layout itself: ``tests/test_grammar_bitmask.py``)."""
     info = xgr.TokenizerInfo([f"t{i}" for i in range(40)])
     matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_regex("t1[0-9]"))
     mask = xgr.allocate_token_bitmask(1, 40)
     matcher.fill_next_token_bitmask(mask)
     assert unpack_bitmask(mask, 40)[0].nonzero().flatten().tolist() == [1] + list(range(10, 20))
-
-
-def step_with_mask(req_ids, first_rows, mask_rows, spec=None) -> SchedulerOutput:
-    return SchedulerOutput(
-        (), (), {r: 1 + len((spec or {}).get(r, ())) for r in req_ids},
-        sum(1 + len((spec or {}).get(r, ())) for r in req_ids), frozenset(), frozenset(),
-        scheduled_spec_decode_tokens=spec or {}, structured_output_request_ids=first_rows,
-        grammar_bitmask=np.array(mask_rows, dtype=np.int32),
-    )  # fmt: skip
-
-
-def test_apply_grammar_bitmask_masks_only_the_constrained_rows():
-    logits = torch.arange(3 * 40, dtype=torch.float32).reshape(3, 40)
-    before = logits.clone()
-    step = step_with_mask(["a", "b", "c"], {"b": 0}, [[0b110, 0]])
-    apply_grammar_bitmask(step, ["a", "b", "c"], logits)
-    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
-    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [1, 2]
-    assert logits[1, 1] == before[1, 1]
-
-
-def test_apply_grammar_bitmask_gives_each_draft_position_its_row():
-    logits = torch.zeros(5, 32)  # "a": 1 row; "b": 1 + 2 drafts = rows 1-3; "c": row 4
-    step = step_with_mask(["a", "b", "c"], {"b": 0}, [[1 << 3], [1 << 4], [1 << 5]], spec={"b": (7, 8)})
-    apply_grammar_bitmask(step, ["a", "b", "c"], logits, {"a": 0, "b": 1, "c": 4})
-    assert [torch.isfinite(row).nonzero().flatten().tolist() for row in logits] == [
-        list(range(32)), [3], [4], [5], list(range(32))
-    ]
 
 
 # -- the scheduler: WAITING_FOR_FSM ----------------------------------------------------------
@@ -548,15 +516,9 @@ def test_enable_in_reasoning_constrains_inside_the_think_section():
 
 
 @pytest.mark.gpu
-def test_on_cuda_the_mask_is_applied_on_the_device_and_outputs_obey_it():
+def test_on_cuda_constrained_outputs_obey_their_grammars():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    logits = torch.randn(3, 64, device="cuda")
-    step = step_with_mask(["a", "b", "c"], {"c": 0}, [[1 << 5, 1 << 1]])
-    expected = logits.cpu().clone()
-    apply_grammar_bitmask(step, ["a", "b", "c"], expected)
-    apply_grammar_bitmask(step, ["a", "b", "c"], logits)
-    assert torch.equal(logits.cpu(), expected) and torch.isfinite(logits[2]).nonzero().flatten().tolist() == [5, 33]
     llm = LLM(device="cuda", max_num_seqs=8)
     try:
         outs = llm.generate(["Is it?", "person = "], [greedy(SO(choice=["yes", "no"])),
@@ -576,37 +538,3 @@ def test_past_its_stop_token_a_request_that_ignores_eos_runs_unconstrained(llm):
     assert len(ids) == 8 and eos in ids, ids  # the grammar's end, then free tokens
     answer = llm.engine.tokenizer.decode(ids[: ids.index(eos)])
     assert answer in ("yes", "no")
-
-
-@pytest.mark.parametrize(
-    "constrained, spec",
-    [
-        (["a", "b", "c", "d"], {}),  # every row, in order: one slice written in place
-        (["d", "a", "c", "b"], {}),  # mask rows in another order than the logits rows
-        (["b", "d"], {}),  # rows 1 and 3: not one slice
-        (["c", "a"], {"a": (9, 10)}),  # drafts: "a" has rows 0-2, "c" row 4
-    ],
-)
-def test_apply_grammar_bitmask_equals_a_token_by_token_reference(constrained, spec):
-    """Whatever the rows, token t of a constrained row is -inf exactly when bit t % 32 of word
-    t // 32 of its mask row is clear, tokens past the mask's 64 included; the rest is untouched."""
-    req_ids, vocab = ["a", "b", "c", "d"], 70
-    gen = torch.Generator().manual_seed(len(constrained) + len(spec))
-    first_mask_row, row = {}, 0
-    for rid in constrained:
-        first_mask_row[rid], row = row, row + 1 + len(spec.get(rid, ()))
-    words = torch.randint(-(2**31), 2**31, (row, 2), generator=gen, dtype=torch.int64).to(torch.int32)  # [G, 2]
-    step = step_with_mask(req_ids, first_mask_row, words.tolist(), spec=spec)
-    first_logits_row, at = {}, 0
-    for rid in req_ids:
-        first_logits_row[rid], at = at, at + 1 + len(spec.get(rid, ()))
-    logits = torch.randn(at, vocab, generator=gen)
-    expected = logits.clone()
-    for rid in constrained:
-        for i in range(1 + len(spec.get(rid, ()))):
-            for token in range(vocab):
-                word = int(words[first_mask_row[rid] + i, token // 32]) if token < 64 else 0
-                if not (word >> (token % 32)) & 1:
-                    expected[first_logits_row[rid] + i, token] = float("-inf")
-    apply_grammar_bitmask(step, req_ids, logits, first_logits_row)
-    assert torch.equal(logits, expected)
