@@ -124,3 +124,27 @@ def test_the_engine_steps_through_its_executor(qwen3):
     (out,) = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 3 and len(calls) == 3  # one prefill step, two decode steps
     llm.engine.check_invariants()
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+def test_del_llm_frees_the_model_at_once_without_a_collection(qwen3, mode):
+    """The model keeps its forward's pieces (``models/llama.py`` NOTE 5), and the worker wraps
+    them in graph wrappers: were a piece a bound method of the model, model and pieces would
+    form a cycle, and ``del llm`` would free the weights (GPU memory) only at the next
+    collection. With the collector off, dropping the last reference frees the model at once,
+    under eager pieces and under (emulated) piecewise graphs alike."""
+    import gc
+    import weakref
+
+    from tinyvllm import LLM, SamplingParams
+
+    llm = LLM(str(qwen3), device="cpu", torch_threads=1, compilation_config={"cudagraph_mode": mode}, max_model_len=64)
+    llm.generate(["hi"], SamplingParams(max_tokens=3), use_tqdm=False)
+    model = weakref.ref(llm.engine.model_runner.model)
+    gc.collect()
+    gc.disable()
+    try:
+        del llm
+        assert model() is None, gc.get_referrers(model())
+    finally:
+        gc.enable()

@@ -112,7 +112,7 @@ def test_torch_threads_is_checked_before_anything_changes(tiny_model_dirs, value
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_garbage_an_earlier_engine_left_does_not_skew_the_graph_memory(tiny_model_dirs):
     """The first ``gpu.sh`` run after the engine seams (H200) measured 0 bytes of graph memory:
-    an earlier test's model, kept by a reference cycle (its ``pieces`` are its own bound
+    an earlier test's model, kept by a reference cycle (its ``pieces`` were then its own bound
     methods), was collected by the ``gc.collect(); empty_cache()`` that ``torch.cuda.graph``
     runs when a capture starts, so the trial capture's ``memory_reserved`` delta went below 0.
     Here 256 MiB of cyclic garbage waits for the collector while an engine starts: the

@@ -33,7 +33,8 @@ every attention op; here ``pieces[0]`` is the embedding and layer 0 up to its at
 finishes the last layer and the final norm; ``attention_op`` (KV write + paged attention)
 runs between them. Each piece allocates the buffer the next attention writes into, so every
 tensor crossing a split has a fixed address. The runner may wrap each piece
-(``worker/cuda_graph.py``); the model knows nothing of graphs.
+(``worker/cuda_graph.py``); the model knows nothing of graphs. A piece holds the model weakly
+(``Piece``), so model and pieces form no cycle and ``del llm`` frees the weights at once.
 NOTE 6 (the LM head for one to three rows on the CPU): for so few rows MKL's matrix-vector
 path over ``[V, hidden]`` is slower than ``hidden @ weight.t().contiguous()`` (equal from four
 rows; figures in docs/model_runner.md), so on the CPU ``compute_logits`` keeps that copy
@@ -54,7 +55,6 @@ NOTE 10 (tensor parallelism): the layers are ``parallel_layers.py``'s, for this 
 rank of N: H / N query heads, ``kv_heads_per_rank`` KV heads (its cache too), I / N of the
 MLP, V / N of the vocabulary. ``load_model`` refuses an N the heads do not split over before
 reading anything, then reads only the rank's slices (``loader.py`` NOTE 6).
-
 Left out: quantisation, sliding windows, rope types other than default and llama3,
 ``mlp_bias`` / ``o_proj`` bias, LoRA, pipeline stages.
 """
@@ -62,9 +62,9 @@ Left out: quantisation, sliding windows, rope types other than default and llama
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -307,6 +307,18 @@ class DecoderLayer(nn.Module):
 # --8<-- [end:mlp_layer]
 
 
+class Piece:
+    """One piece of the forward (NOTE 5): ``model.<method>(*args, *inputs)``, with the model held
+    weakly. The model keeps its pieces; a bound method would hold the model in turn, a cycle
+    that only the garbage collector frees, so ``del llm`` would keep the weights until then."""
+
+    def __init__(self, model: nn.Module, method: str, *args: int) -> None:
+        self._model, self._method, self._args = weakref.ref(model), method, args
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return getattr(self._model(), self._method)(*self._args, *inputs)
+
+
 class DecoderForCausalLM(nn.Module):
     """Llama / Qwen2 / Qwen3 over the paged KV cache. Build it with ``load_model``."""
 
@@ -327,8 +339,8 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
         self.tie_weights()
         # NOTE 5: the pieces between attention ops, in order; a runner may wrap each one.
-        self.pieces: list = [self.first_piece, *(partial(self.middle_piece, i) for i in range(1, len(self.layers)))]
-        self.pieces.append(self.last_piece)
+        middle = (Piece(self, "middle_piece", i) for i in range(1, len(self.layers)))
+        self.pieces: list = [Piece(self, "first_piece"), *middle, Piece(self, "last_piece")]
 
     # --8<-- [start:tie]
     def tie_weights(self) -> None:

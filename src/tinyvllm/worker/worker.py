@@ -79,8 +79,9 @@ from tinyvllm.worker.startup_report import StartupReport
 
 
 def collect_garbage(device: torch.device) -> None:
-    """Free what only the cycle collector can (an earlier engine's model: its ``pieces`` are its
-    own bound methods) and hand the freed blocks back to the device (NOTE 2)."""
+    """Free what only the cycle collector can (a user's cyclic garbage holding tensors; an
+    earlier engine's model did, while its ``pieces`` were its own bound methods) and hand the
+    freed blocks back to the device (NOTE 2)."""
     gc.collect()
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
