@@ -6,6 +6,7 @@ bytes), allocates the blocks the engine chose, builds the runner and wraps the m
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -136,8 +137,6 @@ def test_del_llm_frees_the_model_at_once_without_a_collection(qwen3, mode):
     import gc
     import weakref
 
-    from tinyvllm import LLM, SamplingParams
-
     llm = LLM(str(qwen3), device="cpu", torch_threads=1, compilation_config={"cudagraph_mode": mode}, max_model_len=64)
     llm.generate(["hi"], SamplingParams(max_tokens=3), use_tqdm=False)
     model = weakref.ref(llm.engine.model_runner.model)
@@ -148,3 +147,34 @@ def test_del_llm_frees_the_model_at_once_without_a_collection(qwen3, mode):
         assert model() is None, gc.get_referrers(model())
     finally:
         gc.enable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_del_llm_gives_every_byte_back_without_a_collection(qwen3):
+    """The twin on a GPU, with real CUDA graphs (FULL_AND_PIECEWISE, the default): with the
+    collector off, ``del llm`` gives back every byte the engine allocated (weights, KV cache,
+    the graphs' pools). A first engine, built and collected, takes what the process keeps for
+    good (cuBLAS workspaces) before the baseline."""
+    import gc
+
+    def run() -> LLM:
+        llm = LLM(str(qwen3), device="cuda", max_model_len=256, gpu_memory_utilization=0.3, max_num_seqs=8)
+        llm.generate(["hi", "there"], SamplingParams(max_tokens=4), use_tqdm=False)
+        return llm
+
+    first = run()
+    del first
+    gc.collect()
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    llm = run()
+    assert torch.cuda.memory_allocated() > baseline
+    gc.disable()
+    try:
+        del llm
+        torch.cuda.synchronize()
+        left = torch.cuda.memory_allocated() - baseline
+    finally:
+        gc.enable()
+    assert left == 0, f"{left} bytes still allocated after del llm, before any collection"
