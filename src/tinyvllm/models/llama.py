@@ -313,10 +313,10 @@ class Piece:
     that only the garbage collector frees, so ``del llm`` would keep the weights until then."""
 
     def __init__(self, model: nn.Module, method: str, *args: int) -> None:
-        self._model, self._method, self._args = weakref.ref(model), method, args
+        self._model, self._function, self._args = weakref.ref(model), getattr(type(model), method), args
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return getattr(self._model(), self._method)(*self._args, *inputs)
+        return self._function(self._model(), *self._args, *inputs)
 
 
 class DecoderForCausalLM(nn.Module):
