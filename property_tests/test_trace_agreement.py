@@ -136,7 +136,7 @@ def test_snapshots_agree_with_the_engine_at_every_step(reqs, num_blocks, budget,
         prompt = SHARED[:shared] + [100 + 10 * i + k for k in range(own)]
         arrivals.setdefault(at, []).append((f"R{i}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)))
     recorder = AgreeingRecorder(llm)
-    engine.observer = recorder
+    engine.add_observer(recorder)
     finished: dict[str, list[int]] = {}
     try:
         step = 0
@@ -147,7 +147,7 @@ def test_snapshots_agree_with_the_engine_at_every_step(reqs, num_blocks, budget,
                 finished[output.request_id] = output.outputs[0].token_ids
             step += 1
     finally:
-        engine.observer = None
+        engine.remove_observer(recorder)
     trace = recorder.trace
     assert len(trace.steps) == step
     check_trace(trace)

@@ -7,7 +7,7 @@ kernels know nothing of the KV-cache core; the worker reads only the scheduler's
 from it; ``validation.py`` is the bottom layer, which ``SamplingParams`` builds on. The step
 recorder ``tinyvllm/trace/`` only reads the engine's state: nothing below the engine
 (``core/``, ``worker/``, ``sample/``, ``attention/``, ``models/``) imports it, so recording
-stays off the engine's path (its one hook is ``LLMEngine.observer``). ``platform.py`` (where
+stays off the engine's path (its one hook is ``LLMEngine.add_observer``). ``platform.py`` (where
 kernels can run, and the choice between a kernel and the torch ops) is a bottom layer too:
 ``attention/``, ``models/`` and ``engine/`` all ask it, so it imports nothing of tinyvllm and
 no torch, and every layer may import it. Each file is parsed with ``ast``, so imports

@@ -215,6 +215,36 @@ def test_phase_histograms_and_iteration_tokens_are_scraped(server):
     assert 0 < delta("vllm:request_decode_time_seconds_sum") < delta("vllm:e2e_request_latency_seconds_sum")
 
 
+def test_a_served_engine_can_be_traced_while_its_steps_are_counted(folder):
+    """The server's metrics and a trace observe the same engine side by side: ``record`` on a
+    served engine records every step while ``vllm:iteration_tokens_total`` counts them all.
+    Once the server stops its metrics leave the engine, so a second server on the same engine
+    counts its steps (the first server's observer held the engine's one hook for good)."""
+    from tinyvllm.trace import check_trace, record
+
+    llm = LLM(folder, **ENGINE)
+    body = {"model": NAME, "prompt": "class Traced:\n", "max_tokens": 3, "ignore_eos": True, "temperature": 0}
+    with running_server(llm, NAME) as (url, app):
+        metrics = app.state.serving.metrics
+        assert llm.engine.observers == (metrics,)
+        before = samples(url)
+        with record(llm, title="served") as t:
+            out = httpx.post(url + "/v1/completions", json=body).json()
+        after = samples(url)
+        assert llm.engine.observers == (metrics,), "the trace's block must remove only the recorder"
+    assert after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"] == 3
+    assert len(t.trace.steps) == 3 and t.error is None
+    recorded = sum(x.num_tokens for s in t.trace.steps for x in s.scheduler.scheduled)
+    counted = after["vllm:iteration_tokens_total_sum"] - before["vllm:iteration_tokens_total_sum"]
+    assert recorded == counted == out["usage"]["prompt_tokens"] + 2
+    check_trace(t.trace)
+    assert llm.engine.observers == (), "a stopped server's metrics must leave the engine"
+    with running_server(llm, NAME) as (url, app):
+        before = samples(url)
+        httpx.post(url + "/v1/completions", json=body)
+        assert samples(url)["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"] == 3
+
+
 def test_phase_times_come_from_the_engine_timestamps(server):
     """Queue = scheduled - arrival, prefill = first token - scheduled, decode = finished - first
     token (vLLM's definitions), read from the finished output's ``RequestMetrics``."""

@@ -569,7 +569,7 @@ def test_a_prompt_chunk_gets_no_drafts_so_a_seeded_stream_ignores_its_neighbour(
             start = {c.req_id: c.num_computed_tokens for c in out.scheduled_cached_reqs}
             drafted_in_prefill.extend(rid for rid in out.scheduled_spec_decode_tokens if start[rid] < len(target))
 
-    llm.engine.observer = Watch()
+    llm.engine.add_observer(Watch())
     outs = llm.generate([{"prompt_token_ids": [3]}, {"prompt_token_ids": target}], [greedy(4), seeded()], use_tqdm=False)
     assert drafted_in_prefill == []
     assert outs[1].outputs[0].token_ids == alone

@@ -1,7 +1,8 @@
 """The step recorder: how it attaches to an engine, what it refuses, and what breaks a snapshot.
 
-- ``record(llm)`` sets ``LLMEngine.observer`` inside its block only (also when the block
-  raises), refuses a second recorder, and takes one snapshot per step, a failed step too;
+- ``record(llm)`` adds itself to ``LLMEngine.observers`` inside its block only (also when the
+  block raises), beside any other observer (a second recorder, a server's metrics), and takes
+  one snapshot per step, a failed step too; an observer that raises leaves the others theirs;
 - ``record`` refuses what it cannot read, panels with nothing to draw, and a hand-driven
   manager snapshot that leaves out a request holding blocks;
 - ``check_snapshot`` rejects snapshots whose parts disagree (a tampered copy of a real
@@ -38,15 +39,11 @@ def _greedy(n: int) -> SamplingParams:
 
 def test_record_observes_the_engine_only_inside_its_block(llm):
     engine = llm.engine
-    assert engine.observer is None, "an engine must start unobserved"
+    assert engine.observers == (), "an engine must start unobserved"
     with record(llm, title="two prompts") as t:
-        assert engine.observer is t
-        with pytest.raises(ValueError, match="already has an observer"):
-            with record(llm):
-                pass
-        assert engine.observer is t, "a refused second recorder must not detach the first"
+        assert engine.observers == (t,)
         outs = llm.generate([{"prompt_token_ids": [5, 6, 7, 8, 9, 10]}, {"prompt_token_ids": [11, 12]}], _greedy(3), use_tqdm=False)
-    assert engine.observer is None
+    assert engine.observers == ()
     trace = t.trace
     # 6 + 2 tokens fit the budget of 8 in step 0; two more steps of decodes finish both.
     assert len(trace.steps) == 3 and [s.label for s in trace.steps] == ["step 0", "step 1", "step 2"]
@@ -62,7 +59,52 @@ def test_record_observes_the_engine_only_inside_its_block(llm):
     with pytest.raises(RuntimeError, match="inside"):
         with record(llm):
             raise RuntimeError("inside")
-    assert engine.observer is None, "an exception in the block must still detach the recorder"
+    assert engine.observers == (), "an exception in the block must still detach the recorder"
+
+
+class Counting:
+    """An observer that counts the steps it is told of, and raises on the first when asked."""
+
+    def __init__(self, raise_first: bool = False) -> None:
+        self.steps: list[int] = []
+        self.raise_first = raise_first
+
+    def on_step(self, engine, scheduler_output, core_outputs, error) -> None:
+        self.steps.append(scheduler_output.total_num_scheduled_tokens)
+        if self.raise_first and len(self.steps) == 1:
+            raise LabelError("the observer's own bug")
+
+
+def test_observers_stand_side_by_side_and_one_that_raises_leaves_the_others_theirs(llm):
+    """Two recorders nested, and a counting observer added before them that raises once: each
+    is told of every step, in the order they were added; the raise is logged, not the step's;
+    a recorder's block ends by removing only itself."""
+    engine = llm.engine
+    first = Counting(raise_first=True)
+    engine.add_observer(first)
+    try:
+        with pytest.raises(ValueError, match="already observes this engine"):
+            engine.add_observer(first)  # twice would count every step twice
+        assert engine.observers == (first,)
+        with record(llm, title="outer") as outer:
+            with record(llm, title="inner") as inner:
+                assert engine.observers == (first, outer, inner)
+                outs = llm.generate([{"prompt_token_ids": [30, 31, 32, 33, 34, 35]}, {"prompt_token_ids": [40, 41]}],
+                                    _greedy(3), use_tqdm=False)  # fmt: skip  (no cached block: 8 tokens in step 0)
+            assert engine.observers == (first, outer)
+    finally:
+        engine.remove_observer(first)
+    assert engine.observers == ()
+    assert first.steps == [8, 2, 2], "the step after the observer raised must still be observed"
+    assert len(outer.trace.steps) == len(inner.trace.steps) == 3
+    assert [s.scheduler for s in outer.trace.steps] == [s.scheduler for s in inner.trace.steps]
+    assert outer.error is None and inner.error is None
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3, 3]
+    with pytest.raises(ValueError, match="does not observe this engine"):
+        engine.remove_observer(first)
+    with pytest.raises(ValueError, match="an observer needs an on_step method, got 7"):
+        engine.add_observer(7)
+    assert engine.observers == ()
 
 
 def test_a_failed_step_is_recorded_after_its_undo(llm):
@@ -216,7 +258,7 @@ def test_a_step_that_fails_after_a_request_left_raises_its_own_error_and_is_reco
     assert failed.batch.removed == (1, 0) and failed.batch.added == () and failed.batch.moved == ()
     assert failed.scheduler.finished == (b,) and failed.requests == () and failed.num_free_blocks == 16
     check_trace(t.trace)
-    assert llm.engine.observer is None
+    assert llm.engine.observers == ()
 
 
 class LabelError(Exception):
@@ -246,7 +288,7 @@ def test_an_error_of_the_recorder_stops_the_recording_and_leaves_generate_alone(
     assert isinstance(t.error, LabelError) and len(refused) == 1, "recording must stop at the first error"
     assert len(t.trace.steps) == 3 and t.trace.steps[-1].scheduler.finished != ()
     check_trace(t.trace)
-    assert llm.engine.observer is None
+    assert llm.engine.observers == ()
 
 
 def test_an_error_of_the_recorder_in_a_failed_step_leaves_the_steps_own_error(llm):
@@ -281,7 +323,7 @@ def test_max_steps_caps_the_recording_with_one_warning(llm):
     with pytest.raises(ValueError, match="max_steps must be a positive int or None, got 0"):
         with record(llm, max_steps=0):
             pass
-    assert llm.engine.observer is None
+    assert llm.engine.observers == ()
     with pytest.warns(RuntimeWarning, match="recorded max_steps=2 steps; the later steps are not recorded") as caught:
         with record(llm, max_steps=2) as t:
             llm.generate({"prompt_token_ids": [5, 6, 7]}, _greedy(5), use_tqdm=False)

@@ -3,7 +3,7 @@
 The shipped model answers three prompts greedily, each under one constraint
 (``SamplingParams(structured_outputs=StructuredOutputsParams(...))``). Each step we read the
 step's grammar bitmask where the worker reads it, in the ``SchedulerOutput`` (an observer on
-the engine, ``LLMEngine.observer``), and print for the request's row how many tokens the
+the engine, ``LLMEngine.add_observer``), and print for the request's row how many tokens the
 grammar allows (the row's set bits), the few it allows when they are few, the token the model
 chose among them, and the text so far. At the end of each part: the output checked against its
 constraint, and what the model writes from the same prompt with no constraint.
@@ -53,7 +53,7 @@ def allowed_ids(words) -> list[int]:
 
 
 class DraftRows:
-    """An ``LLMEngine.observer``: each step's drafts and every bitmask row of one request."""
+    """A step observer (``LLMEngine.add_observer``): each step's drafts and every bitmask row of one request."""
 
     def __init__(self, rid: str) -> None:
         self.rid = rid
@@ -68,7 +68,7 @@ class DraftRows:
 
 
 class BitmaskRows:
-    """An ``LLMEngine.observer``: keeps each step's bitmask row of every constrained request."""
+    """A step observer (``LLMEngine.add_observer``): keeps each step's bitmask row of every constrained request."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, list[int]]] = []
@@ -106,7 +106,7 @@ def main() -> None:
         manager.compile(constraint).result()  # compiled now, so the first step schedules the request
         rid = f"part{number}"
         observer = BitmaskRows()
-        engine.observer = observer
+        engine.add_observer(observer)
         engine.add_request(rid, tok(prompt).input_ids, params)
         status = engine.scheduler.requests[rid].status.name
         print(f"\n== part {number}: {title}: {constraint.kind} = {getattr(constraint, constraint.kind)!r}")
@@ -131,7 +131,7 @@ def main() -> None:
             text_ids.extend(new)
             so_far = tok.decode([t for t in text_ids if t != engine.input_processor.eos_token_id])
             print(f"{step:4d} | {count:7d} | {show(tok, token):15s} | {so_far!r}{listed}")
-        engine.observer = None
+        engine.remove_observer(observer)
         text = tok.decode([t for t in text_ids if t != engine.input_processor.eos_token_id])
         print(f"output {text!r}, finish_reason {finish!r}; {check(text, constraint)}")
         free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
@@ -147,7 +147,7 @@ def with_drafts() -> None:
     prompt, constraint, max_tokens = IMPORTS
     engine.structured_output_manager.compile(constraint).result()
     observer = DraftRows("part4")
-    engine.observer = observer
+    engine.add_observer(observer)
     manager, proposals = engine.structured_output_manager, []
     trim = manager.trim_drafts  # wrapped, to see what the n-gram proposer offered before the grammar trimmed it
 
@@ -174,7 +174,7 @@ def with_drafts() -> None:
         offered, shown = (" ".join(show(tok, t) for t in ids) or "-" for ids in (proposed, drafts))
         counts = " / ".join(str(popcount(row)) for row in rows)
         print(f"{len(observer.steps):4d} | {offered:25s} | {shown:25s} | {counts:15s} | {' '.join(show(tok, t) for t in kept)}")
-    engine.observer = None
+    engine.remove_observer(observer)
     stats = engine.scheduler.spec_stats
     text = tok.decode([t for t in request.output_token_ids if t != engine.input_processor.eos_token_id])
     print(f"output {text!r}, finish_reason {finish!r}; re.fullmatch: {'yes' if re.fullmatch(constraint.regex, text) else 'NO'}")

@@ -42,9 +42,10 @@ processor hands each child's output to its ``ParentRequest``, which gathers them
 ``unfinished_request_ids`` names the parent.
 NOTE 7 (speculative decoding): with a proposer, every running request that sampled a token gets
 drafts (``spec_decode/ngram_proposer.py``; cut to what its grammar allows), a partial prefill none.
-NOTE 8 (an observer): ``observer`` (None by default) is called after every step, a failed one
-too (after the undo, with the error); what it raises is logged and noted, never raised in
-the step's place. The step pays one ``is not None`` check (``trace/recorder.py`` measures it).
+NOTE 8 (observers, ``add_observer``): each is called after every step, a failed one too
+(after the undo, with the error), in the order added; what one raises is logged and noted,
+never raised in the step's place, and the others are still called (a trace beside a server's
+metrics). The tuple is replaced, never changed, so another thread may add or remove one.
 NOTE 9 (the executor): ``executor_class`` picks it by ``distributed_executor_backend``: one
 worker here ("uni"), a process per rank ("mp"), one rank of a ``torchrun`` job
 ("external_launcher"). Under "mp" no runner lives in this process (``model_runner`` says so);
@@ -142,7 +143,7 @@ class LLMEngine:
             [t for t in (input_processor.eos_token_id, *input_processor.extra_stop_token_ids) if t is not None],
             input_processor.reasoning_config,
         )  # fmt: skip
-        self.observer: StepObserver | None = None  # NOTE 8
+        self.observers: tuple[StepObserver, ...] = ()  # NOTE 8: replaced whole, never changed in place
         self.config: EngineConfig | None = None  # from_engine_args sets these three (NOTE 5)
         self.startup_report: StartupReport | None = None
         self.startup_reports: list[StartupReport] = []  # every rank's, rank order (NOTE 9)
@@ -385,19 +386,35 @@ class LLMEngine:
         return any((r := requests.get(rid)) is not None and r.use_structured_output
                    for rid in scheduler_output.num_scheduled_tokens)  # fmt: skip
 
+    # --8<-- [start:observers]
+    def add_observer(self, observer: StepObserver) -> None:
+        """NOTE 8: ``observer.on_step`` is called after every later step, after those added before it."""
+        if not callable(getattr(observer, "on_step", None)):
+            raise ValueError(f"an observer needs an on_step method, got {observer!r}")
+        if any(o is observer for o in self.observers):
+            raise ValueError(f"{observer!r} already observes this engine")
+        self.observers = (*self.observers, observer)
+
+    def remove_observer(self, observer: StepObserver) -> None:
+        """NOTE 8: no later step is told to ``observer``."""
+        if not any(o is observer for o in self.observers):
+            raise ValueError(f"{observer!r} does not observe this engine")
+        self.observers = tuple(o for o in self.observers if o is not observer)
+
     def _observe(
         self, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput], error: BaseException | None
     ) -> None:
-        """NOTE 8: tell the observer, if any; what it raises never replaces the step's own
-        error, nor loses a step's outputs: it is logged, and attached to the step's error."""
-        if self.observer is None:
-            return
-        try:
-            self.observer.on_step(self, scheduler_output, core_outputs, error)
-        except Exception as observer_error:
-            logger.exception("the step observer %r raised", self.observer)
-            if error is not None:
-                error.add_note(f"tinyvllm: the step observer also raised {observer_error!r}")
+        """NOTE 8: tell each observer; what one raises never replaces the step's own error, nor
+        loses a step's outputs, nor the other observers' call: it is logged, and attached to the
+        step's error."""
+        for observer in self.observers:  # a tuple: an observer added meanwhile waits for the next step
+            try:
+                observer.on_step(self, scheduler_output, core_outputs, error)
+            except Exception as observer_error:
+                logger.exception("the step observer %r raised", observer)
+                if error is not None:
+                    error.add_note(f"tinyvllm: the step observer {observer!r} also raised {observer_error!r}")
+    # --8<-- [end:observers]
     # --8<-- [start:propose]
     def _propose_drafts(self, core_outputs: list[EngineCoreOutput]) -> None:
         """NOTE 7: drafts for every request that sampled a token this step and runs on,

@@ -28,9 +28,11 @@ decode time its end minus its first token, all read from the finished output's
 ``RequestMetrics`` (the engine's clock), once per engine request the engine finished (one
 a client left is not, as in vLLM); queue and prefill need ``scheduled_time``, which is
 observed only where the engine recorded it. ``iteration_tokens_total`` takes each step's
-``total_num_scheduled_tokens`` through ``LLMEngine.observer`` (installed when no one else
-holds it), so a prompt counts in the steps that compute its chunks; vLLM counts a
-prompt whole in the step of its first token, plus the tokens sampled.
+``total_num_scheduled_tokens`` as one of the engine's step observers (``llm_engine.py``
+NOTE 8; the app adds it when it starts and removes it when it stops, so a trace can record
+a served engine and a second server on the engine counts its own steps), so a prompt counts
+in the steps that compute its chunks; vLLM counts a prompt whole in the step of its first
+token, plus the tokens sampled.
 """
 
 from __future__ import annotations
@@ -127,9 +129,6 @@ class ServerMetrics:
         self.request_prefill_time = histogram("vllm:request_prefill_time_seconds", E2E_BUCKETS)
         self.request_decode_time = histogram("vllm:request_decode_time_seconds", E2E_BUCKETS)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total", ITERATION_TOKEN_BUCKETS)
-        engine = async_llm.engine
-        if engine.observer is None:  # NOTE 3: the engine's one step hook, if nobody else holds it
-            engine.observer = self
         self.prompt_tokens = counter("vllm:prompt_tokens")
         self.generation_tokens = counter("vllm:generation_tokens")
         success = Counter("vllm:request_success", METRICS["vllm:request_success"][1], ["model_name", "finished_reason"],
@@ -141,7 +140,7 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     def on_step(self, engine, scheduler_output, core_outputs, error: BaseException | None) -> None:
-        """``LLMEngine.observer``, in the engine's thread: the tokens a step computed (NOTE 3)."""
+        """A step observer, called in the engine's thread: the tokens a step computed (NOTE 3)."""
         if error is None and scheduler_output.total_num_scheduled_tokens:
             self.iteration_tokens.observe(scheduler_output.total_num_scheduled_tokens)
 

@@ -42,6 +42,7 @@ Left out: vLLM's ``--root-path``, ``--allow-credentials``, SSL flags, the ``/pin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import socket
@@ -298,8 +299,17 @@ def build_app(
     ``tool_choice: "auto"`` answers, ``constraints.py`` NOTE 4)."""
     if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
         raise ValueError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS} or None, got {tool_call_parser!r}")
-    app = FastAPI(title="tinyvllm", version=tinyvllm.__version__)
     serving = OpenAIServing(async_llm, served_model_name, chat_template, tool_call_parser)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):  # the metrics observe the engine's steps while the app runs
+        async_llm.engine.add_observer(serving.metrics)  # metrics.py NOTE 3
+        try:
+            yield
+        finally:
+            async_llm.engine.remove_observer(serving.metrics)
+
+    app = FastAPI(title="tinyvllm", version=tinyvllm.__version__, lifespan=lifespan)
     app.state.serving = serving
     app.add_middleware(BodyLimitMiddleware, limit=max_request_body_bytes)  # innermost (NOTE 1)
     if api_key:
