@@ -40,7 +40,7 @@ model and tiny workloads (``pytest -m gpu`` only collects there): the test suite
 run it, its timings mean nothing, and its steps get ``DRY_RUN_BUDGET_SCALE`` times their budgets.
 
 Run: ``bash bench/gpu.sh --out DIR`` (``gpu.sh`` calls this script); exit status 0 when every
-step passed.
+step passed. Last it prints the open issue's goals against this run (``bench/gpu_goals.py``).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+import gpu_goals  # bench/: the script's own folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOTAL_BUDGET_S = 480  # eight minutes: a GPU session allows ten per command
@@ -442,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in summary["steps"]:
         print(f"{step['name']:18s} {step['status']:8s} {step.get('seconds', 0):6.1f} s of {step['budget_s']} s")
     print(f"wrote {args.out / SUMMARY} and {args.out / LOG} ({summary['wall_s']:.0f} s)")
+    print(gpu_goals.markdown(summary))  # the open issue's goals, met or not, from this run
     return 0 if summary["passed"] else 1
 
 

@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
+import gpu_goals  # noqa: E402
 
 STEP_NAMES = ["environment", "gpu_tests", "throughput", "cudagraph_latency", "prefix_caching", "attention_prefill"]
 
@@ -160,6 +161,13 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert sweep["rows"]["tiny/16"]["configs_timed"] == 2 and sweep["rows"]["tiny/16"]["best_x_sdpa"] > 0
     log = (out / "gpu.log").read_text()
     assert all(f"== {name} (budget" in log for name in STEP_NAMES)
+    # The goals' table ends the output; a dry run measures none of them, and each figure a GPU
+    # run will judge is where bench/gpu_goals.py looks (read as if this run had been on a GPU).
+    assert "Issue 39's goals, cpu" in proc.stdout and proc.stdout.count("**not measured**") == 5
+    as_if = {**summary, "dry_run": False, "environment": {**summary["environment"], "cuda_available": True}}
+    found = {row.goal: row.status for row in gpu_goals.goal_rows(as_if)}
+    judged = (gpu_goals.THROUGHPUT, gpu_goals.STEP, gpu_goals.MIXED)  # no batch 32 nor 4,096 tokens in a dry run
+    assert all(found[goal] != gpu_goals.NOT_MEASURED for goal in judged), found
 
 
 def test_the_full_workload_is_nano_vllms_draw_for_draw():

@@ -1,0 +1,196 @@
+"""Issue 39's goals, read from one ``bash bench/gpu.sh`` run's ``gpu_summary.json``.
+
+Concept: the issue "The GPU kept busy" ends on five figures measured on one H100 or H200.
+``goal_rows(summary)`` finds each in the summary ``bench/gpu_check.py`` writes and says
+whether it is met, not met, or not measured (a step that failed or did not run, a summary
+older than the A/B that measures it, or a dry run on the CPU, whose timings mean nothing).
+``python3 bench/gpu_goals.py SUMMARY`` prints them as a Markdown table, for the results
+folder's README and the docs' GPU page; ``gpu_check.py`` prints the same table at the end
+of every run.
+
+Invariants: only reads the summary; a goal is "met" only from a figure measured on a CUDA
+device in that run, and every row names the figure it was read from.
+
+NOTE 1 (which configuration): the throughput goal is the async figure (the issue asks for it
+with async scheduling on) and shows the synchronous one beside it. The decode goals take
+FULL_AND_PIECEWISE, the default, with and without async scheduling: a goal is met when one
+of the two meets it, and the row says which. The mixed-step goal takes, at each batch the
+A/B measured, the better of replaying the mixed step PIECEWISE (today's default) or FULL;
+prefill attention takes the best tile and launch config the sweep found, and says whether
+it is the default. Met by a configuration that is not the default: make it the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
+# --8<-- [start:goals]
+THROUGHPUT = "nano-vllm's workload >= 15,000 output tok/s, async scheduling on"
+BUSY = "decode: the device busy >= 90% of a step at batch 32"
+STEP = "decode: a batch-1 step <= 2.0 ms"
+MIXED = "a mixed step within 1.5x of a decode step of the same batch"
+PREFILL = "prefill attention at 4,096 tokens >= 0.6x SDPA"
+# --8<-- [end:goals]
+
+
+@dataclass(frozen=True)
+class GoalRow:
+    """One goal: what it asks, what the run measured, and the verdict."""
+
+    goal: str
+    measured: str  # the figure and where it came from, or why there is none
+    status: str  # MET, NOT_MET or NOT_MEASURED
+
+
+def _figures(summary: dict, step: str) -> dict | None:
+    """The figures of ``step`` when it passed; None otherwise."""
+    for s in summary.get("steps", []):
+        if s.get("name") == step and s.get("status") == "passed":
+            return s.get("figures") or None
+    return None
+
+
+def _why_missing(summary: dict, step: str) -> str:
+    for s in summary.get("steps", []):
+        if s.get("name") == step:
+            return f"the {step} step {s.get('status')}" + (f" ({s['reason']})" if s.get("reason") else "")
+    return f"no {step} step in this run"
+
+
+def _best(candidates: dict[str, float | None], better: Callable[[float, float], bool]) -> tuple[str, float] | None:
+    """The best measured value among named candidates (None: not measured)."""
+    found = [(name, v) for name, v in candidates.items() if v is not None]
+    if not found:
+        return None
+    best = found[0]
+    for name, v in found[1:]:
+        if better(v, best[1]):
+            best = (name, v)
+    return best
+
+
+def throughput_row(summary: dict) -> GoalRow:
+    goal = THROUGHPUT
+    f = _figures(summary, "throughput")
+    if f is None:
+        return GoalRow(goal, _why_missing(summary, "throughput"), NOT_MEASURED)
+    sync = f.get("tinyvllm_tok_per_s")
+    if f.get("tinyvllm_async_tok_per_s") is None:
+        return GoalRow(goal, f"no async figure in this run (sync {sync:,.0f} tok/s)", NOT_MEASURED)
+    value = f["tinyvllm_async_tok_per_s"]
+    text = f"{value:,.0f} tok/s async, {sync:,.0f} sync (throughput step)"
+    return GoalRow(goal, text, MET if value >= 15_000 else NOT_MET)
+
+
+def _decode(summary: dict) -> tuple[dict, dict] | None:
+    f = _figures(summary, "cudagraph_latency")
+    if f is None or "FULL_AND_PIECEWISE" not in f.get("modes", {}):
+        return None
+    return f["modes"]["FULL_AND_PIECEWISE"], f.get("async_ab") or {}
+
+
+def busy_row(summary: dict) -> GoalRow:
+    goal = BUSY
+    found = _decode(summary)
+    if found is None:
+        return GoalRow(goal, _why_missing(summary, "cudagraph_latency"), NOT_MEASURED)
+    sync, ab = found
+    shares = {"sync": (sync.get("device_busy_share") or {}).get("32"),
+              "async": (ab.get("device_busy_share_async") or {}).get("32")}  # fmt: skip
+    best = _best(shares, lambda a, b: a > b)
+    if best is None:
+        return GoalRow(goal, "no profiled batch-32 step in this run", NOT_MEASURED)
+    text = ", ".join(f"{name} {v:.0%}" for name, v in shares.items() if v is not None)
+    return GoalRow(goal, f"{text} (FULL_AND_PIECEWISE)", MET if best[1] >= 0.90 else NOT_MET)
+
+
+def step_row(summary: dict) -> GoalRow:
+    goal = STEP
+    found = _decode(summary)
+    if found is None:
+        return GoalRow(goal, _why_missing(summary, "cudagraph_latency"), NOT_MEASURED)
+    sync, ab = found
+    steps = {"sync": (sync.get("step_ms") or {}).get("1"), "async": (ab.get("step_ms_async") or {}).get("1")}
+    best = _best(steps, lambda a, b: a < b)
+    if best is None:
+        return GoalRow(goal, "no batch-1 step in this run", NOT_MEASURED)
+    text = ", ".join(f"{name} {v:.2f} ms" for name, v in steps.items() if v is not None)
+    return GoalRow(goal, f"{text} (FULL_AND_PIECEWISE)", MET if best[1] <= 2.0 else NOT_MET)
+
+
+def mixed_row(summary: dict) -> GoalRow:
+    goal = MIXED
+    f = _figures(summary, "cudagraph_latency")
+    if f is None:
+        return GoalRow(goal, _why_missing(summary, "cudagraph_latency"), NOT_MEASURED)
+    ab = f.get("mixed_ab") or {}
+    if not ab:
+        return GoalRow(goal, "no mixed-step A/B in this run", NOT_MEASURED)
+    parts, worst = [], 0.0
+    for batch, row in sorted(ab.items(), key=lambda kv: int(kv[0])):
+        name, ratio = _best({"PIECEWISE": row["mixed_over_decode_piecewise"], "FULL": row["mixed_over_decode_full"]},
+                            lambda a, b: a < b)  # fmt: skip
+        parts.append(f"B={batch}: x{ratio:.2f} {name}")
+        worst = max(worst, ratio)
+    return GoalRow(goal, "; ".join(parts), MET if worst <= 1.5 else NOT_MET)
+
+
+def prefill_row(summary: dict) -> GoalRow:
+    goal = PREFILL
+    f = _figures(summary, "attention_prefill")
+    if f is None:
+        return GoalRow(goal, _why_missing(summary, "attention_prefill"), NOT_MEASURED)
+    rows = {key: r for key, r in f.get("rows", {}).items() if key.endswith("/4096") and r.get("best_x_sdpa") is not None}
+    if not rows:
+        return GoalRow(goal, "no 4,096-token row in this run", NOT_MEASURED)
+    parts = []
+    for key, r in sorted(rows.items()):
+        default = "" if r["best"] == r["default"] else f", default x{r['default_x_sdpa']:.2f}"
+        parts.append(f"{key.split('/')[0]}: best x{r['best_x_sdpa']:.2f} ({r['best']}{default})")
+    worst = min(r["best_x_sdpa"] for r in rows.values())
+    return GoalRow(goal, "; ".join(parts), MET if worst >= 0.6 else NOT_MET)
+
+
+ROWS = ((THROUGHPUT, throughput_row), (BUSY, busy_row), (STEP, step_row), (MIXED, mixed_row), (PREFILL, prefill_row))
+
+
+def goal_rows(summary: dict) -> list[GoalRow]:
+    """Every goal of issue 39 against ``summary`` (NOTE 1); all "not measured" without a CUDA device."""
+    env = summary.get("environment") or {}
+    if summary.get("dry_run") or not env.get("cuda_available"):
+        why = "a dry run on the CPU: its timings mean nothing" if summary.get("dry_run") else "no CUDA device in this run"
+        return [GoalRow(goal, why, NOT_MEASURED) for goal, _ in ROWS]
+    return [row(summary) for _, row in ROWS]
+
+
+def markdown(summary: dict) -> str:
+    """The goals as a Markdown table, headed by the device and the run's date."""
+    env = summary.get("environment") or {}
+    lines = [f"Issue 39's goals, {env.get('device', 'unknown device')}, {summary.get('date', 'undated')}:", "",
+             "| goal | measured | status |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {r.goal} | {r.measured} | **{r.status}** |" for r in goal_rows(summary)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("summary", type=Path, help="a gpu_summary.json written by bench/gpu.sh")
+    args = parser.parse_args(argv)
+    try:
+        summary = json.loads(args.summary.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"bench/gpu_goals.py: cannot read {args.summary}: {error}") from None
+    if not isinstance(summary, dict) or "steps" not in summary:
+        raise SystemExit(f"bench/gpu_goals.py: {args.summary} is not a gpu_summary.json (no 'steps')")
+    print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
