@@ -48,7 +48,7 @@ NOTE 1 (unzipped, not pip-installed): a wheel is a zip whose root is a site-pack
 unzipping each one is all ``pip install --target`` would do here, in a fraction of a second
 (the environment step's budget is ten) and without depending on pip. Each wheel is checked
 whole (its CRC, one ``.dist-info``, no member outside the folder) before a byte is written, so
-a broken one leaves nothing behind; a wheel whose tags this interpreter does not accept (a
+a wheel found broken leaves nothing behind; a wheel whose tags this interpreter does not accept (a
 cp312 binary on Python 3.11) is skipped, not unpacked to fail at import.
 
 NOTE 2 (first on the path): ``PYTHONPATH`` comes before site-packages, so a carried package
