@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one command that fits eight minutes, from any directory:
-#   bash bench/gpu.sh [--out DIR] [--quick] [--dry-run]
+#   bash bench/gpu.sh [--out DIR] [--quick] [--dry-run] [--wheels DIR]
 # Steps, each with its own time budget (bench/gpu_check.py has them and says what each one
 # measures): the environment; `pytest -m gpu`; throughput on nano-vllm's workload against
 # transformers; decode latency per cudagraph_mode against NONE; prefix caching on / off.
 # Leaves gpu_summary.json and gpu.log in DIR (default bench/results/). --dry-run runs the
 # same steps on the CPU with the tiny model (CI does); --quick halves every workload.
-# Needs torch, triton, transformers, pytest and hypothesis; no network, nothing to install.
+# Needs torch, triton, transformers, pytest and hypothesis; no network, nothing to install. The
+# wheels in .whl/ (bench/fetch_gpu_wheels.sh; the device tool's carry: [".whl"]), if any, are
+# unpacked first into a temporary folder on every step's path: xgrammar, for structured outputs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

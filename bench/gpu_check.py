@@ -34,6 +34,27 @@ cut short keeps what it measured) and ``gpu.log`` (every step's whole output). T
 own JSON records are folded into the summary and not left behind: two files, within the
 eight a GPU session brings back.
 
+Carried packages (``install_carried_wheels``): before the first step, the wheels in ``--wheels``
+(default ``.whl/``, filled by ``bench/fetch_gpu_wheels.sh`` where there is a network, and carried
+to the GPU machine beside the working tree) are unpacked into a folder of the run's temporary
+directory, which every step then has on ``PYTHONPATH``; the machine's own site-packages is never
+written. They bring xgrammar, which the GPU machine lacks, so that the structured-output tests
+run there instead of skipping. The summary's ``carried_packages`` names what was installed, at
+which version, and what was skipped or failed and why; a failure is recorded, never fatal. No
+``.whl/`` (CI) installs nothing and says so; a dry run with one installs it the same way.
+
+NOTE 1 (unzipped, not pip-installed): a wheel is a zip whose root is a site-packages folder, plus
+``<name>.data/purelib`` and ``platlib`` to move there; these wheels need no build step, so
+unzipping each one is all ``pip install --target`` would do here, in a fraction of a second
+(the environment step's budget is ten) and without depending on pip. Each wheel is checked
+whole (its CRC, one ``.dist-info``, no member outside the folder) before a byte is written, so
+a wheel found broken leaves nothing behind; a wheel whose tags this interpreter does not accept (a
+cp312 binary on Python 3.11) is skipped, not unpacked to fail at import.
+
+NOTE 2 (first on the path): ``PYTHONPATH`` comes before site-packages, so a carried package
+shadows the machine's own copy of it (pydantic needs a newer typing_extensions than torch
+does). The summary names each such package with the machine's version (``shadows``).
+
 ``--quick`` halves every workload (256 -> 128 requests, half the timed repeats, half the
 prefix-caching requests). ``--dry-run`` runs the same steps on the CPU with the tiny test
 model and tiny workloads (``pytest -m gpu`` only collects there): the test suite and CI
@@ -47,16 +68,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,8 +160,9 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         return [python, str(Path(__file__)), "--environment-json", str(work / "environment.json")]
     if step.name == "gpu_tests":
         # -v: each test's id is logged as it starts, so even a hang names its test; --durations: the
-        # slowest tests, to size this step's budget from a real run
-        cmd = [python, "-m", "pytest", "-m", "gpu", "-v", "--durations=15", "-p", "no:cacheprovider",
+        # slowest tests, to size this step's budget from a real run; -rs: why each skip (a carried
+        # package that failed to import, say), which the log would not otherwise say
+        cmd = [python, "-m", "pytest", "-m", "gpu", "-v", "-rs", "--durations=15", "-p", "no:cacheprovider",
                f"--junitxml={work / 'junit.xml'}"]  # fmt: skip
         return cmd + (["--collect-only"] if dry_run else [])
     if step.name == "throughput":
@@ -301,6 +326,9 @@ def environment() -> dict:
             info[module] = __import__(module).__version__
         except ImportError:
             info[module] = None
+    # Found on the path (a carried wheel, NOTE 1), not imported: the import would cost a second of
+    # this step's ten; the structured-output tests import it, and their skip reason says why not.
+    info["xgrammar"] = _distribution_version("xgrammar")
     info["cuda_available"] = torch.cuda.is_available()
     if info["cuda_available"]:
         props = torch.cuda.get_device_properties(0)
@@ -319,15 +347,135 @@ def environment() -> dict:
     return info
 
 
+# -- carried packages: wheels unpacked into a folder on every step's path (NOTES 1 and 2) ----------
+
+
+def _distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` on this interpreter's path, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _wheel_tags_accepted(wheel: Path) -> bool | None:
+    """Whether this interpreter accepts the wheel's tags (from its file name); None when
+    ``packaging`` (which pytest brings) is missing, and the wheel is tried anyway."""
+    try:
+        from packaging.tags import sys_tags
+        from packaging.utils import parse_wheel_filename
+    except ImportError:
+        return None
+    _, _, _, tags = parse_wheel_filename(wheel.name)
+    return not tags.isdisjoint(sys_tags())
+
+
+def _wheel_plan(zf: zipfile.ZipFile, target: Path) -> tuple[dict[str, str], list[tuple[zipfile.ZipInfo, Path]]]:
+    """Check a wheel whole before anything is written: its metadata (name, version) and where
+    each member goes under ``target``. Raises ValueError naming what is wrong."""
+    bad = zf.testzip()
+    if bad is not None:
+        raise ValueError(f"bad CRC in member {bad!r}")
+    infos = {name.split("/", 1)[0] for name in zf.namelist() if name.split("/", 1)[0].endswith(".dist-info")}
+    if len(infos) != 1:
+        raise ValueError(f"no .dist-info folder, or more than one: {sorted(infos)}")
+    (info,) = infos
+    fields = {}
+    for line in zf.read(f"{info}/METADATA").decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            break  # the headers end at the first empty line; the long description follows
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if not fields.get("Name") or not fields.get("Version"):
+        raise ValueError(f"{info}/METADATA names no Name or no Version")
+    data = info[: -len(".dist-info")] + ".data"
+    plan = []
+    for member in zf.infolist():
+        parts = Path(member.filename).parts
+        if member.filename.startswith("/") or ".." in parts or not parts:
+            raise ValueError(f"member {member.filename!r} lies outside the target folder")
+        if parts[0] == data:  # <name>.data/<scheme>/...: purelib and platlib go to the root, the rest is not imported
+            if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                continue
+            parts = parts[2:]
+        if not member.is_dir():
+            plan.append((member, target.joinpath(*parts)))
+    return {"name": fields["Name"], "version": fields["Version"]}, plan
+
+
+def install_carried_wheels(wheel_dir: Path, target: Path) -> dict:
+    """Unpack every wheel in ``wheel_dir`` into ``target`` (NOTE 1) and return the record the
+    summary keeps: ``status`` (``none``, ``installed``, ``partial``: some skipped or failed,
+    ``failed``: none installed), ``installed`` (name to version), ``shadows`` (name to the
+    version this interpreter already had, NOTE 2), ``skipped`` and ``failed`` (each wheel with
+    its reason) and a ``note``. A broken wheel is recorded and the next one still installs.
+    ``wheel_dir`` missing or without wheels installs nothing; a file there is a ValueError."""
+    if wheel_dir.exists() and not wheel_dir.is_dir():
+        raise ValueError(f"the carried wheels' folder {wheel_dir} is not a folder")
+    record: dict = {"wheel_dir": str(wheel_dir), "target": str(target), "status": "none", "installed": {},
+                    "shadows": {}, "skipped": [], "failed": [], "note": ""}  # fmt: skip
+    wheels = sorted(wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
+    if not wheels:
+        record["note"] = f"no wheels in {wheel_dir}"
+        return record
+    for wheel in wheels:
+        try:
+            if _wheel_tags_accepted(wheel) is False:
+                record["skipped"].append({"wheel": wheel.name, "reason": "not for this interpreter "
+                                          f"(Python {sys.version_info.major}.{sys.version_info.minor})"})  # fmt: skip
+                continue
+            with zipfile.ZipFile(wheel) as zf:
+                meta, plan = _wheel_plan(zf, target)
+                name = meta["name"]
+                if name in record["installed"]:
+                    reason = f"another wheel of {name} ({record['installed'][name]}) is installed"
+                    record["skipped"].append({"wheel": wheel.name, "reason": reason})
+                    continue
+                for member, dest in plan:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(member) as src, dest.open("wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                    mode = (member.external_attr >> 16) & 0o777
+                    if mode:
+                        dest.chmod(mode)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+            record["failed"].append({"wheel": wheel.name, "error": f"{type(error).__name__}: {error}"})
+            continue
+        record["installed"][name] = meta["version"]
+        had = _distribution_version(name)
+        if had is not None:
+            record["shadows"][name] = had
+    if not record["installed"]:
+        record["status"] = "failed"
+    else:
+        record["status"] = "partial" if record["skipped"] or record["failed"] else "installed"
+    counts = f"{len(record['installed'])} installed, {len(record['skipped'])} skipped, {len(record['failed'])} failed"
+    record["note"] = f"{len(wheels)} wheels in {wheel_dir}: {counts}"
+    return record
+
+
+def carried_log_lines(record: dict) -> list[str]:
+    """What ``gpu.log`` says of the carried packages, a line each."""
+    lines = [record["note"]]
+    lines += [f"installed {name} {version}" + (f" (shadows the machine's {record['shadows'][name]})"
+              if name in record["shadows"] else "") for name, version in record["installed"].items()]  # fmt: skip
+    lines += [f"skipped {entry['wheel']}: {entry['reason']}" for entry in record["skipped"]]
+    lines += [f"failed {entry['wheel']}: {entry['error']}" for entry in record["failed"]]
+    return lines
+
+
 # -- running the steps ----------------------------------------------------------------------------
 
 
-def run_step(cmd: list[str], timeout: float, log, extra_env: dict[str, str] | None = None) -> tuple[int | None, str]:
+def run_step(
+    cmd: list[str], timeout: float, log, extra_env: dict[str, str] | None = None, extra_path: tuple[Path, ...] = ()
+) -> tuple[int | None, str]:
     """Run ``cmd`` from the repository root; its output goes to ``log`` and is returned.
+    ``extra_path`` (the carried packages' folder) follows ``src`` on ``PYTHONPATH``.
     Returns ``(exit status, output)``, the status None when it ran out of time (its whole
     process group is killed, so no child outlives it)."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "PYTHONUNBUFFERED": "1", **(extra_env or {})}  # fmt: skip
+    path = os.pathsep.join([str(ROOT / "src"), *map(str, extra_path), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -358,10 +506,12 @@ def run_check(
     total_s: float = TOTAL_BUDGET_S,
     command=step_command,
     budget_scale: float = 1.0,
+    wheel_dir: Path | None = None,
 ) -> dict:
     """Run ``steps`` in order within ``total_s``, each budget and the total stretched by
     ``budget_scale``; returns the summary (also written to ``out_dir``). ``command`` builds each
-    step's command line (the tests pass their own)."""
+    step's command line (the tests pass their own). The wheels in ``wheel_dir`` (None: none)
+    are unpacked first into a temporary folder every step has on its path (NOTE 1)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     summary = {
@@ -378,6 +528,18 @@ def run_check(
     }
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp, (out_dir / LOG).open("w") as log:
         work = Path(tmp)
+        carried = work / "carried_site"
+        try:
+            summary["carried_packages"] = install_carried_wheels(wheel_dir, carried) if wheel_dir else {
+                "status": "none", "installed": {}, "shadows": {}, "skipped": [], "failed": [], "note": "no wheel folder given"}  # fmt: skip
+        except Exception as error:  # noqa: BLE001  (whatever it is, the run goes on without them)
+            summary["carried_packages"] = {"wheel_dir": str(wheel_dir), "status": "failed", "installed": {}, "shadows": {},
+                                           "skipped": [], "failed": [], "note": f"{type(error).__name__}: {error}"}  # fmt: skip
+        extra_path = (carried,) if summary["carried_packages"]["installed"] else ()
+        lines = carried_log_lines(summary["carried_packages"])
+        log.write("== carried packages ==\n" + "".join(line + "\n" for line in lines))
+        print(f"carried packages: {summary['carried_packages']['status']} ({lines[0]})", flush=True)
+        write_summary(out_dir, summary)
         for step in steps:
             elapsed = time.perf_counter() - start
             record = {"name": step.name, "what": step.what, "budget_s": step.budget_s, "started_at_s": round(elapsed, 1)}
@@ -397,7 +559,7 @@ def run_check(
                 extra_env = {}
                 if step.name == "gpu_tests":  # tests not started by then are skipped, and said so
                     extra_env[TEST_DEADLINE_ENV] = f"{time.time() + timeout - TEST_DEADLINE_MARGIN_S:.1f}"
-                status, output = run_step(cmd, timeout, log, extra_env)
+                status, output = run_step(cmd, timeout, log, extra_env, extra_path)
                 record["seconds"] = round(time.perf_counter() - began, 1)
                 record["exit_status"] = status
                 try:
@@ -431,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for the summary and the log")
     parser.add_argument("--quick", action="store_true", help="half of every workload")
     parser.add_argument("--dry-run", action="store_true", help="the CPU, the tiny model, tiny workloads: checks the check")
+    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl",
+                        help="wheels to unpack onto every step's path (default .whl/; none there: nothing)")  # fmt: skip
     parser.add_argument("--environment-json", type=Path, default=None, help=argparse.SUPPRESS)  # the environment step
     args = parser.parse_args(argv)
     if args.environment_json is not None:
@@ -440,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/gpu.sh: no CUDA device visible to torch; use --dry-run to check the check on the CPU", file=sys.stderr)
         return 1
     scale = DRY_RUN_BUDGET_SCALE if args.dry_run else 1
-    summary = run_check(args.out.resolve(), args.dry_run, args.quick, budget_scale=scale)
+    summary = run_check(args.out.resolve(), args.dry_run, args.quick, budget_scale=scale, wheel_dir=args.wheels.resolve())
     for step in summary["steps"]:
         print(f"{step['name']:18s} {step['status']:8s} {step.get('seconds', 0):6.1f} s of {step['budget_s']} s")
     print(f"wrote {args.out / SUMMARY} and {args.out / LOG} ({summary['wall_s']:.0f} s)")
