@@ -22,7 +22,7 @@ import pytest
 from tinyvllm import cli
 from tinyvllm.trace import check_snapshot, check_trace
 from tinyvllm.trace.command import run
-from tinyvllm.trace.in_flight import NO_LAUNCH_NOTE, UNSEEN_LAUNCH_NOTE
+from tinyvllm.trace.in_flight import LAUNCHED_NOTE, NO_LAUNCH_NOTE, UNSEEN_LAUNCH_NOTE
 from tinyvllm.trace.snapshot import Trace
 from tinyvllm.trace.svg_runs import padding_timeline_svg
 from tinyvllm.trace.svg_step import step_svg
@@ -58,11 +58,14 @@ def test_async_trace_records_every_step_with_the_invariants_checked(traces, caps
     async_trace, sync_trace = traces
     assert "warning" not in capsys.readouterr().err
     check_trace(async_trace)
-    # 1 prefill + 3 decodes, then the empty step launched while the last decode ran
-    assert len(sync_trace.steps) == 4 and len(async_trace.steps) == 5
-    assert [s.in_flight is not None for s in async_trace.steps] == [True, True, True, True, False]
-    assert async_trace.steps[3].in_flight == () and async_trace.steps[3].scheduler.finished == ("0", "1")
-    assert [s.note for s in async_trace.steps] == [UNSEEN_LAUNCH_NOTE, "", "", "", NO_LAUNCH_NOTE]
+    # step 0's launch, then 1 prefill + 3 decodes read back, then the empty step launched while
+    # the last decode ran
+    assert len(sync_trace.steps) == 4 and len(async_trace.steps) == 6
+    assert [s.label for s in async_trace.steps] == ["step 0: launched", "step 0", "step 1", "step 2", "step 3", "step 4"]
+    assert [s.launched for s in async_trace.steps] == [True, False, False, False, False, False]
+    assert [s.in_flight is not None for s in async_trace.steps] == [True, True, True, True, True, False]
+    assert async_trace.steps[4].in_flight == () and async_trace.steps[4].scheduler.finished == ("0", "1")
+    assert [s.note for s in async_trace.steps] == [LAUNCHED_NOTE, "", "", "", "", NO_LAUNCH_NOTE]
     assert _tokens(async_trace) == _tokens(sync_trace)
     assert [len(t) for t in _tokens(async_trace).values()] == [4, 4]
 
@@ -91,8 +94,26 @@ def test_the_structured_outputs_workload_under_async_scheduling_equals_sync_step
     assert any(x.num_allowed_tokens for step in async_trace.steps for x in step.scheduler.scheduled)
 
 
-def test_step_0_names_step_1_in_flight(traces):
+def test_step_0s_launch_has_a_picture_of_its_own(traces):
+    """The first step after idle is read back only with the next call, whose launch replaces its
+    runner parts: the recorder pictures it at its launch (in_flight.py NOTE 3)."""
     step = traces[0].steps[0]
+    assert step.scheduler.scheduled == () and step.scheduler.running == ("0", "1") and step.scheduler.finished == ()
+    assert [(x.request_id, x.start, x.num_tokens, x.kind, x.admitted) for x in step.in_flight] == [
+        ("0", 0, 2, "prefill", "new"), ("1", 0, 5, "prefill", "new"),
+    ]  # fmt: skip
+    # computed = step 0's end; the placeholder is step 0's sampled token, on the device only
+    assert [(r.request_id, r.num_computed_tokens, r.num_output_placeholders) for r in step.requests] == [("0", 2, 1), ("1", 5, 1)]
+    # the runner's parts are step 0's own: its two rows added, its 7 tokens, a slot per prompt token
+    assert step.batch.previous_rows == () and step.batch.rows == ("0", "1") and step.batch.added == ((0, "0"), (1, "1"))
+    assert (step.dispatch.num_tokens, step.dispatch.num_reqs) == (7, 2)
+    assert [(w.request_id, w.position) for w in step.slots] == [("0", 0), ("0", 1), *(("1", p) for p in range(5))]
+    # the next picture, step 0's read-back, takes the runner's own BatchUpdate from these rows
+    assert traces[0].steps[1].batch.previous_rows == ("0", "1") and traces[0].steps[1].note == ""
+
+
+def test_step_0_names_step_1_in_flight(traces):
+    step = traces[0].steps[1]
     assert [(x.request_id, x.start, x.num_tokens, x.kind) for x in step.scheduler.scheduled] == [
         ("0", 0, 2, "prefill"), ("1", 0, 5, "prefill"),
     ]  # fmt: skip
@@ -113,7 +134,8 @@ def test_a_synchronous_trace_carries_no_step_in_flight(traces):
     sync_trace = traces[1]
     assert all(s.in_flight is None and all(r.num_output_placeholders == 0 for r in s.requests) for s in sync_trace.steps)
     text = sync_trace.to_json()
-    assert "in_flight" not in text and "num_output_placeholders" not in text  # snapshot.py NOTE 4
+    assert "in_flight" not in text and "num_output_placeholders" not in text and "launched" not in text  # snapshot.py NOTE 4
+    assert Trace.from_json(traces[0].to_json()) == traces[0] and traces[0].to_json().count('"launched": true') == 1
 
 
 def _corrupt_request(step, request_id, **changes):
@@ -135,7 +157,7 @@ def _corrupt_request(step, request_id, **changes):
 )
 def test_the_step_in_flight_invariants_fail_on_a_corrupted_record(traces, corrupt, message):
     trace = traces[0]
-    step = trace.steps[0]
+    step = trace.steps[1]  # step 0's read-back, step 1 in flight
     check_snapshot(step, trace.block_size, trace.num_blocks)  # the record itself passes
     with pytest.raises(AssertionError, match=message):
         check_snapshot(corrupt(step), trace.block_size, trace.num_blocks)
@@ -143,14 +165,48 @@ def test_the_step_in_flight_invariants_fail_on_a_corrupted_record(traces, corrup
 
 def test_the_picture_draws_the_step_in_flight_and_the_placeholders(traces):
     async_trace, sync_trace = traces
-    svg = step_svg(async_trace, 0)
+    svg = step_svg(async_trace, 1)
     assert svg.count('data-role="in-flight-segment"') == 2
     assert svg.count("computed +1 placeholder") == 2
-    assert "step 1, in flight: BatchUpdate" in svg and "step 1, in flight: runtime mode NONE" in svg
+    # step 1 keeps step 0's rows (the BatchUpdate that added them is in step 0's launch picture)
+    assert "step 1, in flight: no change" in svg and "step 1, in flight: runtime mode NONE" in svg
     assert "step 1, in flight: bold = its writes; one layer" in svg
-    assert "an empty step: nothing scheduled" in step_svg(async_trace, 3)
+    launch = step_svg(async_trace, 0)
+    assert "step 0, in flight: BatchUpdate" in launch and "step 0 just launched, nothing read back yet" in launch
+    assert "an empty step: nothing scheduled" in step_svg(async_trace, 4)
     assert "in-flight" not in step_svg(sync_trace, 0) and "placeholder" not in step_svg(sync_trace, 0)
-    # a snapshot's dispatch is its step in flight's: the padding timeline names that step
-    # (step 0's own dispatch reached no snapshot: in_flight.py NOTE 3)
-    assert re.findall(r">(step \d+)</text>", padding_timeline_svg(async_trace)) == ["step 1", "step 2", "step 3"]
+    # a snapshot's dispatch is its step in flight's: the padding timeline names that step,
+    # step 0's from its launch picture (in_flight.py NOTE 3)
+    assert re.findall(r">(step \d+)</text>", padding_timeline_svg(async_trace)) == ["step 0", "step 1", "step 2", "step 3"]
     assert re.findall(r">(step \d+)</text>", padding_timeline_svg(sync_trace)) == ["step 0", "step 1", "step 2", "step 3"]
+
+
+def test_each_launch_after_idle_is_pictured_and_a_recording_begun_mid_flight_says_what_it_missed():
+    """Two ``generate`` calls in one recording: the engine is idle between them, so each first
+    launch gets its picture and no snapshot falls back to the net change. A recording begun
+    while a step is in flight never saw that launch: its first picture says so (NOTE 3)."""
+    from tinyvllm import LLM, SamplingParams
+    from tinyvllm.trace import record
+    from tinyvllm.trace.workloads import tiny_model_folder
+
+    llm = LLM(tiny_model_folder(), device="cpu", max_model_len=32, block_size=4, num_gpu_blocks_override=16,
+              async_scheduling=True)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    with record(llm) as t:
+        first = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0].token_ids
+        second = llm.generate({"prompt_token_ids": [9, 10]}, params, use_tqdm=False)[0].outputs[0].token_ids
+    check_trace(t.trace)
+    labels = [s.label for s in t.trace.steps]
+    assert labels.count("step 0: launched") == 1 and sum(label.endswith(": launched") for label in labels) == 2
+    assert UNSEEN_LAUNCH_NOTE not in [s.note for s in t.trace.steps]
+    recorded = [x.new_token_ids for s in t.trace.steps for x in s.scheduler.scheduled if x.new_token_ids]
+    assert [tok for ids in recorded for tok in ids] == [*first, *second]
+
+    engine = llm.engine
+    engine.add_request("late", [11, 12, 13], params)
+    assert engine.step() == [] and len(engine.steps_in_flight()) == 1  # launched before the recording
+    with record(llm) as late:
+        while engine.has_unfinished_requests():
+            engine.step()
+    check_trace(late.trace)
+    assert late.trace.steps[0].note == UNSEEN_LAUNCH_NOTE and not any(s.launched for s in late.trace.steps)

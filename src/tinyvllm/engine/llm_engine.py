@@ -42,10 +42,8 @@ processor hands each child's output to its ``ParentRequest``, which gathers them
 ``unfinished_request_ids`` names the parent.
 NOTE 7 (speculative decoding): with a proposer, every running request that sampled a token gets
 drafts (``spec_decode/ngram_proposer.py``; cut to what its grammar allows), a partial prefill none.
-NOTE 8 (observers, ``add_observer``): each is called after every step, a failed one too
-(after the undo, with the error), in the order added; what one raises is logged and noted,
-never raised in the step's place, and the others are still called (a trace beside a server's
-metrics). The tuple is replaced, never changed, so another thread may add or remove one.
+NOTE 8 (observers): each step, a failed one too, is told to the engine's step observers
+(``engine/step_observers.py``: a trace beside a server's metrics); never raised in its place.
 NOTE 9 (the executor): ``executor_class`` picks it by ``distributed_executor_backend``: one
 worker here ("uni"), a process per rank ("mp"), one rank of a ``torchrun`` job
 ("external_launcher"). Under "mp" no runner lives in this process (``model_runner`` says so);
@@ -65,7 +63,7 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from tinyvllm.config import EngineConfig, ReasoningConfig, StructuredOutputsConfig
 from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
@@ -74,6 +72,7 @@ from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.engine.input_processor import EngineCoreRequest, InputProcessor
 from tinyvllm.engine.output_processor import OutputProcessor
 from tinyvllm.engine.parallel_sampling import ParentRequest
+from tinyvllm.engine.step_observers import StepObservers
 from tinyvllm.outputs import EngineCoreOutput, ModelRunnerOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -92,16 +91,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class StepObserver(Protocol):
-    """Called by ``LLMEngine.step`` after each step (NOTE 8); ``error`` is set when the step
-    raised and was undone, and then ``core_outputs`` is empty."""
-
-    def on_step(
-        self, engine: LLMEngine, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput],
-        error: BaseException | None,
-    ) -> None: ...  # fmt: skip
-
-
 def executor_class(config: EngineConfig) -> type[Executor]:
     """The executor ``config.parallel_config`` asks for (NOTE 9)."""
     backend = config.parallel_config.distributed_executor_backend
@@ -111,7 +100,7 @@ def executor_class(config: EngineConfig) -> type[Executor]:
     return classes[backend]
 
 
-class LLMEngine:
+class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
     """Schedule -> execute -> update, one step at a time."""
 
     def __init__(
@@ -143,7 +132,6 @@ class LLMEngine:
             [t for t in (input_processor.eos_token_id, *input_processor.extra_stop_token_ids) if t is not None],
             input_processor.reasoning_config,
         )  # fmt: skip
-        self.observers: tuple[StepObserver, ...] = ()  # NOTE 8: replaced whole, never changed in place
         self.config: EngineConfig | None = None  # from_engine_args sets these three (NOTE 5)
         self.startup_report: StartupReport | None = None
         self.startup_reports: list[StartupReport] = []  # every rank's, rank order (NOTE 9)
@@ -341,6 +329,7 @@ class LLMEngine:
                 raise
             queue.appendleft((future, scheduler_output))
             if scheduler_output.total_num_scheduled_tokens and len(queue) < MAX_STEPS_IN_FLIGHT:
+                self._observe_launch(scheduler_output)  # NOTE 8: no read-back follows in this call
                 return []  # the first step in flight: its tokens come back with the next call
         return self._update_oldest() if queue else []
 
@@ -386,35 +375,6 @@ class LLMEngine:
         return any((r := requests.get(rid)) is not None and r.use_structured_output
                    for rid in scheduler_output.num_scheduled_tokens)  # fmt: skip
 
-    # --8<-- [start:observers]
-    def add_observer(self, observer: StepObserver) -> None:
-        """NOTE 8: ``observer.on_step`` is called after every later step, after those added before it."""
-        if not callable(getattr(observer, "on_step", None)):
-            raise ValueError(f"an observer needs an on_step method, got {observer!r}")
-        if any(o is observer for o in self.observers):
-            raise ValueError(f"{observer!r} already observes this engine")
-        self.observers = (*self.observers, observer)
-
-    def remove_observer(self, observer: StepObserver) -> None:
-        """NOTE 8: no later step is told to ``observer``."""
-        if not any(o is observer for o in self.observers):
-            raise ValueError(f"{observer!r} does not observe this engine")
-        self.observers = tuple(o for o in self.observers if o is not observer)
-
-    def _observe(
-        self, scheduler_output: SchedulerOutput, core_outputs: list[EngineCoreOutput], error: BaseException | None
-    ) -> None:
-        """NOTE 8: tell each observer; what one raises never replaces the step's own error, nor
-        loses a step's outputs, nor the other observers' call: it is logged, and attached to the
-        step's error."""
-        for observer in self.observers:  # a tuple: an observer added meanwhile waits for the next step
-            try:
-                observer.on_step(self, scheduler_output, core_outputs, error)
-            except Exception as observer_error:
-                logger.exception("the step observer %r raised", observer)
-                if error is not None:
-                    error.add_note(f"tinyvllm: the step observer {observer!r} also raised {observer_error!r}")
-    # --8<-- [end:observers]
     # --8<-- [start:propose]
     def _propose_drafts(self, core_outputs: list[EngineCoreOutput]) -> None:
         """NOTE 7: drafts for every request that sampled a token this step and runs on,

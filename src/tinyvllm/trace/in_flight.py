@@ -22,12 +22,15 @@ in flight too (``in_flight == ()``): the runner still took its removals.
 NOTE 2 (kind before the tokens): an in-flight step has sampled nothing the host knows, so
 its kind comes from what it computes: a ``"chunk"`` stops short of the request's known
 tokens; otherwise it reaches their end and its sampled token is the request's placeholder.
-NOTE 3 (a launch no snapshot saw): the first step launched after the engine was idle (the
-start, or a failed step that emptied the queue) is read back with the next call, so the
-rows it left in the persistent batch reach no snapshot, and the next launch's
-``BatchUpdate`` is relative to them. That snapshot's batch shows the net change from the
-rows the last snapshot saw (all removed, then the rows now added), and says so in its note.
-That step's dispatch and slots reach no snapshot either (the next launch overwrote them).
+NOTE 3 (a launch no read-back follows): the first step launched after the engine was idle
+(the start, or a failed step that emptied the queue) is read back only with the next call,
+whose launch replaces its rows, dispatch and slots in the runner. So the engine tells the
+recorder at that launch (``on_launch``), and it gets a snapshot of its own, "step N:
+launched": no decisions read back yet, the step in flight, and the runner parts as that
+launch left them. A recording that starts while a step is in flight never saw it launched:
+its first snapshot's batch shows the net change from the rows the recorder first saw (all
+removed, then the rows now added), and says so in its note; that step's dispatch and slots
+reach no snapshot.
 NOTE 4 (nothing launched since): a step read back with no step after it in flight (the run's
 last, or one whose requests all finished in the step before) was already the runner's
 newest step at the last snapshot, which showed its batch, dispatch and slots: this one
@@ -36,11 +39,12 @@ shows the batch unchanged, no dispatch and no slots, and says so in its note.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tinyvllm.trace.snapshot import BatchState, ScheduledRequest
+from tinyvllm.trace.snapshot import BatchState, ScheduledRequest, StepSnapshot
 
+LAUNCHED_NOTE = "launched, nothing read back yet: the step in flight, and the runner's parts as its launch left them"
 UNSEEN_LAUNCH_NOTE = "the batch: net change since the last picture (a launch in between reached no picture)"
 NO_LAUNCH_NOTE = "no step was launched since the last picture: the runner's batch, dispatch and slots are as it showed"
 BatchSince = Callable[[tuple[str, ...], tuple[str, ...]], BatchState]
@@ -54,6 +58,18 @@ def in_flight_output(engine: Any) -> Any | None:
         return None
     assert len(steps) == 1, f"{len(steps)} steps in flight after a read-back; at most one can be"
     return steps[0]
+
+
+def step_number(steps: Sequence[StepSnapshot], index: int) -> int:
+    """The engine step snapshot ``index`` is of: the step it read back, or for a launch
+    snapshot (NOTE 3) the step it launched. Launch snapshots take no number of their own."""
+    return sum(1 for s in steps[:index] if not s.launched)
+
+
+def in_flight_number(steps: Sequence[StepSnapshot], index: int) -> int:
+    """The engine step in flight at snapshot ``index``: the one after the step it read back, or
+    the step a launch snapshot launched."""
+    return step_number(steps, index) + (0 if steps[index].launched else 1)
 
 
 def in_flight_kind(start: int, num_tokens: int, num_prompt_tokens: int, num_known_tokens: int | None) -> str:
@@ -84,10 +100,16 @@ def in_flight_step(out: Any, requests: Mapping[str, Any], prompt_lens: Mapping[s
     return tuple(steps)
 
 
-def since_last_snapshot(in_flight: Any | None, out: Any | None, saw_in_flight: bool) -> tuple[Any | None, BatchSince | None, str]:
+def since_last_snapshot(
+    in_flight: Any | None, out: Any | None, saw_in_flight: bool, launched: Any | None = None
+) -> tuple[Any | None, BatchSince | None, str]:
     """What the runner launched since the last snapshot: the ``SchedulerOutput`` its parts
     show (None: nothing new, NOTE 4), how to draw the batch when the runner's own
-    ``BatchUpdate`` does not say it (None: it does), and the note that says why."""
+    ``BatchUpdate`` does not say it (None: it does), and the note that says why.
+    ``launched``: a launch snapshot's step (NOTE 3), whose update is relative to the last picture."""
+    if launched is not None:
+        assert in_flight is launched, "a launch snapshot's step must be the one step in flight"
+        return launched, None, ""
     if in_flight is None and saw_in_flight:
         return None, unchanged, NO_LAUNCH_NOTE
     if in_flight is not None and not saw_in_flight:

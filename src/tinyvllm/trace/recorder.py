@@ -1,14 +1,14 @@
 """The step recorder: copy the engine's state into a frozen snapshot after every step.
 
-Concept: ``record(target)`` returns a ``Recorder`` for an ``LLM`` or ``LLMEngine`` (the
-engine calls it after each step, as one of ``LLMEngine.observers``) or for one component that
-a worked example drives by hand: a ``Scheduler``, a ``KVCacheManager`` or an
-``InputBatch`` (then the example calls ``capture`` where it wants a picture). Either way a
-snapshot only reads: the block pool and its free queue, the prefix cache map, every
-unfinished request and its block table, the step's ``SchedulerOutput`` and outputs, the
-persistent batch's rows and ``last_batch_update``, the runner's ``last_dispatch``, its slot
-mapping, and the tokens each row of the step's grammar bitmask allows (``grammar_rows.py``). ``check_snapshot`` runs on every
-snapshot (``check=True``). The snapshots, with how to draw them, make a ``Trace``.
+Concept: ``record(target)`` returns a ``Recorder`` for an ``LLM`` or ``LLMEngine`` (one of
+the engine's step observers) or for one component that a worked example drives by hand: a
+``Scheduler``, a ``KVCacheManager`` or an ``InputBatch`` (then the example calls ``capture``
+where it wants a picture). Either way a snapshot only reads: the block pool and its free
+queue, the prefix cache map, every unfinished request and its block table, the step's
+``SchedulerOutput`` and outputs, the persistent batch's rows and ``last_batch_update``, the
+runner's ``last_dispatch``, its slot mapping, and the tokens each grammar bitmask row allows
+(``grammar_rows.py``). ``check_snapshot`` runs on every snapshot (``check=True``). The
+snapshots, with how to draw them, make a ``Trace``.
 
     with tinyvllm.trace.record(llm) as t:
         llm.generate(prompts, params)
@@ -21,12 +21,8 @@ Mirrors: nothing in vLLM.
 Invariants: recording never changes the recorded objects (the agreement test compares
 every snapshot with the live engine); an engine records only inside ``record``'s block.
 
-NOTE 1 (what the engine pays): the hook is the engine's tuple of observers
-(``llm_engine.py`` NOTE 8), looped over once per step; unobserved, that loop over an empty
-tuple is some tens of nanoseconds against a step of about a millisecond (the docs page
-"Tracing" has the measurement). A recorded step reads the pool and its free queue once and
-copies what changed (NOTE 6); the same page gives what that costs on the shipped model's
-default pool.
+NOTE 1 (what the engine pays): a loop over its tuple of observers, empty when nothing records
+(``engine/step_observers.py``; the docs page "Tracing" measures it and a recorded step's copy).
 NOTE 2 (slots): for an engine the slots are read from what the runner wrote (its
 persistent ``slot_mapping``, ``positions`` and ``query_start_loc`` buffers), so the
 picture shows the real writes; for a scheduler or a manager driven by hand they are
@@ -50,11 +46,13 @@ NOTE 7 (the runner, wherever it lives): an engine's runner is read through its e
 rank (``tensor_parallel_size`` > 1) is the same path; the ranks' states must be equal, rank
 0's is pictured. With N > 1 the description gets a line per rank: its weights, KV heads and
 cache (the start-up reports); the steps are N = 1's.
-NOTE 8 (async scheduling): a step is recorded at its read-back, the next in flight (``in_flight.py``).
+NOTE 8 (async scheduling): a step is recorded at its read-back, the next in flight (``in_flight.py``);
+a step launched with no read-back in the same call (the first after idle) also at its launch
+(``on_launch``, labelled "step N: launched"), so every launch's runner parts reach a picture.
 
-Left out: recording ``AsyncLLM``'s engine from another thread while it steps (record
-before serving starts instead), the draft token ids themselves (a snapshot counts a
-step's drafts and keeps the tokens it kept).
+Left out: starting a recording from another thread while the engine steps (a served engine
+is recorded from an idle moment: ``record`` reads the runner's rows once, as it starts), the
+draft token ids themselves (a snapshot counts a step's drafts and keeps the tokens it kept).
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.prefix_hash import HASH_VALUE, TOKEN_IDS
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.trace.grammar_rows import allowed_token_counts
-from tinyvllm.trace.in_flight import BatchSince, in_flight_output, in_flight_step, since_last_snapshot
+from tinyvllm.trace.in_flight import LAUNCHED_NOTE, BatchSince, in_flight_output, in_flight_step, since_last_snapshot
 from tinyvllm.trace.invariants import check_snapshot
 from tinyvllm.trace.runner_state import RunnerState, batch_state, runner_state
 from tinyvllm.trace.snapshot import (
@@ -129,6 +127,7 @@ class Recorder:
         self._hash_entries: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._last_requests: dict[str, RequestState] = {}
         self._saw_in_flight = False  # the last snapshot had a step in flight (NOTE 8)
+        self._num_launched = 0  # snapshots taken by on_launch (NOTE 8)
         runner = self._runner_now(None, failed=False)
         self._rows = runner.rows if runner is not None else ()
         ranks = self._rank_lines()
@@ -197,6 +196,20 @@ class Recorder:
     def on_step(self, engine, scheduler_output, core_outputs, error: BaseException | None) -> None:
         """An ``LLMEngine`` observer: one snapshot per step (``StepObserver``). Never raises into
         the engine (NOTE 5): an error of its own stops the recording, with a warning."""
+        if error is None:
+            self._record(lambda: self.capture(scheduler_output=scheduler_output, core_outputs=core_outputs))
+            return
+        note = f"the step raised {type(error).__name__}: {error}; the engine undid it (its requests were aborted)"
+        self._record(lambda: self.capture(f"step {self._step_number()}: failed", note, scheduler_output=scheduler_output,
+                                          failed=True))  # fmt: skip
+
+    def on_launch(self, engine, scheduler_output) -> None:
+        """A step launched that no read-back follows in the same call (NOTE 8): a snapshot of its
+        own, so its runner parts are pictured before the next launch replaces them."""
+        self._record(lambda: self.capture(f"step {self._step_number()}: launched", LAUNCHED_NOTE, launched=scheduler_output))
+
+    def _record(self, take: Callable[[], object]) -> None:
+        """A snapshot unless the recording stopped or is full (NOTE 3); never raises (NOTE 5)."""
         if self.error is not None:
             return
         if self.max_steps is not None and len(self.steps) >= self.max_steps:  # NOTE 3
@@ -205,17 +218,14 @@ class Recorder:
                 self._warn(f"recorded max_steps={self.max_steps} steps; the later steps are not recorded")
             return
         try:
-            if error is None:
-                self.capture(scheduler_output=scheduler_output, core_outputs=core_outputs)
-                return
-            note = f"the step raised {type(error).__name__}: {error}; the engine undid it (its requests were aborted)"
-            self.capture(f"step {len(self.steps)}: failed", note, scheduler_output=scheduler_output, failed=True)
+            take()
         except Exception as own:  # NOTE 5: what the engine raises (or returns) stays the engine's
-            self.error = own
-            self._warn(
-                f"recording stopped at step {len(self.steps)}: the recorder raised {type(own).__name__}: {own} "
-                f"(the engine's step is unaffected; the trace keeps the {len(self.steps)} steps before)"
-            )  # fmt: skip
+            self.error, n = own, len(self.steps)
+            self._warn(f"recording stopped at step {n}: the recorder raised {type(own).__name__}: {own} "
+                       f"(the engine's step is unaffected; the trace keeps the {n} steps before)")  # fmt: skip
+
+    def _step_number(self) -> int:  # the engine step of the next snapshot: launch snapshots take no number
+        return len(self.steps) - self._num_launched
 
     @staticmethod
     def _warn(message: str) -> None:
@@ -234,19 +244,22 @@ class Recorder:
         requests: Iterable[Any] = (),
         scheduled: Mapping[str, int] | None = None,
         failed: bool = False,
+        launched=None,
     ) -> StepSnapshot:
         """Snapshot the recorded objects now. ``scheduler_output`` and ``core_outputs``: the
         step's (a scheduler's trace). ``requests``: the ``Request`` objects of a manager
         driven by hand; ``scheduled``: the tokens each computed in this step, ending at its
-        ``num_computed_tokens`` (for the slots)."""
-        index, label = len(self.steps), label if label is not None else f"step {len(self.steps)}"
+        ``num_computed_tokens`` (for the slots). ``launched``: the ``SchedulerOutput`` of a step
+        launched with nothing read back yet (``on_launch``)."""
+        index, label = len(self.steps), label if label is not None else f"step {self._step_number()}"
         if scheduler_output is not None:
             self._follow_tables(scheduler_output)
         blocks, free_queue, hash_map = self._pool()
         request_states = self._requests(requests)
         computed = {r.request_id: r.num_computed_tokens for r in request_states}
         in_flight = in_flight_output(self.engine) if self.engine is not None and not failed else None  # NOTE 8
-        newest, batch_since, launch_note = since_last_snapshot(in_flight, scheduler_output, self._saw_in_flight)
+        newest, batch_since, launch_note = since_last_snapshot(in_flight, scheduler_output, self._saw_in_flight, launched)
+        self._num_launched += launched is not None
         runner, self._saw_in_flight = self._runner_now(newest, failed), in_flight is not None
         snapshot = StepSnapshot(
             index=index,
@@ -256,11 +269,12 @@ class Recorder:
             free_queue=free_queue,
             hash_map=hash_map,
             requests=request_states,
-            scheduler=self._scheduler_step(scheduler_output, core_outputs, failed),
+            scheduler=self._scheduler_step(scheduler_output, core_outputs, failed, launched is not None),
             batch=self._batch(runner, failed, batch_since),
             dispatch=runner.dispatch if runner is not None else None,
             slots=self._slots(runner, scheduler_output, scheduled, computed, failed),
             in_flight=None if in_flight is None else in_flight_step(in_flight, self.scheduler.requests, self._prompt_lens),
+            launched=launched is not None,
         )
         if self.check:
             check_snapshot(snapshot, self.kv.block_size if self.kv else 0, self.kv.num_gpu_blocks if self.kv else 0)
@@ -352,13 +366,15 @@ class Recorder:
         self._last_requests = {state.request_id: state for state in states}
         return tuple(states)
 
-    def _scheduler_step(self, out, core_outputs, failed: bool) -> SchedulerStep | None:
-        if out is None or self.scheduler is None:
+    def _scheduler_step(self, out, core_outputs, failed: bool, launched: bool = False) -> SchedulerStep | None:
+        if (out is None and not launched) or self.scheduler is None:
             return None
         s = self.scheduler
         finished = tuple(sorted(s.finished_req_ids))
         queues = dict(waiting=tuple(r.request_id for r in s.waiting), running=tuple(r.request_id for r in s.running))
         budget = s.scheduler_config.max_num_batched_tokens
+        if launched:  # nothing read back yet: the queues only (the step's decisions come with its read-back)
+            return SchedulerStep(budget, (), (), (), **queues)
         if failed:  # nothing ran: the step's requests were aborted
             return SchedulerStep(budget, (), tuple(sorted(out.preempted_req_ids)), finished, **queues)
         starts = {d.req_id: (d.num_computed_tokens, d.block_ids, "new") for d in out.scheduled_new_reqs}
@@ -458,16 +474,9 @@ class Recorder:
     def trace(self) -> Trace:
         """The frozen trace of every snapshot so far."""
         token_text = tuple(sorted((t, s) for t, s in self._token_text.items() if s != str(t)))
-        return Trace(
-            title=self.title,
-            description=self.description,
-            source=self.source,
-            block_size=self.kv.block_size if self.kv else 0,
-            num_blocks=self.kv.num_gpu_blocks if self.kv else 0,
-            panels=self.panels,
-            token_text=token_text,
-            steps=tuple(self.steps),
-        )
+        kv = (self.kv.block_size, self.kv.num_gpu_blocks) if self.kv else (0, 0)
+        return Trace(title=self.title, description=self.description, source=self.source, block_size=kv[0],
+                     num_blocks=kv[1], panels=self.panels, token_text=token_text, steps=tuple(self.steps))  # fmt: skip
 
     def save_html(self, path: str | Path) -> Path:
         """Write the viewer (one self-contained HTML file) of the trace so far."""

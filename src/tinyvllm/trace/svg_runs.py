@@ -24,6 +24,7 @@ entry (block tables), ``timeline-pad`` when the step padded (padding).
 
 from __future__ import annotations
 
+from tinyvllm.trace.in_flight import in_flight_number, step_number
 from tinyvllm.trace.snapshot import Trace
 from tinyvllm.trace.svg_parts import MARGIN, MONO, MUTED, PREFIX_CACHE_YELLOW, Canvas, lighten, request_colours
 
@@ -176,7 +177,7 @@ def padding_timeline_svg(trace: Trace) -> str:
         reqs = "-" if d.padded_num_reqs is None else str(d.padded_num_reqs)
         c.text(x + col / 2, top + height + 14, f"({d.padded_num_tokens}, {reqs}, {'uniform' if d.descriptor_uniform else 'mixed'})",
                9, text_anchor="middle", font_family=MONO)  # fmt: skip
-        c.text(x + col / 2, top + height + 27, f"step {s.index + (s.in_flight is not None)}", 9.5, text_anchor="middle", fill=MUTED)
+        c.text(x + col / 2, top + height + 27, f"step {in_flight_number(trace.steps, s.index) if s.in_flight is not None else step_number(trace.steps, s.index)}", 9.5, text_anchor="middle", fill=MUTED)
         c.close()
     c.y = top + height + 34
     return c.render(f"{trace.title}: dispatch and padding step by step", "padding-timeline")

@@ -40,6 +40,7 @@ rows allows (``snapshot.py`` NOTE 5); a step without them draws nothing more.
 
 from __future__ import annotations
 
+from tinyvllm.trace.in_flight import in_flight_number
 from tinyvllm.trace.snapshot import StepSnapshot, Trace, kept_blocks
 from tinyvllm.trace.svg_parts import (
     BLOCK_TABLE_ORANGE,
@@ -109,9 +110,9 @@ def _header(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) -
     c.y += 20 if ids else 0
 
 
-def _in_flight(s: StepSnapshot) -> str:
+def _in_flight(trace: Trace, s: StepSnapshot) -> str:
     """NOTE 3: the runner's panels show the step in flight, if there is one."""
-    return "" if s.in_flight is None else f"step {s.index + 1}, in flight: "
+    return "" if s.in_flight is None else f"step {in_flight_number(trace.steps, s.index)}, in flight: "
 
 
 def _chips(c: Canvas, x: float, y: float, ids: tuple[str, ...], role: str, colours: dict[str, str]) -> float:
@@ -145,7 +146,7 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
                 break
         x += w
     c.y += 38
-    flight_note = _in_flight_bar(c, s, x0, width, d.token_budget, colours) if s.in_flight is not None else ""  # NOTE 3
+    flight_note = _in_flight_bar(c, trace, s, x0, width, d.token_budget, colours) if s.in_flight is not None else ""  # NOTE 3
     for name, ids in (("running", d.running), ("waiting", d.waiting)):
         c.text(MARGIN, c.y + 14, name, 11, fill=MUTED)
         end = _chips(c, x0, c.y, ids, name, colours)
@@ -182,7 +183,9 @@ def _grammar_rows(c: Canvas, d, x0: float, colours: dict[str, str]) -> None:
     c.y += 26
 
 
-def _in_flight_bar(c: Canvas, s: StepSnapshot, x0: float, width: float, budget: int, colours: dict[str, str]) -> str:
+def _in_flight_bar(
+    c: Canvas, trace: Trace, s: StepSnapshot, x0: float, width: float, budget: int, colours: dict[str, str]
+) -> str:
     """NOTE 3: the next step, launched before this one was read back, dashed; returns its note."""
     c.text(MARGIN, c.y + 20, "in flight", 11, fill=MUTED)
     c.rect(x0, c.y + 4, width, 26, "#ffffff", "#bbbbbb", rx=3, stroke_dasharray="4 3", data_role="in-flight")
@@ -200,13 +203,15 @@ def _in_flight_bar(c: Canvas, s: StepSnapshot, x0: float, width: float, budget: 
         c.text(x0 + 8, c.y + 21, "an empty step: nothing scheduled", 11, fill=MUTED)
     c.y += 34
     waiting = [f"{r.request_id} +{r.num_output_placeholders}" for r in s.requests if r.num_output_placeholders]
-    note = (f"step {s.index + 1} runs on the device while this step is read back; its tokens arrive with the next "
-            f"picture. Placeholders (the token step {s.index + 1} samples, known on the device only): "
+    n = in_flight_number(trace.steps, s.index)
+    while_ = "just launched, nothing read back yet" if s.launched else "runs on the device while this step is read back"
+    note = (f"step {n} {while_}; its tokens arrive with the next "
+            f"picture. Placeholders (the token step {n} samples, known on the device only): "
             f"{', '.join(waiting) or 'none'}")  # fmt: skip
     dropped = [r.request_id for r in s.in_flight if s.scheduler is not None and r.request_id in s.scheduler.finished]
     if dropped:
         whose = "its" if len(dropped) == 1 else "their"
-        note += f"; {', '.join(dropped)} finished in this step: {whose} step {s.index + 1} token is dropped"
+        note += f"; {', '.join(dropped)} finished in this step: {whose} step {n} token is dropped"
     return note
 
 
@@ -366,7 +371,7 @@ def _batch(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) ->
         summary = f"BatchUpdate: removed {list(b.removed)}, added {[f'{row}:{rid}' for row, rid in b.added]}, moved [{moved}]"
     else:
         summary = "no change: refresh() handed out no BatchUpdate"
-    c.heading("Persistent batch", _in_flight(s) + summary)
+    c.heading("Persistent batch", _in_flight(trace, s) + summary)
     mid = b.rows_before_moves()
     cols = (("before the step", b.previous_rows), ("removed, then added", mid), ("after condense()", b.rows))
     col_x = [MARGIN + 40, MARGIN + 340, MARGIN + 640]
@@ -402,10 +407,10 @@ def _batch(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) ->
 def _dispatch(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]) -> None:
     d = s.dispatch
     if d is None:
-        c.heading("CUDA-graph dispatch", _in_flight(s) + "no forward in this step")
+        c.heading("CUDA-graph dispatch", _in_flight(trace, s) + "no forward in this step")
         return
     reqs = "" if d.padded_num_reqs is None else f", num_reqs={d.padded_num_reqs}"
-    c.heading("CUDA-graph dispatch", f"{_in_flight(s)}runtime mode {d.runtime_mode}, BatchDescriptor(num_tokens={d.padded_num_tokens}"
+    c.heading("CUDA-graph dispatch", f"{_in_flight(trace, s)}runtime mode {d.runtime_mode}, BatchDescriptor(num_tokens={d.padded_num_tokens}"
               f"{reqs}, uniform={d.descriptor_uniform})")  # fmt: skip
     c.text(MARGIN, c.y + 12, f"{d.num_tokens} tokens of {d.num_reqs} requests"
            + (" (a uniform decode batch)" if d.uniform_decode else "")
@@ -443,7 +448,7 @@ def _kv_cache(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str])
     if s.in_flight is None:
         c.heading("KV cache", f"{cache} (block_id * block_size + offset); bold: written this step{elided}")
     else:  # NOTE 3
-        c.heading("KV cache", f"{_in_flight(s)}bold = its writes; {cache} (block_id * block_size + offset){elided}")
+        c.heading("KV cache", f"{_in_flight(trace, s)}bold = its writes; {cache} (block_id * block_size + offset){elided}")
     cell = min(24.0, (c.width - 2 * MARGIN - 70) / bs)
     col_w = 70 + bs * cell + 16
     ncols = max(int((c.width - 2 * MARGIN) // col_w), 1)
