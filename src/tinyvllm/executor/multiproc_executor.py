@@ -267,6 +267,8 @@ class MultiprocExecutor(Executor):
         self._dead_reason: str | None = None
         self._procs, self._calls, self._replies, death_pipes = [], [], [], []
         self._owed = [0] * world_size  # replies each rank still owes (NOTE 5)
+        self.messages_sent = [0] * world_size  # per rank, for tests and the bench
+        self.replies_read = [0] * world_size
         for rank in range(world_size):
             call_out, call_in = context.Pipe(duplex=False)
             reply_out, reply_in = context.Pipe(duplex=False)
@@ -316,6 +318,7 @@ class MultiprocExecutor(Executor):
                 except OSError as error:  # its process has gone
                     raise self._declare_dead(f"worker rank {rank} cannot be reached ({error!r})") from error
                 self._owed[rank] += 1
+                self.messages_sent[rank] += 1
         return self._receive(method if isinstance(method, str) else getattr(method, "__name__", repr(method)))
     # --8<-- [end:collective_rpc]
 
@@ -333,6 +336,7 @@ class MultiprocExecutor(Executor):
                 except (EOFError, OSError):
                     raise self._declare_dead(f"worker rank {rank} exited during {what}") from None
                 self._owed[rank] -= 1
+                self.replies_read[rank] += 1
                 if not reply[0]:
                     raise self._failed(rank, what, reply)
                 results[rank] = reply[1]
