@@ -418,14 +418,14 @@ def test_nccl_wants_a_gpu_per_rank(qwen3, monkeypatch):
 
 def test_the_tensor_parallel_bench_runs_every_part_and_writes_its_json(qwen3, tmp_path):
     """bench/tensor_parallel.py at tiny settings: the message at 1 / 32 / 256 requests, the
-    Qwen3-0.6B shape's bytes per rank (the figures the sharded layers give) and a decode step
-    at N = 1 and N = 2 on the tiny Qwen3."""
+    Qwen3-0.6B shape's bytes per rank (the figures the sharded layers give), a decode step
+    at N = 1 and N = 2 on the tiny Qwen3, and async steps on two ranks with their traffic."""
     out = tmp_path / "tensor_parallel.json"
     env = {**os.environ, "PYTHONPATH": SRC}
     bench = Path(__file__).resolve().parents[1] / "bench" / "tensor_parallel.py"
     command = [
         sys.executable, str(bench), "--part", "all", "--quick", "--out", str(out), "--models", "tiny_qwen3",
-        "--tiny-model", qwen3, "--decode-repeats", "2", "--steps", "2", "--batches", "1", "2",
+        "--tiny-model", qwen3, "--decode-repeats", "2", "--steps", "2", "--batches", "1", "2", "--async-batches", "2",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -446,6 +446,8 @@ def test_the_tensor_parallel_bench_runs_every_part_and_writes_its_json(qwen3, tm
     ms = decode["models"]["tiny_qwen3"]["ms_per_step"]
     assert set(ms) == {"tp1_threads1", "tp1_threads2", "tp2_threads1_per_rank"}
     assert all(set(by_batch) == {"1", "2"} and min(by_batch.values()) > 0 for by_batch in ms.values())
+    steps = parts["async"]["versions"]["this"]["by_batch"]["2"]  # counted by wrapping the executor's pipes
+    assert steps["messages_per_step_per_rank"] == steps["replies_per_step_per_rank"] == 1 and steps["ms_per_step"] > 0
 
 
 def test_torchrun_with_the_external_launcher_gives_one_process_tokens(qwen3, tmp_path):
