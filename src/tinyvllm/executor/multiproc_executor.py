@@ -412,6 +412,7 @@ class MultiprocExecutor(Executor):
         if self.is_closed:
             raise RuntimeError("the executor is shut down")
 
+    # --8<-- [start:async_steps]
     def execute_model(
         self, scheduler_output: SchedulerOutput, non_block: bool = False, defer_sampling: bool = False
     ) -> ModelRunnerOutput | StepFuture | None:
@@ -447,6 +448,7 @@ class MultiprocExecutor(Executor):
         self._steps.drop()
         if self._dead_reason is None:  # a dead executor has nothing to undo
             super().recover_from_failed_step(failed_req_ids)  # reads every reply owed first
+    # --8<-- [end:async_steps]
 
     def check_health(self) -> None:
         self._check_alive()

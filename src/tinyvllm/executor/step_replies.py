@@ -51,6 +51,7 @@ StepMessage = Literal["launch", "forward", "sample", "flush"]
 # -- in the worker process ----------------------------------------------------------------
 
 
+# --8<-- [start:worker_side]
 def launch_step(worker: object, scheduler_output: SchedulerOutput, defer_sampling: bool) -> list[ModelRunnerOutput]:
     """Launch a step (its forward only, with ``defer_sampling``); reply with what NOTE 1 says."""
     worker.execute_model_async(scheduler_output, defer_sampling)
@@ -66,11 +67,13 @@ def sample_step(worker: object, grammar_output: GrammarOutput | None) -> list[Mo
 def flush_steps(worker: object) -> list[ModelRunnerOutput]:
     """Every step held, read back (NOTE 2)."""
     return worker.take_async_outputs(keep_newest=False)
+# --8<-- [end:worker_side]
 
 
 # -- in the engine's process --------------------------------------------------------------
 
 
+# --8<-- [start:book]
 class StepReplies:
     """Which steps each step message's reply brings (NOTE 1), and the outputs received."""
 
@@ -109,6 +112,7 @@ class StepReplies:
         """Forget every output kept and every step launched so far (NOTE 4)."""
         self.outputs.clear()
         self.held_from = self.dropped_below = self.launched
+# --8<-- [end:book]
 
 
 class StepReply(StepFuture):
