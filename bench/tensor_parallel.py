@@ -1,4 +1,4 @@
-"""Benchmark: tensor parallelism (issue 38), three parts, one JSON.
+"""Benchmark: tensor parallelism (issue 38), four parts, one JSON.
 
 Part ``message``: what it costs the engine's process to hand one step's ``SchedulerOutput``
 to its worker processes (``executor/multiproc_executor.py`` NOTE 2: one ``pickle.dumps``,
@@ -37,9 +37,22 @@ figures are medians over ``--decode-repeats`` (the fastest repeat and every repe
 them), after one untimed round. Reported, no goal: the machine has two cores, and three
 processes (the engine and two ranks) share them at N = 2.
 
-Usage: ``python bench/tensor_parallel.py [--part message|memory|decode|all ...] [--quick]
+Part ``async``: async decode steps on two ranks (``async_scheduling=True``, gloo, 1 torch
+thread per rank and in the engine's process), and what each costs in messages: for each batch
+B, B requests of 16 prompt ids, two untimed steps (prefill, first decode), then ``--steps``
+``llm.engine.step()`` calls timed, every one of them launching a decode step and reading the
+one before back. Counted over those steps, per step: the messages written to each rank and the
+replies read from each, the engine thread's blocking waits (calls of ``multiprocessing``'s
+``wait``) and the ms spent in them. The counting wraps the executor's pipes, so it runs on any
+version of the executor: ``--baseline-src PATH`` (another checkout's ``src``) runs the same
+rounds on that version too. Each round is a child process (one engine, a warm-up round of
+every batch, then one timed round); the versions take turns, repeat by repeat (the first of
+the two alternating), and the figures are medians over ``--async-repeats``, with every repeat
+in the JSON. Reported, no goal: on the CPU a round trip is a small share of a step.
+
+Usage: ``python bench/tensor_parallel.py [--part message|memory|decode|async|all ...] [--quick]
 [--out bench/results/tensor_parallel.json]``; a part run alone replaces only its own entry of
-the JSON. ``--quick`` runs 50 message repeats and half the decode repeats.
+the JSON. ``--quick`` runs 50 message repeats, half the decode repeats and one async repeat.
 """
 
 from __future__ import annotations
@@ -50,6 +63,8 @@ import multiprocessing
 import os
 import pickle
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -59,7 +74,7 @@ from tinyvllm.core.sched_output import CachedRequestData, SchedulerOutput
 from tinyvllm.executor.multiproc_executor import worker_loop
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tensor_parallel.json"
-PARTS = ("message", "memory", "decode")
+PARTS = ("message", "memory", "decode", "async")
 
 
 def decode_step(num_reqs: int) -> SchedulerOutput:
@@ -297,6 +312,130 @@ def measure_decode(folders: dict[str, str], batches: list[int], steps: int, repe
     }  # fmt: skip
 
 
+# -- part async: async steps on two ranks, their messages and waits --------------------------
+
+
+def count_traffic(executor) -> dict:
+    """Wrap ``executor``'s pipes and its module's ``wait`` so that every message written to a
+    rank, every reply read and every blocking wait of the engine's thread (and its time) is
+    counted; works on any version that keeps ``_calls``, ``_replies`` and ``wait``."""
+    import tinyvllm.executor.multiproc_executor as mp
+
+    counts = {"messages": 0, "replies": 0, "waits": 0, "wait_s": 0.0}
+
+    def counted(method, key: str):
+        def call(*args, **kwargs):
+            counts[key] += 1
+            return method(*args, **kwargs)
+
+        return call
+
+    for conn in executor._calls:
+        conn.send_bytes = counted(conn.send_bytes, "messages")
+    for conn in executor._replies:
+        conn.recv = counted(conn.recv, "replies")
+    wait = mp.wait
+
+    def timed_wait(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return wait(*args, **kwargs)
+        finally:
+            counts["waits"] += 1
+            counts["wait_s"] += time.perf_counter() - started
+
+    mp.wait = timed_wait  # the monitor thread is already inside its own wait: not counted
+    return counts
+
+
+def async_child(folder: str, batches: list[int], steps: int) -> dict:
+    """One engine (two ranks, async scheduling), a warm-up round of every batch, then one timed
+    round: per batch, ms per step and the traffic per step (module header)."""
+    import torch
+
+    from tinyvllm import LLM, SamplingParams
+
+    torch.set_num_threads(1)
+    llm = LLM(
+        folder, device="cpu", torch_threads=1, tensor_parallel_size=2, async_scheduling=True, max_model_len=128,
+        max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * PROMPT_LEN, enable_prefix_caching=False,
+        attention_backend="torch",
+    )  # fmt: skip
+    counts, ranks = count_traffic(llm.engine.model_executor), 2
+    engine, result = llm.engine, {}
+    params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+    try:
+        for timed_round in (False, True):
+            for batch in batches:
+                for i in range(batch):
+                    engine.add_request(f"{timed_round}-{batch}-{i}", [(7 * i + j) % 200 + 3 for j in range(PROMPT_LEN)], params)
+                engine.step()  # the prefill, launched
+                engine.step()  # the first decode launched, the prefill read back
+                assert len(engine.scheduler.running) == batch, "the timed steps must decode all B requests"
+                before = dict(counts)
+                started = time.perf_counter()
+                for _ in range(steps):
+                    engine.step()
+                elapsed = time.perf_counter() - started
+                per_step = {k: (counts[k] - before[k]) / steps for k in counts}
+                while engine.has_unfinished_requests():
+                    engine.step()
+                if timed_round:
+                    result[str(batch)] = {
+                        "ms_per_step": elapsed * 1e3 / steps,
+                        "messages_per_step_per_rank": per_step["messages"] / ranks,
+                        "replies_per_step_per_rank": per_step["replies"] / ranks,
+                        "waits_per_step": per_step["waits"], "wait_ms_per_step": per_step["wait_s"] * 1e3,
+                    }  # fmt: skip
+    finally:
+        llm.shutdown()
+    return {"engine_torch_threads": torch.get_num_threads(), "by_batch": result}
+
+
+def _tree(src: Path) -> dict:
+    """Which code a version ran: its checkout's commit and whether it had changes."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else "?"
+
+    return {"src": str(src), "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "."))}
+
+
+def measure_async(folder: str, batches: list[int], steps: int, repeats: int, baseline_src: Path | None) -> dict:
+    here = Path(__file__).resolve().parents[1] / "src"
+    versions = {"this": here, **({"baseline": baseline_src.resolve()} if baseline_src else {})}
+    rounds: dict[str, list[dict]] = {label: [] for label in versions}
+    for rep in range(repeats):
+        order = list(versions) if rep % 2 == 0 else list(reversed(versions))  # each goes first half the time
+        for label in order:
+            env = {**os.environ, "PYTHONPATH": str(versions[label]), "OMP_NUM_THREADS": "1"}
+            command = [sys.executable, __file__, "--async-child", json.dumps([folder, batches, steps])]
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"the {label} round failed:\n{done.stderr[-3000:]}")
+            rounds[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    by_version = {}
+    for label, runs in rounds.items():
+        by_batch = {}
+        for b in map(str, batches):
+            figures = [run["by_batch"][b] for run in runs]
+            by_batch[b] = {key: round(statistics.median(f[key] for f in figures), 3) for key in figures[0]}
+            by_batch[b]["ms_per_step_all_repeats"] = [round(f["ms_per_step"], 3) for f in figures]
+        by_version[label] = {**_tree(versions[label]), "engine_torch_threads": runs[0]["engine_torch_threads"], "by_batch": by_batch}
+    record = {
+        "goal": None, "goal_note": "reported, no goal: on the CPU a round trip is a small share of a step",
+        "tensor_parallel_size": 2, "torch_threads_per_rank": 1, "backend": "gloo", "batches": batches,
+        "steps_timed": steps, "repeats": repeats, "prompt_len": PROMPT_LEN, "versions": by_version,
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+    }  # fmt: skip
+    if "baseline" in by_version:
+        record["baseline_ms_over_this"] = {
+            b: round(by_version["baseline"]["by_batch"][b]["ms_per_step"] / by_version["this"]["by_batch"][b]["ms_per_step"], 3)
+            for b in map(str, batches)
+        }  # > 1: this version's steps are faster
+    return record
+
+
 def decode_folders(names: list[str], tiny_model: str | None, tmp: Path) -> dict[str, str]:
     folders = {}
     if "tiny_qwen3" in names:
@@ -321,9 +460,16 @@ def main(argv: list[str] | None = None) -> dict:
     models = ["tiny_qwen3", "stdlib_tiny"]
     parser.add_argument("--models", nargs="+", choices=models, default=models, help="decode: the models")
     parser.add_argument("--tiny-model", help="decode: a tiny qwen3 folder already built (default: build one)")
+    parser.add_argument("--async-repeats", type=int, default=8, help="async: rounds per version")
+    parser.add_argument("--async-batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--baseline-src", type=Path, help="async: another checkout's src/, run in turns with this one")
+    parser.add_argument("--async-child", help=argparse.SUPPRESS)  # one async round, in a child process
     parser.add_argument("--quick", action="store_true", help="fewer repeats: checks the code paths, not the speed")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.async_child:
+        print(json.dumps(async_child(*json.loads(args.async_child))))
+        return {}
     parts = [p for p in PARTS if not args.part or "all" in args.part or p in args.part]
     record: dict = {"parts": {}}
     if args.out.exists():  # a part run alone keeps the others' figures
@@ -344,6 +490,12 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             folders = decode_folders(args.models, args.tiny_model, Path(tmp))
             record["parts"]["decode"] = {**measure_decode(folders, args.batches, args.steps, repeats), "run": header}
+    if "async" in parts:
+        repeats = 1 if args.quick else args.async_repeats
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = decode_folders(["tiny_qwen3"], args.tiny_model, Path(tmp))["tiny_qwen3"]
+            measured = measure_async(folder, args.async_batches, args.steps, repeats, args.baseline_src)
+            record["parts"]["async"] = {**measured, "model": "tiny_qwen3", "run": header}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({p: {k: v for k, v in record["parts"][p].items() if k != "run"} for p in parts}, indent=2))

@@ -178,3 +178,67 @@ def test_gpu_del_llm_gives_every_byte_back_without_a_collection(qwen3):
     finally:
         gc.enable()
     assert left == 0, f"{left} bytes still allocated after del llm, before any collection"
+
+
+class _Handle:
+    """A launched step's handle, as the worker keeps it: ``get_output()`` reads it back."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def get_output(self) -> int:
+        return self.step
+
+
+class _Worker:
+    """The worker's async half with ``Worker.take_async_outputs`` itself; a launched step's
+    output is its launch number."""
+
+    take_async_outputs = Worker.take_async_outputs
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self._async_outputs, self.launched, self.deferred = deque(), 0, False
+
+    def execute_model_async(self, scheduler_output, defer_sampling: bool = False) -> None:
+        if defer_sampling:
+            self.deferred = True
+        else:
+            self.sample_tokens_async(None)
+
+    def sample_tokens_async(self, grammar_output) -> None:
+        self.deferred = False
+        self._async_outputs.append(_Handle(self.launched))
+        self.launched += 1
+
+
+def test_the_step_replies_book_knows_which_reply_brings_each_step():
+    """``executor/step_replies.py``, without processes: the worker side's replies against the
+    executor's book, for the engine's patterns (a first launch, steady launches, a deferred
+    forward and its sampling, a drain's flush, a failed step)."""
+    from tinyvllm.executor.step_replies import StepReplies, flush_steps, launch_step, sample_step
+
+    worker, book = _Worker(), StepReplies()
+    calls = {
+        "launch": lambda: launch_step(worker, None, False), "forward": lambda: launch_step(worker, None, True),
+        "sample": lambda: sample_step(worker, None), "flush": lambda: flush_steps(worker),
+    }  # fmt: skip
+    brought = []
+    for message in ["launch", "launch", "launch", "forward", "sample", "launch", "flush", "launch"]:
+        brings, step = book.send(message)
+        assert (step is None) == (message in ("forward", "flush"))
+        reply = calls[message]()
+        assert reply == list(brings), (message, reply, brings)  # the reply carries exactly what the book said
+        book.received(brings, reply)
+        brought += reply
+    assert brought == [0, 1, 2, 3, 4] and book.held_from == 5 and book.needs_flush(5) and not book.needs_flush(4)
+    assert [book.outputs.pop(s) for s in range(5)] == [0, 1, 2, 3, 4]  # in launch order
+    brings, _ = book.send("launch")  # step 6; the reply that brings step 5 is read after a failure:
+    book.drop()
+    book.received(brings, launch_step(worker, None, False))
+    assert book.outputs == {} and book.dropped_below == 7 and book.needs_flush(7)
+    with pytest.raises(RuntimeError, match="carried 2 outputs, not the 1 of steps range.7, 8."):
+        book.received(range(7, 8), [7, 8])
+    with pytest.raises(ValueError, match="not 'take'"):
+        book.send("take")

@@ -7,6 +7,7 @@ spawns two interpreters that import torch (about 2 s on two cores)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +96,45 @@ def raise_here(worker):
     raise ValueError(f"rank {worker.rank} says no")
 
 
+def slow_launches(worker, seconds: float) -> None:
+    """From now on every step this rank launches first sleeps ``seconds`` (0: no more)."""
+    vars(worker).pop("execute_model_async", None)
+    if seconds:
+        launch = worker.execute_model_async
+
+        def slow(*args, **kwargs):
+            time.sleep(seconds)
+            return launch(*args, **kwargs)
+
+        worker.execute_model_async = slow
+
+
+def failing_launches(worker, rank: int) -> None:
+    """From now on rank ``rank`` raises when it launches a step (the other ranks carry on)."""
+    if worker.rank == rank:
+
+        def fail(*args, **kwargs):
+            raise RuntimeError(f"rank {rank} fails its step")
+
+        worker.execute_model_async = fail
+
+
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float):
+    """A Ctrl-C (a KeyboardInterrupt raised in this thread) ``seconds`` into the block."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.fixture(scope="module")
 def qwen3(tiny_model_dirs):
     return str(tiny_model_dirs["qwen3"])
@@ -170,6 +211,66 @@ def test_llm_shutdown_ends_the_workers_at_once_and_the_llm_serves_no_more(qwen3)
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate([{"prompt_token_ids": [1, 2, 3]}], GREEDY, use_tqdm=False)
     llm.shutdown()  # a second call does nothing
+
+
+def test_an_async_launch_waits_for_no_rank_and_ctrl_c_loses_no_step_output(qwen3):
+    """Async steps (``executor/step_replies.py``): launching a step writes its message and
+    returns; step 1's output comes with the reply to step 2's launch. A Ctrl-C while that
+    reply is awaited leaves it owed; the next call reads it and keeps the output, so each
+    step's ``result()`` still gives the tokens of an uninterrupted one-rank run."""
+    prompt, params = [1, 2, 3, 4, 5], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    expected = LLM(qwen3, device="cpu", torch_threads=1).generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
+    expected = list(expected[0].outputs[0].token_ids)
+    llm = tp_llm(qwen3, async_scheduling=True)
+    engine, executor = llm.engine, llm.engine.model_executor
+    try:
+        engine.add_request("r", prompt, params)
+        first = executor.execute_model(engine.scheduler.schedule(), non_block=True)  # the prompt, token 1
+        executor.collective_rpc(slow_launches, args=(1.0,))
+        started = time.monotonic()
+        second = executor.execute_model(engine.scheduler.schedule(), non_block=True)  # token 2, on a placeholder
+        assert time.monotonic() - started < 0.5  # the ranks sleep in the launch; the engine does not wait
+        with pytest.raises(KeyboardInterrupt), ctrl_c_after(0.3):
+            first.result()  # its output comes with the reply to the second launch, a second from now
+        assert executor.collective_rpc(rank_of) == [0, 1]  # reads that reply first, and keeps what it carries
+        executor.collective_rpc(slow_launches, args=(0.0,))
+        assert first.result().sampled_token_ids == [expected[:1]]
+        assert second.result().sampled_token_ids == [expected[1:2]]  # nothing brought it: the executor asks for it
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.parametrize("fault", ["killed", "raises"])
+def test_a_rank_lost_with_two_steps_in_flight_is_engine_dead_error_and_leaves_no_process(qwen3, fault):
+    """Async scheduling: rank 1 dies (SIGKILL) or raises while it launches a step, the step
+    before still unread; the step fails with ``EngineDeadError``, as does every later one, and
+    no worker process is left."""
+    before = children()
+    llm = tp_llm(qwen3, async_scheduling=True)
+    engine, executor = llm.engine, llm.engine.model_executor
+    pids = executor.worker_pids
+    try:
+        for i in range(2):
+            engine.add_request(str(i), [1 + i, 2, 3, 4], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+        engine.step()
+        engine.step()  # steady state: a step in flight between calls
+        if fault == "killed":
+            executor.collective_rpc(slow_launches, args=(2.0,))
+            killer = threading.Timer(0.5, os.kill, args=(pids[1], signal.SIGKILL))  # mid-launch, the step before unread
+            killer.start()
+        else:
+            executor.collective_rpc(failing_launches, args=(1,))
+        started = time.monotonic()
+        with pytest.raises(EngineDeadError, match="rank 1"):
+            engine.step()
+        assert time.monotonic() - started < 30
+        assert not engine.steps_in_flight() and not engine.has_unfinished_requests()  # they failed together
+        with pytest.raises(EngineDeadError):
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}], GREEDY, use_tqdm=False)
+        assert wait_gone(pids, 10) == []
+    finally:
+        executor.shutdown()
+    assert children() - before == set()
 
 
 def test_a_bad_tensor_parallel_size_is_refused_before_any_process_starts(qwen3):
@@ -317,14 +418,14 @@ def test_nccl_wants_a_gpu_per_rank(qwen3, monkeypatch):
 
 def test_the_tensor_parallel_bench_runs_every_part_and_writes_its_json(qwen3, tmp_path):
     """bench/tensor_parallel.py at tiny settings: the message at 1 / 32 / 256 requests, the
-    Qwen3-0.6B shape's bytes per rank (the figures the sharded layers give) and a decode step
-    at N = 1 and N = 2 on the tiny Qwen3."""
+    Qwen3-0.6B shape's bytes per rank (the figures the sharded layers give), a decode step
+    at N = 1 and N = 2 on the tiny Qwen3, and async steps on two ranks with their traffic."""
     out = tmp_path / "tensor_parallel.json"
     env = {**os.environ, "PYTHONPATH": SRC}
     bench = Path(__file__).resolve().parents[1] / "bench" / "tensor_parallel.py"
     command = [
         sys.executable, str(bench), "--part", "all", "--quick", "--out", str(out), "--models", "tiny_qwen3",
-        "--tiny-model", qwen3, "--decode-repeats", "2", "--steps", "2", "--batches", "1", "2",
+        "--tiny-model", qwen3, "--decode-repeats", "2", "--steps", "2", "--batches", "1", "2", "--async-batches", "2",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -345,6 +446,8 @@ def test_the_tensor_parallel_bench_runs_every_part_and_writes_its_json(qwen3, tm
     ms = decode["models"]["tiny_qwen3"]["ms_per_step"]
     assert set(ms) == {"tp1_threads1", "tp1_threads2", "tp2_threads1_per_rank"}
     assert all(set(by_batch) == {"1", "2"} and min(by_batch.values()) > 0 for by_batch in ms.values())
+    steps = parts["async"]["versions"]["this"]["by_batch"]["2"]  # counted by wrapping the executor's pipes
+    assert steps["messages_per_step_per_rank"] == steps["replies_per_step_per_rank"] == 1 and steps["ms_per_step"] > 0
 
 
 def test_torchrun_with_the_external_launcher_gives_one_process_tokens(qwen3, tmp_path):

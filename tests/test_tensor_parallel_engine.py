@@ -154,6 +154,61 @@ def test_async_llm_on_two_ranks_streams_one_ranks_tokens(tiny_model_dirs):
         engine.engine.model_executor.shutdown()
 
 
+def test_an_async_step_on_two_ranks_is_one_message_to_each_rank_and_gives_one_ranks_tokens(tiny_model_dirs):
+    """Async scheduling on two ranks (``executor/step_replies.py``): a step writes one message
+    to each rank and is read back with one reply from each, the launch's reply carrying the
+    step before's output (a step whose mask waits for a token in flight: two messages, its
+    forward and its sampling; a step that only reads back the last one: one, the flush). The
+    tokens are a synchronous one-rank engine's, a constrained request's too, and a request
+    aborted while its step is in flight leaves the others' tokens as they were."""
+    folder = str(tiny_model_dirs["qwen3"])
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    requests = {"a": (PROMPTS[2], greedy), "b": (PROMPTS[3], greedy), "c": (PROMPTS[2], CONSTRAINED), "d": (PROMPTS[0], greedy)}
+    one = LLM(folder, **ENGINE)
+    expected = {rid: list(one.generate([prompt], p, use_tqdm=False)[0].outputs[0].token_ids) for rid, (prompt, p) in requests.items()}
+    two = LLM(folder, tensor_parallel_size=2, async_scheduling=True, **ENGINE)
+    engine, executor = two.engine, two.engine.model_executor
+    samples = []  # sample_tokens calls: a step whose sampling waited for its grammar mask
+    sample_tokens = executor.sample_tokens
+    executor.sample_tokens = lambda grammar_output: samples.append(1) or sample_tokens(grammar_output)
+    finished, costs = {}, []  # per step: (messages to each rank, replies from each rank, samplings)
+
+    def step() -> None:
+        sent, read, sampled = list(executor.messages_sent), list(executor.replies_read), len(samples)
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        costs.append((
+            [n - m for n, m in zip(executor.messages_sent, sent)], [n - m for n, m in zip(executor.replies_read, read)],
+            len(samples) - sampled,
+        ))  # fmt: skip
+
+    try:
+        for rid in "ab":
+            engine.add_request(rid, requests[rid][0]["prompt_token_ids"], greedy)
+        for _ in range(8):
+            step()
+        assert engine.scheduler.requests["b"].num_output_placeholders  # its step is in flight
+        finished |= {out.request_id: out for out in engine.abort_request("b")}
+        while engine.has_unfinished_requests():
+            step()
+        decoding = costs[4:8]  # both prompts prefilled (16-token chunks), both requests decoding
+        assert [(sent, read) for sent, read, _ in decoding] == [([1, 1], [1, 1])] * 4, costs
+        for rid in "cd":
+            engine.add_request(rid, requests[rid][0]["prompt_token_ids"], requests[rid][1])
+        while engine.has_unfinished_requests():
+            step()
+        engine.check_invariants()
+        assert sum(samples) > 0  # the constrained request's steps took the deferred path
+        assert all(sent == [1 + sampled] * 2 for sent, _, sampled in costs), costs  # the flush at the end: one too
+        assert finished["b"].outputs[0].finish_reason == "abort"
+        assert {rid: list(out.outputs[0].token_ids) for rid, out in finished.items() if rid != "b"} == {
+            rid: expected[rid] for rid in "acd"
+        }
+    finally:
+        executor.shutdown()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_two_ranks_sharing_one_gpu_over_gloo_give_one_ranks_tokens(tiny_model_dirs, monkeypatch):

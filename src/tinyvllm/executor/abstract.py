@@ -34,7 +34,8 @@ NOTE 4 (a step in flight): under async scheduling the engine launches a step bef
 the last one back. ``execute_model(..., non_block=True)`` asks every worker to launch it
 (the worker keeps the handle: ``worker.py`` NOTE 6) and returns a ``StepFuture``; its
 ``result()`` asks the workers for the oldest step's output. Two calls, so any executor
-that can call its workers can run steps in flight. A step whose grammar mask needs the
+that can call its workers can run steps in flight; one whose calls cross a process
+boundary makes it one message (``step_replies.py``). A step whose grammar mask needs the
 tokens of the step before it is launched with ``defer_sampling``: its forward runs while the
 engine reads that step back and makes the mask, then ``sample_tokens`` samples it (vLLM's
 ``execute_model`` and ``sample_tokens``).

@@ -5,18 +5,20 @@ engine's process holds no model: it spawns N processes (NOTE 1), rank r builds
 ``Worker(config, eos, rank=r, distributed_init_method="tcp://127.0.0.1:<port>")`` and runs
 ``worker_loop``: receive a call, run it (``run_method``), send back its result or its
 exception. ``collective_rpc`` pickles a call once and writes that one message to every
-rank's pipe (NOTE 2), then reads the replies in rank order; ``execute_model`` keeps rank 0's
-``ModelRunnerOutput`` (the other ranks send ``None``: vLLM's ``output_rank``). Every rank
-runs every step on the same ``SchedulerOutput`` with the same seed, so all sample alike.
+rank's pipe (NOTE 2), then reads the replies in rank order; a step keeps rank 0's
+``ModelRunnerOutput`` (the other ranks send ``None``: vLLM's ``output_rank``), and an async
+step is one message, not waited for, read back with one reply (NOTE 7). Every rank runs
+every step on the same ``SchedulerOutput`` with the same seed, so all sample alike.
 
 Mirrors: ``vllm/v1/executor/multiproc_executor.py`` (``MultiprocExecutor``, ``WorkerProc``,
 ``worker_busy_loop``, ``start_worker_monitor``) and ``vllm/distributed/device_communicators/
 shm_broadcast.py`` (the broadcast of each call, here a pipe per rank, NOTE 2).
 
-Invariants: ``collective_rpc`` returns one result per rank, in rank order, or raises; a rank
-owes exactly one reply per message sent (a call interrupted by Ctrl-C leaves replies owed,
-read and dropped before the next call, NOTE 5); once a worker died or failed, every call
-raises ``EngineDeadError``; after ``shutdown`` no worker process is left.
+Invariants: ``collective_rpc`` returns one result per rank, in rank order, or raises; each
+rank sends exactly one reply per message, and replies are read in message order (NOTE 5);
+step outputs come back in launch order, each once; after a failed step none is kept; once a
+worker died or failed, every call raises ``EngineDeadError``; after ``shutdown`` no worker
+process is left.
 
 NOTE 1 (spawn): workers start with ``multiprocessing``'s "spawn" (a fresh interpreter: no
 forked CUDA state, no copied threads), as vLLM does; a script that builds an engine with N >
@@ -41,16 +43,19 @@ exits. Workers ignore SIGINT (Ctrl-C reaches the parent, which shuts them down),
 from the parent and exit on its EOF (the parent was killed), and on Linux ask the kernel
 for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``; only when the executor is built on
 the main thread, since the signal follows the thread that started the process).
-NOTE 5 (Ctrl-C mid-call): a ``KeyboardInterrupt`` while replies are awaited leaves the
-workers running the call; each rank's owed replies are read and dropped before the next
-call, so the engine can undo the step (``llm_engine.py`` NOTE 1) and go on. SIGINT is held
-back while a message is being written, so it reaches every rank or none (a rank left out
-would wait in the step's collectives for the others).
+NOTE 5 (Ctrl-C mid-call): a ``KeyboardInterrupt`` while replies are awaited leaves them
+owed (with those a rank already sent); the next call reads them first, in order, keeping
+any step outputs they carry, so a step's ``result()`` can be asked again and the engine can
+undo a step (``llm_engine.py`` NOTE 1) and go on. SIGINT is held back while a message is
+written, so it reaches every rank or none (one left out would wait in the collectives).
 NOTE 6 (a device per rank): with NCCL each rank takes its own GPU, rank r ``cuda:r`` (the
 engine refused more ranks than GPUs, ``engine_args.py`` NOTE 10); with gloo, ranks share the
 device the engine was given (two ranks on one GPU: a correctness check, not a speed-up). On
 the CPU, N ranks with torch's own thread count each would ask N times the cores there are:
 a rank given no ``torch_threads`` takes an N-th of this process's.
+NOTE 7 (async steps): ``execute_model(..., non_block=True)`` writes ``launch_step`` and
+returns; the reply to step N+1's launch carries step N's output, kept until its
+``result()`` takes it (``step_replies.py``); any call reads past owed replies the same way.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ import sys
 import threading
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from types import MappingProxyType
@@ -77,6 +83,7 @@ from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.distributed.parallel_state import default_backend
 from tinyvllm.exceptions import EngineDeadError
 from tinyvllm.executor.abstract import Executor, StepFuture
+from tinyvllm.executor.step_replies import StepMessage, StepReplies, StepReply, flush_steps, launch_step, sample_step
 from tinyvllm.executor.uniproc_executor import run_method
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.worker.worker import Worker
@@ -84,7 +91,10 @@ from tinyvllm.worker.worker import Worker
 SHUTDOWN_TIMEOUT_S = 10.0  # a rank's time to release its worker before it is terminated
 
 
-STEP_CALLS = ("execute_model", "execute_model_async", "sample_tokens_async", "take_async_output")  # a failure there: EngineDeadError
+STEP_CALLS = (
+    "execute_model", "execute_model_async", "sample_tokens_async", "take_async_output",
+    "launch_step", "sample_step", "flush_steps",  # step_replies.py
+)  # fmt: skip  a failure there: EngineDeadError
 
 
 def read_only(mapping: dict) -> MappingProxyType:
@@ -266,7 +276,13 @@ class MultiprocExecutor(Executor):
         self._stopping = False
         self._dead_reason: str | None = None
         self._procs, self._calls, self._replies, death_pipes = [], [], [], []
-        self._owed = [0] * world_size  # replies each rank still owes (NOTE 5)
+        # every message sent whose replies are not all read, oldest first: its name, and for a
+        # step message the steps its reply brings (NOTE 7); the replies read to the oldest, by rank
+        self._pending: deque[tuple[str, range | None]] = deque()
+        self._head: dict[int, Any] = {}
+        self._steps = StepReplies()  # NOTE 7
+        self.messages_sent = [0] * world_size  # per rank, for tests and the bench
+        self.replies_read = [0] * world_size
         for rank in range(world_size):
             call_out, call_in = context.Pipe(duplex=False)
             reply_out, reply_in = context.Pipe(duplex=False)
@@ -282,14 +298,14 @@ class MultiprocExecutor(Executor):
             self._calls.append(call_in)
             self._replies.append(reply_out)
             death_pipes.append(death_in)
-            self._owed[rank] = 1  # its "ready" reply
+        self._pending.append(("__init__", None))  # each rank's "ready" reply
         self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self._calls, death_pipes)
         monitor = threading.Thread(
             target=_monitor_workers, args=(weakref.ref(self), self._procs), daemon=True, name="tinyvllm-worker-monitor"
         )  # fmt: skip
         monitor.start()
         try:
-            self._receive("__init__")  # every rank built its Worker
+            self._read_through()  # every rank built its Worker
             self.collective_rpc("init_device")  # joins the process group
             self.collective_rpc("load_model")
         except BaseException:
@@ -303,11 +319,18 @@ class MultiprocExecutor(Executor):
         output_rank: int | None = None,
     ) -> list[Any]:  # fmt: skip
         """Run ``method`` on every rank: one pickled message written to each rank's pipe
-        (NOTE 2), the replies read in rank order; with ``output_rank`` only that rank's result
-        comes back (the others' entries are None)."""
+        (NOTE 2), then every reply owed read, in order (a step's output kept, NOTE 7), this
+        call's last; with ``output_rank`` only that rank's result comes back (the others' None)."""
+        self._send(method, args, kwargs, output_rank)
+        return self._read_through()
+    # --8<-- [end:collective_rpc]
+
+    def _send(
+        self, method: str | Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None,
+        output_rank: int | None = None, step: StepMessage | None = None,
+    ) -> int | None:  # fmt: skip
+        """Write one message to every rank and owe its replies; a step message's number (NOTE 7)."""
         self._check_alive()
-        if any(self._owed):
-            self._receive("an interrupted call")  # NOTE 5: drop what a Ctrl-C left unread
         message = pickle.dumps((method, args, kwargs or {}, output_rank), protocol=pickle.HIGHEST_PROTOCOL)
         with _sigint_held():  # NOTE 5: every rank gets the message, or none
             for rank, conn in enumerate(self._calls):
@@ -315,32 +338,47 @@ class MultiprocExecutor(Executor):
                     conn.send_bytes(message)
                 except OSError as error:  # its process has gone
                     raise self._declare_dead(f"worker rank {rank} cannot be reached ({error!r})") from error
-                self._owed[rank] += 1
-        return self._receive(method if isinstance(method, str) else getattr(method, "__name__", repr(method)))
-    # --8<-- [end:collective_rpc]
+                self.messages_sent[rank] += 1
+            brings, number = self._steps.send(step) if step is not None else (None, None)
+            self._pending.append((method if isinstance(method, str) else getattr(method, "__name__", repr(method)), brings))
+        return number
 
-    def _receive(self, what: str) -> list[Any]:
-        """Every owed reply, in rank order; ``EngineDeadError`` when a rank dies or fails (NOTE 3)."""
-        results: list[Any] = [None] * len(self._replies)
+    def _read_through(self) -> list[Any]:
+        """Read every reply owed (NOTE 5); the results of the last message, in rank order."""
+        results: list[Any] = []
+        while self._pending:
+            results = self._read_oldest()
+        return results
+
+    def _read_oldest(self) -> list[Any]:
+        """Every rank's reply to the oldest message owed, in rank order, a step's outputs kept
+        (NOTE 7); ``EngineDeadError`` when a rank dies or fails (NOTE 3)."""
+        what, brings = self._pending[0]
         sentinels = {proc.sentinel: rank for rank, proc in enumerate(self._procs)}
-        while any(self._owed):
-            pending = {self._replies[rank]: rank for rank, owed in enumerate(self._owed) if owed}
-            ready = wait([*pending, *sentinels])
-            for rank in sorted(pending[c] for c in ready if c in pending):  # the first failure seen wins
-                conn = self._replies[rank]
+        while len(self._head) < len(self._replies):
+            waiting = {self._replies[rank]: rank for rank in range(len(self._replies)) if rank not in self._head}
+            ready = wait([*waiting, *sentinels])
+            for rank in sorted(waiting[c] for c in ready if c in waiting):  # the first failure seen wins
                 try:
-                    reply = conn.recv()
+                    reply = self._replies[rank].recv()
                 except (EOFError, OSError):
                     raise self._declare_dead(f"worker rank {rank} exited during {what}") from None
-                self._owed[rank] -= 1
+                self.replies_read[rank] += 1
                 if not reply[0]:
                     raise self._failed(rank, what, reply)
-                results[rank] = reply[1]
+                self._head[rank] = reply[1]
             for rank in (sentinels[s] for s in ready if s in sentinels):
-                if self._owed[rank] and self._replies[rank] not in ready:
+                if rank not in self._head and self._replies[rank] not in ready:
                     self._procs[rank].join(1.0)  # reaped, so its exit code is known
                     raise self._declare_dead(f"worker rank {rank} exited with code {self._procs[rank].exitcode} during {what}")
             self._check_alive()  # the monitor may have declared it dead meanwhile
+        self._pending.popleft()
+        results = [self._head.pop(rank) for rank in range(len(self._replies))]
+        if brings is not None:
+            try:
+                self._steps.received(brings, results[0])
+            except RuntimeError as error:
+                raise self._declare_dead(f"worker rank 0 answered {what} with the wrong outputs: {error}") from error
         return results
 
     def _failed(self, rank: int, what: str, reply: tuple) -> BaseException:
@@ -374,26 +412,43 @@ class MultiprocExecutor(Executor):
         if self.is_closed:
             raise RuntimeError("the executor is shut down")
 
+    # --8<-- [start:async_steps]
     def execute_model(
         self, scheduler_output: SchedulerOutput, non_block: bool = False, defer_sampling: bool = False
     ) -> ModelRunnerOutput | StepFuture | None:
-        """As ``Executor.execute_model`` (its NOTE 4), with only rank 0's output pickled back."""
+        """As ``Executor.execute_model`` (its NOTE 4), with only rank 0's output pickled back;
+        with ``non_block`` one message, not waited for (NOTE 7)."""
         if not non_block:
             return self.collective_rpc("execute_model", args=(scheduler_output,), output_rank=0)[0]
-        self.collective_rpc("execute_model_async", args=(scheduler_output, defer_sampling), output_rank=0)
-        return None if defer_sampling else self._step_future()
+        message = "forward" if defer_sampling else "launch"
+        step = self._send(launch_step, (scheduler_output, defer_sampling), output_rank=0, step=message)
+        return None if defer_sampling else StepReply(self._step_output, step)
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> StepFuture:
-        """As ``Executor.sample_tokens``, with only rank 0's output pickled back."""
-        self.collective_rpc("sample_tokens_async", args=(grammar_output,), output_rank=0)
-        return self._step_future()
+        """As ``Executor.sample_tokens``: one message, not waited for (NOTE 7)."""
+        return StepReply(self._step_output, self._send(sample_step, (grammar_output,), output_rank=0, step="sample"))
 
-    def _step_future(self) -> StepFuture:
-        return StepFuture(lambda: self.collective_rpc("take_async_output", output_rank=0)[0])
+    def _step_output(self, step: int) -> ModelRunnerOutput:
+        """Step ``step``'s output: read from the replies owed, in order, until it came; when no
+        reply owed brings it, a flush brings it (NOTE 7)."""
+        steps = self._steps
+        self._check_alive()  # a dead executor fails every step in flight, outputs kept or not
+        while step not in steps.outputs:
+            if step < steps.dropped_below:
+                raise RuntimeError(f"step {step}'s output was dropped: a failed step took the steps in flight down")
+            if steps.needs_flush(step):
+                self._send(flush_steps, output_rank=0, step="flush")
+            elif not self._pending:
+                raise RuntimeError(f"step {step}'s output was taken already")
+            self._read_oldest()
+        return steps.outputs.pop(step)
 
     def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
+        """The steps in flight failed together: their outputs, kept or owed, are dropped (NOTE 7)."""
+        self._steps.drop()
         if self._dead_reason is None:  # a dead executor has nothing to undo
-            super().recover_from_failed_step(failed_req_ids)
+            super().recover_from_failed_step(failed_req_ids)  # reads every reply owed first
+    # --8<-- [end:async_steps]
 
     def check_health(self) -> None:
         self._check_alive()

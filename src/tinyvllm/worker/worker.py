@@ -40,9 +40,11 @@ NOTE 4 (ranks): with ``tensor_parallel_size`` N > 1 an executor builds N workers
 (``distributed/parallel_state.py``) before the weights load, so each loads only its slice.
 Every rank seeds alike and runs the same steps, so every rank samples the same ids.
 NOTE 6 (async scheduling): ``execute_model_async`` launches a step and keeps its handle
-(``worker/async_output.py``); ``take_async_output`` reads back the oldest. The handles stay
-here, in the worker's process, so the executor needs nothing but two calls (three when the
-sampling waits for a grammar mask: ``sample_tokens_async``), wherever the worker lives.
+(``worker/async_output.py``); ``take_async_output`` reads back the oldest, and
+``take_async_outputs`` every one held (but the newest, if asked). The handles stay here, in
+the worker's process, wherever it lives: the one-process executor makes two calls a step
+(three when the sampling waits for a grammar mask: ``sample_tokens_async``); a worker
+process answers a launch with the outputs ready (``executor/step_replies.py``).
 """
 
 from __future__ import annotations
@@ -312,6 +314,12 @@ class Worker:
     def take_async_output(self) -> ModelRunnerOutput:
         """The oldest launched step's output, read back (NOTE 6)."""
         return self._async_outputs.popleft().get_output()
+
+    def take_async_outputs(self, keep_newest: bool = False) -> list[ModelRunnerOutput]:
+        """Every launched step's output, oldest first, read back; with ``keep_newest`` the
+        step launched last stays in flight (NOTE 6)."""
+        keep = 1 if keep_newest and self._async_outputs else 0
+        return [self._async_outputs.popleft().get_output() for _ in range(len(self._async_outputs) - keep)]
     # --8<-- [end:async_steps]
 
     def recover_from_failed_step(self, failed_req_ids: list[str]) -> None:
