@@ -192,6 +192,25 @@ def test_duplicate_request_id_is_refused(folder):
     asyncio.run(main())
 
 
+def test_call_in_engine_thread_runs_between_steps_and_refuses_the_engine_thread_itself(folder):
+    """A caller outside the event loop (a trace, a notebook) runs a function in the engine's
+    thread and gets its value or its exception; from the engine's thread it would wait for
+    itself, so it is refused there, naming the function."""
+    import threading
+
+    async_llm = AsyncLLM(LLM(folder, **ENGINE).engine)
+    try:
+        name = async_llm.call_in_engine_thread(lambda: threading.current_thread().name)
+        assert name.startswith("tinyvllm-engine") and name != threading.current_thread().name
+        assert async_llm.call_in_engine_thread(len, async_llm.engine.unfinished_request_ids()) == 0
+        with pytest.raises(ZeroDivisionError):
+            async_llm.call_in_engine_thread(lambda: 1 / 0)
+        with pytest.raises(RuntimeError, match=r"call_in_engine_thread\(<built-in function len>\) from the engine's own thread"):
+            async_llm.call_in_engine_thread(lambda: async_llm.call_in_engine_thread(len, ()))
+    finally:
+        asyncio.run(async_llm.shutdown())
+
+
 # -- issue 23: every consumer ends, ids can be used again, a new event loop works --------
 
 TIMEOUT = 60  # seconds: a consumer left waiting is a failure, not a stuck test run

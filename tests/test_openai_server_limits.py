@@ -216,22 +216,28 @@ def test_phase_histograms_and_iteration_tokens_are_scraped(server):
 
 
 def test_a_served_engine_can_be_traced_while_its_steps_are_counted(folder):
-    """The server's metrics and a trace observe the same engine side by side: ``record`` on a
-    served engine records every step while ``vllm:iteration_tokens_total`` counts them all.
+    """The server's metrics and a trace observe the same engine side by side: ``record`` of the
+    server's ``AsyncLLM`` (built, added and removed in the engine's thread, between two steps)
+    records every step while ``vllm:iteration_tokens_total`` counts them all.
     Once the server stops its metrics leave the engine, so a second server on the same engine
     counts its steps (the first server's observer held the engine's one hook for good)."""
     from tinyvllm.trace import check_trace, record
 
     llm = LLM(folder, **ENGINE)
     body = {"model": NAME, "prompt": "class Traced:\n", "max_tokens": 3, "ignore_eos": True, "temperature": 0}
+    threads = []  # where the recorder was added and removed: the engine's thread, between two steps
+    add, remove = llm.engine.add_observer, llm.engine.remove_observer
+    llm.engine.add_observer = lambda o: (threads.append(threading.current_thread().name), add(o))[1]
+    llm.engine.remove_observer = lambda o: (threads.append(threading.current_thread().name), remove(o))[1]
     with running_server(llm, NAME) as (url, app):
         metrics = app.state.serving.metrics
         assert llm.engine.observers == (metrics,)
         before = samples(url)
-        with record(llm, title="served") as t:
+        with record(app.state.serving.async_llm, title="served") as t:
             out = httpx.post(url + "/v1/completions", json=body).json()
         after = samples(url)
         assert llm.engine.observers == (metrics,), "the trace's block must remove only the recorder"
+    assert len(threads) == 4 and all(name.startswith("tinyvllm-engine") for name in threads[1:3]), threads
     assert after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"] == 3
     assert len(t.trace.steps) == 3 and t.error is None
     recorded = sum(x.num_tokens for s in t.trace.steps for x in s.scheduler.scheduled)

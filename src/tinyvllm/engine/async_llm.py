@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ from tinyvllm.exceptions import EngineDeadError  # re-exported: it lived here fi
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_int
+
+ENGINE_THREAD = "tinyvllm-engine"  # the engine thread's name prefix (NOTE 1)
 
 
 class TooManyWaitingRequestsError(RuntimeError):
@@ -109,7 +112,7 @@ class AsyncLLM:
         self.prompt_tokenizer = PromptTokenizer(engine.tokenizer, self.max_model_len)  # NOTE 7
         self.tokenizer = self.prompt_tokenizer.tokenizer  # the tokenizer thread's copy
         self.max_waiting_requests = check_int("max_waiting_requests", max_waiting_requests, 1)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinyvllm-engine")  # NOTE 1
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ENGINE_THREAD)  # NOTE 1
         self._queues: dict[str, asyncio.Queue] = {}  # the event loop's side: ids with a live consumer
         self._routes: dict[str, asyncio.Queue] = {}  # the engine thread's side: engine request -> queue (NOTE 4)
         self._loop_task: asyncio.Task | None = None
@@ -173,6 +176,16 @@ class AsyncLLM:
         if self._dead is not None:
             raise self._dead_error()
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def call_in_engine_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the engine's thread, between two steps, and wait for it: for a
+        caller outside the event loop (a trace of the served engine, a notebook). Not from the
+        engine's own thread, which would wait for itself."""
+        if threading.current_thread().name.startswith(ENGINE_THREAD):
+            raise RuntimeError(f"call_in_engine_thread({fn!r}) from the engine's own thread would wait for itself")
+        if self._dead is not None:
+            raise self._dead_error()
+        return self._executor.submit(fn, *args).result()
 
     async def run_in_tokenizer_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` in the tokenizer's thread (NOTE 7), where ``self.tokenizer`` may be used."""

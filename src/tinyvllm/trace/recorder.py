@@ -50,9 +50,9 @@ NOTE 8 (async scheduling): a step is recorded at its read-back, the next in flig
 a step launched with no read-back in the same call (the first after idle) also at its launch
 (``on_launch``, labelled "step N: launched"), so every launch's runner parts reach a picture.
 
-Left out: starting a recording from another thread while the engine steps (a served engine
-is recorded from an idle moment: ``record`` reads the runner's rows once, as it starts), the
-draft token ids themselves (a snapshot counts a step's drafts and keeps the tokens it kept).
+Left out: the draft token ids themselves (a snapshot counts a step's drafts and keeps the
+tokens it kept). A served engine is recorded through its ``AsyncLLM`` (``record(async_llm)``),
+so the recorder reads the runner only in the engine's thread.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class Recorder:
             self.batch = target
         else:
             raise TypeError(
-                f"record() takes an LLM, LLMEngine, Scheduler, KVCacheManager or InputBatch, got {type(target).__name__}"
+                f"record() takes an LLM, LLMEngine, AsyncLLM, Scheduler, KVCacheManager or InputBatch, got {type(target).__name__}"
             )
 
     def _panels(self, panels: Iterable[str] | None) -> tuple[str, ...]:
@@ -503,16 +503,18 @@ def _hex(block_hash) -> str | None:
 # --8<-- [start:record]
 @contextlib.contextmanager
 def record(target: Any, **options: Any) -> Iterator[Recorder]:
-    """Record ``target`` (an ``LLM``, ``LLMEngine``, ``Scheduler``, ``KVCacheManager`` or
-    ``InputBatch``) inside the block; ``options`` go to ``Recorder``. An engine is observed
-    only inside the block (NOTE 1); a component is snapshotted by ``capture``."""
-    recorder = Recorder(target, **options)
+    """Record ``target`` (an ``LLM``, ``LLMEngine``, ``AsyncLLM``, ``Scheduler``,
+    ``KVCacheManager`` or ``InputBatch``) inside the block; ``options`` go to ``Recorder``. An
+    engine is observed only inside the block; a component is snapshotted by ``capture``. An
+    ``AsyncLLM``'s recorder is built, added and removed in its engine's thread, between steps."""
+    in_engine_thread = getattr(target, "call_in_engine_thread", None) or (lambda fn: fn())
+    recorder = in_engine_thread(lambda: Recorder(target, **options))
     engine = recorder.engine
     if engine is not None:
-        engine.add_observer(recorder)  # beside any other observer (a server's metrics, a second recorder)
+        in_engine_thread(lambda: engine.add_observer(recorder))  # beside any other (a server's metrics)
     try:
         yield recorder
     finally:
         if engine is not None:
-            engine.remove_observer(recorder)
+            in_engine_thread(lambda: engine.remove_observer(recorder))
 # --8<-- [end:record]
