@@ -6,7 +6,7 @@ live in two worker processes records as one with a runner in this process:
 
 - on the tiny Qwen3 (two KV heads) the trace of N = 2 equals N = 1's step for step (the
   scheduled and sampled tokens, the batch rows and updates, the dispatch, the slots, the
-  blocks); only the description differs, by one line per rank (weights, KV heads, cache);
+  blocks), with async scheduling too; only the description differs, by one line per rank;
   the command leaves no worker process behind;
 - the ranks' states are compared: a rank whose runner differs from rank 0's stops the
   recording (the engine's run goes on), naming the ranks.
@@ -27,14 +27,14 @@ from tinyvllm.trace.runner_state import runner_state
 from tinyvllm.trace.workloads import tiny_model_folder
 
 
-def _trace(tmp_path, model: str, size: int) -> dict:
+def _trace(tmp_path, model: str, size: int, *extra: str) -> dict:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("import os\ndef main():\nclass A:\n", encoding="utf-8")
     out = tmp_path / f"tp{size}.json"
     argv = ["trace", "--prompts", str(prompts), "--model", model, "--device", "cpu", "--threads", "1",
             "--max-tokens", "6", "--max-model-len", "64", "--num-gpu-blocks-override", "24", "--block-size", "4",
             "--max-num-batched-tokens", "16", "--tensor-parallel-size", str(size), "--out", str(tmp_path / f"tp{size}.html"),
-            "--json", str(out)]  # fmt: skip
+            "--json", str(out), *extra]  # fmt: skip
     assert cli.main(argv) == 0
     return json.loads(out.read_text(encoding="utf-8"))
 
@@ -47,6 +47,11 @@ def test_two_ranks_record_the_same_steps_as_one_and_say_what_each_rank_holds(tin
     assert {k: v for k, v in two.items() if k != "description"} == {k: v for k, v in one.items() if k != "description"}
     steps = one["steps"]
     assert len(steps) == 7 and steps[0]["scheduler"]["scheduled"][0]["kind"] in ("prefill", "chunk")
+    # under async scheduling too: step 0's launch picture and each step's runner parts are read
+    # through the executor's step messages (step_replies.py), and equal one rank's
+    async_one, async_two = _trace(tmp_path, qwen3, 1, "--async-scheduling"), _trace(tmp_path, qwen3, 2, "--async-scheduling")
+    assert async_two["steps"] == async_one["steps"] and async_one["steps"][0]["launched"] is True
+    assert not multiprocessing.active_children()
     assert sum(len(s["new_token_ids"]) for step in steps for s in step["scheduler"]["scheduled"]) == 3 * 6
     assert {len(step["batch"]["rows"]) for step in steps} >= {3} and any(step["slots"] for step in steps)
     first, *ranks = two["description"].split("\n")
