@@ -1,0 +1,69 @@
+"""``engine/step_observers.py``: observers added and removed by another thread while the engine steps.
+
+The engine loops over a tuple that ``add_observer`` and ``remove_observer`` replace whole
+(NOTE 1), so a thread other than the engine's may change the observers mid-run: no step
+raises, and each observer added for a while hears of a contiguous run of steps (none
+skipped while it was attached), which a witness observer attached throughout numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.trace.workloads import tiny_model_folder
+
+
+class Witness:
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_step(self, engine, scheduler_output, core_outputs, error) -> None:
+        self.steps += 1
+
+
+class Visitor:
+    """Notes the witness's count at each step it hears of."""
+
+    def __init__(self, witness: Witness) -> None:
+        self.witness, self.seen = witness, []
+
+    def on_step(self, engine, scheduler_output, core_outputs, error) -> None:
+        self.seen.append(self.witness.steps)
+
+
+def test_observers_added_and_removed_from_another_thread_hear_of_contiguous_steps():
+    llm = LLM(tiny_model_folder(), device="cpu", max_model_len=128, block_size=4, num_gpu_blocks_override=64,
+              enable_prefix_caching=False)  # fmt: skip
+    engine, witness = llm.engine, Witness()
+    engine.add_observer(witness)  # first: a visitor reads the count of the steps before its own
+    visitors, stop, errors = [], threading.Event(), []
+
+    def churn() -> None:
+        try:
+            while not stop.is_set():
+                visitor = Visitor(witness)
+                engine.add_observer(visitor)
+                time.sleep(0.002)
+                engine.remove_observer(visitor)
+                visitors.append(visitor)
+        except Exception as error:  # noqa: BLE001  (reported below, in the test's thread)
+            errors.append(error)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], params, use_tqdm=False)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors and not thread.is_alive()
+    assert [len(o.outputs[0].token_ids) for o in outs] == [60, 60]
+    assert engine.observers == (witness,) and witness.steps >= 60
+    heard = [v.seen for v in visitors if v.seen]
+    assert heard, "no visitor was attached during a step"
+    for seen in heard:
+        assert seen == list(range(seen[0], seen[0] + len(seen))), f"a visitor skipped a step: {seen}"
+    engine.remove_observer(witness)
