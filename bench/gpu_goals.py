@@ -88,40 +88,29 @@ def throughput_row(summary: dict) -> GoalRow:
     return GoalRow(goal, text, MET if value >= 15_000 else NOT_MET)
 
 
-def _decode(summary: dict) -> tuple[dict, dict] | None:
+def _decode_row(summary: dict, goal: str, sync_key: str, async_key: str, batch: str, meets, fmt, missing: str) -> GoalRow:
+    """A decode goal: FULL_AND_PIECEWISE's figure at ``batch``, sync and async; met when
+    either meets it (NOTE 1)."""
     f = _figures(summary, "cudagraph_latency")
     if f is None or "FULL_AND_PIECEWISE" not in f.get("modes", {}):
-        return None
-    return f["modes"]["FULL_AND_PIECEWISE"], f.get("async_ab") or {}
+        return GoalRow(goal, _why_missing(summary, "cudagraph_latency"), NOT_MEASURED)
+    sync, ab = f["modes"]["FULL_AND_PIECEWISE"], f.get("async_ab") or {}
+    values = {"sync": (sync.get(sync_key) or {}).get(batch), "async": (ab.get(async_key) or {}).get(batch)}
+    measured = {name: v for name, v in values.items() if v is not None}
+    if not measured:
+        return GoalRow(goal, missing, NOT_MEASURED)
+    text = ", ".join(f"{name} {fmt(v)}" for name, v in measured.items())
+    return GoalRow(goal, f"{text} (FULL_AND_PIECEWISE)", MET if any(map(meets, measured.values())) else NOT_MET)
 
 
 def busy_row(summary: dict) -> GoalRow:
-    goal = BUSY
-    found = _decode(summary)
-    if found is None:
-        return GoalRow(goal, _why_missing(summary, "cudagraph_latency"), NOT_MEASURED)
-    sync, ab = found
-    shares = {"sync": (sync.get("device_busy_share") or {}).get("32"),
-              "async": (ab.get("device_busy_share_async") or {}).get("32")}  # fmt: skip
-    best = _best(shares, lambda a, b: a > b)
-    if best is None:
-        return GoalRow(goal, "no profiled batch-32 step in this run", NOT_MEASURED)
-    text = ", ".join(f"{name} {v:.0%}" for name, v in shares.items() if v is not None)
-    return GoalRow(goal, f"{text} (FULL_AND_PIECEWISE)", MET if best[1] >= 0.90 else NOT_MET)
+    return _decode_row(summary, BUSY, "device_busy_share", "device_busy_share_async", "32", lambda v: v >= 0.90,
+                       lambda v: f"{v:.0%}", "no profiled batch-32 step in this run")  # fmt: skip
 
 
 def step_row(summary: dict) -> GoalRow:
-    goal = STEP
-    found = _decode(summary)
-    if found is None:
-        return GoalRow(goal, _why_missing(summary, "cudagraph_latency"), NOT_MEASURED)
-    sync, ab = found
-    steps = {"sync": (sync.get("step_ms") or {}).get("1"), "async": (ab.get("step_ms_async") or {}).get("1")}
-    best = _best(steps, lambda a, b: a < b)
-    if best is None:
-        return GoalRow(goal, "no batch-1 step in this run", NOT_MEASURED)
-    text = ", ".join(f"{name} {v:.2f} ms" for name, v in steps.items() if v is not None)
-    return GoalRow(goal, f"{text} (FULL_AND_PIECEWISE)", MET if best[1] <= 2.0 else NOT_MET)
+    return _decode_row(summary, STEP, "step_ms", "step_ms_async", "1", lambda v: v <= 2.0,
+                       lambda v: f"{v:.2f} ms", "no batch-1 step in this run")  # fmt: skip
 
 
 def mixed_row(summary: dict) -> GoalRow:

@@ -17,39 +17,21 @@ At the end every step launched since the last failure is taken exactly once.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
+from pathlib import Path
 
 from hypothesis import stateful
 
 from tinyvllm.executor.step_replies import StepReplies, flush_steps, launch_step, sample_step
-from tinyvllm.worker.worker import Worker
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_executor import _Worker  # noqa: E402
 
 
-class _Handle:
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def get_output(self) -> int:
-        return self.step
-
-
-class _Worker:
-    """A worker's async half: a launched step's output is its number, counted as the worker
-    counts steps (one per sampling); ``take_async_outputs`` is the worker's own."""
-
-    take_async_outputs = Worker.take_async_outputs
-
-    def __init__(self) -> None:
-        self._async_outputs: deque[_Handle] = deque()
-        self.numbered = 0
-
-    def execute_model_async(self, scheduler_output, defer_sampling: bool = False) -> None:
-        if not defer_sampling:
-            self.sample_tokens_async(None)
-
-    def sample_tokens_async(self, grammar_output) -> None:
-        self._async_outputs.append(_Handle(self.numbered))
-        self.numbered += 1
+class _FailingWorker(_Worker):
+    """The executor tests' worker model (``Worker.take_async_outputs`` itself; a step's output
+    is its number, counted one per sampling), which also drops its handles on a failure."""
 
     def recover_from_failed_step(self) -> None:
         self._async_outputs.clear()
@@ -58,7 +40,7 @@ class _Worker:
 class StepMessages(stateful.RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.worker, self.book = _Worker(), StepReplies()
+        self.worker, self.book = _FailingWorker(), StepReplies()
         self.pending: deque[tuple[range | None, list | None]] = deque()  # replies owed, oldest first
         self.in_flight: deque[int] = deque()  # step numbers whose result() the engine will ask
         self.deferred = False  # a forward launched, its sampling not yet
@@ -139,7 +121,7 @@ class StepMessages(stateful.RuleBasedStateMachine):
     @stateful.invariant()
     def the_book_keeps_only_live_steps(self) -> None:
         assert all(self.book.dropped_below <= s < self.book.launched for s in self.book.outputs), self.book.outputs
-        assert self.book.launched == self.worker.numbered, (self.book.launched, self.worker.numbered)
+        assert self.book.launched == self.worker.launched, (self.book.launched, self.worker.launched)
 
     def teardown(self) -> None:
         while self.in_flight and not self.deferred:
