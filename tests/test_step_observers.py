@@ -67,3 +67,35 @@ def test_observers_added_and_removed_from_another_thread_hear_of_contiguous_step
     for seen in heard:
         assert seen == list(range(seen[0], seen[0] + len(seen))), f"a visitor skipped a step: {seen}"
     engine.remove_observer(witness)
+
+
+def test_an_observer_whose_on_launch_raises_leaves_the_async_engine_and_the_others_alone(caplog):
+    """Under async scheduling a launch that no read-back follows is told to each observer with
+    an ``on_launch``; one that raises there is logged, the others still hear of it, and the
+    engine's tokens are the synchronous engine's."""
+
+    class Launches:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.launched = fail, []
+
+        def on_step(self, engine, scheduler_output, core_outputs, error) -> None:
+            pass
+
+        def on_launch(self, engine, scheduler_output) -> None:
+            self.launched.append(sorted(scheduler_output.num_scheduled_tokens))
+            if self.fail:
+                raise RuntimeError("the observer's own bug at a launch")
+
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}]
+    kwargs = dict(device="cpu", max_model_len=64, block_size=4, num_gpu_blocks_override=32)
+    sync = [o.outputs[0].token_ids for o in LLM(tiny_model_folder(), **kwargs).generate(prompts, params, use_tqdm=False)]
+    llm = LLM(tiny_model_folder(), async_scheduling=True, **kwargs)
+    failing, quiet = Launches(fail=True), Launches(fail=False)
+    llm.engine.add_observer(failing)
+    llm.engine.add_observer(quiet)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == sync
+    request_ids = sorted(o.request_id for o in outs)
+    assert failing.launched == quiet.launched == [request_ids], "one launch with no read-back: the first"
+    assert "raised at a launch" in caplog.text
