@@ -250,8 +250,9 @@ def test_server_serves_normally_after_errors(client, offline):
     assert out.choices[0].text == expected(offline, PROMPT, 5).outputs[0].text
 
 
-def test_waiting_bound_gets_503(folder):
+def test_waiting_bound_gets_503(folder, monkeypatch):
     llm = LLM(folder, max_num_seqs=1, **ENGINE)  # one request runs; the others wait
+    slow_steps(monkeypatch, llm, 0.01)  # so the running one outlasts the third's admission on any machine
 
     async def main(url):
         body = {"model": NAME, "prompt": PROMPT, "max_tokens": 100, "temperature": 0, "stream": True,

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from serve_fixtures import CHAT_TEMPLATE, free_port, require_serve_extra, running_server, wait_until_healthy
+from serve_fixtures import CHAT_TEMPLATE, free_port, require_serve_extra, running_server, slow_steps, wait_until_healthy
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
@@ -104,13 +104,16 @@ def test_a_request_of_exactly_the_bound_is_served(bounded):
     assert chat.status_code == 200 and len(chat.json()["choices"]) == 2
 
 
-def test_n_counts_against_the_waiting_bound(folder):
+def test_n_counts_against_the_waiting_bound(folder, monkeypatch):
     """``n`` sequences wait as ``n`` requests: with one of two places taken, ``n=2`` is a 503
     (it could fit later), ``n=1`` is served."""
     llm = LLM(folder, max_num_seqs=1, **ENGINE)  # one sequence runs, the others wait
+    # 10 ms a step or more: the running request outlasts the n=2 request's admission by far on
+    # any machine (else the waiting one may start first and leave room for n=2, as once in CI)
+    slow_steps(monkeypatch, llm, 0.01)
 
     async def main(url):
-        long = {"model": NAME, "prompt": PROMPT, "max_tokens": 60, "ignore_eos": True, "stream": True}
+        long = {"model": NAME, "prompt": PROMPT, "max_tokens": 110, "ignore_eos": True, "stream": True}
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             first = await http.send(http.build_request("POST", "/v1/completions", json=long), stream=True)
             second = asyncio.create_task(http.post("/v1/completions", json={**long, "stream": False}))
