@@ -68,7 +68,9 @@ from tinyvllm.core.kv_cache_manager import KVCacheManager
 from tinyvllm.core.prefix_hash import HASH_VALUE, TOKEN_IDS
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.trace.grammar_rows import allowed_token_counts
-from tinyvllm.trace.in_flight import LAUNCHED_NOTE, BatchSince, in_flight_output, in_flight_step, since_last_snapshot
+from tinyvllm.trace.in_flight import (
+    LAUNCHED_NOTE, BatchSince, in_flight_output, in_flight_step, since_last_snapshot, step_number,
+)
 from tinyvllm.trace.invariants import check_snapshot
 from tinyvllm.trace.runner_state import RunnerState, batch_state, runner_state
 from tinyvllm.trace.snapshot import (
@@ -127,7 +129,6 @@ class Recorder:
         self._hash_entries: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._last_requests: dict[str, RequestState] = {}
         self._saw_in_flight = False  # the last snapshot had a step in flight (NOTE 8)
-        self._num_launched = 0  # snapshots taken by on_launch (NOTE 8)
         runner = self._runner_now(None, failed=False)
         self._rows = runner.rows if runner is not None else ()
         ranks = self._rank_lines()
@@ -225,11 +226,11 @@ class Recorder:
                        f"(the engine's step is unaffected; the trace keeps the {n} steps before)")  # fmt: skip
 
     def _step_number(self) -> int:  # the engine step of the next snapshot: launch snapshots take no number
-        return len(self.steps) - self._num_launched
+        return step_number(self.steps, len(self.steps))
 
     @staticmethod
     def _warn(message: str) -> None:
-        warnings.warn(f"tinyvllm.trace: {message}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"tinyvllm.trace: {message}", RuntimeWarning, stacklevel=4)  # _record's caller's caller: the engine
     # --8<-- [end:on_step]
 
     # -- one snapshot -------------------------------------------------------------------------
@@ -259,7 +260,6 @@ class Recorder:
         computed = {r.request_id: r.num_computed_tokens for r in request_states}
         in_flight = in_flight_output(self.engine) if self.engine is not None and not failed else None  # NOTE 8
         newest, batch_since, launch_note = since_last_snapshot(in_flight, scheduler_output, self._saw_in_flight, launched)
-        self._num_launched += launched is not None
         runner, self._saw_in_flight = self._runner_now(newest, failed), in_flight is not None
         snapshot = StepSnapshot(
             index=index,
