@@ -28,8 +28,8 @@ decode time its end minus its first token, all read from the finished output's
 ``RequestMetrics`` (the engine's clock), once per engine request the engine finished (one
 a client left is not, as in vLLM); queue and prefill need ``scheduled_time``, which is
 observed only where the engine recorded it. ``iteration_tokens_total`` takes each step's
-``total_num_scheduled_tokens`` as one of the engine's step observers (``llm_engine.py``
-NOTE 8; the app adds it when it starts and removes it when it stops, so a trace can record
+``total_num_scheduled_tokens`` as one of the engine's step observers (``step_observers.py``;
+the app adds it when it starts and removes it when it stops, so a trace can record
 a served engine and a second server on the engine counts its own steps), so a prompt counts
 in the steps that compute its chunks; vLLM counts a prompt whole in the step of its first
 token, plus the tokens sampled.
