@@ -403,6 +403,12 @@ def _wheel_plan(zf: zipfile.ZipFile, target: Path) -> tuple[dict[str, str], list
     return {"name": fields["Name"], "version": fields["Version"]}, plan
 
 
+def carried_record(wheel_dir: Path | None, target: Path | None, status: str = "none", note: str = "") -> dict:
+    """The summary's ``carried_packages`` with nothing installed yet (``install_carried_wheels``)."""
+    return {"wheel_dir": None if wheel_dir is None else str(wheel_dir), "target": None if target is None else str(target),
+            "status": status, "installed": {}, "shadows": {}, "skipped": [], "failed": [], "note": note}  # fmt: skip
+
+
 def install_carried_wheels(wheel_dir: Path, target: Path) -> dict:
     """Unpack every wheel in ``wheel_dir`` into ``target`` (NOTE 1) and return the record the
     summary keeps: ``status`` (``none``, ``installed``, ``partial``: some skipped or failed,
@@ -412,8 +418,7 @@ def install_carried_wheels(wheel_dir: Path, target: Path) -> dict:
     ``wheel_dir`` missing or without wheels installs nothing; a file there is a ValueError."""
     if wheel_dir.exists() and not wheel_dir.is_dir():
         raise ValueError(f"the carried wheels' folder {wheel_dir} is not a folder")
-    record: dict = {"wheel_dir": str(wheel_dir), "target": str(target), "status": "none", "installed": {},
-                    "shadows": {}, "skipped": [], "failed": [], "note": ""}  # fmt: skip
+    record = carried_record(wheel_dir, target)
     wheels = sorted(wheel_dir.glob("*.whl")) if wheel_dir.is_dir() else []
     if not wheels:
         record["note"] = f"no wheels in {wheel_dir}"
@@ -530,11 +535,10 @@ def run_check(
         work = Path(tmp)
         carried = work / "carried_site"
         try:
-            summary["carried_packages"] = install_carried_wheels(wheel_dir, carried) if wheel_dir else {
-                "status": "none", "installed": {}, "shadows": {}, "skipped": [], "failed": [], "note": "no wheel folder given"}  # fmt: skip
+            summary["carried_packages"] = (install_carried_wheels(wheel_dir, carried) if wheel_dir
+                                           else carried_record(None, None, note="no wheel folder given"))  # fmt: skip
         except Exception as error:  # noqa: BLE001  (whatever it is, the run goes on without them)
-            summary["carried_packages"] = {"wheel_dir": str(wheel_dir), "status": "failed", "installed": {}, "shadows": {},
-                                           "skipped": [], "failed": [], "note": f"{type(error).__name__}: {error}"}  # fmt: skip
+            summary["carried_packages"] = carried_record(wheel_dir, carried, "failed", f"{type(error).__name__}: {error}")
         extra_path = (carried,) if summary["carried_packages"]["installed"] else ()
         lines = carried_log_lines(summary["carried_packages"])
         log.write("== carried packages ==\n" + "".join(line + "\n" for line in lines))
