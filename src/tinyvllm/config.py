@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tinyvllm.core.request_queue import SCHEDULING_POLICIES
 from tinyvllm.sampling_params import MAX_LOGPROBS
 from tinyvllm.validation import check_token_ids
 
@@ -89,6 +90,8 @@ class SchedulerConfig:
         enable_chunked_prefill: when False, a prompt is scheduled whole or waits.
         async_scheduling: schedule the next step while the last one runs on the device
             (``core/async_scheduler.py``; vLLM's flag of that name).
+        policy: the waiting queue's order and the preemption victim, ``"fcfs"`` or
+            ``"priority"`` (``core/request_queue.py``; vLLM's ``--scheduling-policy``).
     """
 
     max_num_batched_tokens: int = 2048
@@ -97,8 +100,11 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy must be one of {SCHEDULING_POLICIES}, got {self.policy!r}")
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_model_len", self.max_model_len, 1)

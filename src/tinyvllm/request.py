@@ -21,12 +21,13 @@ the id, the prompt and ``cache_salt`` once, before the request is built; the con
 only asserts what it relies on (a non-empty str id, a non-empty prompt of ints >= 0,
 ``SamplingParams``, a non-empty ``cache_salt`` or None).
 
-Left out: multimodal inputs, speculative tokens, pooling, priorities.
+Left out: multimodal inputs, pooling.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Sequence
 
 from tinyvllm.sampling_params import SamplingParams
@@ -73,6 +74,8 @@ class Request:
         eos_token_id: int | None = None,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
     ) -> None:
         # Checked by the input processor (module header); assertions only.
         prompt = list(prompt_token_ids)
@@ -81,12 +84,17 @@ class Request:
         assert all(type(t) is int and t >= 0 for t in prompt), f"request {request_id!r}: prompt_token_ids {prompt!r}"
         assert isinstance(sampling_params, SamplingParams), f"request {request_id!r}: sampling_params {sampling_params!r}"
         assert cache_salt is None or (isinstance(cache_salt, str) and cache_salt), f"cache_salt {cache_salt!r}"
+        assert type(priority) is int, f"request {request_id!r}: priority {priority!r}"
         self.request_id = request_id
         self.prompt_token_ids: list[int] = prompt
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.lora_name = lora_name
         self.cache_salt = cache_salt
+        # The priority policy's order (``core/request_queue.py``): lower priority first, then
+        # earlier arrival. The engine's clock (``time.monotonic``) unless the caller gives one.
+        self.priority = priority
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         # Its bad words as token sequences: made by the input processor, which has the
         # tokenizer (``sample/bad_words.py`` NOTE 1), set by LLMEngine; they travel to the persistent batch.
         self.bad_words_token_ids: tuple[tuple[int, ...], ...] = ()

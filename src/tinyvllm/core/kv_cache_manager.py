@@ -301,6 +301,19 @@ class KVCacheManager:
             )
             self.num_cached_block[req_id] = num_full
 
+    def uncache_unscheduled(self, request: Request) -> list[int]:
+        """``request`` was scheduled in the step being scheduled and then taken out of it (a
+        preemption victim: ``scheduler.py`` NOTE 7): the blocks it cached in this step will get
+        no KV, so they leave the prefix cache now (NOTE 4). Call it before ``free``. Returns their ids."""
+        start = sum(self._sealed_counts)  # the unsealed tail: this step's blocks
+        held = {id(block) for block in self.req_to_blocks.get(request.request_id, [])}
+        mine = [block for block in self.uncommitted_blocks[start:] if id(block) in held]
+        for block in mine:
+            assert block.ref_cnt == 1, f"block {block.block_id} cached this step is shared (ref_cnt {block.ref_cnt})"
+            self.block_pool.uncache_block(block)
+        self.uncommitted_blocks[start:] = [b for b in self.uncommitted_blocks[start:] if id(b) not in held]
+        return [block.block_id for block in mine]
+
     def rollback_step(self) -> list[int]:
         """Drop the blocks cached by a failed step from the prefix cache (NOTE 4).
 

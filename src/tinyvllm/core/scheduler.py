@@ -10,17 +10,15 @@ Follows: seed 002 opening (token_budget from ``--max-num-batched-tokens``; mixed
 prefill and decode; R3 prefilled over two steps; the waiting queue holds new and
 preempted requests, preempted ones at the front; running requests may still be
 prefilling) and §3.1 (prefix hits only when a request leaves the waiting queue;
-append-only block tables). Where the seed is silent we follow vLLM V1's scheduler.
-Mirrors: ``vllm/v1/core/sched/scheduler.py`` (v0.8.x), ``vllm/v1/core/sched/utils.py``
-(``check_stop``).
+append-only block tables). Where the seed is silent we follow vLLM V1's scheduler:
+``vllm/v1/core/sched/scheduler.py`` (v0.8.x), ``utils.py`` (``check_stop``).
 
 One step (``schedule``):
 1. running requests, in order: as many new tokens as they have (capped by
-   ``long_prefill_token_threshold`` and the remaining budget); if ``allocate_slots``
-   fails, preempt the *last* running request and retry, until it fits or the request
-   itself was preempted;
-2. waiting requests, in arrival order, only if nothing was preempted in this step and
-   fewer than ``max_num_seqs`` run: look up prefix hits, allocate, move to running;
+   ``long_prefill_token_threshold`` and the budget); if ``allocate_slots`` fails, preempt
+   the *last* running request (NOTE 7) and retry, until it fits or it preempted itself;
+2. waiting requests, in arrival order (NOTE 7), only if nothing was preempted in this
+   step and fewer than ``max_num_seqs`` run: look up prefix hits, allocate, run them;
 3. advance every scheduled request's ``num_computed_tokens`` at once, so the runner and
    ``update_from_output`` see the step's end state.
 
@@ -32,9 +30,8 @@ the KV cache manager's invariants hold.
 NOTE 1 (preemption is recompute): a preempted request frees all its blocks, drops to
 ``num_computed_tokens = 0`` and goes to the front of the waiting queue. Its block
 hashes are kept, so when it is admitted again it usually re-hits its own prefix.
-NOTE 2 (no token for a partial prefill): a step that does not reach the end of a
-request's tokens produces no token for it; the runner's sample for such a row, if any,
-is discarded here.
+NOTE 2 (no token for a partial prefill): a step that does not reach the end of a request's
+tokens produces no token for it; the runner's sample for such a row, if any, is dropped here.
 NOTE 3 (a failed step): ``update_from_output`` first commits the step's newly cached
 blocks (their KV is now written). If the forward raises instead, ``abort_failed_step``
 aborts the step's requests and rolls the prefix cache back, so the engine can serve on
@@ -57,19 +54,22 @@ token this step, rather than a token it banned.
 Async scheduling (``core/async_scheduler.py``) overrides the hooks at the end of the class.
 NOTE 6 (structured outputs): a request whose grammar still compiles (``WAITING_FOR_FSM``) is passed
 over and keeps its place; the engine adds the step's bitmask (``structured_output/manager.py``).
-Left out: priorities, encoder inputs, KV transfer.
+NOTE 7 (``policy="priority"``, ``core/request_queue.py``): waiting requests go by (priority, arrival);
+the victim is the running request of the largest key. One scheduled earlier in this step gives
+its tokens back, and the blocks it cached this step leave the prefix cache (no KV). Left out:
+encoder inputs, KV transfer.
 """
 # --8<-- [end:header]
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tinyvllm.config import CacheConfig, SchedulerConfig
 from tinyvllm.arith import cdiv
 from tinyvllm.core.kv_cache_manager import KVCacheManager
+from tinyvllm.core.request_queue import create_request_queue, preemption_victim
 from tinyvllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from tinyvllm.core.sched_utils import check_stop
 from tinyvllm.outputs import EngineCoreOutput, ModelRunnerOutput
@@ -163,7 +163,8 @@ class Scheduler:
             log_stats=log_stats,
         )
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.policy = scheduler_config.policy
+        self.waiting = create_request_queue(self.policy)  # NOTE 7
         self.running: list[Request] = []
         # Finished since the last step; the next SchedulerOutput tells the runner.
         self.finished_req_ids: set[str] = set()
@@ -196,7 +197,7 @@ class Scheduler:
                 f"has only {self.kv_cache_manager.num_gpu_blocks} blocks"
             )
         self.requests[rid] = request
-        self.waiting.append(request)
+        self.waiting.add_request(request)
 
     # --8<-- [start:finish_requests]
     def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
@@ -212,7 +213,7 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
             else:
-                self.waiting.remove(request)
+                self.waiting.remove_request(request)
             request.status = finished_status
             self._free_request(request)
     # --8<-- [end:finish_requests]
@@ -224,16 +225,18 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
 
     # --8<-- [start:preempt]
-    def _preempt_last_running(self) -> Request:
-        """Preempt by recompute (NOTE 1): the victim is the last running request."""
-        victim = self.running.pop()
+    def _preempt(self, index: int, scheduled_this_step: bool = False) -> Request:
+        """Preempt by recompute (NOTE 1) the running request at ``index``, the policy's victim."""
+        victim = self.running.pop(index)
+        if scheduled_this_step:  # NOTE 7: the blocks it cached this step will hold no KV
+            self.kv_cache_manager.uncache_unscheduled(victim)
         self.kv_cache_manager.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.spec_token_ids = []  # drafts belong to the next decode step; it will prefill again
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(victim)
+        self.waiting.prepend_request(victim)
         return victim
     # --8<-- [end:preempt]
 
@@ -268,9 +271,17 @@ class Scheduler:
             assert num_new > 0, f"running request {request.request_id!r} has nothing to compute"
             drafts = draft_tokens_to_verify(request, num_new, token_budget, config.long_prefill_token_threshold)  # NOTE 4
             while (new_blocks := kv.allocate_slots(request, num_new, num_draft_tokens=len(drafts))) is None:
-                preempted.append(self._preempt_last_running())
-                if preempted[-1] is request:
+                at = preemption_victim(self.running, self.policy)  # the last one under FCFS
+                scheduled = self.running[at].request_id in num_scheduled  # earlier this step (NOTE 7)
+                index -= at < index  # the cursor stays on `request`
+                preempted.append(victim := self._preempt(at, scheduled))
+                if victim is request:
                     break
+                if scheduled:  # NOTE 7: its tokens go back to the budget
+                    running_reqs.remove(victim)
+                    token_budget += num_scheduled.pop(victim.request_id)
+                    for book in (new_block_ids, start_tokens, spec_tokens):
+                        book.pop(victim.request_id, None)
             if new_blocks is None:
                 break
             running_reqs.append(request)
@@ -284,13 +295,13 @@ class Scheduler:
         # --8<-- [end:running_loop]
 
         # --8<-- [start:waiting_loop]
-        # 2. Waiting requests, in arrival order, unless this step had to preempt.
+        # 2. Waiting requests, in the queue's order (NOTE 7), unless this step had to preempt.
         skipped: list[Request] = []  # NOTE 6: grammars still compiling; they keep their place
         while not preempted and self.waiting and token_budget > 0 and len(self.running) < config.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek_request()
             if request.status == RequestStatus.WAITING_FOR_FSM:
                 if not request.structured_output_request.is_grammar_ready():
-                    skipped.append(self.waiting.popleft())
+                    skipped.append(self.waiting.pop_request())
                     continue
                 request.status = RequestStatus.WAITING
             if request.num_output_placeholders:
@@ -303,7 +314,7 @@ class Scheduler:
             new_blocks = kv.allocate_slots(request, num_new, hits)
             if new_blocks is None:
                 break
-            self.waiting.popleft()
+            self.waiting.pop_request()
             (resumed_reqs if request.status == RequestStatus.PREEMPTED else new_reqs).append(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -314,7 +325,7 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             start_tokens[request.request_id] = num_hit_tokens
             token_budget -= num_new
-        self.waiting.extendleft(reversed(skipped))
+        self.waiting.prepend_requests(skipped)
         # --8<-- [end:waiting_loop]
 
         output = SchedulerOutput(
@@ -392,7 +403,10 @@ class Scheduler:
                     break
             self._after_tokens_arrived(request, len(sampled), status_before)
             if finished:  # preempted while its token was on the device, it waits (async scheduling)
-                (self.running if status_before == RequestStatus.RUNNING else self.waiting).remove(request)
+                if status_before == RequestStatus.RUNNING:
+                    self.running.remove(request)
+                else:
+                    self.waiting.remove_request(request)
                 self._free_request(request)
             if new_token_ids or finished:
                 outputs.append(
@@ -478,6 +492,7 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         self.kv_cache_manager.check_invariants()
+        self.waiting.check_invariants()
         queued = [r.request_id for r in self.waiting] + [r.request_id for r in self.running]
         assert len(queued) == len(set(queued)), f"a request is queued twice: {queued}"
         assert set(queued) == set(self.requests), (
