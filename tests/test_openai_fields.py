@@ -457,7 +457,7 @@ ROWS: list[Row] = [
     *both("guided_decoding_backend", "xgrammar"),
     *both("guided_whitespace_pattern", " "),
     *both("structured_outputs", {"regex": "[0-9]{3}"}, constrained(regex="[0-9]{3}")),
-    *both("priority", 1),
+    *both("priority", 0, same_as()),  # honoured; other values need --scheduling-policy priority (test_priority_engine.py)
     *both("logits_processors", ["my_module:MyProcessor"]),
     *both("kv_transfer_params", {"do_remote_decode": True}),
     # completions only

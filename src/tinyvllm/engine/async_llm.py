@@ -133,7 +133,7 @@ class AsyncLLM:
 
     # --8<-- [start:generate]
     async def generate(
-        self, prompt: str | dict, sampling_params: SamplingParams, request_id: str
+        self, prompt: str | dict, sampling_params: SamplingParams, request_id: str, priority: int = 0
     ) -> AsyncIterator[RequestOutput]:
         """Add the request and yield its outputs (as ``sampling_params.output_kind`` asks) until it finishes.
 
@@ -141,7 +141,8 @@ class AsyncLLM:
         or the ``finish_reason="abort"`` one after ``abort(request_id)``. Raises what
         the input processor raises for a bad request, ``ValueError`` for a request id in
         use, ``TooManyWaitingRequestsError`` past the waiting bound (NOTE 3), the step's own
-        exception when a step fails, ``EngineDeadError`` after ``shutdown`` (NOTE 6).
+        exception when a step fails, ``EngineDeadError`` after ``shutdown`` (NOTE 6). A
+        ``priority`` other than 0 needs ``scheduling_policy="priority"`` (lower runs sooner).
         """
         self._start()
         if request_id in self._queues:
@@ -151,7 +152,7 @@ class AsyncLLM:
         finished = False
         try:
             prompt = await self._tokenized(prompt)  # NOTE 7: off the engine's thread
-            await self.run_in_engine_thread(self._add, prompt, sampling_params, request_id, queue)
+            await self.run_in_engine_thread(self._add, prompt, sampling_params, request_id, queue, priority)
             self._wake.set()
             while not finished:
                 out = await queue.get()
@@ -289,8 +290,10 @@ class AsyncLLM:
 
     # -- what runs in the worker thread (NOTE 1) -------------------------------------
 
-    def _add(self, prompt: str | dict, params: SamplingParams, request_id: str, queue: asyncio.Queue) -> None:
-        request = self.input_processor.process_inputs(request_id, prompt, params)
+    def _add(
+        self, prompt: str | dict, params: SamplingParams, request_id: str, queue: asyncio.Queue, priority: int = 0
+    ) -> None:
+        request = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
         params = request.sampling_params
         bound, waiting = self.max_waiting_requests, len(self.engine.scheduler.waiting)
         if params.n > bound:  # NOTE 3: it could never be queued, so not "try again later"

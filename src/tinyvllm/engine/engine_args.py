@@ -55,7 +55,8 @@ more; "external_launcher" runs one rank in this process, its peers started alike
 pass the GPUs present; all of it is refused here, before any process starts.
 NOTE 11 (async scheduling): ``async_scheduling=True`` (``--async-scheduling``) has the engine
 schedule a step while the last one runs (``core/async_scheduler.py``); it is refused with
-speculative decoding, as vLLM refuses it with n-gram drafts.
+speculative decoding, as vLLM refuses it with n-gram drafts. ``scheduling_policy`` ("fcfs",
+"priority": ``core/request_queue.py``) is vLLM's ``--scheduling-policy``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from tinyvllm.config import (
     SpeculativeConfig,
     StructuredOutputsConfig,
 )
+from tinyvllm.core.request_queue import SCHEDULING_POLICIES
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.loader import ModelSpec, load_model_spec, resolve_dtype
@@ -134,6 +136,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1  # NOTE 10
     distributed_executor_backend: str | None = None
     async_scheduling: bool = False  # NOTE 11
+    scheduling_policy: str = "fcfs"  # NOTE 11
     structured_outputs_config: dict | StructuredOutputsConfig | None = None
 
     # --8<-- [start:add_cli_args]
@@ -177,6 +180,11 @@ class EngineArgs:
             help="schedule the next step while the last one runs on the device (vLLM's flag; not with speculative decoding)",
         )  # fmt: skip
         p.add_argument(
+            "--scheduling-policy", default="fcfs", choices=list(SCHEDULING_POLICIES),
+            help="the waiting queue's order: first come first served, or by each request's priority "
+            "(lower first), which also picks whom to preempt (vLLM's flag)",
+        )  # fmt: skip
+        p.add_argument(
             "--distributed-executor-backend", default=None, choices=list(DISTRIBUTED_EXECUTOR_BACKENDS),
             help="who runs the ranks: uni (this process; N = 1), mp (a process per rank; N > 1) or "
             "external_launcher (torchrun starts every rank)",
@@ -204,6 +212,7 @@ class EngineArgs:
             torch_threads=torch_threads, tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
             distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
             async_scheduling=getattr(args, "async_scheduling", False),
+            scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
         )  # fmt: skip
     # --8<-- [end:from_cli_args]
 
@@ -253,6 +262,10 @@ class EngineArgs:
         if speculative_config is not None and logits_processors:
             raise ValueError("custom logits_processors cannot be combined with speculative decoding (seed 001 ch. 11.4)")
         async_scheduling = check_bool("async_scheduling", self.async_scheduling)
+        if not isinstance(self.scheduling_policy, str):
+            raise TypeError(f"scheduling_policy must be a str, got {self.scheduling_policy!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:  # NOTE 11
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
         structured_outputs_config = self.structured_outputs_config
         if isinstance(structured_outputs_config, Mapping):  # vLLM's {"backend": "xgrammar"}
             structured_outputs_config = StructuredOutputsConfig.from_dict(structured_outputs_config)
@@ -284,6 +297,7 @@ class EngineArgs:
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             async_scheduling=async_scheduling,
+            policy=self.scheduling_policy,
         )
         num_kv_heads = kv_heads_per_rank(spec.num_key_value_heads, tensor_parallel_size)  # one rank's cache
         per_block = bytes_per_block(spec.num_hidden_layers, block_size, num_kv_heads, spec.head_dim, torch_dtype)

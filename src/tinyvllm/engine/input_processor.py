@@ -36,6 +36,8 @@ NOTE 5 (prompts): a prompt is a str or a dict with the keys of vLLM's
 (different salts never share a cached block); any other key is a ValueError.
 NOTE 6 (structured outputs): the constraint is parsed here (``structured_output/backend_xgrammar.py``
 ``validate``), so a bad schema, regex or grammar is a ValueError naming it before anything is queued.
+NOTE 7 (priority): an int, lower served sooner (``core/request_queue.py``); any value but 0 needs
+``scheduling_policy="priority"``, as vLLM refuses it under FCFS rather than ignore it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class EngineCoreRequest:
     sampling_params: SamplingParams  # with the model's extra EOS ids as stop tokens (NOTE 1)
     cache_salt: str | None
     bad_words_token_ids: tuple[tuple[int, ...], ...]
+    priority: int = 0  # NOTE 7
 
 
 def reasoning_config_from_tokenizer(tokenizer, vocab_size: int) -> ReasoningConfig | None:
@@ -81,6 +84,18 @@ def reasoning_config_from_tokenizer(tokenizer, vocab_size: int) -> ReasoningConf
     if start is None or end is None or not (0 <= start < vocab_size and 0 <= end < vocab_size):
         return None
     return ReasoningConfig((start,), (end,))
+
+
+# --8<-- [start:priority]
+def check_priority(name: str, priority: object, policy: str) -> int:
+    """NOTE 7: a TypeError for a priority that is not an int, a ValueError for one the
+    engine's scheduling policy would ignore."""
+    if type(priority) is not int:
+        raise TypeError(f"{name}: priority must be an int, got {priority!r}")
+    if priority != 0 and policy != "priority":
+        raise ValueError(f"{name}: priority={priority} needs scheduling_policy='priority' (the engine's is {policy!r})")
+    return priority
+# --8<-- [end:priority]
 
 
 # --8<-- [start:some_token_allowed]
@@ -128,6 +143,7 @@ class InputProcessor:
         extra_stop_token_ids: tuple[int, ...] = (),
         logits_processors: tuple = (),
         generation_defaults: Mapping[str, Any] | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         self.tokenizer = tokenizer  # None: text prompts, stop strings and bad words are refused
         self.eos_token_id = eos_token_id
@@ -139,6 +155,7 @@ class InputProcessor:
         self.extra_stop_token_ids = extra_stop_token_ids  # NOTE 1
         self.logits_processors = logits_processors  # custom ones, asked about every request
         self.generation_defaults = dict(generation_defaults or {})  # the model's sampling defaults
+        self.scheduling_policy = scheduling_policy  # which priorities a request may ask for (NOTE 7)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> InputProcessor:
@@ -169,6 +186,7 @@ class InputProcessor:
             reasoning_config=reasoning_config, speculative=config.speculative_config is not None,
             max_logprobs=model_config.max_logprobs, extra_stop_token_ids=extra_stop_token_ids,
             logits_processors=model_config.logits_processors, generation_defaults=defaults,
+            scheduling_policy=config.scheduler_config.policy,
         )  # fmt: skip
 
     # --8<-- [start:prompt_inputs]
@@ -208,10 +226,11 @@ class InputProcessor:
     # --8<-- [start:process_inputs]
     def process_inputs(
         self, request_id: str, prompt: PromptType, params: SamplingParams, index: int = 0,
-        label: str = "sampling_params",
+        label: str = "sampling_params", priority: int = 0,
     ) -> EngineCoreRequest:  # fmt: skip
-        """Check one prompt and its params against the model (NOTE 4). Raises TypeError or
-        ValueError naming prompt ``index`` or ``label``; changes nothing."""
+        """Check one prompt, its params and its priority against the model (NOTE 4). Raises
+        TypeError or ValueError naming prompt ``index`` or ``label``; changes nothing."""
+        check_priority(f"prompt {index}", priority, self.scheduling_policy)  # NOTE 7
         text, ids, salt = self.prompt_inputs(index, prompt)
         max_len = self.max_model_len
         if not ids:
@@ -228,17 +247,18 @@ class InputProcessor:
         name = f"request {name_id!r}"
         if isinstance(prompt, str) or "prompt_token_ids" not in prompt:  # the tokenizer's ids
             check_token_ids(f"{name}: prompt_token_ids", ids, self.vocab_size)
-        return self._finish(request_id, text, ids, params, salt, name)
+        return self._finish(request_id, text, ids, params, salt, name, priority)
     # --8<-- [end:process_inputs]
 
     def process_token_ids(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, prompt: str | None = None,
-        cache_salt: str | None = None,
+        cache_salt: str | None = None, priority: int = 0,
     ) -> EngineCoreRequest:  # fmt: skip
         """``LLMEngine.add_request``'s form (NOTE 4): ids as given, messages naming the request."""
         name_id = _first_sequence(request_id, params) if isinstance(params, SamplingParams) else request_id
         _check_request_id(name_id)
         name = f"request {name_id!r}"
+        check_priority(name, priority, self.scheduling_policy)  # NOTE 7
         ids = check_token_ids(f"{name}: prompt_token_ids", prompt_token_ids)
         if not ids:
             raise ValueError(f"{name}: the prompt is empty (prompt_token_ids={ids!r})")
@@ -257,10 +277,11 @@ class InputProcessor:
             f"{name}: sampling_params", params, self.vocab_size, self.reasoning_config is not None,
             speculative=self.speculative, max_logprobs=self.max_logprobs,
         )  # fmt: skip
-        return self._finish(request_id, prompt, ids, params, cache_salt, name)
+        return self._finish(request_id, prompt, ids, params, cache_salt, name, priority)
 
     def _finish(
-        self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, salt: str | None, name: str
+        self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, salt: str | None, name: str,
+        priority: int = 0,
     ) -> EngineCoreRequest:
         """The checks both ways share: stop strings and bad words need the tokenizer (NOTE 3)."""
         if params.stop and self.tokenizer is None:
@@ -269,7 +290,7 @@ class InputProcessor:
             self._check_structured_outputs(name, params)
         bad_words = self._bad_words_token_ids(name, params)  # sample/bad_words.py NOTE 1
         check_some_token_is_allowed(name, params, bad_words, self.eos_token_id)  # NOTE 3
-        return EngineCoreRequest(request_id, text, tuple(ids), params, salt, bad_words)
+        return EngineCoreRequest(request_id, text, tuple(ids), params, salt, bad_words, priority)
 
     def _check_structured_outputs(self, name: str, params: SamplingParams) -> None:
         """NOTE 6: the constraint parses (xgrammar, without the tokenizer) and the engine can apply it."""

@@ -88,6 +88,7 @@ class LLM:
         distributed_executor_backend: str | None = None,
         async_scheduling: bool = False,
         structured_outputs_config: dict | StructuredOutputsConfig | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, block_size=block_size,
@@ -99,6 +100,7 @@ class LLM:
             speculative_config=speculative_config, max_logprobs=max_logprobs, torch_threads=torch_threads,
             tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
             async_scheduling=async_scheduling, structured_outputs_config=structured_outputs_config,
+            scheduling_policy=scheduling_policy,
         )  # fmt: skip
         self.engine = LLMEngine.from_engine_args(engine_args)  # NOTE 1
         self._ids = itertools.count()
@@ -173,12 +175,14 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate a completion for every prompt; outputs come back in prompt order.
 
         ``prompts``: a str, a dict (``{"prompt": text}`` or ``{"prompt_token_ids": ids}``, each
         optionally with ``"cache_salt"``), or a list of them. Every prompt and every params
-        object is checked before the first request is queued (NOTE 1).
+        object is checked before the first request is queued (NOTE 1). ``priority``: one int
+        per prompt, lower scheduled sooner, under ``scheduling_policy="priority"`` (as vLLM's).
         """
         # --8<-- [start:validation]
         check_bool("use_tqdm", use_tqdm)
@@ -198,14 +202,21 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams, a list of them or None, got {sampling_params!r}")
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif not isinstance(priority, Sequence) or isinstance(priority, (str, bytes)):
+            raise TypeError(f"priority must be a list of ints, one per prompt, or None, got {priority!r}")
+        elif len(priority) != len(prompts):
+            raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
         requests, in_use = [], self.engine.unfinished_request_ids()
-        for i, (prompt, p) in enumerate(zip(prompts, params)):  # every check before anything runs
+        for i, (prompt, p, rank) in enumerate(zip(prompts, params, priority)):  # every check before anything runs
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"sampling_params[{i}] must be SamplingParams, got {p!r}")
             if p.output_kind != RequestOutputKind.FINAL_ONLY:  # generate returns finished outputs only, as vLLM's
                 p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
             label = "sampling_params" if single else f"sampling_params[{i}]"
-            requests.append(self.engine.input_processor.process_inputs(self._next_request_id(in_use), prompt, p, i, label))
+            request_id = self._next_request_id(in_use)
+            requests.append(self.engine.input_processor.process_inputs(request_id, prompt, p, i, label, rank))
         added = []
         try:
             for request in requests:

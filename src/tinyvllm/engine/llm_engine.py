@@ -213,6 +213,7 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
         prompt: str | None = None,
         *,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue a request; TypeError or ValueError (nothing queued) on a bad one.
 
@@ -222,8 +223,11 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
         ``vocab_size``, and ``thinking_token_budget`` needs the engine's ``reasoning_config``.
         Requests with different ``cache_salt``s never share a cached block
         (``core/prefix_hash.py``). ``sampling_params.n`` > 1 adds n child requests, all or none (NOTE 6).
+        A ``priority`` other than 0 needs ``scheduling_policy="priority"`` (lower runs sooner).
         """
-        request = self.input_processor.process_token_ids(request_id, prompt_token_ids, sampling_params, prompt, cache_salt)
+        request = self.input_processor.process_token_ids(
+            request_id, prompt_token_ids, sampling_params, prompt, cache_salt, priority
+        )
         self.add_core_request(request)
     # --8<-- [end:add_request]
 
@@ -255,7 +259,10 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
         """One sequence: queued in the scheduler and tracked by the output processor."""
         if request_id in self.output_processor.parent_requests:
             raise ValueError(f"duplicate request id {request_id!r} (a request with n > 1 has it)")
-        request = Request(request_id, core.prompt_token_ids, params, eos_token_id=self.eos_token_id, cache_salt=core.cache_salt)
+        request = Request(
+            request_id, core.prompt_token_ids, params, eos_token_id=self.eos_token_id, cache_salt=core.cache_salt,
+            priority=core.priority,
+        )  # fmt: skip
         request.bad_words_token_ids = core.bad_words_token_ids
         if params.structured_outputs is not None:  # its grammar compiles while it waits
             self.structured_output_manager.grammar_init(request)

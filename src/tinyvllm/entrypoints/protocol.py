@@ -105,7 +105,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), "no beam search"),
     "length_penalty": ((None, 1.0), "no beam search"),
     "spaces_between_special_tokens": ((None, True), "special tokens are decoded as the tokenizer writes them"),
-    "priority": ((None, 0), "one queue, first come first served"),
     "logits_processors": ((None, []), "logits processors are chosen at start-up (LLM(logits_processors=...))"),
     "mm_processor_kwargs": ((None,), "text only"),
     "kv_transfer_params": ((None,), "no disaggregated serving"),

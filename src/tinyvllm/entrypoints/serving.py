@@ -66,6 +66,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tinyvllm.engine.async_llm import AsyncLLM, EngineDeadError, TooManyWaitingRequestsError
 from tinyvllm.engine.chat_template import check_template
+from tinyvllm.engine.input_processor import check_priority
 from tinyvllm.entrypoints.chat import echo_text, messages_as_dicts, render
 from tinyvllm.entrypoints.choices import ChoiceBuilder, PromptState
 from tinyvllm.entrypoints.constraints import constraint, tool_choice
@@ -264,6 +265,15 @@ class OpenAIServing:
         except (TypeError, ValueError) as error:
             raise self._bad_request(error, names) from None
 
+    def _priority(self, body) -> int:
+        """vLLM's ``priority`` field (lower runs sooner): a 400 unless the engine schedules by
+        priority, or it is 0 (``engine/input_processor.py`` NOTE 7)."""
+        policy = self.async_llm.input_processor.scheduling_policy
+        try:
+            return check_priority("the request", 0 if body.priority is None else body.priority, policy)
+        except (TypeError, ValueError) as error:
+            raise RequestError(str(error), "priority") from None
+
     @staticmethod
     def _bad_request(error: Exception, names: dict[str, str]) -> RequestError:
         """A ``SamplingParams`` or engine refusal as a 400 in the request's words (NOTE 5)."""
@@ -330,12 +340,14 @@ class OpenAIServing:
         if self.closing:  # NOTE 7
             raise APIError(503, "the server is shutting down", "ServiceUnavailableError")
         names = self._names(fields, "messages" if chat else "prompt")
+        priority = self._priority(body)
         streams = []
         for i, state in enumerate(states):
             prompt: dict[str, Any] = {"prompt_token_ids": state.token_ids}
             if body.cache_salt is not None:
                 prompt["cache_salt"] = body.cache_salt
-            streams.append(self.async_llm.generate(prompt, params, f"{response_id}-{i}-{uuid.uuid4().hex[:8]}"))
+            request_id = f"{response_id}-{i}-{uuid.uuid4().hex[:8]}"
+            streams.append(self.async_llm.generate(prompt, params, request_id, priority))
         trackers = [RequestTracker(self.metrics, params.n, arrival) for _ in states]
         try:
             firsts = await self.until_disconnect(first_outputs(streams), raw_request)  # NOTE 1
