@@ -137,6 +137,23 @@ def test_scheduler_trace_matches_tutorial_02s_table():
     assert [x.kind for x in trace.steps[2].scheduler.scheduled] == ["decode", "prefill", "prefill"]
 
 
+def test_priority_trace_shows_the_victim_taken_back_out_of_its_step():
+    """scheduler-priority: `low` (priority 5) is scheduled its last chunk in step 2 and then
+    preempted for `urgent`; the block that chunk would have filled leaves the prefix cache."""
+    trace = workload_trace("scheduler-priority")
+    two = trace.steps[2]
+    d = two.scheduler
+    assert [(x.request_id, x.num_tokens) for x in d.scheduled] == [("urgent", 1)] and d.preempted == ("low",)
+    assert d.waiting == ("low",) and d.running == ("urgent",)
+    assert {r.request_id: r.priority for r in two.requests} == {"low": 5, "urgent": 0}
+    cached = {ids[0] for _, ids in two.hash_map}
+    assert cached == {0, 1, 2, 3, 4, 5}  # low's 0-3 (written by steps 0 and 1) and urgent's prompt: not block 6
+    assert two.request("urgent").block_ids == (4, 5, 6)  # low's dropped-chunk block, now urgent's
+    back = trace.steps[7].scheduler.scheduled[0]
+    assert (back.request_id, back.admitted, back.num_hit_tokens) == ("low", "resumed", 12)
+    assert trace.steps[-1].scheduler.finished == ("low",)
+
+
 @pytest.mark.seed("000:dispatcher")
 def test_cuda_graphs_trace_pads_prefills_piecewise_and_decodes_full():
     trace = workload_trace("cuda-graphs-padding")

@@ -350,7 +350,7 @@ class Recorder:
             state = RequestState(
                 r.request_id, r.status.name, r.num_prompt_tokens, r.num_computed_tokens, tuple(r.all_token_ids),
                 tuple(self.kv.get_block_ids(r.request_id)), self.kv.num_cached_block.get(r.request_id, 0),
-                getattr(r, "num_output_placeholders", 0),
+                getattr(r, "num_output_placeholders", 0), getattr(r, "priority", 0),
             )  # fmt: skip
             before = previous.get(r.request_id)
             if before is not None:  # NOTE 6: share what did not change

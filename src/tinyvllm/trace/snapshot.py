@@ -222,6 +222,7 @@ class RequestState:
     block_ids: tuple[int, ...]  # the block table, in order
     num_cached_blocks: int  # leading blocks that are in the prefix cache
     num_output_placeholders: int = 0  # tokens sampled by a step still in flight, not yet known (NOTE 4)
+    priority: int = 0  # under the priority policy, lower runs sooner (``core/request_queue.py``); 0 is omitted
 
     @property
     def num_tokens(self) -> int:
@@ -251,7 +252,7 @@ class SchedulerStep:
 
     token_budget: int  # max_num_batched_tokens
     scheduled: tuple[ScheduledRequest, ...]  # in scheduling order: running first, then admitted
-    preempted: tuple[str, ...]  # preempted in this step (they went to the front of waiting)
+    preempted: tuple[str, ...]  # preempted in this step (back to waiting: its front under FCFS)
     finished: tuple[str, ...]  # finished in this step, in any way
     waiting: tuple[str, ...]  # after the step, front first
     running: tuple[str, ...]  # after the step, in order
@@ -410,7 +411,7 @@ _NESTED: dict[str, type] = {
     "slots": SlotWrite,
     "in_flight": ScheduledRequest,
 }
-_OMITTED_AT_DEFAULT = ("in_flight", "launched", "num_output_placeholders", "num_allowed_tokens")  # NOTE 4, NOTE 5
+_OMITTED_AT_DEFAULT = ("in_flight", "launched", "num_output_placeholders", "num_allowed_tokens", "priority")  # NOTE 4, 5
 
 
 def step_kind(start: int, num_real: int, num_prompt: int, sampled: tuple[int, ...]) -> str:
@@ -463,8 +464,9 @@ def _step_dict(step: StepSnapshot) -> dict[str, Any]:
         if scheduled["num_allowed_tokens"] is None:  # NOTE 5
             del scheduled["num_allowed_tokens"]
     for request in data["requests"]:
-        if not request["num_output_placeholders"]:
-            del request["num_output_placeholders"]
+        for name in ("num_output_placeholders", "priority"):  # a trace without them is written as before
+            if not request[name]:
+                del request[name]
     return data
 
 

@@ -157,7 +157,8 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
     notes = [f"{x.request_id} admitted ({x.admitted}): {x.num_hit_tokens} tokens from the prefix cache"
              for x in d.scheduled if x.admitted]  # fmt: skip
     notes += [_drafts_note(x) for x in d.scheduled if x.num_draft_tokens and x.new_token_ids]
-    notes += [f"{rid} preempted: its blocks are freed, it waits at the front" for rid in d.preempted]
+    where = "by its priority" if any(r.priority for r in s.requests) else "at the front"  # core/request_queue.py
+    notes += [f"{rid} preempted: its blocks are freed, it waits {where}" for rid in d.preempted]
     reasons = {x.request_id: x.finish_reason for x in d.scheduled}
     notes += [f"{rid} finished ({reasons.get(rid) or 'aborted'})" for rid in d.finished]
     notes += [flight_note] if flight_note else []
@@ -242,7 +243,8 @@ def _block_tables(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, s
         c.text(MARGIN, c.y + 14, "(no unfinished request)", 11, fill=MUTED)
         c.y += 22
     for r in s.requests:
-        c.text(MARGIN, c.y + 15, r.request_id, 12, font_weight="bold", fill=colours[r.request_id])
+        name = f"{r.request_id} (priority {r.priority})" if any(q.priority for q in s.requests) else r.request_id
+        c.text(MARGIN, c.y + 15, name, 12, font_weight="bold", fill=colours[r.request_id])
         status = f"{r.status.lower()}, " if s.scheduler is not None else ""  # a manager driven by hand has none
         pending = f" +{r.num_output_placeholders} placeholder" if r.num_output_placeholders else ""  # NOTE 3
         c.text(MARGIN, c.y + 29, f"{status}{r.num_computed_tokens}/{r.num_tokens} computed{pending}", 9.5, fill=MUTED)

@@ -205,6 +205,26 @@ def scheduler_preemption() -> Trace:
     return run_scheduler(rec, scheduler, arrivals)
 
 
+def scheduler_priority() -> Trace:
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=16, max_model_len=64, long_prefill_token_threshold=8, policy="priority"),
+        CacheConfig(block_size=4, num_gpu_blocks=7),
+    )
+    rec = Recorder(scheduler, title="Priorities: a victim scheduled earlier in its step (seven blocks of 4)",
+                   description="`low` (priority 5) prefills a 20-token prompt in chunks of 8; `urgent` (priority 0) "
+                   "arrives at step 1. In step 2 `low` is scheduled its last chunk first, then `urgent` needs a block and "
+                   "none is free: the victim is `low`, already in the step. It gives its tokens back, and its block "
+                   "for positions 16-19, cached when the chunk was scheduled, leaves the prefix cache.")  # fmt: skip
+    labels = {2: ("step 2", "low was scheduled 4 tokens, then preempted for urgent: only urgent's token runs. Low's "
+                  "blocks 0-3 (positions 0-15, written by steps 0 and 1) stay cached; block 6, of its dropped chunk, "
+                  "left the prefix cache and went to urgent")}  # fmt: skip
+    arrivals = {
+        0: [Request("low", list(range(100, 120)), SamplingParams(max_tokens=4), priority=5)],
+        1: [Request("urgent", list(range(1, 9)), SamplingParams(max_tokens=6), priority=0)],
+    }
+    return run_scheduler(rec, scheduler, arrivals, labels)
+
+
 # -- seed 001 appendix U2 -----------------------------------------------------------------
 
 
@@ -375,6 +395,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("seed004-duplication", "seed 004 \"Duplication\": Time 1-4", False, seed004_duplication),
         Workload("seed001-condense", "seed 001 appendix U2: holes and condense()", True, seed001_condense),
         Workload("scheduler-preemption", "tutorial 02: chunked prefill, preemption and the re-hit", False, scheduler_preemption),
+        Workload("scheduler-priority", "priorities: the victim is taken back out of its step", False, scheduler_priority),
         Workload("cuda-graphs-padding", "CUDA graphs: padding to capture sizes (emulated)", True, cuda_graphs_padding),
         Workload("seed003-kv-slots", "seed 003: the KV cache tensor and its slots", True, seed003_kv_slots),
         Workload("spec-decode-drafts", "speculative decoding: drafts kept and rejected", True, spec_decode_drafts),
