@@ -2,12 +2,12 @@
 
 Concept: drive ``Scheduler`` with random add / abort / step sequences over small drawn
 configs (block size 1-4, token budget 1-32, 1-4 sequences, chunked prefill on or off,
-prefix caching on or off, a pool that always holds one maximal request) and check every
-step against facts that need no copy of the scheduler:
+prefix caching on or off, a pool that always holds one maximal request, the FCFS or the
+priority policy) and check every step against facts that need no copy of the scheduler:
 
 - a fake model runner, written here, that rebuilds each request's tokens, block table and
-  progress *from the SchedulerOutputs alone* (as a real runner must) and samples the next
-  token as a fixed function of the whole token sequence;
+  progress *from the SchedulerOutputs alone* (as a real runner must), keeps what each KV
+  slot was computed from, and samples the next token as a fixed function of the sequence;
 - an oracle, ``generate_alone``, that runs that fake model on one prompt by itself and
   applies the stop rules (EOS unless ``ignore_eos``, stop tokens, ``max_tokens``,
   ``max_model_len``; EOS and stop tokens only from ``min_tokens`` outputs on).
@@ -19,24 +19,36 @@ Mirrors: vLLM's ``tests/v1/core/test_scheduler.py`` in intent, not in code.
 Checked each step: scheduled total == sum of the per-request counts <= the budget; every
 count > 0 and <= the threshold when one is set; running <= ``max_num_seqs``; no request is
 scheduled past its tokens; with chunked prefill off every scheduled request reaches its
-last token; preempted requests are the tail of the running queue, are not running, not
-scheduled in that step, sit at the front of the waiting queue with no computed tokens,
-and block admissions in that step; admissions come from the head of the waiting queue;
-running requests are scheduled as a prefix of the running queue; the runner's rebuilt
-state equals the scheduler's; only a request whose step reached its last token gets a
-token (exactly one, the model's), a lying runner's samples for partial prefills are
-dropped; every finished request's outputs and finish reason equal the oracle's, every
-aborted one's outputs are a strict prefix of them; ``finished_req_ids`` of the next step
-names exactly the requests finished since the last one. After every rule:
-``check_invariants()``, stats in range, computed tokens have blocks. Teardown (liveness):
-stop adding, step at most 2000 times, every request finishes, every block is free, no
-block table, block hash list or runner state is left behind.
+last token; the running loop (``check_running_loop``, in both tests): the scheduled running
+requests are a prefix of the running queue less the preempted, cut short only by a spent
+budget or a request that preempted itself, and the preempted are its tail (FCFS) or its k
+largest (priority, arrival) keys; preempted requests are not running, not scheduled, hold
+no blocks and no computed tokens, sit at the front of the waiting queue (FCFS) or in it by
+key, and block admissions in that step; admissions are the head of the waiting queue's pop
+order, none skipped; the runner's rebuilt state equals the scheduler's and every KV slot a
+request reads holds its position's prefix; only a request whose step reached its last
+token gets a token (exactly one, the model's), a lying runner's samples for partial
+prefills are dropped; every finished request's outputs and finish reason equal the
+oracle's, every aborted one's outputs are a strict prefix of them; ``finished_req_ids``
+of the next step names exactly the requests finished since the last one. After every
+rule: ``check_invariants()``, the waiting queue in pop order, stats in range, computed
+tokens have blocks. Teardown (liveness): stop adding, step at most 2000 times, every
+request finishes, every block is free, no block table, hash list or runner state is left.
 
 NOTE 1 (why the runner rebuilds its own state): comparing against ``scheduler.requests``
 would trust the very object under test; rebuilding from ``SchedulerOutput`` also checks
 that the output is complete (``sched_output.py``: "the runner needs nothing else").
 NOTE 2 (why a tiny vocabulary): 8 token ids make EOS and stop tokens fire often, and a
 3-token prompt alphabet with shared prefixes makes prefix-cache hits common.
+NOTE 3 (why the runner keeps KV): the fake model reads token ids, not KV, so a prefix hit
+on a block whose KV was never written (a victim's, ``scheduler.py`` NOTE 7) would go unseen.
+NOTE 4 (keys): under priority a request draws a priority in -2..2 (ties common) and gets a
+counter as its ``arrival_time``, so keys are distinct and the queue's order and the victims
+follow from them alone; ties of whole keys are left to ``tests/test_priority_scheduling.py``.
+Under FCFS the priority stays 0 (the engine refuses any other).
+NOTE 5 (two explicit examples): the CI profile's 25 examples seldom reach a victim already
+scheduled in its step (a more urgent request joins behind a running one, then the pool runs
+dry), so the output property also runs two fixed workloads that do.
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import event, given, note
+from hypothesis import event, example, given, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -111,12 +123,18 @@ def generate_alone(prompt: list[int], params: SamplingParams, eos: int | None, m
 
 
 class FakeRunner:
-    """A model runner that knows only what SchedulerOutputs told it (NOTE 1)."""
+    """A model runner that knows only what SchedulerOutputs told it (NOTE 1), with a KV
+    cache whose slots hold what they were computed from (NOTE 3)."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
         self.tokens: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}
         self.blocks: dict[str, list[int]] = {}
+        self.kv: dict[tuple[int, int], tuple[int, ...]] = {}  # (block id, offset) -> the prefix
+
+    def _slot(self, rid: str, pos: int) -> tuple[int, int]:
+        return self.blocks[rid][pos // self.block_size], pos % self.block_size
 
     def apply(self, out: SchedulerOutput) -> None:
         """Update the runner's view of every request from one step's output."""
@@ -147,10 +165,20 @@ class FakeRunner:
                 )
                 self.blocks[d.req_id].extend(d.new_block_ids)
         for rid, n in out.num_scheduled_tokens.items():
+            start = self.computed[rid]
             self.computed[rid] += n
             assert self.computed[rid] <= len(self.tokens[rid]), (
                 f"{rid!r} scheduled up to token {self.computed[rid]} of {len(self.tokens[rid])}"
             )
+            for pos in range(start, start + n):  # the forward writes the step's K/V...
+                self.kv[self._slot(rid, pos)] = tuple(self.tokens[rid][: pos + 1])
+        for rid in out.num_scheduled_tokens:  # ...then attends over every computed position
+            tokens = self.tokens[rid]
+            for pos in range(self.computed[rid]):
+                assert self.kv.get(self._slot(rid, pos)) == tuple(tokens[: pos + 1]), (
+                    f"{rid!r} reads position {pos} from slot {self._slot(rid, pos)}, which holds "
+                    f"{self.kv.get(self._slot(rid, pos))}, not the KV of {tokens[: pos + 1]}"
+                )
 
     def sample(self, out: SchedulerOutput, lie: bool) -> tuple[ModelRunnerOutput, dict[str, int]]:
         """One token per request whose step reached its last token; a lying runner also
@@ -206,6 +234,7 @@ def scheduler_setups(draw: st.DrawFn) -> Setup:
             max_model_len=max_model_len,
             long_prefill_token_threshold=threshold,
             enable_chunked_prefill=chunked,
+            policy=draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
         ),
         CacheConfig(
             block_size=block_size,
@@ -223,12 +252,19 @@ class RequestSpec:
     prompt: tuple[int, ...]
     params: SamplingParams
     eos: int | None
+    priority: int = 0
+
+    def make_request(self, rid: str, arrival_time: float) -> Request:
+        return Request(
+            rid, list(self.prompt), self.params, eos_token_id=self.eos, priority=self.priority, arrival_time=arrival_time
+        )
 
 
 @st.composite
-def request_specs(draw: st.DrawFn, prefixes: list[list[int]], max_model_len: int) -> RequestSpec:
+def request_specs(draw: st.DrawFn, prefixes: list[list[int]], max_model_len: int, policy: str) -> RequestSpec:
     """A prompt that starts from one of ``prefixes`` (so hits happen), with small limits
-    and, sometimes, an EOS token and stop tokens."""
+    and, sometimes, an EOS token and stop tokens; under the priority policy a priority in
+    -2..2 (ties common: NOTE 4), under FCFS 0 (the engine refuses any other)."""
     prefix = draw(st.sampled_from(prefixes), label="prefix")
     length = draw(st.integers(1, max_model_len), label="prompt_len")
     rest = max(length - len(prefix), 0)
@@ -241,7 +277,8 @@ def request_specs(draw: st.DrawFn, prefixes: list[list[int]], max_model_len: int
         stop_token_ids=tuple(draw(st.lists(OUTPUT_TOKENS, max_size=2), label="stop_token_ids")),
     )
     eos = draw(st.one_of(st.none(), OUTPUT_TOKENS), label="eos")
-    return RequestSpec(tuple((prefix + suffix)[:length]), params, eos)
+    priority = draw(st.integers(-2, 2), label="priority") if policy == "priority" else 0
+    return RequestSpec(tuple((prefix + suffix)[:length]), params, eos, priority)
 
 
 def prefix_lists(max_model_len: int) -> st.SearchStrategy[list[list[int]]]:
@@ -266,6 +303,44 @@ def check_output_limits(spec: RequestSpec, tokens: list[int], max_model_len: int
             assert params.ignore_eos or tok != spec.eos, f"EOS {tok} in the middle of {tokens}, {params}"
 
 
+def check_running_loop(
+    running_before: list[str], out: SchedulerOutput, keys: dict[str, tuple[int, float]], policy: str, budget: int
+) -> list[str]:
+    """Step 1 of ``schedule`` judged from the running queue at its start and the step's output;
+    returns the survivors (that queue less the preempted).
+
+    The loop walks the running queue in order and schedules each request it reaches, except
+    the victims: one reached earlier in the step gives its tokens back (scheduler.py NOTE 7).
+    So the scheduled running requests are a prefix of the survivors, and the loop stops short
+    of the last survivor only when the budget is spent or a request preempted itself. Each
+    victim is the last request left (FCFS) or the largest key left (priority): together the
+    tail of the queue, or its k largest keys."""
+    preempted, sched = out.preempted_req_ids, out.num_scheduled_tokens
+    kept = [d.req_id for d in out.scheduled_cached_reqs if not d.resumed_from_preemption]
+    survivors = [rid for rid in running_before if rid not in preempted]
+    assert preempted <= set(running_before), f"preempted {sorted(preempted)}, running {running_before}"
+    assert not preempted & sched.keys(), f"preempted {sorted(preempted)} yet scheduled {sorted(sched)}"
+    assert kept == survivors[: len(kept)], (
+        f"scheduled running {kept} are not a prefix of {survivors} (running {running_before} "
+        f"less the preempted {sorted(preempted)})"
+    )
+    last = running_before.index(kept[-1]) if kept else -1
+    if kept != survivors:  # stopped early
+        assert out.total_num_scheduled_tokens == budget or any(running_before.index(p) > last for p in preempted), (
+            f"scheduled running {kept} of {survivors} with {out.total_num_scheduled_tokens} of {budget} "
+            f"tokens, and no request preempted itself (preempted {sorted(preempted)})"
+        )
+    k = len(preempted)
+    victims = sorted(running_before, key=keys.__getitem__) if policy == "priority" else running_before
+    assert set(victims[len(victims) - k :]) == preempted, (
+        f"{policy}: preempted {sorted(preempted)}, not the last {k} of {victims} "
+        f"(keys {[keys[rid] for rid in victims]})"
+    )
+    if any(running_before.index(p) < last for p in preempted):
+        event("a victim scheduled earlier in the step was taken back")
+    return survivors
+
+
 # ---------------------------------------------------------------------------------------
 # The state machine
 # ---------------------------------------------------------------------------------------
@@ -282,16 +357,19 @@ class SchedulerStateMachine(RuleBasedStateMachine):
     @initialize(setup=scheduler_setups(), num_initial=st.integers(1, 4), data=st.data())
     def set_up_scheduler(self, setup: Setup, num_initial: int, data: st.DataObject) -> None:
         note(f"{setup}")
+        event(f"policy: {setup.scheduler_config.policy}")
         prefixes = data.draw(prefix_lists(setup.scheduler_config.max_model_len), label="prefixes")
         self.setup = setup
         self.config = setup.scheduler_config
         self.block_size = setup.cache_config.block_size
         self.num_gpu_blocks = setup.cache_config.num_gpu_blocks
         self.scheduler = setup.make_scheduler()
-        self.runner = FakeRunner()
+        self.runner = FakeRunner(self.block_size)
+        self.priority = self.config.policy == "priority"
         self.prefixes = prefixes
         self.next_id = 0
         self.specs: dict[str, RequestSpec] = {}
+        self.keys: dict[str, tuple[int, float]] = {}  # (priority, arrival_time): unique (NOTE 4)
         self.expected: dict[str, Expected] = {}
         self.outputs: dict[str, list[int]] = {}
         self.live: set[str] = set()
@@ -300,7 +378,7 @@ class SchedulerStateMachine(RuleBasedStateMachine):
         self.ever_scheduled: set[str] = set()
         # Start busy, so that short runs still schedule, hit and preempt.
         for _ in range(num_initial):
-            self._add(data.draw(request_specs(self.prefixes, setup.scheduler_config.max_model_len), label="request"))
+            self._add(data.draw(self._request_specs(), label="request"))
         self._broken = False
 
     # -- rules -----------------------------------------------------------------------
@@ -311,7 +389,7 @@ class SchedulerStateMachine(RuleBasedStateMachine):
         """Add 1-3 requests (a burst, so that several compete for blocks)."""
         self._broken = True
         for _ in range(min(count, MAX_LIVE_REQUESTS - len(self.live))):
-            self._add(data.draw(request_specs(self.prefixes, self.config.max_model_len), label="request"))
+            self._add(data.draw(self._request_specs(), label="request"))
         self._broken = False
 
     @rule(bad=st.sampled_from(["duplicate", "too_long"]), data=st.data())
@@ -369,6 +447,8 @@ class SchedulerStateMachine(RuleBasedStateMachine):
         assert len(s.running) <= self.config.max_num_seqs, f"{len(s.running)} running > {self.config.max_num_seqs}"
         assert set(s.requests) == self.live, f"scheduler knows {sorted(s.requests)}, test has {sorted(self.live)}"
         assert s.get_num_unfinished_requests() == len(self.live)
+        waiting = [r.request_id for r in s.waiting]  # priority: iterated in pop order, i.e. by key
+        assert waiting == self._pop_order(waiting), f"waiting {waiting} is not in (priority, arrival) order"
         for r in list(s.running) + list(s.waiting):
             assert r.output_token_ids == self.outputs[r.request_id], (
                 f"{r.request_id}: outputs {r.output_token_ids} != reported {self.outputs[r.request_id]}"
@@ -418,15 +498,26 @@ class SchedulerStateMachine(RuleBasedStateMachine):
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _request_specs(self) -> st.SearchStrategy[RequestSpec]:
+        return request_specs(self.prefixes, self.config.max_model_len, self.config.policy)
+
+    def _pop_order(self, rids: list[str]) -> list[str]:
+        """The order a waiting queue holding ``rids`` would pop them in: FCFS keeps its own
+        (a deque: ``rids`` as listed); the priority policy sorts them by key."""
+        return sorted(rids, key=self.keys.__getitem__) if self.priority else list(rids)
+
     def _add(self, spec: RequestSpec) -> None:
         rid = f"r{self.next_id}"
+        self.keys[rid] = (spec.priority, float(self.next_id))  # arrival: a counter (NOTE 4)
+        self.scheduler.add_request(spec.make_request(rid, arrival_time=float(self.next_id)))
         self.next_id += 1
-        self.scheduler.add_request(Request(rid, list(spec.prompt), spec.params, eos_token_id=spec.eos))
         self.specs[rid] = spec
         self.expected[rid] = generate_alone(list(spec.prompt), spec.params, spec.eos, self.config.max_model_len)
         self.outputs[rid] = []
         self.live.add(rid)
-        assert self.scheduler.waiting[-1].request_id == rid, f"{rid} is not at the back of the waiting queue"
+        waiting = [r.request_id for r in self.scheduler.waiting]
+        # FCFS: at the back. Priority: where its key puts it, which the invariant checks.
+        assert rid in waiting and (self.priority or waiting[-1] == rid), f"{rid} is not at the back of {waiting}"
 
     def _check_aborted(self, rid: str) -> None:
         s = self.scheduler
@@ -500,36 +591,37 @@ class SchedulerStateMachine(RuleBasedStateMachine):
                 assert d.num_computed_tokens % self.block_size == 0, f"{d} hit part of a block"
         self.ever_scheduled.update(sched)
 
-        # Running requests go first, in order; preemption takes the tail of the running queue.
-        assert kept_ids == running_before[: len(kept_ids)], (
-            f"scheduled running {kept_ids} are not a prefix of the running queue {running_before}"
-        )
+        # The running loop, then where the preempted requests went.
+        survivors = check_running_loop(running_before, out, self.keys, cfg.policy, cfg.max_num_batched_tokens)
         preempted = out.preempted_req_ids
         k = len(preempted)
         assert s.num_preemptions - preemptions_before == k, f"{s.num_preemptions - preemptions_before} != {k}"
-        assert not preempted & sched.keys(), f"preempted {sorted(preempted)} yet scheduled {sorted(sched)}"
         if preempted:
-            event("preemption")
-            tail = running_before[len(running_before) - k :]
-            assert set(tail) == preempted, f"preempted {sorted(preempted)}, not the tail {tail} of {running_before}"
-            assert running_after == running_before[: len(running_before) - k], (
-                f"running {running_before} -> {running_after} after preempting {sorted(preempted)}"
-            )
+            event(f"preemption under {cfg.policy}")
+            assert running_after == survivors, f"running {running_before} -> {running_after}, preempted {preempted}"
             assert not new_ids and not resumed_ids, f"admitted {new_ids + resumed_ids} in a step that preempted"
-            assert set(waiting_after[:k]) == preempted and waiting_after[k:] == waiting_before, (
-                f"waiting {waiting_before} -> {waiting_after}: preempted {sorted(preempted)} not at the front"
-            )
+            if self.priority:  # no front in a heap: back by key (request_queue.py NOTE 2)
+                assert waiting_after == self._pop_order(waiting_before + sorted(preempted)), (
+                    f"waiting {waiting_before} -> {waiting_after} after preempting {sorted(preempted)}"
+                )
+            else:
+                assert set(waiting_after[:k]) == preempted and waiting_after[k:] == waiting_before, (
+                    f"waiting {waiting_before} -> {waiting_after}: preempted {sorted(preempted)} not at the front"
+                )
             for rid in preempted:
                 r = s.requests[rid]
                 assert r.status == RequestStatus.PREEMPTED and r.num_computed_tokens == 0, f"preempted {r!r}"
+                assert not s.kv_cache_manager.req_to_blocks.get(rid), f"preempted {rid} still holds blocks"
         else:
+            # The head of the queue's pop order, none skipped (no grammars here: NOTE 6 of scheduler.py).
+            order = self._pop_order(waiting_before)
             admitted = len(running_after) - len(running_before)
-            assert running_after == running_before + waiting_before[:admitted], (
-                f"running {running_before} -> {running_after}, waiting was {waiting_before}"
+            assert running_after == running_before + order[:admitted], (
+                f"running {running_before} -> {running_after}, waiting was {order}"
             )
-            assert waiting_after == waiting_before[admitted:], f"waiting {waiting_before} -> {waiting_after}"
-            assert sorted(new_ids + resumed_ids) == sorted(waiting_before[:admitted]), (
-                f"admitted {new_ids + resumed_ids} != head of waiting {waiting_before[:admitted]}"
+            assert waiting_after == order[admitted:], f"waiting {order} -> {waiting_after}"
+            assert sorted(new_ids + resumed_ids) == sorted(order[:admitted]), (
+                f"admitted {new_ids + resumed_ids} != head of waiting {order[:admitted]}"
             )
             if admitted:
                 assert kept_ids == running_before, f"admitted while running {running_before} got only {kept_ids}"
@@ -601,12 +693,13 @@ Test_scheduler_StateMachine = pytest.mark.seed("002:opening")(SchedulerStateMach
 
 @st.composite
 def scheduler_workloads(draw: st.DrawFn) -> tuple[Setup, list[tuple[int, RequestSpec]]]:
-    """A config and requests with arrival steps (0-8)."""
+    """A config and requests with arrival steps (0-8) and, under the priority policy, priorities."""
     setup = draw(scheduler_setups())
-    prefixes = draw(prefix_lists(setup.scheduler_config.max_model_len), label="prefixes")
+    config = setup.scheduler_config
+    prefixes = draw(prefix_lists(config.max_model_len), label="prefixes")
     specs = draw(
         st.lists(
-            st.tuples(st.integers(0, 8), request_specs(prefixes, setup.scheduler_config.max_model_len)),
+            st.tuples(st.integers(0, 8), request_specs(prefixes, config.max_model_len, config.policy)),
             min_size=1,
             max_size=10,
         ),
@@ -615,16 +708,54 @@ def scheduler_workloads(draw: st.DrawFn) -> tuple[Setup, list[tuple[int, Request
     return setup, sorted(specs, key=lambda arrival_spec: arrival_spec[0])
 
 
+def _priority_workload(
+    config: SchedulerConfig,
+    num_gpu_blocks: int,
+    caching: bool,
+    requests: list[tuple[int, tuple[int, ...], int, int]],
+) -> tuple[Setup, list[tuple[int, RequestSpec]]]:
+    """A workload of block size 1; requests as (arrival step, prompt, max_tokens, priority)."""
+    cache = CacheConfig(block_size=1, num_gpu_blocks=num_gpu_blocks, enable_prefix_caching=caching, hash_algo="builtin")
+    specs = [(step, RequestSpec(prompt, SamplingParams(max_tokens=n), None, prio)) for step, prompt, n, prio in requests]
+    return Setup(config, cache, log_stats=False), specs
+
+
+# NOTE 5: the CI profile's 25 examples seldom reach a victim scheduled earlier in its step, so
+# these two pin it. Hypothesis found them against schedulers broken on purpose, then shrank them.
+# r1 (priority 1) decodes; r2 and r3 (priority 0) join behind it. In step 8 one block is free:
+# r1 takes it, r2 finds none, so r1, the largest key and not the last running, is the victim; it
+# gives its token back and the cursor moves back, so r2 and then r3 are scheduled. Fails when
+# the victim is the last running request, when it keeps its tokens, when the cursor stays.
+VICTIM_BEFORE_THE_CURSOR = _priority_workload(
+    SchedulerConfig(max_num_batched_tokens=3, max_num_seqs=3, max_model_len=10, policy="priority"),
+    num_gpu_blocks=10, caching=False, requests=[(0, (0,), 1, 0), (2, (0,), 7, 1), (6, (0,), 3, 0), (7, (0,), 2, 0)],
+)
+# r0 (priority 1) prefills 17 tokens in chunks of 3; r1 (priority 0) joins at step 3. In step 5,
+# r0 takes the last two blocks for positions 15-16 (cached at once), r1's decode finds none, r0
+# is the victim: those blocks must leave the prefix cache, or r0 hits them when it resumes and
+# reads KV that was never written (the runner checks every slot it reads: NOTE 3).
+VICTIM_CACHED_IN_ITS_STEP = _priority_workload(
+    SchedulerConfig(
+        max_num_batched_tokens=5, max_num_seqs=2, max_model_len=19, long_prefill_token_threshold=3, policy="priority"
+    ),
+    num_gpu_blocks=21, caching=True, requests=[(0, (1,) + (0,) * 16, 1, 1), (3, (0, 0, 0, 0), 2, 0)],
+)
+
+
 @pytest.mark.seed("002:opening")
+@example(workload=VICTIM_BEFORE_THE_CURSOR)
+@example(workload=VICTIM_CACHED_IN_ITS_STEP)
 @given(workload=scheduler_workloads())
 def test_scheduler_outputs_equal_the_model_run_alone(workload: tuple[Setup, list[tuple[int, RequestSpec]]]) -> None:
     """Whatever the batching, chunking and preemption, each request's outputs and finish
     reason are those of the fake model on its prompt alone, within the stop rules."""
     setup, arrivals = workload
-    max_model_len = setup.scheduler_config.max_model_len
+    config = setup.scheduler_config
+    max_model_len = config.max_model_len
     s = setup.make_scheduler()
-    runner = FakeRunner()
+    runner = FakeRunner(setup.cache_config.block_size)
     specs = {f"r{i}": spec for i, (_, spec) in enumerate(arrivals)}
+    keys = {rid: (spec.priority, float(i)) for i, (rid, spec) in enumerate(specs.items())}  # as added below
     pending = [(arrival, f"r{i}") for i, (arrival, _) in enumerate(arrivals)]
     outputs: dict[str, list[int]] = {rid: [] for rid in specs}
     reasons: dict[str, tuple[str, int | None]] = {}
@@ -633,11 +764,12 @@ def test_scheduler_outputs_equal_the_model_run_alone(workload: tuple[Setup, list
         assert step < MAX_DRAIN_STEPS, f"unfinished after {step} steps: {s.running} {list(s.waiting)}"
         while pending and pending[0][0] <= step:
             rid = pending.pop(0)[1]
-            spec = specs[rid]
-            s.add_request(Request(rid, list(spec.prompt), spec.params, eos_token_id=spec.eos))
+            s.add_request(specs[rid].make_request(rid, arrival_time=keys[rid][1]))
+        running_before = [r.request_id for r in s.running]
         out = s.schedule()
-        assert out.total_num_scheduled_tokens <= setup.scheduler_config.max_num_batched_tokens, f"{out}"
-        if not setup.scheduler_config.enable_chunked_prefill:
+        assert out.total_num_scheduled_tokens <= config.max_num_batched_tokens, f"{out}"
+        check_running_loop(running_before, out, keys, config.policy, config.max_num_batched_tokens)
+        if not config.enable_chunked_prefill:
             for rid in out.num_scheduled_tokens:
                 r = s.requests[rid]
                 assert r.num_computed_tokens == r.num_tokens, f"chunked prefill is off but {r!r} was chunked"
@@ -649,7 +781,7 @@ def test_scheduler_outputs_equal_the_model_run_alone(workload: tuple[Setup, list
                 reasons[o.request_id] = (o.finish_reason, o.stop_reason)
         s.check_invariants()
         step += 1
-    event("preemption" if s.num_preemptions else "no preemption")
+    event(f"preemption under {config.policy}" if s.num_preemptions else f"no preemption under {config.policy}")
     for rid, spec in specs.items():
         want = generate_alone(list(spec.prompt), spec.params, spec.eos, max_model_len)
         got = outputs[rid]
