@@ -111,7 +111,7 @@ def test_async_llm_takes_each_requests_priority(tiny_model_dirs, monkeypatch):
     order = []
 
     async def run(rid, prompt, max_tokens, priority):
-        async for out in async_llm.generate({"prompt_token_ids": prompt}, greedy(max_tokens), rid, priority):
+        async for out in async_llm.generate({"prompt_token_ids": prompt}, greedy(max_tokens), rid, priority=priority):
             if out.finished:
                 order.append(rid)
 

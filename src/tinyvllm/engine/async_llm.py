@@ -133,7 +133,7 @@ class AsyncLLM:
 
     # --8<-- [start:generate]
     async def generate(
-        self, prompt: str | dict, sampling_params: SamplingParams, request_id: str, priority: int = 0
+        self, prompt: str | dict, sampling_params: SamplingParams, request_id: str, *, priority: int = 0
     ) -> AsyncIterator[RequestOutput]:
         """Add the request and yield its outputs (as ``sampling_params.output_kind`` asks) until it finishes.
 

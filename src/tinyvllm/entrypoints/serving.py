@@ -347,7 +347,7 @@ class OpenAIServing:
             if body.cache_salt is not None:
                 prompt["cache_salt"] = body.cache_salt
             request_id = f"{response_id}-{i}-{uuid.uuid4().hex[:8]}"
-            streams.append(self.async_llm.generate(prompt, params, request_id, priority))
+            streams.append(self.async_llm.generate(prompt, params, request_id, priority=priority))
         trackers = [RequestTracker(self.metrics, params.n, arrival) for _ in states]
         try:
             firsts = await self.until_disconnect(first_outputs(streams), raw_request)  # NOTE 1
