@@ -197,3 +197,20 @@ def test_a_victim_found_before_the_cursor_does_not_make_the_scheduler_skip_a_req
     assert third.preempted_req_ids == {"old"}
     assert dict(third.num_scheduled_tokens) == {"b": 1, "c": 1}
     s.check_invariants()
+
+
+def test_a_victims_tokens_go_back_to_the_budget_for_the_requests_after_it():
+    """Budget 7, eight two-token blocks. `low` (priority 5) runs first; `mid` and `late` join.
+    In step 2 `low` takes 1 token of the budget, then `mid` needs a block and `low` is the
+    victim: its token goes back, so `late`'s prefill chunk gets 6 tokens, not 5."""
+    s = make_scheduler(num_gpu_blocks=8, max_num_batched_tokens=7)
+    s.add_request(make_req("low", range(100, 108), priority=5, max_tokens=4))
+    step(s)  # low's prompt: 7 of its 8 tokens
+    s.add_request(make_req("mid", [1, 2], priority=0, max_tokens=4))
+    s.add_request(make_req("late", range(50, 60), priority=1, max_tokens=4))
+    step(s)
+    assert [r.request_id for r in s.running] == ["low", "mid", "late"]
+    out, _ = step(s)
+    assert out.preempted_req_ids == {"low"}
+    assert dict(out.num_scheduled_tokens) == {"mid": 1, "late": 6}
+    assert out.total_num_scheduled_tokens == 7  # the whole budget, low's token included
