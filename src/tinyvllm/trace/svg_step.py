@@ -242,8 +242,9 @@ def _block_tables(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, s
     if not s.requests:
         c.text(MARGIN, c.y + 14, "(no unfinished request)", 11, fill=MUTED)
         c.y += 22
+    show_priority = any(r.priority for r in s.requests)  # a run under the priority policy
     for r in s.requests:
-        name = f"{r.request_id} (priority {r.priority})" if any(q.priority for q in s.requests) else r.request_id
+        name = f"{r.request_id} (priority {r.priority})" if show_priority else r.request_id
         c.text(MARGIN, c.y + 15, name, 12, font_weight="bold", fill=colours[r.request_id])
         status = f"{r.status.lower()}, " if s.scheduler is not None else ""  # a manager driven by hand has none
         pending = f" +{r.num_output_placeholders} placeholder" if r.num_output_placeholders else ""  # NOTE 3
