@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tinyvllm.core.request_queue import SCHEDULING_POLICIES
+from tinyvllm.core.request_queue import check_policy
 from tinyvllm.sampling_params import MAX_LOGPROBS
 from tinyvllm.validation import check_token_ids
 
@@ -103,8 +103,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
 
     def __post_init__(self) -> None:
-        if self.policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling policy must be one of {SCHEDULING_POLICIES}, got {self.policy!r}")
+        check_policy(self.policy, "policy")
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_model_len", self.max_model_len, 1)

@@ -33,13 +33,22 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from tinyvllm.request import Request
 
 SchedulingPolicy = Literal["fcfs", "priority"]
-SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "priority")
+SCHEDULING_POLICIES: tuple[str, ...] = get_args(SchedulingPolicy)
+
+
+def check_policy(policy: object, name: str = "scheduling_policy") -> SchedulingPolicy:
+    """The one check of a policy name: TypeError for a non-str, ValueError naming any other."""
+    if not isinstance(policy, str):
+        raise TypeError(f"{name} must be a str, got {policy!r}")
+    if policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"{name} must be one of {SCHEDULING_POLICIES}, got {policy!r}")
+    return policy
 
 
 # --8<-- [start:victim]
@@ -145,8 +154,4 @@ RequestQueue = FCFSRequestQueue | PriorityRequestQueue
 
 def create_request_queue(policy: SchedulingPolicy) -> RequestQueue:
     """An empty waiting queue for ``policy``; ValueError naming any other policy."""
-    if policy == "fcfs":
-        return FCFSRequestQueue()
-    if policy == "priority":
-        return PriorityRequestQueue()
-    raise ValueError(f"scheduling policy must be one of {SCHEDULING_POLICIES}, got {policy!r}")
+    return FCFSRequestQueue() if check_policy(policy) == "fcfs" else PriorityRequestQueue()

@@ -80,7 +80,7 @@ from tinyvllm.config import (
     SpeculativeConfig,
     StructuredOutputsConfig,
 )
-from tinyvllm.core.request_queue import SCHEDULING_POLICIES
+from tinyvllm.core.request_queue import SCHEDULING_POLICIES, check_policy
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.loader import ModelSpec, load_model_spec, resolve_dtype
@@ -262,10 +262,7 @@ class EngineArgs:
         if speculative_config is not None and logits_processors:
             raise ValueError("custom logits_processors cannot be combined with speculative decoding (seed 001 ch. 11.4)")
         async_scheduling = check_bool("async_scheduling", self.async_scheduling)
-        if not isinstance(self.scheduling_policy, str):
-            raise TypeError(f"scheduling_policy must be a str, got {self.scheduling_policy!r}")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:  # NOTE 11
-            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        check_policy(self.scheduling_policy)  # NOTE 11: before the model folder is read
         structured_outputs_config = self.structured_outputs_config
         if isinstance(structured_outputs_config, Mapping):  # vLLM's {"backend": "xgrammar"}
             structured_outputs_config = StructuredOutputsConfig.from_dict(structured_outputs_config)
