@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """Beam search: keep the ``beam_width`` most likely sequences, one token at a time.
 
 Concept: a *beam* is a sequence (prompt + tokens so far) with the sum of its tokens'
@@ -35,6 +36,7 @@ ones of ``generation_config.json``) finishes a beam; vLLM's uses the tokenizer's
 A beam that reaches ``max_model_len`` finishes with ``"length"``, as one that reaches
 ``max_tokens`` does.
 """
+# --8<-- [end:header]
 
 from __future__ import annotations
 
