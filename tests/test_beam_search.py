@@ -239,3 +239,13 @@ def test_text_prompts_and_the_texts_of_the_beams(tiny_model_dirs):
         assert s.tokens[: len(prompt_ids)] == tuple(prompt_ids)
         assert s.text == llm.tokenizer.decode(list(s.output_token_ids), skip_special_tokens=True)
     assert out.sequences[0].cum_logprob >= out.sequences[1].cum_logprob
+
+
+def test_prompts_of_the_wrong_type_are_refused_as_generate_refuses_them(tiny_model_dirs):
+    llm = make_llm(tiny_model_dirs)
+    for prompts in (7, b"bytes"):
+        with pytest.raises(TypeError, match="prompts must be a str, a prompt dict or a list of them"):
+            llm.beam_search(prompts, BeamSearchParams(beam_width=2, max_tokens=2))
+    with pytest.raises(TypeError, match=r"prompt 0 must be a str or a dict .*token ids go in a dict"):
+        llm.beam_search([[5, 6, 7]], BeamSearchParams(beam_width=2, max_tokens=2))
+    assert llm.beam_search([], BeamSearchParams(beam_width=2, max_tokens=2)) == []

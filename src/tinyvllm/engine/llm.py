@@ -194,11 +194,7 @@ class LLM:
         """
         # --8<-- [start:validation]
         check_bool("use_tqdm", use_tqdm)
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        elif isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
-            raise TypeError(f"prompts must be a str, a prompt dict or a list of them, got {prompts!r}")
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         single = sampling_params is None or isinstance(sampling_params, SamplingParams)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()  # NOTE 2
@@ -297,7 +293,7 @@ class LLM:
         check_bool("use_tqdm", use_tqdm)
         processor = self.engine.input_processor
         step_params = beam_step_params(params, processor.max_logprobs)
-        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        prompts = _prompt_list(prompts)
         instances = []
         for i, prompt in enumerate(prompts):  # every check before anything runs
             request = processor.process_inputs("beam-check", prompt, step_params, i, "params")
@@ -339,6 +335,16 @@ class LLM:
                 raise
         return [finished[r] for r in req_ids]
     # --8<-- [end:run_loop]
+
+
+def _prompt_list(prompts: Any) -> list[Any]:
+    """``generate``'s and ``beam_search``'s ``prompts`` as a list: one prompt (a str or a
+    dict) or an iterable of them."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts must be a str, a prompt dict or a list of them, got {prompts!r}")
+    return list(prompts)
 
 
 def _conversations(messages: Any) -> list[Any]:
