@@ -45,7 +45,7 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from tinyvllm.outputs import PositionLogprobs, RequestOutput
+from tinyvllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_bool, check_int, check_real
 
@@ -268,6 +268,16 @@ def candidates(output: RequestOutput) -> PositionLogprobs | None:
     completion = output.outputs[0]
     return completion.logprobs[0] if completion.logprobs else None
 # --8<-- [end:requests]
+
+
+def completion_outputs(output: BeamSearchOutput) -> list[CompletionOutput]:
+    """A prompt's answer as the completions of one ``RequestOutput`` (vLLM's shape), best
+    first: each beam's generated tokens (a final EOS kept), text, sum, logprobs and finish."""
+    return [
+        CompletionOutput(i, beam.text or "", list(beam.output_token_ids), beam.finish_reason, beam.stop_reason,
+                         list(beam.logprobs), beam.cum_logprob)
+        for i, beam in enumerate(output.sequences)
+    ]  # fmt: skip
 
 
 def finished(beam: BeamSearchSequence, reason: str, stop_reason: int | None = None) -> BeamSearchSequence:
