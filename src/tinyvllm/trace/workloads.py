@@ -312,13 +312,16 @@ def cuda_graphs_padding() -> Trace:
     return _engine_trace(llm, options, arrivals)
 
 
-def seed003_kv_slots() -> Trace:
+def _tiny_llm(**overrides):
+    """The one-layer tiny Qwen3 on the CPU, eager, torch attention, block size 4 (NOTE 1)."""
     from tinyvllm import LLM
 
-    llm = LLM(
-        tiny_model_folder(), device="cpu", attention_backend="torch", max_model_len=32, block_size=4,
-        max_num_batched_tokens=8, max_num_seqs=4, num_gpu_blocks_override=12, enforce_eager=True,
-    )  # fmt: skip
+    return LLM(tiny_model_folder(), device="cpu", attention_backend="torch", max_model_len=32, block_size=4,
+               enforce_eager=True, **overrides)  # fmt: skip
+
+
+def seed003_kv_slots() -> Trace:
+    llm = _tiny_llm(max_num_batched_tokens=8, max_num_seqs=4, num_gpu_blocks_override=12)
     options = dict(
         title="Seed 003: the KV cache tensor and the slots each step writes (block size 4, twelve blocks)",
         description="Each scheduled token's key and value go to slot block_id * 4 + offset of its request's block "
@@ -333,12 +336,9 @@ def seed003_kv_slots() -> Trace:
 
 
 def beam_search_steps() -> Trace:
-    from tinyvllm import LLM, BeamSearchParams
+    from tinyvllm import BeamSearchParams
 
-    llm = LLM(
-        tiny_model_folder(), device="cpu", attention_backend="torch", max_model_len=32, block_size=4,
-        max_num_batched_tokens=16, num_gpu_blocks_override=16, enforce_eager=True,
-    )  # fmt: skip
+    llm = _tiny_llm(max_num_batched_tokens=16, num_gpu_blocks_override=16)
     options = dict(
         title="Beam search: each step's beams are one-token requests (width 2, block size 4)",
         description="LLM.beam_search on a 7-token prompt, width 2, 4 steps. Each engine step runs the live beams "
