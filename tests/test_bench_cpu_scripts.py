@@ -1,5 +1,5 @@
 """bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py, bench/ngram_proposer.py,
-bench/rejection_sampler.py, bench/top_k_top_p.py: their --quick runs go through every code path and write the
+bench/rejection_sampler.py, bench/top_k_top_p.py, bench/beam_search.py: their --quick runs go through every code path and write the
 JSON the README describes (timings mean nothing)."""
 
 import json
@@ -177,3 +177,17 @@ def test_top_k_top_p_quick_times_old_and_new_on_the_same_masks(tmp_path):
         for case in cases:
             assert set(case["ms_per_call"]) == {"old", "new"} and case["old_over_new"] > 0
             assert all(len(v) == 2 for v in case["rounds_ms_per_call"].values())
+
+
+def test_beam_search_quick_times_every_system_on_the_same_beams(tmp_path):
+    """bench/beam_search.py --quick: six systems, the same beams from each (transformers'
+    per-prompt search is the reference), and the prefix cache's hits growing as blocks shrink."""
+    out = tmp_path / "beam_search.json"
+    result = _run("beam_search.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["workload"]["beam_width"] == 2 and record["repeats"] == 1
+    assert all(record["beams_equal_hf_per_prompt"].values()) and len(record["beams_equal_hf_per_prompt"]) == 6
+    hits = {name: counts["found"] for name, counts in record["prefix_cache_per_search"].items()}
+    assert hits["tinyvllm_no_prefix_cache"] == 0 < hits["tinyvllm_block_size_4"] < hits["tinyvllm_block_size_1"]
+    assert all(v > 0 for v in record["ratios"].values())

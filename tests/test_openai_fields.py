@@ -36,6 +36,7 @@ from openai.types import completion_create_params  # noqa: E402
 from openai.types.chat import completion_create_params as chat_create_params  # noqa: E402
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
+from tinyvllm.beam_search import BeamSearchParams  # noqa: E402
 from tinyvllm.entrypoints.protocol import INFORMATIONAL, REFUSED, ChatCompletionRequest, CompletionRequest  # noqa: E402
 
 NAME = "tiny-qwen3"
@@ -367,6 +368,17 @@ def continues(ctx, api, out):
     assert out.usage.prompt_tokens == len(ids["prompt_token_ids"]) and text(out) == ctx.ref(api, ids).outputs[0].text
 
 
+def beams_as(**params) -> Callable:
+    """The texts of ``LLM.beam_search``'s beams, best first, one choice each (``n`` 2 the width)."""
+
+    def check(ctx, api, out):
+        prompt = PROMPT if api == "completions" else ctx.chat_ids()
+        [ref] = ctx.offline.beam_search(prompt, BeamSearchParams(beam_width=2, max_tokens=8, **params))
+        assert [text(out, i) for i in range(len(out.choices))] == [s.text for s in ref.sequences]
+
+    return check
+
+
 OTHER_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}>>> "
 KWARGS_TEMPLATE = "{{ greeting }}: {% for m in messages %}{{ m['content'] }} {% endfor %}"
 DOCS_TEMPLATE = "{% for d in documents %}<doc {{ d['title'] }}>{{ d['text'] }}</doc>{% endfor %}{{ messages[-1]['content'] }}"
@@ -447,8 +459,8 @@ ROWS: list[Row] = [
     Row("chat", "return_tokens_as_token_ids", True, tokens_as_ids, extra={"logprobs": True}, engine="logprobs"),  # fmt: skip
     *[Row(api, "cache_salt", "salt-a", salted, extra=_unique(api)) for api in ("completions", "chat")],
     *both("vllm_xargs", {"force_token": 42}, forced_42),
-    *both("use_beam_search", True),
-    *both("length_penalty", 0.5),
+    *both("use_beam_search", True, beams_as(), extra={"n": 2}),  # more: test_beam_search_serving.py
+    *both("length_penalty", 0.5, beams_as(length_penalty=0.5), extra={"use_beam_search": True, "n": 2}),
     *both("spaces_between_special_tokens", False),
     *both("guided_json", {"type": "object"}),
     *both("guided_regex", "a+"),

@@ -154,6 +154,22 @@ def test_priority_trace_shows_the_victim_taken_back_out_of_its_step():
     assert trace.steps[-1].scheduler.finished == ("low",)
 
 
+def test_beam_search_trace_shows_each_step_computing_past_its_parents_full_blocks():
+    """beam-search: a 7-token prompt, width 2, block size 4. Each step's beams are new
+    one-token requests that finish in the step; each finds its parent's full blocks in the
+    prefix cache and computes only the tokens past them."""
+    trace = workload_trace("beam-search")
+    got = [[(x.request_id, x.num_tokens, x.admitted, x.num_hit_tokens) for x in s.scheduler.scheduled] for s in trace.steps]
+    assert got == [
+        [("0", 7, "new", 0)],  # the prompt
+        [("1", 4, "new", 4), ("2", 4, "new", 4)],  # 8 tokens: block 0 hit, the second block computed
+        [("3", 1, "new", 8), ("4", 1, "new", 8)],  # 9: the parent's two full blocks hit
+        [("5", 2, "new", 8), ("6", 2, "new", 8)],  # 10: the parent (9 tokens) filled only two
+    ]
+    assert [s.scheduler.finished for s in trace.steps] == [("0",), ("1", "2"), ("3", "4"), ("5", "6")]
+    assert len(trace.steps[1].hash_map) == 3  # block 0, and each beam's own second block
+
+
 @pytest.mark.seed("000:dispatcher")
 def test_cuda_graphs_trace_pads_prefills_piecewise_and_decodes_full():
     trace = workload_trace("cuda-graphs-padding")

@@ -4,11 +4,12 @@
 that ``import tinyvllm.core`` (the scheduler side) never pulls in torch; a test enforces it.
 """
 
+from tinyvllm.beam_search import BeamSearchOutput, BeamSearchParams
 from tinyvllm.outputs import CompletionOutput, RequestOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "CompletionOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 

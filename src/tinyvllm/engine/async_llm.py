@@ -1,61 +1,62 @@
 """AsyncLLM: many concurrent callers, one engine, ``async for out in engine.generate(...)``.
 
-Concept: an ``asyncio`` front for ``LLMEngine``, built on the engine and its input and
-output processors (``LLMEngine.from_engine_args``), not on ``LLM``. Each call of ``generate`` adds one
-request and gets its own ``asyncio.Queue``; one background task steps the engine and
-puts each ``RequestOutput`` into its request's queue. The engine is not thread-safe and
-a step takes milliseconds to seconds, so every engine call (add, abort, step) runs in
-ONE worker thread (NOTE 1): the event loop never blocks, and the engine never sees two
-calls at once.
+Concept: an ``asyncio`` front for ``LLMEngine``, built on the engine and its input and output
+processors (``LLMEngine.from_engine_args``), not on ``LLM``. Each call of ``generate`` adds one
+request and gets its own ``asyncio.Queue``; one background task steps the engine and puts
+each ``RequestOutput`` into its request's queue. The engine is not thread-safe and a step
+takes milliseconds to seconds, so every engine call (add, abort, step) runs in ONE worker
+thread (NOTE 1): the event loop never blocks, and the engine never sees two calls at once.
 
 Mirrors: ``vllm/v1/engine/async_llm.py`` (``AsyncLLM.generate``, ``abort``), whose engine
 core runs in another process and talks over ZeroMQ; here it is a thread and a queue.
 
-Invariants: a request id has a queue exactly while its ``generate`` is being iterated;
-a request whose consumer stops early (``break``, a closed stream, a cancelled task) is
-aborted, so its KV blocks go back to the pool within one step; every ``generate`` ends:
-with its finished output, the abort output, the failed step's exception, or
-``EngineDeadError``.
+Invariants: a request id has a queue exactly while its ``generate`` is being iterated; a
+request whose consumer stops early (``break``, a closed stream, a cancelled task) is aborted,
+so its KV blocks go back to the pool within one step; every ``generate`` ends: with its
+finished output, the abort output, the failed step's exception, or ``EngineDeadError``.
 
-NOTE 1 (one worker thread as the command queue): the executor has a single thread and
-runs what it is given in order. While a step runs, adds and aborts wait in its queue and
-run between that step and the next: the same order a lock or an explicit command queue
-would give. Outputs come back to the event loop as the result of the awaited step, so
-the queues are fed from the loop's own thread (no ``call_soon_threadsafe`` is needed).
-Tokenizing a prompt and rendering a chat template do NOT run there (NOTE 7).
+NOTE 1 (one worker thread as the command queue): the executor has a single thread and runs
+what it is given in order. While a step runs, adds and aborts wait in its queue and run
+between that step and the next: the same order a lock or an explicit command queue would
+give. Outputs come back to the event loop as the result of the awaited step, so the queues
+are fed from the loop's own thread (no ``call_soon_threadsafe`` is needed). Tokenizing a
+prompt and rendering a chat template do NOT run there (NOTE 7).
 NOTE 2 (abort on exit): ``generate``'s ``finally`` runs when the consumer stops early
 (``GeneratorExit`` from ``aclose()``, ``CancelledError``); it submits the abort without
 awaiting it, because a closing async generator should not wait.
-NOTE 3 (back-pressure): ``add`` refuses a request with ``TooManyWaitingRequestsError``
-when its ``n`` sequences would take the scheduler's waiting queue past
-``max_waiting_requests``, so a flood of clients costs a fast error (HTTP 503), not
-unbounded memory; an ``n`` past the bound could never wait, and is a ``ValueError``.
-NOTE 4 (outputs are routed in the engine thread): a request id may be used again as soon
-as its consumer has gone, and the old request's step may still be running then. Routing
-by id on the event loop would hand that step's outputs to the new consumer. So the map
-from an engine request to its consumer's queue (``_routes``) lives in the engine thread:
-``_add`` enters the queue once the engine has the request, an abort or a finished output
-removes it, and ``_step`` pairs each output with its queue there, before anything else
-runs. Outputs of the old request go to the old, abandoned queue.
+NOTE 3 (back-pressure): ``add`` refuses a request with ``TooManyWaitingRequestsError`` when
+its ``n`` sequences would take the scheduler's waiting queue past ``max_waiting_requests``,
+so a flood of clients costs a fast error (HTTP 503), not unbounded memory; an ``n`` past
+the bound could never wait, and is a ``ValueError``.
+NOTE 4 (outputs are routed in the engine thread): a request id may be used again as soon as
+its consumer has gone, and the old request's step may still be running then. Routing by id
+on the event loop would hand that step's outputs to the new consumer. So the map from an
+engine request to its consumer's queue (``_routes``) lives in the engine thread: ``_add``
+enters the queue once the engine has the request, an abort or a finished output removes
+it, and ``_step`` pairs each output with its queue there, before anything else runs.
+Outputs of the old request go to the old, abandoned queue.
 NOTE 5 (an event loop of its own): the stepping task and its wake-up event belong to the
 loop that created them. ``_start`` makes a new pair when the task is done (an
-``asyncio.run`` returned and cancelled it) or its loop is closed; consumers of a closed
-loop can never read again, so their requests are aborted. A second loop that is still
-open while the first one steps is refused: the engine serves one loop at a time.
+``asyncio.run`` returned and cancelled it) or its loop is closed; consumers of a closed loop
+can never read again, so their requests are aborted. A second loop that is still open
+while the first one steps is refused: the engine serves one loop at a time.
 NOTE 6 (shutdown and a dead engine): ``shutdown`` stops the task, aborts in the engine
 thread every request this front added (after any step in flight), stops the thread, and
-ends every live consumer with ``EngineDeadError``; every later call raises it. A bug in
-the stepping task ends the consumers the same way, and so does an executor whose worker
-processes died (a step raises ``EngineDeadError``, ``multiproc_executor.py`` NOTE 3). vLLM's ``AsyncLLM`` raises
+ends every live consumer with ``EngineDeadError``; every later call raises it. A bug in the
+stepping task ends the consumers the same way, and so does an executor whose worker
+processes died (``multiproc_executor.py`` NOTE 3). vLLM's ``AsyncLLM`` raises
 ``EngineDeadError`` from ``generate`` when its engine core process dies, and ends an
 aborted request's stream with a last output whose ``finish_reason`` is ``"abort"``.
 NOTE 7 (tokenizing off the engine's thread): a text prompt is tokenized by a
 ``PromptTokenizer`` (``engine/prompt_tokenizer.py``): a copy of the tokenizer on a thread of
 its own, so a 10 MB prompt never stops the other requests' steps. ``generate`` hands the
-engine thread token ids only, at most ``max_model_len`` of them (a longer prompt is refused
-before it gets there, with the input processor's message). ``self.tokenizer`` is that
-copy; the server renders chat templates with it, on that thread
-(``run_in_tokenizer_thread``).
+engine thread token ids only, at most ``max_model_len`` of them (a longer one is refused
+first). ``self.tokenizer`` is that copy; the server renders chat templates with it, there.
+NOTE 8 (beam search, vLLM's ``EngineClient.beam_search`` in ``vllm/engine/protocol.py``):
+``LLM.beam_search`` for one prompt, from the same pieces (``beam_search.py``): every check
+first, then each step runs the live beams' one-token requests concurrently through
+``generate`` (ids ``<request_id>-beam-<step>-<i>``); one final output, a completion per
+beam. A consumer that leaves cancels the step's tasks; each ``generate`` aborts (NOTE 2).
 """
 
 from __future__ import annotations
@@ -63,16 +64,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from tinyvllm.beam_search import (
+    BeamSearchInstance, BeamSearchParams, BeamSearchSequence, advance_all, beam_step_params, candidates, check_room, completion_outputs,
+    live_beams, search_outputs, token_prompt,
+)  # fmt: skip
 from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.prompt_tokenizer import PromptTokenizer
 from tinyvllm.exceptions import EngineDeadError  # re-exported: it lived here first
-from tinyvllm.outputs import RequestOutput
+from tinyvllm.outputs import RequestMetrics, RequestOutput
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_int
 
@@ -166,6 +172,56 @@ class AsyncLLM:
             if not finished and self._dead is None:  # stopped early, or the add failed (NOTE 2)
                 self._executor.submit(self._abort_route, request_id, queue)
     # --8<-- [end:generate]
+
+    # --8<-- [start:beam_search]
+    async def beam_search(self, prompt: str | dict, request_id: str, params: BeamSearchParams) -> AsyncIterator[RequestOutput]:
+        """Yield one finished output: the ``params.beam_width`` best beams of ``prompt``, best
+        first, one completion each (NOTE 8). Everything is checked before the first step
+        (``ValueError``/``TypeError`` as ``LLM.beam_search`` raises them); its metrics are the
+        search's arrival and end and the first step's scheduling and first token."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be BeamSearchParams, got {params!r}")
+        self._start()
+        processor = self.input_processor
+        step_params = beam_step_params(params, processor.max_logprobs)
+        arrival = time.perf_counter()
+        prompt = await self._tokenized(prompt)  # NOTE 7
+        request = processor.process_inputs(f"{request_id}-beam", prompt, step_params, 0, "params")
+        instance = check_room(0, request.prompt_token_ids, request.cache_salt, processor.max_model_len)
+        eos = frozenset() if params.ignore_eos else processor.eos_token_ids
+        first: RequestMetrics | None = None
+        for step in range(params.max_tokens):
+            if not (beams := live_beams([instance])):
+                break
+            outputs = await self._beam_step(beams, instance, step_params, f"{request_id}-beam-{step}")
+            first = first or _earliest_times(outputs)
+            advance_all([instance], [candidates(out) for out in outputs], params, eos, processor.max_model_len)
+        decode = lambda ids, skip: self.tokenizer.decode(list(ids), skip_special_tokens=skip)  # noqa: E731
+        (output,) = await self.run_in_tokenizer_thread(search_outputs, [instance], params, eos, decode)
+        metrics = RequestMetrics(arrival, first and first.first_token_time, time.perf_counter(), first and first.scheduled_time)
+        yield RequestOutput(request_id, request.prompt, list(request.prompt_token_ids), completion_outputs(output),
+                            finished=True, num_cached_tokens=0, metrics=metrics)  # fmt: skip
+
+    async def _beam_step(
+        self, beams: list[BeamSearchSequence], instance: BeamSearchInstance, params: SamplingParams, prefix: str
+    ) -> list[RequestOutput]:
+        """One step's requests, one per live beam, run concurrently; if this is cancelled or
+        one of them fails, the others are cancelled, so none is left in the engine (NOTE 8)."""
+
+        async def last(prompt: dict, request_id: str) -> RequestOutput:
+            async for out in self.generate(prompt, params, request_id):
+                final = out
+            return final
+
+        tasks = [asyncio.ensure_future(last(token_prompt(beam, instance.cache_salt), f"{prefix}-{i}"))
+                 for i, beam in enumerate(beams)]  # fmt: skip
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # each generate's finally aborts its request (NOTE 2)
+                task.cancel()
+            raise
+    # --8<-- [end:beam_search]
 
     async def abort(self, request_id: str) -> None:
         """Stop a request now and free its blocks; its ``generate`` yields a last output with
@@ -367,6 +423,13 @@ class AsyncLLM:
             spec_num_accepted_tokens=scheduler.spec_stats.num_accepted_tokens,
             spec_num_accepted_tokens_per_pos=tuple(scheduler.spec_stats.num_accepted_tokens_per_pos),
         )
+
+
+def _earliest_times(outputs: list[RequestOutput]) -> RequestMetrics:
+    """The earliest first-token and scheduling times of one step's outputs (NOTE 8)."""
+    firsts = [t for out in outputs if (t := out.metrics.first_token_time) is not None]
+    scheduled = [t for out in outputs if (t := out.metrics.scheduled_time) is not None]
+    return RequestMetrics(0.0, min(firsts, default=None), None, min(scheduled, default=None))
 
 
 def with_output_kind(params: SamplingParams, kind) -> SamplingParams:

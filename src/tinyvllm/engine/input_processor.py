@@ -215,6 +215,11 @@ class InputProcessor:
         return text, self.tokenizer(text).input_ids, salt
     # --8<-- [end:prompt_inputs]
 
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id the engine ends a request on for this model, unless ``ignore_eos`` (NOTE 1)."""
+        return frozenset(t for t in (self.eos_token_id, *self.extra_stop_token_ids) if t is not None)
+
     # --8<-- [start:eos_stops]
     def with_eos_stops(self, params: SamplingParams) -> SamplingParams:
         extra = [t for t in self.extra_stop_token_ids if t not in params.stop_token_ids]

@@ -28,6 +28,10 @@ checked (as prompt i) before the first request is queued.
 NOTE 4 (what start-up made): ``llm.engine``, ``llm.config`` and the model, device, dtype,
 tokenizer and start-up report are read from the engine, which holds them; ``LLM`` keeps only
 its request-id counter.
+NOTE 5 (beam search): ``beam_search(prompts, BeamSearchParams(...))`` runs each step as one
+``generate`` of one-token requests, one per live beam, and ranks their candidates
+(``beam_search.py``); the prefix cache makes each step compute little more than the
+token the last step added.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tinyvllm.beam_search import (
+    BeamSearchOutput, BeamSearchParams, advance_all, beam_step_params, candidates, check_room, live_beams,
+    search_outputs, token_prompt,
+)  # fmt: skip
 from tinyvllm.config import CompilationConfig, EngineConfig, ReasoningConfig, SpeculativeConfig, StructuredOutputsConfig
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.engine_args import EngineArgs
@@ -186,11 +194,7 @@ class LLM:
         """
         # --8<-- [start:validation]
         check_bool("use_tqdm", use_tqdm)
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        elif isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
-            raise TypeError(f"prompts must be a str, a prompt dict or a list of them, got {prompts!r}")
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         single = sampling_params is None or isinstance(sampling_params, SamplingParams)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()  # NOTE 2
@@ -278,6 +282,35 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
     # --8<-- [end:chat]
 
+    # --8<-- [start:beam_search]
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
+        """The ``params.beam_width`` most likely completions of each prompt, best first (NOTE 5;
+        ``beam_search.py``). Every prompt is checked before the first step runs."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be BeamSearchParams, got {params!r}")
+        check_bool("use_tqdm", use_tqdm)
+        processor = self.engine.input_processor
+        step_params = beam_step_params(params, processor.max_logprobs)
+        prompts = _prompt_list(prompts)
+        instances = []
+        for i, prompt in enumerate(prompts):  # every check before anything runs
+            request = processor.process_inputs("beam-check", prompt, step_params, i, "params")
+            instances.append(check_room(i, request.prompt_token_ids, request.cache_salt, processor.max_model_len))
+        eos = frozenset() if params.ignore_eos else processor.eos_token_ids
+        from tqdm.auto import tqdm
+
+        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm, dynamic_ncols=True):
+            if not (beams := live_beams(instances)):
+                break
+            salts = [instance.cache_salt for instance in instances for _ in instance.beams]
+            outputs = self.generate([token_prompt(beam, salt) for beam, salt in zip(beams, salts)], step_params, False)
+            advance_all(instances, [candidates(out) for out in outputs], params, eos, processor.max_model_len)
+        decode = lambda ids, skip: self.tokenizer.decode(list(ids), skip_special_tokens=skip)  # noqa: E731
+        return search_outputs(instances, params, eos, decode)
+    # --8<-- [end:beam_search]
+
     def _next_request_id(self, in_use: set[str]) -> str:
         """``generate``'s next id, counting "0", "1", ...: a number not in ``in_use``, the ids of
         the engine's unfinished requests (a caller may have queued one through
@@ -302,6 +335,16 @@ class LLM:
                 raise
         return [finished[r] for r in req_ids]
     # --8<-- [end:run_loop]
+
+
+def _prompt_list(prompts: Any) -> list[Any]:
+    """``generate``'s and ``beam_search``'s ``prompts`` as a list: one prompt (a str or a
+    dict) or an iterable of them."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts must be a str, a prompt dict or a list of them, got {prompts!r}")
+    return list(prompts)
 
 
 def _conversations(messages: Any) -> list[Any]:

@@ -36,8 +36,15 @@ different ``max_completion_tokens`` is a 400 (vLLM takes the second silently); c
 ``top_logprobs`` keeps the k most likely tokens by rank.
 NOTE 5 (constraints): ``response_format``, ``structured_outputs``, ``tools`` and
 ``tool_choice`` are typed here; ``constraints.py`` turns them into one constraint.
-Left out: tool-call parsers but hermes (``constraints.py`` NOTE 4), beam search, multimodal
-inputs, prompt embeddings.
+NOTE 6 (beam search, vLLM's ``use_beam_search``): ``to_beam_search_params`` is vLLM's
+mapping: ``n`` beams, ``max_tokens``, ``ignore_eos``, ``length_penalty`` (1 unset),
+``include_stop_str_in_output``, and ``temperature``, unset the model's default as for any
+request. The search ranks whole sequences by the model's logprobs, so a field that shapes
+sampling, stops a sequence or constrains it is a 400 naming it (``BEAM_SEARCH_REFUSED``; vLLM
+ignores most of them), unless its value asks for nothing; so is ``length_penalty`` without
+``use_beam_search``, and ``logprobs`` past the ``2 * n`` candidates a step keeps per token.
+Left out: tool-call parsers but hermes (``constraints.py`` NOTE 4), multimodal inputs,
+prompt embeddings.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tinyvllm.beam_search import BeamSearchParams
 
 
 class RequestError(ValueError):
@@ -102,8 +111,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "reasoning_effort": ((None,), "no reasoning-effort control"),
     "verbosity": ((None,), "no verbosity control"),
     "include_reasoning": ((None, True), "no reasoning parser: the reasoning is part of the text"),
-    "use_beam_search": ((None, False), "no beam search"),
-    "length_penalty": ((None, 1.0), "no beam search"),
     "spaces_between_special_tokens": ((None, True), "special tokens are decoded as the tokenizer writes them"),
     "logits_processors": ((None, []), "logits processors are chosen at start-up (LLM(logits_processors=...))"),
     "mm_processor_kwargs": ((None,), "text only"),
@@ -173,6 +180,20 @@ class NamedToolChoice(_Strict):
 # --8<-- [end:constraint_fields]
 
 
+# --8<-- [start:beam_search_fates]
+# With ``use_beam_search``, refused unless the value asks for nothing (NOTE 6): field -> values that pass.
+BEAM_SEARCH_REFUSED: dict[str, tuple[Any, ...]] = {
+    "top_p": (None, 1.0), "top_k": (None, -1, 0), "min_p": (None, 0.0), "seed": (None,),
+    "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0),
+    "logit_bias": (None, {}), "stop": (None, []), "stop_token_ids": (None, []), "min_tokens": (None, 0),
+    "bad_words": (None, []), "allowed_token_ids": (None,), "prompt_logprobs": (None,),
+    "thinking_token_budget": (None,), "echo": (None, False), "skip_special_tokens": (None, True),
+    "vllm_xargs": (None, {}), "structured_outputs": (None,), "response_format": (None, ResponseFormat(type="text")),
+    "priority": (None, 0), "tool_choice": (None, "none"),
+}  # fmt: skip
+# --8<-- [end:beam_search_fates]
+
+
 class _RequestFields(_Strict):
     """The fields both endpoints take (the rest are on ``CompletionRequest`` and ``ChatCompletionRequest``)."""
 
@@ -212,9 +233,9 @@ class _RequestFields(_Strict):
     cache_salt: str | None = None
     vllm_xargs: dict[str, str | int | float] | None = None
     structured_outputs: StructuredOutputsField | None = None  # constraints.py
-    # refused (REFUSED)
-    use_beam_search: bool | None = None
+    use_beam_search: bool | None = None  # NOTE 6
     length_penalty: float | None = None
+    # refused (REFUSED)
     spaces_between_special_tokens: bool | None = None
     guided_json: Any = None
     guided_regex: Any = None
@@ -244,6 +265,36 @@ class _RequestFields(_Strict):
         if self.request_id == "" or self.cache_salt == "":
             name = "request_id" if self.request_id == "" else "cache_salt"
             raise RequestError(f"`{name}` must be a non-empty string", name)
+        self.check_beam_search()
+
+    # --8<-- [start:beam_search]
+    def check_beam_search(self) -> None:
+        """NOTE 6: with ``use_beam_search``, a 400 for the first field the search cannot honour;
+        without it, for a ``length_penalty`` that asks for something."""
+        if not self.use_beam_search:
+            if self.length_penalty not in (None, 1.0):
+                raise RequestError("`length_penalty` needs `use_beam_search: true` (it ranks finished beams)",
+                                   "length_penalty")  # fmt: skip
+            return
+        for name, passing in BEAM_SEARCH_REFUSED.items():
+            if name in type(self).model_fields and getattr(self, name) not in passing:
+                raise RequestError(f"`{name}` is not supported with `use_beam_search` (the search ranks whole "
+                                   "sequences by the model's logprobs)", name)  # fmt: skip
+        param, k = self.sampling_fields().get("logprobs", (None, 0))
+        candidates = 2 * (1 if self.n is None else self.n)
+        if k > candidates:
+            raise RequestError(f"`{param}` {k} is more than the {candidates} candidates beam search keeps per "
+                               "token (2 x `n`)", param)  # fmt: skip
+
+    def to_beam_search_params(self, max_tokens: int, default_temperature: float) -> BeamSearchParams:
+        """vLLM's mapping (NOTE 6): ``n`` is the width; an unset temperature is the model's default."""
+        return BeamSearchParams(
+            beam_width=1 if self.n is None else self.n, max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos),
+            temperature=default_temperature if self.temperature is None else self.temperature,
+            length_penalty=1.0 if self.length_penalty is None else self.length_penalty,
+            include_stop_str_in_output=bool(self.include_stop_str_in_output),
+        )  # fmt: skip
+    # --8<-- [end:beam_search]
 
     # --8<-- [start:sampling_fields]
     def sampling_fields(self) -> dict[str, tuple[str, Any]]:
@@ -337,6 +388,12 @@ class ChatCompletionRequest(_RequestFields):
     prompt_cache_options: dict[str, Any] | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     safety_identifier: str | None = None
+
+    def check_beam_search(self) -> None:
+        if self.use_beam_search and self.tools and self.tool_choice != "none":  # "auto" when left out
+            raise RequestError('`tool_choice` is not supported with `use_beam_search`: send `tool_choice: "none"` '
+                               "for `tools` the template alone reads", "tool_choice")  # fmt: skip
+        super().check_beam_search()
 
     def check_refused(self) -> None:
         super().check_refused()

@@ -49,6 +49,11 @@ one that could fit later is the 503 "try again later".
 NOTE 7 (shutting down): ``abort_all`` aborts every engine request, so each open answer
 ends with ``finish_reason: "abort"`` (and ``[DONE]`` when streamed), and turns new ones
 away with 503; ``openai_server.run_server`` calls it when ``shutdown_timeout`` has passed.
+NOTE 8 (beam search, ``protocol.py`` NOTE 6): each prompt runs ``AsyncLLM.beam_search``
+instead of ``generate``, its one output the ``n`` beams, best first; the same steps and
+answer serve it, so the whole search runs before the status (a stream's chunks all come
+at the end) and a client that leaves cancels it. A ``max_tokens`` left to the context is
+what each prompt leaves.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tinyvllm.beam_search import BeamSearchParams
 from tinyvllm.engine.async_llm import AsyncLLM, EngineDeadError, TooManyWaitingRequestsError
 from tinyvllm.engine.chat_template import check_template
 from tinyvllm.engine.input_processor import check_priority
@@ -79,6 +85,7 @@ from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 COMPLETION_MAX_TOKENS = 16  # protocol.py NOTE 2
 PROMPT_WORDS = ("prompt", "prompt_token_ids")  # the engine's words for a request's prompt (param_of)
 DISCONNECT_POLL_S = 0.2
+BEAM_WORDS = {"beam_width": "n"}  # BeamSearchParams' word for a request field, in its messages (NOTE 8)
 
 
 class APIError(Exception):
@@ -265,6 +272,19 @@ class OpenAIServing:
         except (TypeError, ValueError) as error:
             raise self._bad_request(error, names) from None
 
+    def _beam_params(self, body, fields: dict[str, tuple[str, Any]], states: list[PromptState],
+                     names: dict[str, str]) -> list[BeamSearchParams] | None:  # fmt: skip
+        """Each prompt's ``BeamSearchParams`` under ``use_beam_search`` (NOTE 8), else None."""
+        if not body.use_beam_search:
+            return None
+        given = fields["max_tokens"][1]
+        rooms = [max(1, self.max_model_len - len(state.token_ids)) for state in states]
+        try:
+            return [body.to_beam_search_params(room if given is None else given, self.default_params.temperature)
+                    for room in rooms]  # fmt: skip
+        except (TypeError, ValueError) as error:
+            raise self._bad_request(error, {**names, **BEAM_WORDS}) from None
+
     def _priority(self, body) -> int:
         """vLLM's ``priority`` field (lower runs sooner): a 400 unless the engine schedules by
         priority, or it is 0 (``engine/input_processor.py`` NOTE 7)."""
@@ -311,8 +331,10 @@ class OpenAIServing:
         )
         name, max_tokens, drop = self._max_tokens(body, [len(s.token_ids) for s in states], chat=False)
         fields["max_tokens"] = (name, max_tokens)
-        params = self._params(fields, self._names(fields, "prompt"))
-        return await self._run(body, raw_request, f"cmpl-{request_id}", arrival, states, params, fields, drop, chat=False)
+        params = self._params(fields, names := self._names(fields, "prompt"))
+        beams = self._beam_params(body, fields, states, names)  # NOTE 8
+        return await self._run(body, raw_request, f"cmpl-{request_id}", arrival, states, params, fields, drop,
+                               chat=False, beams=beams)  # fmt: skip
 
     async def chat(self, body: ChatCompletionRequest, raw_request: Request, request_id: str, arrival: float):
         self.check_model(body.model)
@@ -329,17 +351,21 @@ class OpenAIServing:
         state.echo = echo_text(body, messages)
         name, max_tokens, _ = self._max_tokens(body, [len(state.token_ids)], chat=True)
         fields["max_tokens"] = (name, max_tokens)
-        params = self._params(fields, self._names(fields, "messages"))
+        params = self._params(fields, names := self._names(fields, "messages"))
+        beams = self._beam_params(body, fields, [state], names)  # NOTE 8
         return await self._run(body, raw_request, f"chatcmpl-{request_id}", arrival, [state], params, fields, False,
-                               chat=True)  # fmt: skip
+                               chat=True, beams=beams)  # fmt: skip
 
     # -- steps 4 and 5: run and answer ---------------------------------------------------------
 
     # --8<-- [start:run]
-    async def _run(self, body, raw_request, response_id, arrival, states, params, fields, drop, chat: bool):
+    async def _run(self, body, raw_request, response_id, arrival, states, params, fields, drop, chat: bool,
+                   beams: list[BeamSearchParams] | None = None):  # fmt: skip
         if self.closing:  # NOTE 7
             raise APIError(503, "the server is shutting down", "ServiceUnavailableError")
         names = self._names(fields, "messages" if chat else "prompt")
+        if beams is not None:
+            names.update(BEAM_WORDS)
         priority = self._priority(body)
         streams = []
         for i, state in enumerate(states):
@@ -347,7 +373,10 @@ class OpenAIServing:
             if body.cache_salt is not None:
                 prompt["cache_salt"] = body.cache_salt
             request_id = f"{response_id}-{i}-{uuid.uuid4().hex[:8]}"
-            streams.append(self.async_llm.generate(prompt, params, request_id, priority=priority))
+            if beams is not None:  # NOTE 8
+                streams.append(self.async_llm.beam_search(prompt, request_id, beams[i]))
+            else:
+                streams.append(self.async_llm.generate(prompt, params, request_id, priority=priority))
         trackers = [RequestTracker(self.metrics, params.n, arrival) for _ in states]
         try:
             firsts = await self.until_disconnect(first_outputs(streams), raw_request)  # NOTE 1

@@ -17,6 +17,8 @@ returns its ``Trace``; ``tinyvllm trace --workload NAME`` and the docs hook draw
   capture size, decodes FULL with padded requests;
 - ``seed003-kv-slots``: seed 003's KV tensor: the engine (block size 4) writes each step's
   keys and values into slots ``block_id * 4 + offset``; a prefix hit writes none;
+- ``beam-search``: ``LLM.beam_search`` on the tiny random Qwen3 (width 2, block size 4):
+  each step's beams are new one-token requests, hitting their parents' full blocks;
 - ``spec-decode-drafts``: tutorial 10's request (the shipped model continues a list of
   imports, n-gram drafts, k 3): each step's drafts, how many the target kept, and the
   KV slots the verification writes, rejected drafts' included;
@@ -32,9 +34,9 @@ the same code draws the same pictures, which is what lets the docs hook cache th
 NOTE 1 (no model where none is needed): the first four use no model. Where the scheduler
 runs, a fake model makes each next token a fixed function of the request's whole token
 sequence (as in tutorial 02), so identical prompts give identical outputs (seed 004's
-"same prompt with greedy sampling") whatever the batching. ``cuda-graphs-padding`` and
-``seed003-kv-slots`` build a tiny random Qwen3 (one layer) once per process and need torch;
-``spec-decode-drafts`` runs the shipped model, whose text repeats itself as a random model's
+"same prompt with greedy sampling") whatever the batching. ``cuda-graphs-padding``,
+``seed003-kv-slots`` and ``beam-search`` build a tiny random Qwen3 (one layer) once per
+process and need torch; ``spec-decode-drafts`` runs the shipped model, whose text repeats itself as a random model's
 does not; ``structured-outputs`` runs it too, for a tokenizer whose tokens read as text.
 NOTE 2 (compiled first): ``structured-outputs`` compiles its grammars before adding the
 requests, so each is ready at its first ``schedule()``; otherwise how many steps a request
@@ -310,13 +312,16 @@ def cuda_graphs_padding() -> Trace:
     return _engine_trace(llm, options, arrivals)
 
 
-def seed003_kv_slots() -> Trace:
+def _tiny_llm(**overrides):
+    """The one-layer tiny Qwen3 on the CPU, eager, torch attention, block size 4 (NOTE 1)."""
     from tinyvllm import LLM
 
-    llm = LLM(
-        tiny_model_folder(), device="cpu", attention_backend="torch", max_model_len=32, block_size=4,
-        max_num_batched_tokens=8, max_num_seqs=4, num_gpu_blocks_override=12, enforce_eager=True,
-    )  # fmt: skip
+    return LLM(tiny_model_folder(), device="cpu", attention_backend="torch", max_model_len=32, block_size=4,
+               enforce_eager=True, **overrides)  # fmt: skip
+
+
+def seed003_kv_slots() -> Trace:
+    llm = _tiny_llm(max_num_batched_tokens=8, max_num_seqs=4, num_gpu_blocks_override=12)
     options = dict(
         title="Seed 003: the KV cache tensor and the slots each step writes (block size 4, twelve blocks)",
         description="Each scheduled token's key and value go to slot block_id * 4 + offset of its request's block "
@@ -328,6 +333,23 @@ def seed003_kv_slots() -> Trace:
     a, b, c = ([ids(ch) for ch in text] for text in ("abcdef", "uvwxy", "abcdz"))
     arrivals = {0: [("A", a, 3), ("B", b, 3)], 2: [("C", c, 2)]}
     return _engine_trace(llm, options, arrivals)
+
+
+def beam_search_steps() -> Trace:
+    from tinyvllm import BeamSearchParams
+
+    llm = _tiny_llm(max_num_batched_tokens=16, num_gpu_blocks_override=16)
+    options = dict(
+        title="Beam search: each step's beams are one-token requests (width 2, block size 4)",
+        description="LLM.beam_search on a 7-token prompt, width 2, 4 steps. Each engine step runs the live beams "
+        "as new requests of one token. A beam's prompt is its parent's plus one token, so it finds its parent's "
+        "full blocks in the prefix cache and computes only the tokens past them.",
+        panels=("scheduler", "prefix_cache", "kv_cache"),
+    )
+    ids = llm.tokenizer.convert_tokens_to_ids  # one token per letter: the blocks read as text
+    with record(llm, **options) as rec:
+        llm.beam_search({"prompt_token_ids": [ids(ch) for ch in "abcdefg"]}, BeamSearchParams(beam_width=2, max_tokens=4))
+    return rec.trace
 
 
 def spec_decode_drafts() -> Trace:
@@ -398,6 +420,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("scheduler-priority", "priorities: the victim is taken back out of its step", False, scheduler_priority),
         Workload("cuda-graphs-padding", "CUDA graphs: padding to capture sizes (emulated)", True, cuda_graphs_padding),
         Workload("seed003-kv-slots", "seed 003: the KV cache tensor and its slots", True, seed003_kv_slots),
+        Workload("beam-search", "beam search: each step's beams as one-token requests", True, beam_search_steps),
         Workload("spec-decode-drafts", "speculative decoding: drafts kept and rejected", True, spec_decode_drafts),
         Workload("structured-outputs", "structured outputs: the tokens each constrained row allows", True, structured_outputs),
     )
