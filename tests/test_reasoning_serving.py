@@ -200,6 +200,20 @@ def test_a_stop_string_cuts_the_content_as_it_cuts_the_text(client, offline):
     assert message(chat(client, THINK, stop=[stop])) == (reasoning, content[:3])
 
 
+def test_beam_search_splits_each_beam(client, offline):
+    """The model never writes a think token unforced (beam search refuses ``vllm_xargs``): each
+    beam, no end token in it, is all reasoning, as its text."""
+    from tinyvllm.beam_search import BeamSearchParams
+
+    tok = offline.get_tokenizer()
+    prompt = tok(tok.apply_chat_template(MESSAGES, chat_template=CHAT_TEMPLATE, tokenize=False,
+                                         add_generation_prompt=True), add_special_tokens=False).input_ids  # fmt: skip
+    [found] = offline.beam_search({"prompt_token_ids": prompt}, BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True))
+    out = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4, n=2,
+                                         extra_body={"use_beam_search": True, "ignore_eos": True})  # fmt: skip
+    assert [message(out, i) for i in range(2)] == [(beam.text, None) for beam in found.sequences]
+
+
 def test_completions_are_not_split(client, offline):
     out = client.completions.create(model=NAME, prompt="def main():", max_tokens=8, temperature=0,
                                     extra_body={"vllm_xargs": {"force_at": THINK}, "ignore_eos": True})  # fmt: skip
