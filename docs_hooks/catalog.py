@@ -220,6 +220,7 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/entrypoints/tokenization.py",
         "src/tinyvllm/entrypoints/metrics.py",
     ),
+    "serving_reasoning.md": ("src/tinyvllm/entrypoints/reasoning.py",),
     "tensor_parallel.md": ("src/tinyvllm/distributed/parallel_state.py", "src/tinyvllm/distributed/utils.py", "src/tinyvllm/models/parallel_layers.py", "src/tinyvllm/executor/multiproc_executor.py"),
 }
 

@@ -340,7 +340,7 @@ def test_every_field_has_a_fate_under_beam_search():
                 "length_penalty", "include_stop_str_in_output", "logprobs", "top_logprobs", "return_tokens_as_token_ids"}  # fmt: skip
     as_any = {"model", "prompt", "messages", "stream", "stream_options", "add_special_tokens", "truncate_prompt_tokens",
               "request_id", "cache_salt", "add_generation_prompt", "continue_final_message", "chat_template",
-              "chat_template_kwargs", "documents", "tools", "parallel_tool_calls"}  # fmt: skip
+              "chat_template_kwargs", "documents", "tools", "parallel_tool_calls", "include_reasoning"}  # fmt: skip
     fates = [searched, as_any, set(BEAM_SEARCH_REFUSED), set(REFUSED), set(INFORMATIONAL)]
     assert sum(map(len, fates)) == len(set().union(*fates)), "a field with two fates"
     assert set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) == set().union(*fates)

@@ -142,6 +142,16 @@ def unchanged(ctx, api, out):
     assert text(out) == ctx.ref(api).outputs[0].text
 
 
+def reasoning_needs_a_parser(ctx, api, out):
+    """``include_reasoning``: true asks for nothing here; false needs ``--reasoning-parser``, which
+    this server lacks (the split itself: ``test_reasoning_serving.py``)."""
+    unchanged(ctx, api, out)
+    with pytest.raises(openai.BadRequestError) as info:
+        send(ctx, api, {**BASE[api], "include_reasoning": False})
+    error = info.value.response.json()["error"]
+    assert error["param"] == "include_reasoning" and "needs a reasoning parser" in error["message"], error
+
+
 def greedy_via(**params) -> Callable:
     """Sampling at temperature 1 that the field makes greedy."""
 
@@ -511,7 +521,7 @@ ROWS: list[Row] = [
         extra={"chat_template": KWARGS_TEMPLATE}),  # fmt: skip
     Row("chat", "documents", [{"title": "a", "text": "x = 1"}],
         with_template(DOCS_TEMPLATE, documents=[{"title": "a", "text": "x = 1"}]), extra={"chat_template": DOCS_TEMPLATE}),
-    Row("chat", "include_reasoning", False),
+    Row("chat", "include_reasoning", True, reasoning_needs_a_parser),
     Row("chat", "structural_tag", '{"structures": []}'),
     Row("chat", "mm_processor_kwargs", {"num_crops": 4}),
 ]

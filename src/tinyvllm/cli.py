@@ -2,14 +2,14 @@
 
 ``tinyvllm serve [--model DIR|ID] [--revision R] [--host 127.0.0.1] [--port 8000]
 [--served-model-name NAME]`` serves the model over HTTP with an OpenAI-compatible API
-(``entrypoints/openai_server.py``; needs the ``serve`` extra); it takes the same engine
-flags as ``generate`` (``add_engine_args``). ``--served-model-name`` defaults to the
-``--model`` string as given (a hub id stays ``org/name``), as in vLLM. Its own flags
-(``serve_args``): ``--chat-template FILE_OR_STRING``, ``--api-key`` (else
-``$VLLM_API_KEY``), ``--allowed-origins`` (CORS), ``--max-request-body-bytes`` (413 past
-it), ``--max-waiting-requests`` (503), ``--shutdown-timeout`` (seconds running requests may go
-on after SIGTERM), ``--enable-auto-tool-choice --tool-call-parser hermes`` (vLLM's pair, for
-``tool_choice: "auto"``); a bad value is one line, exit status 2.
+(``entrypoints/openai_server.py``; needs the ``serve`` extra); it takes the same engine flags as
+``generate`` (``add_engine_args``). ``--served-model-name`` defaults to the ``--model`` string
+as given (a hub id stays ``org/name``), as in vLLM. Its own flags (``serve_args``):
+``--chat-template FILE_OR_STRING``, ``--api-key`` (else ``$VLLM_API_KEY``), ``--allowed-origins``
+(CORS), ``--max-request-body-bytes`` (413), ``--max-waiting-requests`` (503), ``--shutdown-timeout``
+(seconds running requests may go on after SIGTERM), ``--enable-auto-tool-choice
+--tool-call-parser hermes`` (vLLM's pair, for ``tool_choice: "auto"``), ``--reasoning-parser NAME``
+(chat's ``reasoning``, ``entrypoints/reasoning.py``); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
@@ -176,6 +176,10 @@ def _add_serve(sub) -> None:
     p.add_argument(
         "--tool-call-parser", default=None, choices=["hermes"],
         help="what reads the model's own tool calls: hermes, <tool_call>{...}</tool_call> (Qwen3's format)",
+    )  # fmt: skip
+    p.add_argument(
+        "--reasoning-parser", default=None, metavar="NAME",
+        help="split chat answers into reasoning and content at the think end token: qwen3 or deepseek_r1",
     )  # fmt: skip
     # --8<-- [end:serve_args]
     add_engine_args(p)
@@ -373,6 +377,10 @@ def _serve(args) -> int:
         raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
     if args.enable_auto_tool_choice != (args.tool_call_parser is not None):  # vLLM's rule: both or neither
         raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together: give both or neither")
+    if args.reasoning_parser is not None:
+        from tinyvllm.entrypoints.reasoning import reasoning_parser_class  # no torch, no serve extra
+
+        reasoning_parser_class(args.reasoning_parser)  # a name it does not know: before the model loads
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
     _check_engine_args(args)
@@ -399,6 +407,7 @@ def _run_serve(args, sock, origins, shipped: bool) -> int:
         llm, name, args.host, args.port, args.max_waiting_requests, chat_template=template, api_key=args.api_key,
         allowed_origins=origins, max_request_body_bytes=args.max_request_body_bytes,
         shutdown_timeout=args.shutdown_timeout, sock=sock, tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )  # fmt: skip
     return 0
 

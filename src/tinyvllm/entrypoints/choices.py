@@ -29,10 +29,17 @@ NOTE 3 (tool calls, ``constraints.py`` NOTE 3; streamed, ``constraints.py`` NOTE
 (``content``: "" for a named or required choice, the text before the calls for auto); a named
 function's arguments stream as deltas, a required choice's calls come whole with the finish
 (its text held back until then), an auto choice's text streams until a call may begin.
+NOTE 4 (reasoning, ``reasoning.py``): with ``--reasoning-parser`` each chat choice has its own
+``ReasoningSplit``; a message carries ``reasoning`` and ``content`` (each None when empty), a chunk
+``delta.reasoning`` and ``delta.content``. Everything else reads the content alone: the echo goes
+before it, tool calls are parsed from it (NOTE 3); ``include_reasoning: false`` drops the
+reasoning, not its logprobs (a chunk with no text still carries them). Token ids, logprobs and
+``usage`` count every token, as without a parser.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tinyvllm.entrypoints.constraints import (
@@ -44,6 +51,7 @@ from tinyvllm.entrypoints.constraints import (
     tool_calls,
 )
 from tinyvllm.entrypoints.logprobs_format import Decode, chat_logprobs, completion_logprobs, prompt_logprobs_json
+from tinyvllm.entrypoints.reasoning import ReasoningSplit
 from tinyvllm.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
@@ -70,6 +78,7 @@ class ChoiceState:
     opened: bool = False
     tool_call_id: str | None = None  # a named function's streamed call (NOTE 3)
     sent: int = 0  # characters of a tool choice's text streamed as content (NOTE 3)
+    split: ReasoningSplit | None = None  # with a reasoning parser (NOTE 4)
 
 
 @dataclass
@@ -86,13 +95,16 @@ class ChoiceBuilder:
     drop_output: bool = False  # echo with max_tokens 0 (NOTE 1)
     want_prompt_logprobs: bool = False
     tool: ToolChoice | None = None  # chat's tool_choice, when it calls tools (NOTE 3)
+    reasoning: Callable[[], ReasoningSplit] | None = None  # a new choice's split, with a reasoning parser (NOTE 4)
+    include_reasoning: bool = True  # False: the reasoning is dropped (NOTE 4)
     choices_by_index: dict[int, ChoiceState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for p, prompt in enumerate(self.prompts):
             for j in range(self.n):
                 index = p * self.n + j
-                self.choices_by_index[index] = ChoiceState(index, prompt)
+                split = self.reasoning() if self.reasoning is not None else None
+                self.choices_by_index[index] = ChoiceState(index, prompt, split=split)
 
     # --8<-- [start:update]
     def update(self, prompt_index: int, out: RequestOutput) -> list[dict]:
@@ -125,19 +137,23 @@ class ChoiceBuilder:
         choice.token_ids.extend(ids)
         choice.logprobs.extend(positions)
         choice.text_length += len(text)
+        reasoning, content = ("", text) if choice.split is None else choice.split.update(text, ids)  # NOTE 4
+        reasoning = reasoning if self.include_reasoning else ""
         logprobs = self._format(ids, positions, offset) if self.logprobs is not None and ids else None
         if self.tool is not None:
-            return chunks + self._tool_chunks(choice, text, logprobs, completion.finish_reason is not None)
-        if text or logprobs or completion.finish_reason is not None:
-            chunk = self._choice(choice, text, logprobs)
+            return chunks + self._tool_chunks(choice, content, reasoning, logprobs, completion.finish_reason is not None)
+        if reasoning or content or logprobs or completion.finish_reason is not None:
+            chunk = self._choice(choice, content, logprobs, reasoning=reasoning)
             chunk["finish_reason"], chunk["stop_reason"] = choice.finish_reason, choice.stop_reason
             chunks.append(chunk)
         return chunks
 
     # --8<-- [start:tool_chunks]
-    def _tool_chunks(self, choice: ChoiceState, text: str, logprobs: dict | None, finished: bool) -> list[dict]:
+    def _tool_chunks(self, choice: ChoiceState, text: str, reasoning: str, logprobs: dict | None,
+                     finished: bool) -> list[dict]:  # fmt: skip
         """NOTE 3: a named function's arguments as ``tool_calls`` deltas; an auto choice's text up
-        to where a call may begin; at the finish, the rest: the calls, or the text held back."""
+        to where a call may begin; at the finish, the rest: the calls, or the text held back.
+        ``text``: the new content; ``reasoning``, streamed as it is (NOTE 4)."""
         delta: dict = {}
         reason = choice.finish_reason
         if self.tool.kind == "named":
@@ -149,7 +165,7 @@ class ChoiceBuilder:
                 delta = {"tool_calls": [call]}
         elif not finished:
             if self.tool.kind == "auto":  # a required choice's array streams nothing until it parses
-                joined = "".join(choice.pieces)
+                joined = self._content(choice)
                 start = joined.find(TOOL_CALL_START)
                 safe = start if start >= 0 else len(joined) - held_back(joined)
                 if safe > choice.sent:
@@ -160,6 +176,8 @@ class ChoiceBuilder:
             delta = {"content": rest} if rest else {}
             if calls:
                 delta["tool_calls"] = [tool_call_json(n, a, index=i) for i, (n, a) in enumerate(calls)]
+        if reasoning:
+            delta = {"reasoning": reasoning, **delta}
         if not (delta or logprobs or finished):
             return []
         chunk = self._choice(choice, "", logprobs)
@@ -169,7 +187,7 @@ class ChoiceBuilder:
     def _calls(self, choice: ChoiceState) -> tuple[str | None, list[tuple[str, str]] | None, str | None]:
         """The choice's content, calls and finish reason: "tool_calls" for calls a required choice
         stopped with (``constraints.py`` NOTE 3), or an auto choice made (``constraints.py`` NOTE 4)."""
-        content, calls = tool_calls(self.tool, "".join(choice.pieces))
+        content, calls = tool_calls(self.tool, self._content(choice))
         kind = self.tool.kind
         called = calls and (kind == "auto" or (kind == "required" and choice.finish_reason == "stop"))
         return content, calls, "tool_calls" if called else choice.finish_reason
@@ -190,6 +208,12 @@ class ChoiceBuilder:
             chunks.append(self._choice(choice, prompt.echo, logprobs))
         return chunks
 
+    def _content(self, choice: ChoiceState) -> str:
+        """The choice's text so far, echo included; with a reasoning parser, its content (NOTE 4)."""
+        if choice.split is None:
+            return "".join(choice.pieces)
+        return (choice.prompt.echo if self.echo else "") + choice.split.content
+
     @property
     def echo_logprobs(self) -> bool:
         """Completions' echo with logprobs: the prompt's tokens lead the choice's logprobs (NOTE 1)."""
@@ -204,11 +228,13 @@ class ChoiceBuilder:
             return chat_logprobs(ids, positions, self.logprobs, self.decode, self.as_token_id)
         return completion_logprobs(ids, positions, self.logprobs, self.decode, self.as_token_id, offset)
 
-    def _choice(self, choice: ChoiceState, text: str, logprobs: dict | None, role: bool = False) -> dict:
-        """One streamed choice: chat's ``delta`` or completions' ``text``."""
+    def _choice(self, choice: ChoiceState, text: str, logprobs: dict | None, role: bool = False,
+                reasoning: str = "") -> dict:  # fmt: skip
+        """One streamed choice: chat's ``delta`` (``reasoning`` first, NOTE 4) or completions' ``text``."""
         out: dict = {"index": choice.index}
         if self.chat:
-            out["delta"] = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            delta = {"reasoning": reasoning} if reasoning else {}
+            out["delta"] = {"role": "assistant", "content": ""} if role else ({**delta, "content": text} if text else delta)
         else:
             out["text"] = text
         out["logprobs"] = logprobs
@@ -223,11 +249,14 @@ class ChoiceBuilder:
         out = []
         for index in sorted(self.choices_by_index):
             choice = self.choices_by_index[index]
-            text = "".join(choice.pieces)
+            text = self._content(choice)
             item: dict = {"index": index}
             finish_reason = choice.finish_reason
             if self.chat:
                 item["message"] = {"role": "assistant", "content": text}
+                if choice.split is not None:  # NOTE 4
+                    reasoning = choice.split.reasoning if self.include_reasoning else ""
+                    item["message"].update(content=text or None, reasoning=reasoning or None)
                 if self.tool is not None:  # NOTE 3
                     content, calls, finish_reason = self._calls(choice)
                     item["message"]["content"] = content

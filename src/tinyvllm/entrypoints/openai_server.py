@@ -293,13 +293,15 @@ def build_app(
     allowed_origins: list[str] | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``async_llm`` as ``served_model_name`` (``chat_template``: the
     ``--chat-template`` text, which wins over the tokenizer's; ``tool_call_parser``: what reads
-    ``tool_choice: "auto"`` answers, ``constraints.py`` NOTE 4)."""
+    ``tool_choice: "auto"`` answers, ``constraints.py`` NOTE 4; ``reasoning_parser``: what splits
+    chat answers into ``reasoning`` and ``content``, ``reasoning.py``; a bad one is a ValueError)."""
     if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
         raise ValueError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS} or None, got {tool_call_parser!r}")
-    serving = OpenAIServing(async_llm, served_model_name, chat_template, tool_call_parser)
+    serving = OpenAIServing(async_llm, served_model_name, chat_template, tool_call_parser, reasoning_parser)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # the metrics observe the engine's steps while the app runs

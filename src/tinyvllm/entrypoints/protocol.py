@@ -110,7 +110,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "web_search_options": ((None,), "no web search"),
     "reasoning_effort": ((None,), "no reasoning-effort control"),
     "verbosity": ((None,), "no verbosity control"),
-    "include_reasoning": ((None, True), "no reasoning parser: the reasoning is part of the text"),
     "spaces_between_special_tokens": ((None, True), "special tokens are decoded as the tokenizer writes them"),
     "logits_processors": ((None, []), "logits processors are chosen at start-up (LLM(logits_processors=...))"),
     "mm_processor_kwargs": ((None,), "text only"),
@@ -367,6 +366,7 @@ class ChatCompletionRequest(_RequestFields):
     tools: list[ChatCompletionTool] | None = None  # constraints.py
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # False: at most one call (constraints.py NOTE 2)
+    include_reasoning: bool | None = None  # vLLM's (default true); false needs --reasoning-parser (reasoning.py)
     # refused (REFUSED)
     functions: Any = None
     function_call: Any = None
@@ -376,7 +376,6 @@ class ChatCompletionRequest(_RequestFields):
     web_search_options: Any = None
     reasoning_effort: Any = None
     verbosity: Any = None
-    include_reasoning: bool | None = None
     structural_tag: Any = None
     mm_processor_kwargs: Any = None
     moderation: Any = None

@@ -13,7 +13,8 @@ Concept: the steps every generation request takes, in order:
    (NOTE 2); every request runs as DELTA, streamed or not (NOTE 3);
 4. the engine: one ``AsyncLLM.generate`` per prompt, each first output awaited before
    the answer starts (NOTE 1);
-5. the answer: ``choices.py`` turns the outputs into server-sent events or one JSON body.
+5. the answer: ``choices.py`` turns the outputs into server-sent events or one JSON body;
+   with ``--reasoning-parser``, each chat choice split by ``reasoning.py``.
 
 Mirrors: ``vllm/entrypoints/openai/serving_completion.py``, ``serving_chat.py``,
 ``serving_engine.py`` (``_validate_input``: the context check).
@@ -64,6 +65,7 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -72,6 +74,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tinyvllm.beam_search import BeamSearchParams
 from tinyvllm.engine.async_llm import AsyncLLM, EngineDeadError, TooManyWaitingRequestsError
 from tinyvllm.engine.chat_template import check_template
+from tinyvllm.engine.detokenizer import decode_text
 from tinyvllm.engine.input_processor import check_priority
 from tinyvllm.entrypoints.chat import echo_text, messages_as_dicts, render
 from tinyvllm.entrypoints.choices import ChoiceBuilder, PromptState
@@ -79,6 +82,7 @@ from tinyvllm.entrypoints.constraints import constraint, tool_choice
 from tinyvllm.entrypoints.metrics import RequestTracker, ServerMetrics
 from tinyvllm.entrypoints.streams import MergedOutputs, first_outputs
 from tinyvllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body
+from tinyvllm.entrypoints.reasoning import ReasoningSplit, build_reasoning_parser, request_thinks
 from tinyvllm.sampling_defaults import merge_defaults
 from tinyvllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -129,9 +133,11 @@ class OpenAIServing:
     """What the endpoints share: the engine, the served name, the metrics, the chat template."""
 
     def __init__(self, async_llm: AsyncLLM, served_model_name: str, chat_template: str | None = None,
-                 tool_call_parser: str | None = None) -> None:  # fmt: skip
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> None:  # fmt: skip
         self.async_llm = async_llm
         self.tool_call_parser = tool_call_parser  # --tool-call-parser (constraints.py NOTE 4)
+        self.reasoning_parser = (None if reasoning_parser is None  # --reasoning-parser (reasoning.py NOTE 4)
+                                 else build_reasoning_parser(reasoning_parser, async_llm.engine.reasoning_config))
         self.served_model_name = served_model_name
         self.max_model_len = async_llm.max_model_len
         self.vocab_size: int = async_llm.input_processor.vocab_size
@@ -339,6 +345,10 @@ class OpenAIServing:
     async def chat(self, body: ChatCompletionRequest, raw_request: Request, request_id: str, arrival: float):
         self.check_model(body.model)
         body.check_refused()
+        if body.include_reasoning is False and self.reasoning_parser is None:
+            raise RequestError("`include_reasoning: false` needs a reasoning parser (start the server with "
+                               "--reasoning-parser): without one the reasoning is part of `content`",
+                               "include_reasoning")  # fmt: skip
         fields = self._with_constraint(body, body.sampling_fields())
         self._check_fits(1, body.n)
         messages = messages_as_dicts(body)
@@ -393,6 +403,8 @@ class OpenAIServing:
             as_token_id=bool(body.return_tokens_as_token_ids), drop_output=drop,
             want_prompt_logprobs=params.prompt_logprobs is not None,
             tool=tool_choice(body, self.tool_call_parser) if chat else None,
+            reasoning=self._reasoning(body, states[0], params, "structured_outputs" in fields) if chat else None,
+            include_reasoning=not chat or body.include_reasoning is not False,
         )  # fmt: skip
         head = {"id": response_id, "created": int(time.time()), "model": self.served_model_name}
         outputs = MergedOutputs(firsts, streams, trackers)
@@ -432,6 +444,17 @@ class OpenAIServing:
         finally:
             outputs.close()  # aborts what is unfinished when the client left (NOTE 4)
         yield _sse("[DONE]")
+
+    def _reasoning(self, body: ChatCompletionRequest, state: PromptState, params: SamplingParams,
+                   constrained: bool) -> Callable[[], ReasoningSplit] | None:  # fmt: skip
+        """Each chat choice's ``ReasoningSplit`` maker, with a reasoning parser (``reasoning.py``)."""
+        parser = self.reasoning_parser
+        if parser is None:
+            return None
+        in_reasoning = self.async_llm.engine.structured_output_manager.config.enable_in_reasoning
+        thinks = request_thinks(parser, body.chat_template_kwargs, state.token_ids, constrained, in_reasoning)
+        tokenizer, skip = self._loop_tokenizer, params.skip_special_tokens
+        return lambda: ReasoningSplit(parser, thinks, lambda ids: decode_text(tokenizer, ids, skip))
 
     def _decode(self, token_id: int) -> str:
         """A logprob's token text when the engine gave none (``logprobs_format.py`` NOTE 1)."""
