@@ -249,3 +249,20 @@ def test_prompts_of_the_wrong_type_are_refused_as_generate_refuses_them(tiny_mod
     with pytest.raises(TypeError, match=r"prompt 0 must be a str or a dict .*token ids go in a dict"):
         llm.beam_search([[5, 6, 7]], BeamSearchParams(beam_width=2, max_tokens=2))
     assert llm.beam_search([], BeamSearchParams(beam_width=2, max_tokens=2)) == []
+
+
+def test_a_concurrency_limit_searches_the_prompts_a_group_at_a_time_with_the_same_beams(tiny_model_dirs, monkeypatch):
+    """``concurrency_limit=2`` over three prompts: two searches, then the third; no step holds
+    more than 2 prompts' beams, and the beams are those of one search over all three."""
+    llm = make_llm(tiny_model_dirs)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    params = BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=True)
+    together = llm.beam_search(prompts, params)
+    sizes = []
+    generate = llm.generate
+    monkeypatch.setattr(llm, "generate", lambda p, *a, **k: sizes.append(len(p)) or generate(p, *a, **k))
+    grouped = llm.beam_search(prompts, params, concurrency_limit=2)
+    assert [[s.tokens for s in o.sequences] for o in grouped] == [[s.tokens for s in o.sequences] for o in together]
+    assert sizes == [2, 6, 6, 6, 1, 3, 3, 3]  # two prompts' beams (1, then 3 each), then the third's
+    with pytest.raises(ValueError, match="concurrency_limit must be an int >= 1, got 0"):
+        llm.beam_search(prompts, params, concurrency_limit=0)

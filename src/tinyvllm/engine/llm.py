@@ -57,7 +57,7 @@ from tinyvllm.models.loader import ModelSpec
 from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from tinyvllm.stdlib_tiny import STDLIB_TINY
-from tinyvllm.validation import check_bool
+from tinyvllm.validation import check_bool, check_optional_int
 
 if TYPE_CHECKING:
     from tinyvllm.engine.engine_args import LogitsProcessorSpec
@@ -284,13 +284,17 @@ class LLM:
 
     # --8<-- [start:beam_search]
     def beam_search(
-        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
         """The ``params.beam_width`` most likely completions of each prompt, best first (NOTE 5;
-        ``beam_search.py``). Every prompt is checked before the first step runs."""
+        ``beam_search.py``). Every prompt is checked before the first step runs.
+        ``concurrency_limit``: search at most this many prompts at once (vLLM's), a group
+        after another; None: all at once."""
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be BeamSearchParams, got {params!r}")
         check_bool("use_tqdm", use_tqdm)
+        check_optional_int("concurrency_limit", concurrency_limit, minimum=1)
         processor = self.engine.input_processor
         step_params = beam_step_params(params, processor.max_logprobs)
         prompts = _prompt_list(prompts)
@@ -301,12 +305,15 @@ class LLM:
         eos = frozenset() if params.ignore_eos else processor.eos_token_ids
         from tqdm.auto import tqdm
 
-        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm, dynamic_ncols=True):
-            if not (beams := live_beams(instances)):
-                break
-            salts = [instance.cache_salt for instance in instances for _ in instance.beams]
-            outputs = self.generate([token_prompt(beam, salt) for beam, salt in zip(beams, salts)], step_params, False)
-            advance_all(instances, [candidates(out) for out in outputs], params, eos, processor.max_model_len)
+        group = concurrency_limit or max(len(instances), 1)
+        for start in range(0, len(instances), group):
+            searching = instances[start : start + group]
+            for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm, dynamic_ncols=True):
+                if not (beams := live_beams(searching)):
+                    break
+                salts = [instance.cache_salt for instance in searching for _ in instance.beams]
+                outputs = self.generate([token_prompt(b, salt) for b, salt in zip(beams, salts)], step_params, False)
+                advance_all(searching, [candidates(out) for out in outputs], params, eos, processor.max_model_len)
         decode = lambda ids, skip: self.tokenizer.decode(list(ids), skip_special_tokens=skip)  # noqa: E731
         return search_outputs(instances, params, eos, decode)
     # --8<-- [end:beam_search]
