@@ -27,9 +27,15 @@ each with 264 tokens of its own: 1,792, 960 and 256 keys saved). Each is attende
 the prefix split off and attended once, and as one group over every request's whole
 context; the ratio is one group / cascade.
 
+A fourth table, ``chunks``, times one layer of requests with a few query tokens each over
+contexts of 224-288 (32 requests of 4 tokens: a verification step of 3 drafts; 32 of 9:
+beam search's tail at block size 16; 8 of 16): in chunk groups (NOTE 8 of ``torch_sdpa``)
+and each request alone (``SHORT_QUERY_MAX`` set to 1); the ratio is alone / grouped.
+
 Run: ``python bench/attention_cpu.py`` (about two minutes) writes
-``bench/results/attention_cpu.json``; ``--dry-run`` runs every case on tiny shapes with
-timings that mean nothing (the test suite runs it).
+``bench/results/attention_cpu.json``; ``--tables chunks`` (or any of ``backends``,
+``grouping``, ``cascade``, comma-separated) runs only those. ``--dry-run`` runs every case
+on tiny shapes with timings that mean nothing (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -52,12 +58,14 @@ FULL = dict(
     decode_batches=[1, 8, 32, 128], mixed=dict(decodes=16, prompts=2, prompt_len=64, chunk=64, chunk_context=256),
     threads=[1, 2], repeats=15, sample_s=0.005, grouping=dict(decodes=32, context=(40, 384), layers=8),
     cascade=[(32, 256, 264), (8, 256, 264), (16, 64, 264), (2, 256, 264)],  # (decodes, shared, own tokens)
+    chunks=[(32, 4), (32, 9), (8, 16)],  # (requests, query tokens each)
 )  # fmt: skip
 DRY = dict(
     num_heads=4, num_kv_heads=2, head_size=16, block_size=4, context=(6, 12),
     decode_batches=[1, 3], mixed=dict(decodes=2, prompts=1, prompt_len=5, chunk=3, chunk_context=9),
     threads=[1, 2], repeats=2, sample_s=0.0, grouping=dict(decodes=6, context=(2, 20), layers=2),
     cascade=[(3, 8, 5)],
+    chunks=[(3, 2)],
 )  # fmt: skip
 
 
@@ -153,14 +161,38 @@ def cascade_fns(case, cfg, gen) -> dict:
     return {name: lambda p=plan: torch_sdpa.paged_attention(*tensors, scale, plan=p) for name, plan in plans.items()}
 
 
+def chunk_fns(case, cfg, gen) -> dict:
+    """One layer of short queries: in chunk groups, and each request alone (module header)."""
+    num_reqs, num_queries = case
+    low, high = cfg["context"]
+    lens = torch.randint(low, high + 1, (num_reqs,), generator=gen).tolist()
+    tensors = make_batch([num_queries] * num_reqs, lens, cfg, gen)
+    scale, plans = cfg["head_size"] ** -0.5, {}
+    for name, bound in (("alone", 1), ("grouped", torch_sdpa.SHORT_QUERY_MAX)):
+        saved, torch_sdpa.SHORT_QUERY_MAX = torch_sdpa.SHORT_QUERY_MAX, bound
+        try:
+            plans[name] = torch_sdpa.plan_step(*tensors[3:], cfg["block_size"])
+        finally:
+            torch_sdpa.SHORT_QUERY_MAX = saved
+    assert len(plans["alone"].prefills) == num_reqs and not plans["grouped"].prefills
+    return {name: lambda p=plan: torch_sdpa.paged_attention(*tensors, scale, plan=p) for name, plan in plans.items()}
+
+
+TABLES = ("backends", "grouping", "cascade", "chunks")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes, timings meaningless")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_cpu.json"))
+    parser.add_argument("--tables", default=",".join(TABLES), help=f"comma-separated, of {TABLES}")
     args = parser.parse_args(argv)
+    tables = args.tables.split(",")
+    if unknown := [t for t in tables if t not in TABLES]:
+        parser.error(f"--tables: unknown {unknown}; choose from {TABLES}")
     cfg = DRY if args.dry_run else FULL
     results = []
-    for threads in cfg["threads"]:
+    for threads in cfg["threads"] if "backends" in tables else ():
         torch.set_num_threads(threads)
         gen = torch.Generator().manual_seed(0)
         for name, num_reqs, tensors in cases(cfg, gen):
@@ -181,7 +213,7 @@ def main(argv=None) -> int:
                   f"(reference {medians['reference'] * 1e6:9.1f} us, torch {medians['torch'] * 1e6:9.1f} us, "
                   f"max |diff| {diff:.1e})")  # fmt: skip
     grouping = []
-    for threads in cfg["threads"]:
+    for threads in cfg["threads"] if "grouping" in tables else ():
         torch.set_num_threads(threads)
         fns = grouping_fns(cfg, torch.Generator().manual_seed(1))
         diff = max((fns[name]() - fns["one_group"]()).abs().max().item() for name in fns)
@@ -190,7 +222,7 @@ def main(argv=None) -> int:
         grouping.append(dict(threads=threads, medians_s=medians, ratio_one_group_over=ratios, max_abs_diff=diff))
         print(f"threads={threads} grouping: " + ", ".join(f"{n} {r:.2f}x" for n, r in ratios.items()))
     cascade = []
-    for threads in cfg["threads"]:
+    for threads in cfg["threads"] if "cascade" in tables else ():
         torch.set_num_threads(threads)
         for case in cfg["cascade"]:
             fns = cascade_fns(case, cfg, torch.Generator().manual_seed(2))
@@ -204,10 +236,22 @@ def main(argv=None) -> int:
             ))  # fmt: skip
             print(f"threads={threads} cascade: {num_reqs} decodes sharing {shared} of {shared + own} tokens: "
                   f"one group / cascade = {ratio:.2f}x (cascade {medians['cascade'] * 1e3:.2f} ms)")  # fmt: skip
+    chunks = []
+    for threads in cfg["threads"] if "chunks" in tables else ():
+        torch.set_num_threads(threads)
+        for case in cfg["chunks"]:
+            fns = chunk_fns(case, cfg, torch.Generator().manual_seed(3))
+            diff = (fns["grouped"]() - fns["alone"]()).abs().max().item()
+            medians = time_pair(fns, cfg["repeats"], cfg["sample_s"])
+            ratio = medians["alone"] / medians["grouped"]
+            chunks.append(dict(threads=threads, num_reqs=case[0], query_tokens=case[1], medians_s=medians,
+                               ratio_alone_over_grouped=ratio, max_abs_diff=diff))  # fmt: skip
+            print(f"threads={threads} chunks: {case[0]} requests of {case[1]} query tokens: alone / grouped = "
+                  f"{ratio:.2f}x (grouped {medians['grouped'] * 1e3:.2f} ms)")  # fmt: skip
     record = dict(
         benchmark="attention_cpu", dry_run=args.dry_run, torch=torch.__version__,
         python=sys.version.split()[0], machine=platform.machine(), processor=platform.processor(),
-        config=cfg, results=results, grouping=grouping, cascade=cascade,
+        tables=tables, config=cfg, results=results, grouping=grouping, cascade=cascade, chunks=chunks,
     )  # fmt: skip
     out = Path(args.out)
     write_json(out, record)

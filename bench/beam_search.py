@@ -12,14 +12,17 @@ the same number of steps), by four systems in the same run:
   The cache shares only full blocks, so each step recomputes the tokens of a beam past its
   parent's last full block: on average about half a block (8.5 tokens at the default 16,
   1 at block size 1). These two show what that tail costs;
+- ``tinyvllm_short_queries_alone``: the default engine with ``torch_sdpa.SHORT_QUERY_MAX``
+  set to 1 while it searches, so each beam's few query tokens get an SDPA call of their own
+  instead of joining a group (NOTE 8 of ``attention/torch_sdpa.py``);
 - ``hf_per_prompt``: transformers' ``generate(num_beams=W, num_return_sequences=W)``, one
   prompt at a time (its KV cache reorders along with the beams);
 - ``hf_batched``: the same with every prompt in one batch, padded on the left.
 
 Each system gets one warm-up, then ``--repeats`` (5) interleaved rounds (a, b, c, d, a, ...);
 the record holds every time, the medians, and the ratios ``hf_*_over_tinyvllm`` and
-``no_prefix_cache_over_tinyvllm`` and ``tinyvllm_over_block_size_N`` (above 1: the
-second is faster). Also recorded, per engine: the prompt tokens it looked up in the
+``no_prefix_cache_over_tinyvllm``, ``short_queries_alone_over_tinyvllm`` and
+``tinyvllm_over_block_size_N`` (above 1: the second is faster). Also recorded, per engine: the prompt tokens it looked up in the
 prefix cache and found in one search, and whether tinyvllm's beams are
 transformers' per-prompt beams token for token (they must be: the sampling defaults of the
 model's ``generation_config.json`` are turned off for transformers, as ``beam_search``
@@ -43,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ROOT, median, prefix_counters, run_header, set_threads, timed, write_json  # noqa: E402
 from tinyvllm import LLM, BeamSearchParams  # noqa: E402
+from tinyvllm.attention import torch_sdpa  # noqa: E402
 from tinyvllm.stdlib_tiny import STDLIB_TINY  # noqa: E402
 
 PROMPTS = [
@@ -106,7 +110,15 @@ def main(argv: list[str] | None = None) -> dict:
     def search(llm: LLM) -> list[list[list[int]]]:
         return [[list(s.output_token_ids) for s in o.sequences] for o in llm.beam_search(prompts, params)]
 
+    def search_alone(llm: LLM) -> list[list[list[int]]]:
+        saved, torch_sdpa.SHORT_QUERY_MAX = torch_sdpa.SHORT_QUERY_MAX, 1
+        try:
+            return search(llm)
+        finally:
+            torch_sdpa.SHORT_QUERY_MAX = saved
+
     systems = {name: functools.partial(search, llm) for name, llm in engines.items()}
+    systems["tinyvllm_short_queries_alone"] = functools.partial(search_alone, engines["tinyvllm"])
     systems |= {
         "hf_per_prompt": lambda: hf_beam_search(hf, tokenizer, prompts, args.beam_width, args.max_tokens, False),
         "hf_batched": lambda: hf_beam_search(hf, tokenizer, prompts, args.beam_width, args.max_tokens, True),
@@ -133,6 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
             "hf_per_prompt_over_tinyvllm": round(medians["hf_per_prompt"] / medians["tinyvllm"], 3),
             "hf_batched_over_tinyvllm": round(medians["hf_batched"] / medians["tinyvllm"], 3),
             "no_prefix_cache_over_tinyvllm": round(medians["tinyvllm_no_prefix_cache"] / medians["tinyvllm"], 3),
+            "short_queries_alone_over_tinyvllm": round(medians["tinyvllm_short_queries_alone"] / medians["tinyvllm"], 3),
             "tinyvllm_over_block_size_4": round(medians["tinyvllm"] / medians["tinyvllm_block_size_4"], 3),
             "tinyvllm_over_block_size_1": round(medians["tinyvllm"] / medians["tinyvllm_block_size_1"], 3),
         },

@@ -180,14 +180,14 @@ def test_top_k_top_p_quick_times_old_and_new_on_the_same_masks(tmp_path):
 
 
 def test_beam_search_quick_times_every_system_on_the_same_beams(tmp_path):
-    """bench/beam_search.py --quick: six systems, the same beams from each (transformers'
+    """bench/beam_search.py --quick: seven systems, the same beams from each (transformers'
     per-prompt search is the reference), and the prefix cache's hits growing as blocks shrink."""
     out = tmp_path / "beam_search.json"
     result = _run("beam_search.py", "--out", str(out))
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
     assert record["quick"] is True and record["workload"]["beam_width"] == 2 and record["repeats"] == 1
-    assert all(record["beams_equal_hf_per_prompt"].values()) and len(record["beams_equal_hf_per_prompt"]) == 6
+    assert all(record["beams_equal_hf_per_prompt"].values()) and len(record["beams_equal_hf_per_prompt"]) == 7
     hits = {name: counts["found"] for name, counts in record["prefix_cache_per_search"].items()}
     assert hits["tinyvllm_no_prefix_cache"] == 0 < hits["tinyvllm_block_size_4"] < hits["tinyvllm_block_size_1"]
     assert all(v > 0 for v in record["ratios"].values())

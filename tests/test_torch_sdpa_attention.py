@@ -71,6 +71,9 @@ def test_torch_sdpa_declares_cudagraph_support_never():
         ([1, 3, 1, 24], [33, 40, 1, 24]),  # decode + chunk + decode + prefill
         ([5, 0, 2], [9, 3, 2]),  # a request with no query tokens this step
         ([1, 0, 1], [5, 3, 9]),  # decodes around it: the decode rows are picked by index
+        ([3, 5, 2, 4], [30, 33, 29, 31]),  # short chunks of similar lengths: one group, rows padded to 5
+        ([16, 2, 16], [40, 41, 16]),  # SHORT_QUERY_MAX tokens: still grouped; a whole prompt beside chunks
+        ([2, 1, 9, 1, 0, 3], [2, 7, 9, 8, 4, 12]),  # short whole prompts, decodes, an idle request, a chunk
     ],
 )
 def test_torch_sdpa_matches_reference(query_lens, seq_lens):
@@ -116,7 +119,8 @@ def test_torch_sdpa_rejects_head_counts_that_do_not_divide():
 @pytest.mark.seed("003:memory")
 def test_torch_sdpa_one_sdpa_call_per_length_group_one_per_prefill(monkeypatch):
     """Decodes of equal length are one SDPA call whatever R is; lengths spread wider than
-    5/4 split into groups, longest first (NOTE 5); each prefill adds one call."""
+    5/4 split into groups, longest first (NOTE 5); short chunks group the same way (NOTE 8);
+    each longer prefill adds one call."""
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
 
@@ -137,7 +141,15 @@ def test_torch_sdpa_one_sdpa_call_per_length_group_one_per_prefill(monkeypatch):
     calls.clear()
     q, kc, vc, qsl, sl, bt, _ = make_case([1, 5, 1, 3, 1], [10, 5, 4, 30, 2], 8, 2, 64, 4)
     torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.125)
-    assert calls == [(1, 8, 1, 64)] * 3 + [(1, 8, 5, 64), (1, 8, 3, 64)]  # decodes 10, 4, 2 apart
+    # decodes 10, 4, 2 apart; chunks of 3 (length 30) and 5 (length 5) apart, longest first
+    assert calls == [(1, 8, 1, 64)] * 3 + [(1, 8, 3, 64), (1, 8, 5, 64)]
+    calls.clear()
+    # Short chunks of similar lengths share a call, padded to the most query tokens (NOTE 8);
+    # a prefill past SHORT_QUERY_MAX tokens keeps its own.
+    q, kc, vc, qsl, sl, bt, _ = make_case([3, 2, 4, 17], [40, 36, 38, 17], 8, 2, 64, 4)
+    out = torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.125)
+    assert calls == [(3, 8, 4, 64), (1, 8, 17, 64)]
+    torch.testing.assert_close(out, reference.paged_attention(q, kc, vc, qsl, sl, bt, 0.125), atol=1e-5, rtol=1e-5)
 
 
 def test_torch_sdpa_group_by_length_examples():
@@ -150,7 +162,8 @@ def test_torch_sdpa_plan_is_step_wide_and_matches_planning_per_call():
     """A plan made once gives every layer the result of planning inside the call."""
     q, kc, vc, qsl, sl, bt, _ = make_case([1, 4, 1, 1, 0, 2], [9, 4, 33, 2, 3, 12], 8, 4, 16, 4, pad_tokens=3)
     plan = torch_sdpa.plan_step(qsl, sl, bt, 4)
-    assert plan.num_rows == 9 and [p.seq_len for p in plan.prefills] == [4, 12]
+    assert plan.num_rows == 9 and plan.prefills == ()  # 4 and 2 query tokens: short, grouped (NOTE 8)
+    assert [(g.width, g.queries) for g in plan.chunk_groups] == [(12, 2), (4, 4)]  # lengths 12 and 4: apart
     assert [g.width for g in plan.decode_groups] == [36, 12, 4]  # 33, 9, 2 rounded up to blocks of 4
     for _ in range(2):  # reused, as by the layers of one step
         with_plan = torch_sdpa.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, plan=plan)
@@ -241,6 +254,9 @@ def test_attention_cpu_bench_dry_run_writes_json(tmp_path):
     assert [(c["threads"], c["num_reqs"], c["shared"]) for c in record["cascade"]] == [(1, 3, 8), (2, 3, 8)]
     for c in record["cascade"]:  # split off or not, the same attention
         assert c["max_abs_diff"] < 1e-5 and c["ratio_one_group_over_cascade"] > 0
+    assert [(c["threads"], c["num_reqs"], c["query_tokens"]) for c in record["chunks"]] == [(1, 3, 2), (2, 3, 2)]
+    for c in record["chunks"]:  # grouped or alone, the same attention
+        assert c["max_abs_diff"] < 1e-5 and c["ratio_alone_over_grouped"] > 0
     assert f"wrote {out}" in result.stdout
 
 

@@ -3,19 +3,16 @@
 Concept: the same math and signature as ``reference.paged_attention``, in a few large torch
 ops instead of about fifteen small ones per request. Decodes (one query token) go together
 in groups of similar length (NOTE 5): one gather each for keys and values copies a group's
-blocks out of the paged cache into padded ``[G, L, Hkv, D]`` tensors (``L`` the longest
-length rounded up to whole blocks), and one ``scaled_dot_product_attention`` (SDPA) call
-attends over them with a key-padding mask. Each prefill or chunk gets its own gather and
-SDPA call with a causal mask aligned to its last key (NOTE 1); requests with no query
-tokens are skipped. The host-side work depends on the step, not the layer, so
-``plan_step`` does it once and ``DecoderForCausalLM`` hands the ``StepPlan`` to every
-layer (NOTE 6). Figures: docs/paged_attention.md and bench/README.md.
+blocks into padded ``[G, L, Hkv, D]`` tensors (``L`` the longest length in whole blocks),
+and one ``scaled_dot_product_attention`` (SDPA) call attends over them with a key-padding
+mask. Requests of a few query tokens group the same way (NOTE 8); a longer prefill or chunk
+gets its own gather and SDPA call with a causal mask aligned to its last key (NOTE 1). The
+host-side work is the step's, not the layer's: ``plan_step`` does it once (NOTE 6).
 
 Follows: seed 003 "KV cache物理内存分配" (the per-layer cache ``(2, num_blocks, block_size,
-num_kv_heads, head_size)``); seed 000 "Attention 后端对 CUDA 图的兼容性" (``NEVER``).
-Cousin of: vLLM's CPU backend ``TorchSDPABackend`` (V0 ``vllm/attention/backends/torch_sdpa.py``,
-V1 ``vllm/v1/attention/backends/cpu_attn.py``), which decodes with a C++ paged kernel; here
-decodes use SDPA too, after the gather.
+num_kv_heads, head_size)``); seed 000 "Attention 后端对 CUDA 图的兼容性" (``NEVER``). Cousin
+of: vLLM's CPU backend (V1 ``vllm/v1/attention/backends/cpu_attn.py``, V0 ``torch_sdpa.py``),
+which decodes with a C++ paged kernel; here decodes use SDPA too, after the gather.
 
 Invariants: the result has the query's shape and dtype and matches the reference within
 float32 rounding; rows at and after ``query_start_loc[-1]`` (CUDA-graph padding) are zero;
@@ -32,10 +29,9 @@ and the mask drops them. Both are needed: SDPA adds the mask to the score, and a
 weight times a NaN value is still NaN. Whole blocks copy faster than single slots.
 NOTE 3 (GQA): ``enable_gqa=True`` (torch 2.5+) lets query head h read KV head
 ``h // (H // Hkv)``; older torch gets the KV heads expanded (``expand_kv_heads``).
-NOTE 4 (a reused gather buffer): a decode gather is megabytes, and a fresh tensor that large
-gets fresh pages that the copy faults in one by one. So it writes into a buffer each thread
-keeps (per device, dtype and inference mode), grown to a power of two elements: as large as
-the largest decode gather so far, about one layer's share of the running requests' cache.
+NOTE 4 (a reused gather buffer): a fresh tensor of megabytes gets fresh pages the copy faults
+in one by one. So a gather writes into a buffer each thread keeps (per device, dtype and
+inference mode), grown to a power of two elements: the largest gather so far.
 NOTE 5 (length groups): a group costs its size times its width ``L``. ``group_by_length``
 sorts decodes longest first and starts a new group where a length falls below
 ``1 / GROUP_PADDING`` (4/5) of its group's longest: nobody is padded past 5/4 of its length.
@@ -51,11 +47,15 @@ prefix gathered once, then each request over its own keys, and ``merge_attention
 them exactly through their log-sum-exps. The public SDPA returns no LSE, so both parts call
 torch's CPU flash kernel (query heads of a KV head folded into its rows); CPU only. vLLM does
 this on GPUs (``common_prefix_len``). The split's fixed cost is why the bound exists.
+NOTE 8 (short queries, grouped): 2 .. ``SHORT_QUERY_MAX`` query tokens (a verification's
+drafts, beam search's tails) join length groups of their own, rows padded to the group's
+most by repeating the last (its output dropped), each row's causal mask keeping keys past
+its length out: one SDPA call instead of one per request.
 
 Not CUDA-graph safe (``NEVER``): the split and ``L`` come from host reads (``.tolist()``);
 its KV writer (``write_kv_cache_torch``) indexes with a boolean mask.
 Left out: sliding windows, ALiBi, soft-capping, sinks, fp8 caches, cross-attention; batched
-prefills; bounding or freeing the decode gather (NOTE 4); gradients through it (``out=``);
+long prefills; bounding or freeing the decode gather (NOTE 4); gradients through it (``out=``);
 cascade for prefills and off the CPU.
 """
 
@@ -84,6 +84,9 @@ GROUP_PADDING = 1.25
 
 # NOTE 7: a decode group attends to a shared prefix once when that saves this many keys.
 CASCADE_MIN_SAVED_KEYS = 2048
+
+# NOTE 8: requests of 2 .. this many query tokens attend in length groups, as decodes do.
+SHORT_QUERY_MAX = 16
 
 # NOTE 4: each thread's reusable gather buffers, keyed by (name, device, dtype, whether
 # inference mode is on: a tensor made under it cannot be written outside it).
@@ -234,6 +237,21 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True)
+class ChunkGroup:
+    """Requests of 2 .. ``SHORT_QUERY_MAX`` query tokens attended together (NOTE 8): each
+    request's queries padded to the group's ``Q`` rows by repeating its last one."""
+
+    rows: torch.Tensor  # [G * Q] int64: the query row each padded row reads
+    valid: torch.Tensor  # [n] int64: which of the G * Q rows are real
+    out_rows: torch.Tensor  # [n] int64: the output row of each real one
+    blocks: torch.Tensor  # [G * L / S] int64: as a decode group's (NOTE 2)
+    stale: torch.Tensor | None  # [k] int64: as a decode group's (NOTE 2)
+    mask: torch.Tensor  # [G, 1, Q, L] bool: causal, aligned to each request's last key (NOTE 1)
+    width: int  # L
+    queries: int  # Q, the group's most query tokens
+
+
+@dataclass(frozen=True)
 class PrefillPart:
     """One request with more than one query token: rows ``start .. end-1``, its blocks."""
 
@@ -250,6 +268,7 @@ class StepPlan:
     num_rows: int  # query_start_loc[-1]: rows past it are padding
     decode_groups: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillPart, ...]
+    chunk_groups: tuple[ChunkGroup, ...] = ()
 
 
 def plan_step(
@@ -295,12 +314,39 @@ def plan_step(
         if prefix is not None and mask is not None:
             bias = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
         groups.append(DecodeGroup(rows, blocks.flatten(), stale, mask, width, prefix, bias))
+    short = [r for r in range(num_reqs) if 1 < starts[r + 1] - starts[r] <= SHORT_QUERY_MAX]
+    chunks = tuple(plan_chunk_group(members, starts, lens, seq_lens, block_table, block_size)
+                   for members in group_by_length(lens, short))  # fmt: skip
     prefills = tuple(
         PrefillPart(starts[r], starts[r + 1], block_table[r, : cdiv(lens[r], block_size)], lens[r])
         for r in range(num_reqs)
-        if starts[r + 1] - starts[r] > 1
+        if starts[r + 1] - starts[r] > SHORT_QUERY_MAX
     )  # fmt: skip
-    return StepPlan(starts[-1], tuple(groups), prefills)
+    return StepPlan(starts[-1], tuple(groups), prefills, chunks)
+
+
+def plan_chunk_group(
+    members: list[int], starts: list[int], lens: list[int], seq_lens: torch.Tensor, block_table: torch.Tensor,
+    block_size: int,
+) -> ChunkGroup:  # fmt: skip
+    """One group of short queries (NOTE 8): padded rows, the gather's blocks, the causal mask."""
+    device = seq_lens.device
+    reqs = torch.tensor(members, device=device)  # [G]
+    query_lens = torch.tensor([starts[r + 1] - starts[r] for r in members], device=device)  # [G]
+    num_queries = int(query_lens.max())
+    num_blocks = cdiv(lens[members[0]], block_size)
+    width = num_blocks * block_size
+    group_lens = seq_lens.index_select(0, reqs).long()  # [G]
+    blocks = decode_blocks(block_table.index_select(0, reqs), group_lens, block_size, num_blocks)  # [G, L/S]
+    j = torch.arange(num_queries, device=device)  # [Q]
+    row_of = torch.minimum(j[None, :], query_lens[:, None] - 1)  # [G, Q]: a padded row repeats the last
+    position = group_lens[:, None] - query_lens[:, None] + row_of  # [G, Q]: each row's position (NOTE 1)
+    mask = torch.arange(width, device=device)[None, None, :] <= position[:, :, None]  # [G, Q, L]
+    rows = (torch.tensor([starts[r] for r in members], device=device)[:, None] + row_of).flatten()  # [G * Q]
+    valid = (j[None, :] < query_lens[:, None]).flatten().nonzero().squeeze(1)  # [n]
+    stale = stale_positions(key_padding_mask(group_lens, width))
+    return ChunkGroup(rows, valid, rows.index_select(0, valid), blocks.flatten(), stale, mask[:, None], width,
+                      num_queries)  # fmt: skip
 
 
 def plan_from_metadata(meta: AttentionMetadata, layout: AttentionLayout | None = None) -> StepPlan:
@@ -311,6 +357,26 @@ def plan_from_metadata(meta: AttentionMetadata, layout: AttentionLayout | None =
 
 
 # --8<-- [start:decode]
+def gather_group(
+    key_cache: torch.Tensor,  # [B, S, Hkv, D]
+    value_cache: torch.Tensor,  # [B, S, Hkv, D]
+    blocks: torch.Tensor,  # [G * L / S] int64
+    stale: torch.Tensor | None,  # [k] int64
+    num_reqs: int,  # G
+    width: int,  # L
+) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [G, Hkv, L, D] float32
+    """A group's keys and values: one gather each, positions past a length zeroed (NOTE 2)."""
+    num_kv_heads, head_size = key_cache.shape[2], key_cache.shape[3]
+    k = gather_rows(key_cache, blocks, "key").flatten(0, 1)  # [G * L, Hkv, D]
+    v = gather_rows(value_cache, blocks, "value").flatten(0, 1)  # [G * L, Hkv, D]
+    if stale is not None:  # positions past a request's length: zeros, not stale values (NOTE 2)
+        k.index_fill_(0, stale, 0.0)
+        v.index_fill_(0, stale, 0.0)
+    k = k.view(num_reqs, width, num_kv_heads, head_size).transpose(1, 2).float()  # [G, Hkv, L, D]
+    v = v.view(num_reqs, width, num_kv_heads, head_size).transpose(1, 2).float()  # [G, Hkv, L, D]
+    return k, v
+
+
 def decode_attention(
     query: torch.Tensor,  # [G, H, D]: one token per request of the group
     key_cache: torch.Tensor,  # [B, S, Hkv, D]
@@ -319,15 +385,7 @@ def decode_attention(
     scale: float,
 ) -> torch.Tensor:  # [G, H, D] float32
     """A group's decode tokens at once: one gather each of K and V, one SDPA call."""
-    num_reqs, width = query.shape[0], group.width
-    num_kv_heads, head_size = key_cache.shape[2], key_cache.shape[3]
-    k = gather_rows(key_cache, group.blocks, "key").flatten(0, 1)  # [G * L, Hkv, D]
-    v = gather_rows(value_cache, group.blocks, "value").flatten(0, 1)  # [G * L, Hkv, D]
-    if group.stale is not None:  # positions past a request's length: zeros, not stale values (NOTE 2)
-        k.index_fill_(0, group.stale, 0.0)
-        v.index_fill_(0, group.stale, 0.0)
-    k = k.view(num_reqs, width, num_kv_heads, head_size).transpose(1, 2).float()  # [G, Hkv, L, D]
-    v = v.view(num_reqs, width, num_kv_heads, head_size).transpose(1, 2).float()  # [G, Hkv, L, D]
+    k, v = gather_group(key_cache, value_cache, group.blocks, group.stale, query.shape[0], group.width)
     if group.prefix_blocks is not None:
         return cascade_decode(query, key_cache, value_cache, k, v, group, scale)
     q = query.float().unsqueeze(2)  # [G, H, 1, D]
@@ -360,6 +418,26 @@ def cascade_decode(
     out_s, lse_s = attention_with_lse(q, k, v, scale, group.bias)  # [G, Hkv, per_kv, D], [G, Hkv, per_kv]
     return merge_attention(out_p, lse_p, out_s, lse_s).reshape(num_reqs, num_heads, head_size)
 # --8<-- [end:decode]
+
+
+# --8<-- [start:chunks]
+def chunk_attention(
+    query: torch.Tensor,  # [N, H, D]: the step's query rows
+    key_cache: torch.Tensor,  # [B, S, Hkv, D]
+    value_cache: torch.Tensor,  # [B, S, Hkv, D]
+    group: ChunkGroup,
+    scale: float,
+) -> torch.Tensor:  # [n, H, D] float32: the group's real rows, in ``out_rows`` order
+    """A group of short queries at once (NOTE 8): one gather each of K and V, one SDPA call."""
+    num_reqs, num_queries = group.mask.shape[0], group.queries
+    num_heads, head_size = query.shape[1], query.shape[2]
+    k, v = gather_group(key_cache, value_cache, group.blocks, group.stale, num_reqs, group.width)
+    q = query.index_select(0, group.rows).view(num_reqs, num_queries, num_heads, head_size)  # [G, Q, H, D]
+    o = sdpa(q.transpose(1, 2).float(), k, v, scale, attn_mask=group.mask)  # [G, H, Q, D]
+    return o.transpose(1, 2).reshape(num_reqs * num_queries, num_heads, head_size).index_select(0, group.valid)
+# --8<-- [end:chunks]
+
+
 # --8<-- [start:prefill]
 def prefill_attention(
     query: torch.Tensor,  # [q, H, D]: one request's query tokens, q >= 1
@@ -408,6 +486,8 @@ def paged_attention(
     for group in plan.decode_groups:
         o = decode_attention(query.index_select(0, group.rows), key_cache, value_cache, group, scale)  # [G, H, D]
         out.index_copy_(0, group.rows, o.to(out.dtype))
+    for chunks in plan.chunk_groups:
+        out.index_copy_(0, chunks.out_rows, chunk_attention(query, key_cache, value_cache, chunks, scale).to(out.dtype))
     for part in plan.prefills:
         out[part.start : part.end] = prefill_attention(
             query[part.start : part.end], key_cache, value_cache, part.blocks, part.seq_len, scale
