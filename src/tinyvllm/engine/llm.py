@@ -34,7 +34,7 @@ NOTE 5 (beam search): ``beam_search(prompts, BeamSearchParams(...))`` runs each 
 token the last step added.
 NOTE 6 (pooling, ``docs/pooling.md``): with ``runner="pooling"``, ``encode`` and ``embed`` queue
 each prompt as ``generate`` does (``_queue``) and return one vector per prompt; ``generate`` is
-refused there, and ``encode`` by a generating engine (the input processor's NOTE 8).
+refused there, and ``encode`` by a generating engine (``input_processor.py`` NOTE 8).
 """
 
 from __future__ import annotations

@@ -254,6 +254,7 @@ class Worker:
             self.model, device, config.compilation_config, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             max_model_len=scheduler_config.max_model_len, uniform_decode_query_len=1 + num_spec,
+            pooling=pooler_config is not None,
         )  # fmt: skip
         self.model.pieces = graphs.pieces  # the one place the model's pieces are wrapped
         return ModelRunner(
