@@ -237,7 +237,7 @@ def _pooler_args(args) -> dict | None:
 
     config = None if args.pooler_config is None else _json_object_arg("--pooler-config", args.pooler_config)
     try:
-        _runner(args.runner, config, args.speculative, args.async_scheduling, ())
+        _runner(args.runner, config, args.speculative_config, args.async_scheduling, ())  # only whether it is set
     except (TypeError, ValueError) as error:
         raise ValueError(f"{'--runner' if config is None else '--pooler-config'}: {error}") from None
     return config
@@ -386,8 +386,8 @@ def _serve(args) -> int:
         reasoning_parser_class(args.reasoning_parser)  # a name it does not know: before the model loads
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
-    _check_engine_args(args)
     args.pooler = _pooler_args(args)
+    _check_engine_args(args)
     sock = _bind_port(args.host, args.port)  # after every value, before the server's imports and the model
     try:
         return _run_serve(args, sock, origins, shipped)
