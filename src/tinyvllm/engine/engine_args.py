@@ -201,8 +201,8 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace, torch_threads: int | None = None) -> EngineArgs:
         """The arguments the parsed flags give; ``args.model_folder`` (the CLI resolved a hub id
         already) wins over ``--model``, and ``args.speculative`` is ``--speculative-config``
-        parsed. ``tinyvllm trace`` adds ``--block-size``, ``--max-num-seqs`` and
-        ``--max-num-batched-tokens``; the other commands take the defaults."""
+        parsed, ``args.pooler`` serve's ``--pooler-config``. ``tinyvllm trace`` adds ``--block-size``,
+        ``--max-num-seqs`` and ``--max-num-batched-tokens``; the other commands take the defaults."""
         folder = getattr(args, "model_folder", None)  # resolved once: the engine does not ask the hub again
         return cls(
             folder or args.model, revision=None if folder else getattr(args, "revision", None), dtype=args.dtype,
@@ -218,6 +218,7 @@ class EngineArgs:
             distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
             async_scheduling=getattr(args, "async_scheduling", False),
             scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
+            runner=getattr(args, "runner", "auto"), pooler_config=getattr(args, "pooler", None),  # serve's flags
         )  # fmt: skip
     # --8<-- [end:from_cli_args]
 
