@@ -355,3 +355,54 @@ def test_a_failed_step_whose_undo_raises_ends_every_consumer_of_the_step(folder,
     assert all(isinstance(r, Boom) and "injected fault #3" in str(r) for r in results), results
     assert after[-1].outputs[0].text == expected[4]
     assert not llm.engine.has_unfinished_requests() and used_blocks(llm) == 0
+
+
+def test_encode_yields_the_offline_embedding_and_a_consumer_that_leaves_aborts(folder):
+    """``AsyncLLM.encode`` (vLLM's name): one finished ``PoolingRequestOutput`` equal to
+    ``LLM.encode``'s; params of the wrong kind are refused before anything is queued; closing
+    the iterator before its output aborts the request."""
+    from tinyvllm.outputs import PoolingRequestOutput
+    from tinyvllm.pooling_params import PoolingParams
+
+    offline = LLM(folder, runner="pooling", **ENGINE)
+    want = [o.outputs.data for o in offline.encode(PROMPTS[:3], use_tqdm=False)]
+
+    async def main():
+        async_llm = AsyncLLM(LLM(folder, runner="pooling", **ENGINE).engine)
+
+        async def one(i):
+            return [out async for out in async_llm.encode(PROMPTS[i], PoolingParams(), f"e{i}")]
+
+        results = await asyncio.gather(*(one(i) for i in range(3)))
+        with pytest.raises(TypeError, match="pooling_params must be PoolingParams"):
+            await anext(async_llm.encode(PROMPTS[0], greedy(), "bad"))
+        stream = async_llm.encode(PROMPTS[0], PoolingParams(), "left")
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)  # the request is being added
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        await stream.aclose()
+        await async_llm.run_in_engine_thread(lambda: None)  # after the abort
+        left = async_llm.engine.has_unfinished_requests()
+        await async_llm.shutdown()
+        return results, left
+
+    results, left = asyncio.run(main())
+    for outs, data in zip(results, want):
+        assert len(outs) == 1 and isinstance(outs[0], PoolingRequestOutput) and outs[0].finished
+        assert (outs[0].outputs.data - data).abs().max() < 1e-5
+    assert not left
+
+
+def test_encode_on_a_generating_engine_is_a_value_error(folder):
+    from tinyvllm.pooling_params import PoolingParams
+
+    async def main():
+        async_llm = AsyncLLM(LLM(folder, **ENGINE).engine)
+        with pytest.raises(ValueError, match="PoolingParams need a pooling engine"):
+            await anext(async_llm.encode(PROMPTS[0], PoolingParams(), "g"))
+        left = async_llm.engine.has_unfinished_requests()
+        await async_llm.shutdown()
+        return left
+
+    assert asyncio.run(main()) is False

@@ -37,6 +37,19 @@ def test_serve_takes_every_engine_flag_of_generate():
         assert flag in engine, flag
 
 
+def test_serve_runner_and_pooler_config_reach_the_engine_args():
+    """``--runner pooling --pooler-config JSON``: checked by ``_pooler_args``, then ``EngineArgs``' fields."""
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    args = cli.build_parser().parse_args(["serve", "--runner", "pooling", "--pooler-config", '{"pooling_type": "MEAN"}'])
+    args.pooler = cli._pooler_args(args)
+    engine_args = EngineArgs.from_cli_args(args)
+    assert (engine_args.runner, engine_args.pooler_config) == ("pooling", {"pooling_type": "MEAN"})
+    default = cli.build_parser().parse_args(["serve"])
+    default.pooler = cli._pooler_args(default)
+    assert (EngineArgs.from_cli_args(default).runner, EngineArgs.from_cli_args(default).pooler_config) == ("auto", None)
+
+
 def _engine_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     cli.add_engine_args(parser)
@@ -62,6 +75,10 @@ def test_serve_refuses_a_missing_folder(tmp_path):
         (["--chat-template", "{% for m in messages %}"], "--chat-template: the chat template is not valid Jinja"),
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice and --tool-call-parser go together"),
         (["--tool-call-parser", "hermes"], "--enable-auto-tool-choice and --tool-call-parser go together"),
+        (["--runner", "pooling", "--pooler-config", "{oops"], "--pooler-config must be a JSON object, got '{oops'"),
+        (["--pooler-config", '{"pooling_type": "MEAN"}'], "--pooler-config: pooler_config="),
+        (["--runner", "pooling", "--pooler-config", '{"pooling_type": "SUM"}'], "--pooler-config: pooler_config pooling_type"),
+        (["--runner", "pooling", "--async-scheduling"], "--runner: runner='pooling' cannot be combined with async_scheduling"),
     ],
 )
 def test_serve_refuses_bad_values(tiny_model_dirs, flags, words):

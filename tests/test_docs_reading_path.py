@@ -98,7 +98,8 @@ def test_reading_path_home_page_lists_the_path_in_nav_order():
 SPLIT_CHAPTERS: dict[str, tuple[str, ...]] = {
     "sampler": ("sampler.md", "sampler_draw.md", "sampler_penalties.md", "sampler_logprobs.md"),
     "generating_text": ("generating_text.md", "generating_text_generate.md", "generating_text_cli.md"),
-    "serving": ("serving.md", "serving_async.md", "serving_endpoints.md", "serving_structured.md", "serving_reasoning.md"),
+    "serving": ("serving.md", "serving_async.md", "serving_endpoints.md", "serving_structured.md", "serving_reasoning.md",
+                "serving_embeddings.md"),
 }
 MAX_PAGE_LINES = 450
 

@@ -32,12 +32,14 @@ from serve_fixtures import CHAT_TEMPLATE, require_serve_extra, running_server
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
 import openai  # noqa: E402
-from openai.types import completion_create_params  # noqa: E402
+from openai.types import completion_create_params, embedding_create_params  # noqa: E402
 from openai.types.chat import completion_create_params as chat_create_params  # noqa: E402
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.beam_search import BeamSearchParams  # noqa: E402
-from tinyvllm.entrypoints.protocol import INFORMATIONAL, REFUSED, ChatCompletionRequest, CompletionRequest  # noqa: E402
+from tinyvllm.entrypoints.protocol import (  # noqa: E402
+    INFORMATIONAL, REFUSED, ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
+)  # fmt: skip
 
 NAME = "tiny-qwen3"
 ENGINE = dict(device="cpu", max_model_len=128, block_size=4)
@@ -558,6 +560,14 @@ def test_the_table_walks_every_field():
     refused_rows = {row.field for row in ROWS if row.check is None}
     assert refused_rows == set(REFUSED), "every refused field has a row that sends a value it refuses"
     assert set(INFORMATIONAL) <= {row.field for row in ROWS if row.check is unchanged}
+
+
+def test_the_embeddings_schema_takes_every_openai_parameter():
+    """``POST /v1/embeddings`` (tests/test_openai_embeddings.py sends each): OpenAI's five
+    parameters, and the docs page's table gives every field of the schema its fate."""
+    assert set(embedding_create_params.EmbeddingCreateParams.__annotations__) <= set(EmbeddingRequest.model_fields)
+    page = (ROOT / "docs" / "serving_embeddings.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"^\| `(\w+)` \|", page, re.M)) == set(EmbeddingRequest.model_fields)
 
 
 def docs_table() -> dict[str, tuple[str, str]]:

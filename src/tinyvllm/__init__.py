@@ -5,11 +5,13 @@ that ``import tinyvllm.core`` (the scheduler side) never pulls in torch; a test 
 """
 
 from tinyvllm.beam_search import BeamSearchOutput, BeamSearchParams
-from tinyvllm.outputs import CompletionOutput, RequestOutput
+from tinyvllm.outputs import CompletionOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "EmbeddingRequestOutput", "PoolingParams",
+           "PoolingRequestOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 

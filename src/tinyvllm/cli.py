@@ -3,13 +3,13 @@
 ``tinyvllm serve [--model DIR|ID] [--revision R] [--host 127.0.0.1] [--port 8000]
 [--served-model-name NAME]`` serves the model over HTTP with an OpenAI-compatible API
 (``entrypoints/openai_server.py``; needs the ``serve`` extra); it takes the same engine flags as
-``generate`` (``add_engine_args``). ``--served-model-name`` defaults to the ``--model`` string
-as given (a hub id stays ``org/name``), as in vLLM. Its own flags (``serve_args``):
+``generate`` (``add_engine_args``); ``--served-model-name`` defaults to ``--model`` as given, as vLLM's. Its own flags:
 ``--chat-template FILE_OR_STRING``, ``--api-key`` (else ``$VLLM_API_KEY``), ``--allowed-origins``
 (CORS), ``--max-request-body-bytes`` (413), ``--max-waiting-requests`` (503), ``--shutdown-timeout``
 (seconds running requests may go on after SIGTERM), ``--enable-auto-tool-choice
 --tool-call-parser hermes`` (vLLM's pair, for ``tool_choice: "auto"``), ``--reasoning-parser NAME``
-(chat's ``reasoning``, ``entrypoints/reasoning.py``); a bad value is one line, exit status 2.
+(chat's ``reasoning``, ``entrypoints/reasoning.py``), ``--runner pooling [--pooler-config JSON]``
+(``/v1/embeddings``, ``entrypoints/embeddings.py``); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
@@ -71,13 +71,7 @@ import time
 from pathlib import Path
 
 from tinyvllm.cpu_threads import choose_torch_threads, count_parameters  # torch-free, like everything --help needs
-from tinyvllm.engine.engine_args import (  # torch-free at import (engine_args.py NOTE 9)
-    CLI_NAMES,
-    EngineArgs,
-    check_counts,
-    check_parallel,
-    resolve_max_model_len,
-)
+from tinyvllm.engine.engine_args import CLI_NAMES, RUNNERS, EngineArgs, check_counts, check_parallel, resolve_max_model_len
 USER_ERRORS = (ValueError, TypeError, OSError)  # FileNotFoundError is an OSError
 EXIT_USER_ERROR = 2  # as argparse's
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -145,10 +139,7 @@ def _add_serve(sub) -> None:
         "--served-model-name", default=None,
         help="the name clients ask for (default: the --model value; stdlib_tiny for the shipped model)",
     )  # fmt: skip
-    p.add_argument(
-        "--max-waiting-requests", type=int, default=256,
-        help="past this many waiting requests, new ones get HTTP 503",
-    )  # fmt: skip
+    p.add_argument("--max-waiting-requests", type=int, default=256, help="past this many waiting requests, new ones get HTTP 503")
     # --8<-- [start:serve_args]
     p.add_argument(
         "--chat-template", default=None, metavar="FILE_OR_STRING",
@@ -170,9 +161,7 @@ def _add_serve(sub) -> None:
         "--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
         help="on SIGTERM or Ctrl-C, let running requests go on this long, then abort them (vLLM's; default 0: at once)",
     )  # fmt: skip
-    p.add_argument(
-        "--enable-auto-tool-choice", action="store_true", help="serve tool_choice auto (with --tool-call-parser)",
-    )  # fmt: skip
+    p.add_argument("--enable-auto-tool-choice", action="store_true", help="serve tool_choice auto (with --tool-call-parser)")
     p.add_argument(
         "--tool-call-parser", default=None, choices=["hermes"],
         help="what reads the model's own tool calls: hermes, <tool_call>{...}</tool_call> (Qwen3's format)",
@@ -181,6 +170,8 @@ def _add_serve(sub) -> None:
         "--reasoning-parser", default=None, metavar="NAME",
         help="split chat answers into reasoning and content at the think end token: qwen3 or deepseek_r1",
     )  # fmt: skip
+    p.add_argument("--runner", default="auto", choices=RUNNERS, help="pooling: serve /v1/embeddings (default: generate)")
+    p.add_argument("--pooler-config", default=None, metavar="JSON", help='with --runner pooling, e.g. \'{"pooling_type": "MEAN"}\'')
     # --8<-- [end:serve_args]
     add_engine_args(p)
 
@@ -237,6 +228,18 @@ def _speculative_config_arg(text: str | None) -> dict | None:
 
     config = _json_object_arg("--speculative-config", text)
     SpeculativeConfig.from_dict(config)  # ValueError naming the key or the value
+    return config
+
+
+def _pooler_args(args) -> dict | None:
+    """``serve --runner``/``--pooler-config``: the engine's rule (``engine_args.py`` NOTE 12) before torch."""
+    from tinyvllm.engine.engine_args import _runner
+
+    config = None if args.pooler_config is None else _json_object_arg("--pooler-config", args.pooler_config)
+    try:
+        _runner(args.runner, config, args.speculative_config, args.async_scheduling, ())  # only whether it is set
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{'--runner' if config is None else '--pooler-config'}: {error}") from None
     return config
 
 
@@ -383,6 +386,7 @@ def _serve(args) -> int:
         reasoning_parser_class(args.reasoning_parser)  # a name it does not know: before the model loads
     origins = _allowed_origins(args.allowed_origins)
     shipped = args.model is None  # the shipped model is served as "stdlib_tiny"
+    args.pooler = _pooler_args(args)
     _check_engine_args(args)
     sock = _bind_port(args.host, args.port)  # after every value, before the server's imports and the model
     try:
@@ -417,8 +421,6 @@ def _allowed_origins(value: str | None) -> list[str] | None:
     if value is None:
         return None
     if value.lstrip().startswith("["):
-        import json
-
         try:
             origins = json.loads(value)
         except ValueError as error:

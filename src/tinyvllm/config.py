@@ -287,6 +287,49 @@ class StructuredOutputsConfig:
 # --8<-- [end:structured_outputs_config]
 
 
+# --8<-- [start:pooler_config]
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+RUNNER_TYPES = ("generate", "pooling")  # engine_args.py takes "auto" too, and resolves it
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    """How a pooling engine (``runner="pooling"``) makes one vector of a prompt's hidden
+    states (``worker/pooler.py``; vLLM's ``PoolerConfig``).
+
+    Attributes:
+        pooling_type: "LAST" (the last prompt token's hidden state: a causal model's only
+            state that has read the whole prompt), "MEAN" (the mean over the prompt) or "CLS"
+            (the first token's). None: the model folder's sentence-transformers ``Pooling``
+            module says, else "LAST" (vLLM's default for an embedding model made of a
+            causal LM).
+        normalize: L2-normalise each vector (a request's ``PoolingParams.normalize`` may
+            override it). None: whether the folder's sentence-transformers modules end in
+            ``Normalize``, else True (vLLM's default for embeddings).
+    """
+
+    pooling_type: str | None = None
+    normalize: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooler_config pooling_type must be one of {POOLING_TYPES} or None, got {self.pooling_type!r}")
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise TypeError(f"pooler_config normalize must be a bool or None, got {self.normalize!r}")
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, object]) -> "PoolerConfig":
+        """Build from a dict like vLLM's ``--pooler-config``; unknown keys are a ValueError."""
+        if not isinstance(config, Mapping):
+            raise TypeError(f"pooler_config must be a dict, got {config!r}")
+        known = {"pooling_type", "normalize"}
+        unknown = sorted(map(str, set(config) - known))
+        if unknown:
+            raise ValueError(f"pooler_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        return cls(**config)
+# --8<-- [end:pooler_config]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The model as the worker loads it: every field resolved and checked.
@@ -301,6 +344,9 @@ class ModelConfig:
         max_logprobs: the most logprobs a request may ask for; -1: no cap.
         generation_config: where the sampling defaults come from: "auto" (the model's
             ``generation_config.json``), "vllm" (none) or a folder; read by the input processor.
+        runner_type: "generate" (sampling tokens) or "pooling" (one vector per prompt).
+        pooler_config: a pooling engine's, every field resolved; None for "generate".
+        matryoshka: ``config.json`` says every prefix of an embedding is one (``PoolingParams.dimensions``).
     """
 
     model: str | Path
@@ -311,8 +357,13 @@ class ModelConfig:
     logits_processors: tuple = ()
     max_logprobs: int = MAX_LOGPROBS
     generation_config: str = "auto"
+    runner_type: str = "generate"
+    pooler_config: PoolerConfig | None = None
+    matryoshka: bool = False
 
     def __post_init__(self) -> None:
+        if (self.runner_type == "pooling") != (self.pooler_config is not None) or self.runner_type not in RUNNER_TYPES:
+            raise ValueError(f"ModelConfig: runner_type {self.runner_type!r} with pooler_config {self.pooler_config!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"ModelConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.attention_backend not in ("triton", "torch", "reference"):

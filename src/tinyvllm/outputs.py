@@ -10,12 +10,19 @@ Mirrors: ``vllm/v1/outputs.py`` (``ModelRunnerOutput``) and ``vllm/v1/engine/__i
 NOTE 1: ``EngineCoreOutput`` is built for every request in every step, so it is a
 ``NamedTuple``: immutable like the frozen dataclasses here, and several times cheaper to
 build.
+NOTE 2 (pooling, ``docs/pooling.md``): a pooling request's vector travels as a CPU float32
+tensor from the runner (``pooler_output``) through the scheduler (``pooling_output``), which
+never looks inside it (the core imports no torch), to ``PoolingRequestOutput``;
+``EmbeddingRequestOutput`` is the same as a list of floats, what ``LLM.embed`` returns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
 
 
 # One position's logprobs as plain values: (token ids, logprobs, the chosen token's rank),
@@ -33,6 +40,8 @@ class ModelRunnerOutput:
     ``prompt_logprobs[req_id]`` one per prompt token after the first, sent once, in the
     step that finishes the prompt. ``no_token_req_ids``: requests whose row had no token left
     to sample (every logit ``-inf`` or not a number); they get none and end with an error.
+    ``pooler_output[req_id]``: a pooling request's vector ([dims] float32, CPU), in the step
+    that finishes its prompt (NOTE 2).
     """
 
     req_ids: list[str]
@@ -41,6 +50,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[LogprobEntry]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[LogprobEntry]] = field(default_factory=dict)
     no_token_req_ids: frozenset[str] = frozenset()
+    pooler_output: dict[str, Any] = field(default_factory=dict)  # req_id -> torch.Tensor (NOTE 2)
 
     def __post_init__(self) -> None:
         if len(self.req_ids) != len(self.sampled_token_ids):
@@ -60,6 +70,7 @@ class EngineCoreOutput(NamedTuple):
         num_cached_tokens: prompt tokens found in the prefix cache at first admission.
         new_logprobs: one entry per new token, when the request asked for logprobs.
         prompt_logprobs: one entry per prompt token after the first, once.
+        pooling_output: a pooling request's vector, when it finishes (NOTE 2).
     """
 
     request_id: str
@@ -69,6 +80,7 @@ class EngineCoreOutput(NamedTuple):
     num_cached_tokens: int = 0
     new_logprobs: list[LogprobEntry] | None = None
     prompt_logprobs: list[LogprobEntry] | None = None
+    pooling_output: Any = None  # torch.Tensor (NOTE 2)
 
     @property
     def finished(self) -> bool:
@@ -151,3 +163,50 @@ class RequestOutput:
     num_cached_tokens: int
     metrics: RequestMetrics
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+
+# --8<-- [start:pooling_outputs]
+@dataclass(frozen=True)
+class PoolingOutput:
+    """A pooling request's vector (vLLM's ``PoolingOutput``): ``data`` [dims] float32, CPU."""
+
+    data: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PoolingRequestOutput:
+    """What ``LLM.encode`` returns per prompt (vLLM's names); finished when returned."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool = True
+
+
+@dataclass(frozen=True)
+class EmbeddingOutput:
+    """A prompt's embedding as floats (vLLM's ``EmbeddingOutput``)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(frozen=True)
+class EmbeddingRequestOutput:
+    """What ``LLM.embed`` returns per prompt (vLLM's names)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
+                   output.num_cached_tokens, output.finished)  # fmt: skip
+# --8<-- [end:pooling_outputs]

@@ -21,7 +21,11 @@ the id, the prompt and ``cache_salt`` once, before the request is built; the con
 only asserts what it relies on (a non-empty str id, a non-empty prompt of ints >= 0,
 ``SamplingParams``, a non-empty ``cache_salt`` or None).
 
-Left out: multimodal inputs, pooling.
+A pooling request (``pooling_params`` set, ``docs/pooling.md``) is one prefill: its
+``sampling_params`` ask for one token (``max_tokens=1``, as vLLM's pooling ``Request``), so
+every rule of the scheduler holds for it, and it finishes when the runner sends its vector.
+
+Left out: multimodal inputs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import enum
 import time
 from collections.abc import Sequence
 
+from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.sampling_params import SamplingParams
 
 
@@ -76,6 +81,7 @@ class Request:
         cache_salt: str | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         # Checked by the input processor (module header); assertions only.
         prompt = list(prompt_token_ids)
@@ -85,9 +91,11 @@ class Request:
         assert isinstance(sampling_params, SamplingParams), f"request {request_id!r}: sampling_params {sampling_params!r}"
         assert cache_salt is None or (isinstance(cache_salt, str) and cache_salt), f"cache_salt {cache_salt!r}"
         assert type(priority) is int, f"request {request_id!r}: priority {priority!r}"
+        assert pooling_params is None or isinstance(pooling_params, PoolingParams), f"pooling_params {pooling_params!r}"
         self.request_id = request_id
         self.prompt_token_ids: list[int] = prompt
         self.sampling_params = sampling_params
+        self.pooling_params = pooling_params  # None: a generation request
         self.eos_token_id = eos_token_id
         self.lora_name = lora_name
         self.cache_salt = cache_salt
@@ -120,6 +128,14 @@ class Request:
     @property
     def use_structured_output(self) -> bool:
         return self.structured_output_request is not None
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Every prompt position must be computed (vLLM's name): for its prompt logprobs, or
+        for a pooling that reads more than the last position (``pooling_params.py`` NOTE 4).
+        Its blocks are still cached for others."""
+        pooling = self.pooling_params
+        return self.sampling_params.prompt_logprobs is not None or (pooling is not None and pooling.skip_reading_prefix_cache)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -145,8 +145,8 @@ class KVCacheManager:
         # (NOTE 3); only the blocks it has filled since are hashed, chained to the last.
         block_hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
         append_block_hashes(self.hash_fn, self.block_size, request, block_hashes, request.num_tokens // self.block_size)
-        if request.sampling_params.prompt_logprobs is not None:
-            return [], 0  # every prompt position must be computed for its logprobs: no hit (vLLM's rule)
+        if request.skip_reading_prefix_cache:
+            return [], 0  # every prompt position must be computed (prompt logprobs, a MEAN pooling): no hit
         computed: list[KVCacheBlock] = []
         for block_hash in block_hashes[: max_cache_hit_blocks(request.num_tokens, self.block_size)]:
             block = self.block_pool.get_cached_block(block_hash)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
+from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.sampling_params import SamplingParams
 
 
@@ -43,6 +44,7 @@ class NewRequestData:
     block_ids: tuple[int, ...]  # the whole block table: prefix hits then new blocks
     num_computed_tokens: int  # prefix-cache hit tokens, where this step starts
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # the request's bad words, tokenized by the engine
+    pooling_params: PoolingParams | None = None  # a pooling request's (``request.py``)
 
 
 class CachedRequestData(NamedTuple):

@@ -51,13 +51,13 @@ NOTE 5 (no token to sample): a request whose parameters leave its row nothing to
 with ``FINISHED_ERROR`` (``finish_reason="error"``, vLLM's status of that name) and gets no
 token this step, rather than a token it banned.
 
-Async scheduling (``core/async_scheduler.py``) overrides the hooks at the end of the class.
 NOTE 6 (structured outputs): a request whose grammar still compiles (``WAITING_FOR_FSM``) is passed
 over and keeps its place; the engine adds the step's bitmask (``structured_output/manager.py``).
 NOTE 7 (``policy="priority"``, ``core/request_queue.py``): waiting requests go by (priority, arrival);
 the victim is the running request of the largest key. One scheduled earlier in this step gives
-its tokens back, and the blocks it cached this step leave the prefix cache (no KV). Left out:
-encoder inputs, KV transfer.
+its tokens back, and the blocks it cached this step leave the prefix cache (no KV).
+NOTE 8 (pooling, ``request.py``): the step that ends a pooling request's prompt brings its vector
+(``pooler_output``), not a token, and it finishes there. Left out: encoder inputs, KV transfer.
 """
 # --8<-- [end:header]
 
@@ -336,7 +336,7 @@ class Scheduler:
                     sampling_params=r.sampling_params,
                     block_ids=new_block_ids[r.request_id],
                     num_computed_tokens=start_tokens[r.request_id],
-                    bad_words_token_ids=r.bad_words_token_ids,
+                    bad_words_token_ids=r.bad_words_token_ids, pooling_params=r.pooling_params,
                 )
                 for r in new_reqs
             ),
@@ -379,8 +379,9 @@ class Scheduler:
             request = scheduled(rid)
             if request is None:
                 continue  # finished from outside after this step was scheduled
-            if rid in model_runner_output.no_token_req_ids:  # NOTE 5: its row had nothing to sample
-                self._finish_with_no_token(request, outputs)
+            pooled = model_runner_output.pooler_output.get(rid)  # NOTE 8: a pooling request's vector
+            if pooled is not None or rid in model_runner_output.no_token_req_ids:  # NOTE 5: nothing to sample
+                self._finish_without_token(request, outputs, pooled)
                 continue
             index = model_runner_output.req_id_to_index.get(rid)
             sampled = model_runner_output.sampled_token_ids[index] if index is not None else []
@@ -443,15 +444,16 @@ class Scheduler:
     def _after_tokens_arrived(self, request: Request, num_sampled: int, status_before: RequestStatus) -> None:
         """After ``update_from_output`` appended a request's sampled tokens (nothing to do)."""
 
-    def _finish_with_no_token(self, request: Request, outputs: list[EngineCoreOutput]) -> None:
-        """NOTE 5: the request's row had no token to sample: it ends with an error, and no token."""
-        request.status = RequestStatus.FINISHED_ERROR
+    def _finish_without_token(self, request: Request, outputs: list[EngineCoreOutput], pooled=None) -> None:
+        """NOTE 5: the request's row had no token to sample: it ends with an error, and no token.
+        NOTE 8: a pooling request ends with its vector, "stop"."""
+        request.status = RequestStatus.FINISHED_ERROR if pooled is None else RequestStatus.FINISHED_STOPPED
         self.running.remove(request)
         self._free_request(request)
         outputs.append(
             EngineCoreOutput(
-                request_id=request.request_id, new_token_ids=[], finish_reason="error", stop_reason=None,
-                num_cached_tokens=max(request.num_cached_tokens, 0),
+                request_id=request.request_id, new_token_ids=[], num_cached_tokens=max(request.num_cached_tokens, 0),
+                finish_reason=RequestStatus.get_finished_reason(request.status), pooling_output=pooled,
             )
         )  # fmt: skip
 

@@ -29,12 +29,10 @@ its ``n`` sequences would take the scheduler's waiting queue past ``max_waiting_
 so a flood of clients costs a fast error (HTTP 503), not unbounded memory; an ``n`` past
 the bound could never wait, and is a ``ValueError``.
 NOTE 4 (outputs are routed in the engine thread): a request id may be used again as soon as
-its consumer has gone, and the old request's step may still be running then. Routing by id
-on the event loop would hand that step's outputs to the new consumer. So the map from an
-engine request to its consumer's queue (``_routes``) lives in the engine thread: ``_add``
-enters the queue once the engine has the request, an abort or a finished output removes
-it, and ``_step`` pairs each output with its queue there, before anything else runs.
-Outputs of the old request go to the old, abandoned queue.
+its consumer has gone, while the old request's step may still run; routing by id on the
+event loop would hand that step's outputs to the new consumer. So ``_routes`` (engine request
+to queue) lives in the engine thread: ``_add`` enters it, an abort or a finished output
+removes it, ``_step`` pairs each output with its queue there; the old request's go to its old one.
 NOTE 5 (an event loop of its own): the stepping task and its wake-up event belong to the
 loop that created them. ``_start`` makes a new pair when the task is done (an
 ``asyncio.run`` returned and cancelled it) or its loop is closed; consumers of a closed loop
@@ -44,24 +42,27 @@ NOTE 6 (shutdown and a dead engine): ``shutdown`` stops the task, aborts in the 
 thread every request this front added (after any step in flight), stops the thread, and
 ends every live consumer with ``EngineDeadError``; every later call raises it. A bug in the
 stepping task ends the consumers the same way, and so does an executor whose worker
-processes died (``multiproc_executor.py`` NOTE 3). vLLM's ``AsyncLLM`` raises
-``EngineDeadError`` from ``generate`` when its engine core process dies, and ends an
-aborted request's stream with a last output whose ``finish_reason`` is ``"abort"``.
+processes died (``multiproc_executor.py`` NOTE 3), as vLLM's ``generate`` raises it when its
+engine core dies; an aborted request's stream ends with ``finish_reason="abort"``, as vLLM's.
 NOTE 7 (tokenizing off the engine's thread): a text prompt is tokenized by a
-``PromptTokenizer`` (``engine/prompt_tokenizer.py``): a copy of the tokenizer on a thread of
-its own, so a 10 MB prompt never stops the other requests' steps. ``generate`` hands the
-engine thread token ids only, at most ``max_model_len`` of them (a longer one is refused
-first). ``self.tokenizer`` is that copy; the server renders chat templates with it, there.
+``PromptTokenizer`` (``engine/prompt_tokenizer.py``), a copy of the tokenizer on a thread of
+its own, so a 10 MB prompt never stops the other requests' steps: the engine thread gets at
+most ``max_model_len`` ids. The server renders chat templates with that copy (``self.tokenizer``).
 NOTE 8 (beam search, vLLM's ``EngineClient.beam_search`` in ``vllm/engine/protocol.py``):
 ``LLM.beam_search`` for one prompt, from the same pieces (``beam_search.py``): every check
 first, then each step runs the live beams' one-token requests concurrently through
 ``generate`` (ids ``<request_id>-beam-<step>-<i>``); one final output, a completion per
 beam. A consumer that leaves cancels the step's tasks; each ``generate`` aborts (NOTE 2).
+NOTE 9 (pooling, vLLM's ``AsyncLLM.encode``): on a pooling engine (``docs/pooling.md``) ``encode``
+is ``generate``'s path with ``PoolingParams``: the same queue, tokenizer thread, waiting bound
+and abort; it yields one finished ``PoolingRequestOutput``. The input processor refuses a kind
+of params the engine does not run (``input_processor.py`` NOTE 8).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 import time
@@ -78,7 +79,8 @@ from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.engine.prompt_tokenizer import PromptTokenizer
 from tinyvllm.exceptions import EngineDeadError  # re-exported: it lived here first
-from tinyvllm.outputs import RequestMetrics, RequestOutput
+from tinyvllm.outputs import PoolingRequestOutput, RequestMetrics, RequestOutput
+from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.validation import check_int
 
@@ -139,8 +141,8 @@ class AsyncLLM:
 
     # --8<-- [start:generate]
     async def generate(
-        self, prompt: str | dict, sampling_params: SamplingParams, request_id: str, *, priority: int = 0
-    ) -> AsyncIterator[RequestOutput]:
+        self, prompt: str | dict, sampling_params: SamplingParams | PoolingParams, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[RequestOutput | PoolingRequestOutput]:
         """Add the request and yield its outputs (as ``sampling_params.output_kind`` asks) until it finishes.
 
         It ends after the output with ``finished=True``: the last one of a finished request,
@@ -172,6 +174,20 @@ class AsyncLLM:
             if not finished and self._dead is None:  # stopped early, or the add failed (NOTE 2)
                 self._executor.submit(self._abort_route, request_id, queue)
     # --8<-- [end:generate]
+
+    # --8<-- [start:encode]
+    async def encode(
+        self, prompt: str | dict, pooling_params: PoolingParams, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """Add a pooling request and yield its one ``PoolingRequestOutput`` (NOTE 9), on an engine
+        built with ``runner="pooling"``. Raises as ``generate`` does; ``TypeError`` for params
+        that are not ``PoolingParams``, ``ValueError`` from a generating engine."""
+        if not isinstance(pooling_params, PoolingParams):
+            raise TypeError(f"pooling_params must be PoolingParams, got {pooling_params!r}")
+        async with contextlib.aclosing(self.generate(prompt, pooling_params, request_id, priority=priority)) as outputs:
+            async for out in outputs:  # aclosing: a consumer that leaves closes generate, which aborts (NOTE 2)
+                yield out
+    # --8<-- [end:encode]
 
     # --8<-- [start:beam_search]
     async def beam_search(self, prompt: str | dict, request_id: str, params: BeamSearchParams) -> AsyncIterator[RequestOutput]:
@@ -347,7 +363,7 @@ class AsyncLLM:
     # -- what runs in the worker thread (NOTE 1) -------------------------------------
 
     def _add(
-        self, prompt: str | dict, params: SamplingParams, request_id: str, queue: asyncio.Queue, priority: int = 0
+        self, prompt: str | dict, params: SamplingParams | PoolingParams, request_id: str, queue: asyncio.Queue, priority: int = 0
     ) -> None:
         request = self.input_processor.process_inputs(request_id, prompt, params, priority=priority)
         params = request.sampling_params

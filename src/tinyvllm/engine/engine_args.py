@@ -1,12 +1,10 @@
 """EngineArgs: every engine argument, checked once, into an ``EngineConfig``.
 
-Concept: the arguments of ``LLM(...)`` (and so of ``AsyncLLM`` and the CLI) as one dataclass
-with today's defaults, and ``create_engine_config()``, the one place each is checked
-(``tinyvllm.validation``'s rule: a wrong type TypeError, a wrong value ValueError, naming
-both) and resolved: the device, the compilation config (NOTE 3), the model folder (a hub id
-resolved, NOTE 4) and its spec, dtype and attention backend (NOTE 6), the limits (NOTE 2).
-The result is frozen; the input processor adds what needs the tokenizer (EOS ids, the
-reasoning config) and the device start-up the number of KV blocks.
+Concept: the arguments of ``LLM(...)`` (so of ``AsyncLLM`` and the CLI) as one dataclass, and
+``create_engine_config()``, the one place each is checked (``tinyvllm.validation``'s rule: a
+wrong type TypeError, a wrong value ValueError, naming both) and resolved into a frozen config:
+the device, compilation (NOTE 3), the model folder (NOTE 4), its dtype and attention backend
+(NOTE 6), the limits (NOTE 2). The input processor adds what needs the tokenizer.
 
 Mirrors: ``vllm/engine/arg_utils.py`` (``EngineArgs``, ``create_engine_config``), with the
 checks vLLM's config classes make in their ``__post_init__`` gathered here.
@@ -15,8 +13,7 @@ Invariants: ``create_engine_config`` changes nothing and starts nothing (no weig
 device memory); every check a bad argument can fail runs before the model folder is read,
 except those that need the folder (dtype, max_model_len, the Triton tile sizes).
 
-NOTE 1 (defaults): those of vLLM's ``LLM`` where vLLM has the argument; ``model`` defaults to
-the small model shipped with the package (``STDLIB_TINY``).
+NOTE 1 (defaults): vLLM's ``LLM``'s where it has the argument; ``model``: the shipped ``STDLIB_TINY``.
 NOTE 2 (limits): ``max_model_len`` is the model's ``max_position_embeddings`` when unset, and
 may not exceed it; ``max_num_batched_tokens`` is ``max(8192, max_num_seqs)``. A
 ``num_gpu_blocks_override`` must hold one request of ``max_model_len`` tokens and fit in
@@ -57,6 +54,9 @@ NOTE 11 (async scheduling): ``async_scheduling=True`` (``--async-scheduling``) h
 schedule a step while the last one runs (``core/async_scheduler.py``); it is refused with
 speculative decoding, as vLLM refuses it with n-gram drafts. ``scheduling_policy`` ("fcfs",
 "priority": ``core/request_queue.py``) is vLLM's ``--scheduling-policy``.
+NOTE 12 (pooling, ``docs/pooling.md``): ``runner`` "auto" is "generate" (every architecture built is
+a causal LM); "pooling" refuses drafts, async scheduling and custom logits processors (seed 001 ch. 11),
+and the fields ``pooler_config`` leaves unset come from the folder (``models/pooling_spec.py``).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ from tinyvllm.config import (
     EngineConfig,
     ModelConfig,
     ParallelConfig,
+    PoolerConfig,
     ReasoningConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -84,6 +85,7 @@ from tinyvllm.core.request_queue import SCHEDULING_POLICIES, check_policy
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.loader import ModelSpec, load_model_spec, resolve_dtype
+from tinyvllm.models.pooling_spec import read_pooling_spec
 from tinyvllm.platform import triton_can_run_on
 from tinyvllm.sampling_defaults import check_generation_config
 from tinyvllm.sampling_params import MAX_LOGPROBS
@@ -104,6 +106,7 @@ CLI_NAMES = {"max_model_len": "--max-model-len", "num_gpu_blocks_override": "--n
              "torch_threads": "--threads", "tensor_parallel_size": "--tensor-parallel-size",
              "distributed_executor_backend": "--distributed-executor-backend"}  # fmt: skip
 DISTRIBUTED_EXECUTOR_BACKENDS = ("uni", "mp", "external_launcher")  # NOTE 10
+RUNNERS = ("auto", "generate", "pooling")  # NOTE 12
 # The five CUDAGraphMode names, spelled out so that `tinyvllm --help` imports no torch (NOTE 9).
 MODE_NAMES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
@@ -138,6 +141,8 @@ class EngineArgs:
     async_scheduling: bool = False  # NOTE 11
     scheduling_policy: str = "fcfs"  # NOTE 11
     structured_outputs_config: dict | StructuredOutputsConfig | None = None
+    runner: str = "auto"  # NOTE 12
+    pooler_config: dict | PoolerConfig | None = None
 
     # --8<-- [start:add_cli_args]
     @staticmethod
@@ -196,8 +201,8 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace, torch_threads: int | None = None) -> EngineArgs:
         """The arguments the parsed flags give; ``args.model_folder`` (the CLI resolved a hub id
         already) wins over ``--model``, and ``args.speculative`` is ``--speculative-config``
-        parsed. ``tinyvllm trace`` adds ``--block-size``, ``--max-num-seqs`` and
-        ``--max-num-batched-tokens``; the other commands take the defaults."""
+        parsed, ``args.pooler`` serve's ``--pooler-config``. ``tinyvllm trace`` adds ``--block-size``,
+        ``--max-num-seqs`` and ``--max-num-batched-tokens``; the other commands take the defaults."""
         folder = getattr(args, "model_folder", None)  # resolved once: the engine does not ask the hub again
         return cls(
             folder or args.model, revision=None if folder else getattr(args, "revision", None), dtype=args.dtype,
@@ -213,6 +218,7 @@ class EngineArgs:
             distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
             async_scheduling=getattr(args, "async_scheduling", False),
             scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
+            runner=getattr(args, "runner", "auto"), pooler_config=getattr(args, "pooler", None),  # serve's flags
         )  # fmt: skip
     # --8<-- [end:from_cli_args]
 
@@ -275,6 +281,7 @@ class EngineArgs:
                 "async_scheduling=True cannot be combined with speculative decoding (speculative_config): the n-gram "
                 "proposer needs each step's tokens on the host before the next step is scheduled"
             )
+        runner, pooler_config = _runner(self.runner, self.pooler_config, speculative_config, async_scheduling, logits_processors)
         # --8<-- [end:arguments]
         model = resolve_model(model, revision)  # NOTE 4: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
@@ -314,13 +321,52 @@ class EngineArgs:
             speculative_config,
             ModelConfig(
                 model, spec, str(torch_dtype).removeprefix("torch."), attention_backend, seed,
-                logits_processors, max_logprobs, generation_config,
+                logits_processors, max_logprobs, generation_config, runner, *_resolve_pooler(pooler_config, model),
             ),
             DeviceConfig(str(device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads),
             ParallelConfig(tensor_parallel_size, executor_backend),
             structured_outputs_config,
         )
     # --8<-- [end:create_engine_config]
+
+
+# --8<-- [start:runner]
+def _runner(
+    runner: object, pooler_config: object, speculative: SpeculativeConfig | None, async_scheduling: bool,
+    logits_processors: tuple,
+) -> tuple[str, PoolerConfig | None]:
+    """NOTE 12: the runner type, and the pooler config a pooling engine starts from."""
+    if not isinstance(runner, str) or runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
+    runner = "generate" if runner == "auto" else runner
+    if isinstance(pooler_config, Mapping):
+        pooler_config = PoolerConfig.from_dict(pooler_config)
+    elif pooler_config is not None and not isinstance(pooler_config, PoolerConfig):
+        raise TypeError(f"pooler_config must be a dict, a PoolerConfig or None, got {pooler_config!r}")
+    if runner == "generate":
+        if pooler_config is not None:
+            raise ValueError(f"pooler_config={pooler_config!r} needs runner='pooling' (this engine generates)")
+        return runner, None
+    refused = [name for name, on in (("speculative_config", speculative is not None),
+               ("async_scheduling=True", async_scheduling), ("custom logits_processors", bool(logits_processors))) if on]  # fmt: skip
+    if refused:
+        raise ValueError(
+            f"runner='pooling' cannot be combined with {refused[0]}: a pooling request is one forward over its "
+            "prompt, with no token sampled (no drafts to verify, no next step to overlap, no logits to process)"
+        )
+    return runner, pooler_config or PoolerConfig()
+
+
+def _resolve_pooler(pooler_config: PoolerConfig | None, model) -> tuple[PoolerConfig | None, bool]:
+    """NOTE 12: each field the user left None, from the model folder (else vLLM's defaults:
+    LAST, normalised); and whether the model's embeddings may be truncated."""
+    if pooler_config is None:
+        return None, False
+    folder = read_pooling_spec(model)
+    pooling_type = pooler_config.pooling_type or folder.pooling_type or "LAST"
+    normalize = next(v for v in (pooler_config.normalize, folder.normalize, True) if v is not None)
+    return PoolerConfig(pooling_type, normalize), folder.matryoshka
+# --8<-- [end:runner]
 
 
 # --8<-- [start:shared_rules]

@@ -38,6 +38,10 @@ NOTE 6 (structured outputs): the constraint is parsed here (``structured_output/
 ``validate``), so a bad schema, regex or grammar is a ValueError naming it before anything is queued.
 NOTE 7 (priority): an int, lower served sooner (``core/request_queue.py``); any value but 0 needs
 ``scheduling_policy="priority"``, as vLLM refuses it under FCFS rather than ignore it.
+NOTE 8 (pooling, ``docs/pooling.md``): an engine either generates or pools (``runner``). A
+pooling engine takes ``PoolingParams`` only, resolved against the model (``pooling_params.py``),
+and its request carries ``POOLING_SAMPLING_PARAMS``: one step, nothing to sample or decode. A
+generating engine refuses ``PoolingParams``, a pooling one ``SamplingParams``, each by name.
 """
 
 from __future__ import annotations
@@ -48,12 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyvllm.config import EngineConfig, ReasoningConfig
+from tinyvllm.config import EngineConfig, PoolerConfig, ReasoningConfig
 from tinyvllm.engine.parallel_sampling import ParentRequest
 from tinyvllm.engine.request_checks import check_defaults_with_speculation, check_request_against_model
 from tinyvllm.models.tokenizer import check_eos_token_ids, load_eos_token_ids, load_tokenizer
 from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sample.logits_processors.loader import validate_logits_processors_parameters
+from tinyvllm.pooling_params import PoolingParams, resolve_pooling_params
 from tinyvllm.sampling_defaults import generation_defaults
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.structured_output import backend_xgrammar
@@ -61,6 +66,8 @@ from tinyvllm.validation import check_token_ids
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # NOTE 5
 THINK_START, THINK_END = "<think>", "</think>"  # NOTE 2
+# NOTE 8: a pooling request's: it reaches the end of its prompt in one step (or chunks), and stops
+POOLING_SAMPLING_PARAMS = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
 PromptType = str | dict
 
 
@@ -75,6 +82,7 @@ class EngineCoreRequest:
     cache_salt: str | None
     bad_words_token_ids: tuple[tuple[int, ...], ...]
     priority: int = 0  # NOTE 7
+    pooling_params: PoolingParams | None = None  # NOTE 8: resolved; None for a generation request
 
 
 def reasoning_config_from_tokenizer(tokenizer, vocab_size: int) -> ReasoningConfig | None:
@@ -144,6 +152,9 @@ class InputProcessor:
         logits_processors: tuple = (),
         generation_defaults: Mapping[str, Any] | None = None,
         scheduling_policy: str = "fcfs",
+        pooler_config: PoolerConfig | None = None,
+        hidden_size: int = 0,
+        matryoshka: bool = False,
     ) -> None:
         self.tokenizer = tokenizer  # None: text prompts, stop strings and bad words are refused
         self.eos_token_id = eos_token_id
@@ -156,6 +167,8 @@ class InputProcessor:
         self.logits_processors = logits_processors  # custom ones, asked about every request
         self.generation_defaults = dict(generation_defaults or {})  # the model's sampling defaults
         self.scheduling_policy = scheduling_policy  # which priorities a request may ask for (NOTE 7)
+        self.pooler_config = pooler_config  # NOTE 8: None for a generating engine
+        self.hidden_size, self.matryoshka = hidden_size, matryoshka
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> InputProcessor:
@@ -186,7 +199,8 @@ class InputProcessor:
             reasoning_config=reasoning_config, speculative=config.speculative_config is not None,
             max_logprobs=model_config.max_logprobs, extra_stop_token_ids=extra_stop_token_ids,
             logits_processors=model_config.logits_processors, generation_defaults=defaults,
-            scheduling_policy=config.scheduler_config.policy,
+            scheduling_policy=config.scheduler_config.policy, pooler_config=model_config.pooler_config,
+            hidden_size=model_config.spec.hidden_size, matryoshka=model_config.matryoshka,
         )  # fmt: skip
 
     # --8<-- [start:prompt_inputs]
@@ -236,12 +250,15 @@ class InputProcessor:
         """Check one prompt, its params and its priority against the model (NOTE 4). Raises
         TypeError or ValueError naming prompt ``index`` or ``label``; changes nothing."""
         check_priority(f"prompt {index}", priority, self.scheduling_policy)  # NOTE 7
+        pooling = self._pooling_params(label, params)  # NOTE 8
         text, ids, salt = self.prompt_inputs(index, prompt)
         max_len = self.max_model_len
         if not ids:
             raise ValueError(f"prompt {index} is empty")
         if len(ids) > max_len:
             raise ValueError(f"prompt {index} has {len(ids)} tokens, more than max_model_len {max_len}")
+        if pooling is not None:
+            return EngineCoreRequest(request_id, text, tuple(ids), POOLING_SAMPLING_PARAMS, salt, (), priority, pooling)
         check_request_against_model(  # ids, thinking, logprobs
             label, params, self.vocab_size, self.reasoning_config is not None, self.speculative, self.max_logprobs
         )
@@ -260,6 +277,11 @@ class InputProcessor:
         cache_salt: str | None = None, priority: int = 0,
     ) -> EngineCoreRequest:  # fmt: skip
         """``LLMEngine.add_request``'s form (NOTE 4): ids as given, messages naming the request."""
+        if isinstance(params, PoolingParams) or self.pooler_config is not None:  # NOTE 8
+            _check_request_id(request_id)
+            prompt_dict = {"prompt_token_ids": prompt_token_ids, "prompt": prompt, "cache_salt": cache_salt}
+            label = f"request {request_id!r}: params"
+            return self.process_inputs(request_id, {k: v for k, v in prompt_dict.items() if v is not None}, params, 0, label, priority)
         name_id = _first_sequence(request_id, params) if isinstance(params, SamplingParams) else request_id
         _check_request_id(name_id)
         name = f"request {name_id!r}"
@@ -296,6 +318,21 @@ class InputProcessor:
         bad_words = self._bad_words_token_ids(name, params)  # sample/bad_words.py NOTE 1
         check_some_token_is_allowed(name, params, bad_words, self.eos_token_id)  # NOTE 3
         return EngineCoreRequest(request_id, text, tuple(ids), params, salt, bad_words, priority)
+
+    def _pooling_params(self, label: str, params: object) -> PoolingParams | None:
+        """NOTE 8: a pooling request's params resolved against the model; None for generation.
+        The engine's runner and the params' kind must agree."""
+        if self.pooler_config is None:
+            if isinstance(params, PoolingParams):
+                raise ValueError(f"{label}: PoolingParams need a pooling engine: LLM(model, runner='pooling')")
+            return None
+        if not isinstance(params, PoolingParams):
+            raise ValueError(
+                f"{label}: this engine pools (runner='pooling'): use LLM.embed or LLM.encode with PoolingParams; "
+                f"generating text needs runner='generate', got {type(params).__name__}"
+            )
+        config = self.pooler_config
+        return resolve_pooling_params(label, params, self.hidden_size, self.matryoshka, config.normalize, config.pooling_type)
 
     def _check_structured_outputs(self, name: str, params: SamplingParams) -> None:
         """NOTE 6: the constraint parses (xgrammar, without the tokenizer) and the engine can apply it."""

@@ -32,13 +32,16 @@ NOTE 5 (beam search): ``beam_search(prompts, BeamSearchParams(...))`` runs each 
 ``generate`` of one-token requests, one per live beam, and ranks their candidates
 (``beam_search.py``); the prefix cache makes each step compute little more than the
 token the last step added.
+NOTE 6 (pooling, ``docs/pooling.md``): with ``runner="pooling"``, ``encode`` and ``embed`` queue
+each prompt as ``generate`` does (``_queue``) and return one vector per prompt; ``generate`` is
+refused there, and ``encode`` by a generating engine (``input_processor.py`` NOTE 8).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,14 +50,18 @@ from tinyvllm.beam_search import (
     BeamSearchOutput, BeamSearchParams, advance_all, beam_step_params, candidates, check_room, live_beams,
     search_outputs, token_prompt,
 )  # fmt: skip
-from tinyvllm.config import CompilationConfig, EngineConfig, ReasoningConfig, SpeculativeConfig, StructuredOutputsConfig
+from tinyvllm.config import (
+    CompilationConfig, EngineConfig, PoolerConfig, ReasoningConfig, SpeculativeConfig, StructuredOutputsConfig,
+)  # fmt: skip
 from tinyvllm.engine.chat_template import check_template_kwargs, flatten_messages, load_chat_template, render_chat
 from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.input_processor import PromptType
+from tinyvllm.engine.llm_arguments import conversations, params_list, prompt_list
 from tinyvllm.engine.llm_engine import LLMEngine
 from tinyvllm.worker.startup_report import StartupReport
 from tinyvllm.models.loader import ModelSpec
-from tinyvllm.outputs import RequestOutput
+from tinyvllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.validation import check_bool, check_optional_int
@@ -97,6 +104,8 @@ class LLM:
         async_scheduling: bool = False,
         structured_outputs_config: dict | StructuredOutputsConfig | None = None,
         scheduling_policy: str = "fcfs",
+        runner: str = "auto",
+        pooler_config: dict | PoolerConfig | None = None,
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, block_size=block_size,
@@ -108,7 +117,7 @@ class LLM:
             speculative_config=speculative_config, max_logprobs=max_logprobs, torch_threads=torch_threads,
             tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
             async_scheduling=async_scheduling, structured_outputs_config=structured_outputs_config,
-            scheduling_policy=scheduling_policy,
+            scheduling_policy=scheduling_policy, runner=runner, pooler_config=pooler_config,
         )  # fmt: skip
         self.engine = LLMEngine.from_engine_args(engine_args)  # NOTE 1
         self._ids = itertools.count()
@@ -194,33 +203,29 @@ class LLM:
         """
         # --8<-- [start:validation]
         check_bool("use_tqdm", use_tqdm)
-        prompts = _prompt_list(prompts)
-        single = sampling_params is None or isinstance(sampling_params, SamplingParams)
+        prompts = prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()  # NOTE 2
-        if single:
-            params = [sampling_params] * len(prompts)
-        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes)):
-            params = list(sampling_params)
-        else:
-            raise TypeError(f"sampling_params must be a SamplingParams, a list of them or None, got {sampling_params!r}")
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        params, label = params_list(sampling_params, SamplingParams, "sampling_params", len(prompts))
         if priority is None:
             priority = [0] * len(prompts)
         elif not isinstance(priority, Sequence) or isinstance(priority, (str, bytes)):
             raise TypeError(f"priority must be a list of ints, one per prompt, or None, got {priority!r}")
         elif len(priority) != len(prompts):
             raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
+        final = RequestOutputKind.FINAL_ONLY  # generate returns finished outputs only, as vLLM's
+        params = [p if p.output_kind == final else dataclasses.replace(p, output_kind=final) for p in params]
+        return self._run(self._queue(prompts, params, label, priority), use_tqdm)
+        # --8<-- [end:validation]
+
+    # --8<-- [start:queue]
+    def _queue(self, prompts: list[Any], params: list[Any], label: str, priority: Sequence[int]) -> list[str]:
+        """Check every prompt with its params (the input processor), then queue them all, or
+        none (NOTE 1); their request ids, in order."""
         requests, in_use = [], self.engine.unfinished_request_ids()
         for i, (prompt, p, rank) in enumerate(zip(prompts, params, priority)):  # every check before anything runs
-            if not isinstance(p, SamplingParams):
-                raise TypeError(f"sampling_params[{i}] must be SamplingParams, got {p!r}")
-            if p.output_kind != RequestOutputKind.FINAL_ONLY:  # generate returns finished outputs only, as vLLM's
-                p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
-            label = "sampling_params" if single else f"sampling_params[{i}]"
             request_id = self._next_request_id(in_use)
-            requests.append(self.engine.input_processor.process_inputs(request_id, prompt, p, i, label, rank))
+            requests.append(self.engine.input_processor.process_inputs(request_id, prompt, p, i, label.format(i=i), rank))
         added = []
         try:
             for request in requests:
@@ -229,8 +234,29 @@ class LLM:
         except Exception:
             self.engine.abort_request(added)  # nothing half-started is left behind
             raise
-        # --8<-- [end:validation]
-        return self._run(added, use_tqdm)
+        return added
+    # --8<-- [end:queue]
+
+    # --8<-- [start:encode]
+    def encode(
+        self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """One vector per prompt, in prompt order (NOTE 6): the engine's pooling of the prompt's
+        hidden states, finished by its ``PoolingParams``. Needs ``LLM(model, runner="pooling")``."""
+        check_bool("use_tqdm", use_tqdm)
+        prompts = prompt_list(prompts)
+        default = PoolingParams() if pooling_params is None else pooling_params
+        params, label = params_list(default, PoolingParams, "pooling_params", len(prompts))
+        return self._run(self._queue(prompts, params, label, [0] * len(prompts)), use_tqdm)
+
+    def embed(
+        self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """``encode``'s vectors as lists of floats (vLLM's ``LLM.embed``)."""
+        return [EmbeddingRequestOutput.from_base(output) for output in self.encode(prompts, pooling_params, use_tqdm)]
+    # --8<-- [end:encode]
 
     # --8<-- [start:chat]
     def chat(
@@ -267,7 +293,7 @@ class LLM:
                 )
         kwargs = check_template_kwargs(chat_template_kwargs)
         prompts = []
-        for i, conversation in enumerate(_conversations(messages)):
+        for i, conversation in enumerate(conversations(messages)):
             if isinstance(conversation, Sequence) and not conversation:
                 raise ValueError(f"conversation {i} holds no message")
             try:
@@ -297,7 +323,7 @@ class LLM:
         check_optional_int("concurrency_limit", concurrency_limit, minimum=1)
         processor = self.engine.input_processor
         step_params = beam_step_params(params, processor.max_logprobs)
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         instances = []
         for i, prompt in enumerate(prompts):  # every check before anything runs
             request = processor.process_inputs("beam-check", prompt, step_params, i, "params")
@@ -342,23 +368,3 @@ class LLM:
                 raise
         return [finished[r] for r in req_ids]
     # --8<-- [end:run_loop]
-
-
-def _prompt_list(prompts: Any) -> list[Any]:
-    """``generate``'s and ``beam_search``'s ``prompts`` as a list: one prompt (a str or a
-    dict) or an iterable of them."""
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
-        raise TypeError(f"prompts must be a str, a prompt dict or a list of them, got {prompts!r}")
-    return list(prompts)
-
-
-def _conversations(messages: Any) -> list[Any]:
-    """``LLM.chat``'s ``messages`` as a list of conversations: one list of message dicts, or
-    a list of such lists (an empty list is one empty conversation, refused by the caller)."""
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-        raise TypeError(f"messages must be a list of message dicts, or a list of such lists, got {messages!r}")
-    if messages and all(isinstance(m, Sequence) and not isinstance(m, (str, bytes)) for m in messages):
-        return list(messages)
-    return [messages]

@@ -261,7 +261,7 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
             raise ValueError(f"duplicate request id {request_id!r} (a request with n > 1 has it)")
         request = Request(
             request_id, core.prompt_token_ids, params, eos_token_id=self.eos_token_id, cache_salt=core.cache_salt,
-            priority=core.priority,
+            priority=core.priority, pooling_params=core.pooling_params,
         )  # fmt: skip
         request.bad_words_token_ids = core.bad_words_token_ids
         if params.structured_outputs is not None:  # its grammar compiles while it waits

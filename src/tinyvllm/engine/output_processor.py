@@ -52,6 +52,8 @@ from tinyvllm.outputs import (
     EngineCoreOutput,
     Logprob,
     LogprobEntry,
+    PoolingOutput,
+    PoolingRequestOutput,
     PositionLogprobs,
     RequestMetrics,
     RequestOutput,
@@ -129,6 +131,11 @@ class OutputProcessor:
         outputs, stopped = [], []
         for out in core_outputs:
             tracked = self.request_states[out.request_id]
+            if out.pooling_output is not None:  # a pooling request's one output (outputs.py NOTE 2)
+                del self.request_states[out.request_id]
+                outputs.append(PoolingRequestOutput(out.request_id, PoolingOutput(out.pooling_output),
+                                                    tracked.prompt_token_ids, out.num_cached_tokens))  # fmt: skip
+                continue
             if out.new_token_ids and tracked.first_token_time is None:
                 tracked.first_token_time = now
                 tracked.num_cached_tokens = out.num_cached_tokens

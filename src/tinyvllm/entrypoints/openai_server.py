@@ -5,8 +5,8 @@ the errors in OpenAI's shape, and four middlewares (NOTE 1). What a request does
 its body is checked is ``serving.py``'s.
 
 Endpoints: ``GET``/``HEAD /health``, ``GET /version``, ``GET /v1/models``,
-``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /tokenize``,
-``POST /detokenize``, ``GET /metrics`` (``metrics.py``).
+``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings`` (a pooling
+engine's, ``embeddings.py``), ``POST /tokenize``, ``POST /detokenize``, ``GET /metrics`` (``metrics.py``).
 
 Mirrors: ``vllm/entrypoints/openai/api_server.py`` (its routes, ``--api-key``'s
 ``AuthenticationMiddleware``, ``--allowed-origins``' CORS, the ``X-Request-Id`` header of
@@ -62,10 +62,12 @@ from starlette.middleware.cors import CORSMiddleware
 import tinyvllm
 from tinyvllm.engine.async_llm import AsyncLLM
 from tinyvllm.entrypoints.constraints import TOOL_CALL_PARSERS
+from tinyvllm.entrypoints.embeddings import create_embedding
 from tinyvllm.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     RequestError,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
@@ -367,6 +369,12 @@ def build_app(
         arrival = time.perf_counter()
         body = await _parse(raw_request, ChatCompletionRequest)
         return await serving.chat(body, raw_request, _request_id(raw_request, body), arrival)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(raw_request: Request):
+        arrival = time.perf_counter()
+        body = await _parse(raw_request, EmbeddingRequest)
+        return await create_embedding(serving, body, raw_request, _request_id(raw_request, body), arrival)
 
     @app.post("/tokenize")
     async def tokenize(raw_request: Request):

@@ -43,6 +43,8 @@ request. The search ranks whole sequences by the model's logprobs, so a field th
 sampling, stops a sequence or constrains it is a 400 naming it (``BEAM_SEARCH_REFUSED``; vLLM
 ignores most of them), unless its value asks for nothing; so is ``length_penalty`` without
 ``use_beam_search``, and ``logprobs`` past the ``2 * n`` candidates a step keeps per token.
+NOTE 7 (embeddings, ``POST /v1/embeddings``): ``EmbeddingRequest`` takes OpenAI's five fields
+and vLLM's extras that a pooling engine honours; ``entrypoints/embeddings.py`` serves it.
 Left out: tool-call parsers but hermes (``constraints.py`` NOTE 4), multimodal inputs,
 prompt embeddings.
 """
@@ -446,3 +448,31 @@ class DetokenizeRequest(_Strict):
 
     model: str | None = None
     tokens: list[int]
+
+
+# --8<-- [start:embedding_request]
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings`` (NOTE 7): one input or a batch, as text or token ids."""
+
+    model: str | None = None  # None: the served model, as vLLM
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None  # None: "float"
+    dimensions: int | None = None  # a matryoshka model's first values (pooling_params.py NOTE 1)
+    user: str | None = None  # informational
+    # vLLM's extras
+    normalize: bool | None = None  # None: the engine's --pooler-config
+    truncate_prompt_tokens: int | None = None
+    add_special_tokens: bool | None = None  # None: True, as for completions
+    request_id: str | None = None
+    priority: int | None = None
+
+    def check(self) -> None:
+        """A 400 naming the field for a value no model could take (the model's own checks come later)."""
+        k = self.truncate_prompt_tokens
+        if k is not None and not (k >= 1 or k == -1):
+            raise RequestError(f"`truncate_prompt_tokens` must be >= 1 or -1, got {k}", "truncate_prompt_tokens")
+        if self.request_id == "":
+            raise RequestError("`request_id` must be a non-empty string", "request_id")
+        if self.input == [] or self.input == "":
+            raise RequestError("`input` must not be empty", "input")
+# --8<-- [end:embedding_request]

@@ -164,6 +164,13 @@ class OpenAIServing:
         if name is not None and name != self.served_model_name:
             raise APIError(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
 
+    def check_generates(self, api: str) -> None:
+        """A pooling server (``--runner pooling``) embeds: completions and chat are a 400 (``embeddings.py`` NOTE 2)."""
+        if self.async_llm.input_processor.pooler_config is not None:
+            raise APIError(400, f"The model does not support {api} API: this server embeds (started with --runner "
+                           "pooling); send POST /v1/embeddings, or serve with --runner generate to generate text",
+                           "BadRequestError", "model")  # fmt: skip
+
     def _check_fits(self, num_prompts: int, n: int | None) -> None:
         """A request whose sequences (prompts x n) could never wait together is a 400 (NOTE 6)."""
         n = self.default_params.n if n is None else n
@@ -320,6 +327,7 @@ class OpenAIServing:
 
     async def completions(self, body: CompletionRequest, raw_request: Request, request_id: str, arrival: float):
         self.check_model(body.model)
+        self.check_generates("Completions")
         body.check_refused()
         fields = self._with_constraint(body, body.sampling_fields())
         prompt = body.prompt
@@ -344,6 +352,7 @@ class OpenAIServing:
 
     async def chat(self, body: ChatCompletionRequest, raw_request: Request, request_id: str, arrival: float):
         self.check_model(body.model)
+        self.check_generates("Chat Completions")
         body.check_refused()
         if body.include_reasoning is False and self.reasoning_parser is None:
             raise RequestError("`include_reasoning: false` needs a reasoning parser (start the server with "

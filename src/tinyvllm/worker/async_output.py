@@ -164,6 +164,7 @@ class StepInFlight:
     tokens: list[list[int] | None] | None = None  # drafts verified: kept tokens, already read
     logprobs: dict[str, list[LogprobEntry]] = dataclasses.field(default_factory=dict)
     handle: AsyncModelRunnerOutput | None = None
+    pooled: list | None = None  # a pooling engine's: each row's vector, or None (model_runner.py NOTE 13)
 
 
 @dataclass

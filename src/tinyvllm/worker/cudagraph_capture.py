@@ -19,7 +19,7 @@ Invariants: ``capture_model`` runs before any request is in the batch; a setup's
 NONE, PIECEWISE, FULL or a two-mode setting whose keys the dispatcher holds; with mode NONE
 there are no wrappers and no pool.
 
-NOTE 1 (the mode): ``cudagraph_mode`` (None: FULL_AND_PIECEWISE on CUDA, NONE on the CPU) is
+NOTE 1 (the mode): ``cudagraph_mode`` (None: ``default_cudagraph_mode``, seed 000's default) is
 downgraded to what the attention backend supports (``resolve_cudagraph_mode``); on the CPU a
 mode other than NONE runs emulated graphs that check every rule a real graph imposes
 (``cuda_graph.py`` NOTE 2). With no capture size that fits the token budget it is NONE.
@@ -119,6 +119,17 @@ def eager_pieces(model: torch.nn.Module) -> list:
 
 
 # --8<-- [start:init_cudagraphs]
+# --8<-- [start:default_mode]
+def default_cudagraph_mode(device_type: str, pooling: bool) -> CUDAGraphMode:
+    """Seed 000's default: FULL_AND_PIECEWISE on CUDA, "still PIECEWISE for pooling models" (a
+    pooling engine's batches are prompts, which the FULL graphs of uniform decode batches do not
+    serve); NONE on the CPU, where graphs are only emulated."""
+    if device_type != "cuda":
+        return CUDAGraphMode.NONE
+    return CUDAGraphMode.PIECEWISE if pooling else CUDAGraphMode.FULL_AND_PIECEWISE
+# --8<-- [end:default_mode]
+
+
 def init_cudagraphs(
     model: torch.nn.Module,
     device: torch.device,
@@ -128,12 +139,13 @@ def init_cudagraphs(
     max_num_batched_tokens: int,
     max_model_len: int,
     uniform_decode_query_len: int,
+    pooling: bool = False,
 ) -> CUDAGraphSetup:
     """Resolve the mode (NOTE 1), initialise the dispatcher's keys, build the wrappers.
     Changes nothing: the caller installs ``pieces`` (``model.pieces = setup.pieces``)."""
     requested = config.cudagraph_mode
     if requested is None:
-        requested = CUDAGraphMode.FULL_AND_PIECEWISE if device.type == "cuda" else CUDAGraphMode.NONE
+        requested = default_cudagraph_mode(device.type, pooling)
     mode = resolve_cudagraph_mode(
         requested, model.cudagraph_support, piecewise_available=True,
         uniform_decode_query_len=uniform_decode_query_len,

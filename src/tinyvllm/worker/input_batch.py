@@ -69,6 +69,8 @@ from types import MappingProxyType
 import torch
 
 from tinyvllm.device_syncs import upload
+from tinyvllm.outputs import LogprobEntry
+from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.sample.bad_words import BadWordsTokenIds
 from tinyvllm.sample.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
 from tinyvllm.sample.logits_processors.state import LogitsProcessors
@@ -79,6 +81,39 @@ from tinyvllm.sample.thinking_budget import ThinkingBudgetStateHolder
 from tinyvllm.sample.top_k_top_p import plan_top_k_top_p
 from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.block_table import BlockTable
+from tinyvllm.worker.pooler import PoolingState
+
+
+@dataclasses.dataclass
+class RunnerRequestState:
+    """The runner's copy of one request (it may live in another process in vLLM; vLLM's
+    ``CachedRequestState``)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    output_token_ids: list[int]  # the live list the logits processors read
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # its bad words, tokenized by the input processor
+    # model_runner.py NOTE 8: position p holds the logprobs of prompt token p + 1; None until computed
+    prompt_logprobs: list[LogprobEntry | None] | None = None
+    prompt_logprobs_sent: bool = False
+    pooling_params: PoolingParams | None = None  # model_runner.py NOTE 13
+    pooling_state: PoolingState = dataclasses.field(default_factory=PoolingState)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Token ids ``[start, end)`` of prompt + outputs, without copying the whole sequence."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
 
 class InputBatch:

@@ -50,13 +50,13 @@ computes its last real token and k drafts at once; those k + 1 logits rows say w
 target agrees with each draft and what follows. ``sample/rejection_sampler.py`` decides;
 ``num_computed_tokens`` takes back the rejected ones. The rows take the sampler's plain
 steps on ``SamplingMetadata.expand(drafts)`` (``sample/sampler.py`` NOTE 5).
-NOTE 10 (logprobs with drafts): kept token ``i`` was predicted by verified row ``i``, so its
-logprobs are that row's raw ones, as without speculation (vLLM's PR #26060); rejected rows
-are not reported. Prompt logprobs come from the prefill, which has no drafts (NOTE 8).
+NOTE 10 (logprobs with drafts): kept token ``i`` was predicted by verified row ``i``: its logprobs are
+that row's raw ones (vLLM's PR #26060); rejected rows are not reported; prompt logprobs have no drafts.
 NOTE 11 (everything queued before the one wait): a step waits once, reading the sampled ids
 (``tinyvllm/device_syncs.py``); the prompt logprobs are queued before it, read after it.
-NOTE 12 (``worker/async_output.py``): ``execute_model_async`` launches a step, read back when asked or
-by the next launch (``defer_sampling``: its forward only, and ``sample_tokens`` samples it, vLLM's split).
+NOTE 12 (``worker/async_output.py``): ``execute_model_async`` launches a step, read back when asked or by
+the next launch (``defer_sampling``: its forward only; ``sample_tokens`` samples it, vLLM's split).
+NOTE 13 (pooling, ``worker/pooler.py``): a pooling engine samples nothing; the pooler folds each row's chunk in.
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.rejection_sampler import rejection_sample
 from tinyvllm.sample.sampler import Sampler, sampled_to_host
 from tinyvllm.structured_output.bitmask import apply_grammar_bitmask
-from tinyvllm.sampling_params import SamplingParams
 from tinyvllm.worker.async_output import (
     AsyncModelRunnerOutput,
     ForwardInFlight,
@@ -92,40 +91,12 @@ from tinyvllm.worker.attention_metadata import build_step_inputs
 from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
 from tinyvllm.worker.cudagraph_capture import CUDAGraphSetup
 from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode, common_query_len
-from tinyvllm.worker.input_batch import InputBatch
+from tinyvllm.worker.input_batch import InputBatch, RunnerRequestState
 from tinyvllm.worker.input_buffers import InputBuffers
+from tinyvllm.worker.pooler import Pooler
 from tinyvllm.worker.prompt_logprobs import collect_prompt_logprobs, queue_prompt_logprobs
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunnerRequestState:
-    """The runner's copy of one request (it may live in another process in vLLM)."""
-
-    req_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    block_ids: list[int]
-    num_computed_tokens: int
-    output_token_ids: list[int]  # the live list the logits processors read
-    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # its bad words, tokenized by the input processor
-    # NOTE 8: position p holds the logprobs of prompt token p + 1; None until computed
-    prompt_logprobs: list[LogprobEntry | None] | None = None
-    prompt_logprobs_sent: bool = False
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    def token_slice(self, start: int, end: int) -> list[int]:
-        """Token ids ``[start, end)`` of prompt + outputs, without copying the whole sequence."""
-        p = len(self.prompt_token_ids)
-        if end <= p:
-            return self.prompt_token_ids[start:end]
-        if start >= p:
-            return self.output_token_ids[start - p : end - p]
-        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
 
 @dataclass(frozen=True)
@@ -159,6 +130,7 @@ class ModelRunner:
         max_model_len: int,
         cudagraphs: CUDAGraphSetup,
         num_speculative_tokens: int = 0,
+        pooler: Pooler | None = None,
     ) -> None:
         if input_batch.block_table is None:
             raise ValueError("the runner's InputBatch needs a block table: pass max_num_blocks_per_req")
@@ -170,6 +142,7 @@ class ModelRunner:
         self.eos_token_id = eos_token_id
         self.max_model_len = max_model_len
         self.sampler = Sampler()
+        self.pooler = pooler  # NOTE 13: None for a generating engine
         self.requests: dict[str, RunnerRequestState] = {}
         self.buffers = InputBuffers(max_num_batched_tokens, input_batch.max_num_reqs, self.device)
         self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
@@ -211,6 +184,7 @@ class ModelRunner:
                 prompt_logprobs=(
                     [None] * (len(new.prompt_token_ids) - 1) if new.sampling_params.prompt_logprobs is not None else None
                 ),
+                pooling_params=new.pooling_params,
             )
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
@@ -416,7 +390,12 @@ class ModelRunner:
             pending = [dataclasses.replace(p, tensors=logprobs_to_host_early(p.tensors)) for p in pending]
         step.pending_prompt_logprobs = pending
         sampling_metadata = self.input_batch.make_sampling_metadata()
-        if self.speculative:
+        if self.pooler is not None:  # NOTE 13: vectors, no token
+            step.pooled = self.pooler.pool(
+                hidden, [s.pooling_params for s in states], [s.pooling_state for s in states], computed, num_sched, step.complete
+            )  # fmt: skip
+            step.tokens = [[] for _ in req_ids]
+        elif self.speculative:
             step.tokens, step.logprobs = self._verify_drafts(
                 hidden, num_sched, drafts, sampling_metadata, req_ids, step.complete, scheduler_output
             )  # fmt: skip
@@ -463,8 +442,9 @@ class ModelRunner:
             state.num_computed_tokens -= len(d) + 1 - len(kept) if d else 0  # rejected drafts undone
             state.output_token_ids.extend(kept)
             tokens[row] = kept
+        pooled = {r: v.cpu() for r, v in zip(req_ids, step.pooled or ()) if v is not None}  # NOTE 13
         return ModelRunnerOutput(  # rows 0 .. R-1
-            req_ids, step.req_id_to_index, tokens, logprobs, prompt_logprobs, frozenset(no_token_req_ids),
+            req_ids, step.req_id_to_index, tokens, logprobs, prompt_logprobs, frozenset(no_token_req_ids), pooled,
         )
     # --8<-- [end:execute_model]
 

@@ -77,6 +77,7 @@ from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.kv_cache import CPU_KV_CACHE_BYTES, allocate_kv_caches, available_gpu_kv_bytes, bytes_per_block
 from tinyvllm.worker.model_runner import ModelRunner
+from tinyvllm.worker.pooler import Pooler
 from tinyvllm.worker.startup_report import StartupReport
 
 
@@ -242,7 +243,8 @@ class Worker:
         num_spec = config.speculative_config.num_speculative_tokens if config.speculative_config is not None else 0
         pin = pin_memory_for(device)  # the processors' host buffers, pinned on CUDA
         custom = self.model_config.logits_processors
-        logitsprocs = build_logitsprocs(config, device, pin, False, custom)  # MinTokens alone with spec
+        pooler_config = self.model_config.pooler_config  # None: a generating engine
+        logitsprocs = build_logitsprocs(config, device, pin, pooler_config is not None, custom)  # MinTokens alone with spec
         thinking = maybe_create_thinking_budget_state_holder(config.reasoning_config, max_num_seqs, num_spec, device, pin)
         input_batch = InputBatch(
             max_num_seqs, device, logitsprocs, thinking, max_num_blocks_per_req=cdiv(scheduler_config.max_model_len, block_size),
@@ -252,12 +254,14 @@ class Worker:
             self.model, device, config.compilation_config, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             max_model_len=scheduler_config.max_model_len, uniform_decode_query_len=1 + num_spec,
+            pooling=pooler_config is not None,
         )  # fmt: skip
         self.model.pieces = graphs.pieces  # the one place the model's pieces are wrapped
         return ModelRunner(
             self.model, kv_caches, block_size, input_batch, device, self.eos_token_id,
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             max_model_len=scheduler_config.max_model_len, cudagraphs=graphs, num_speculative_tokens=num_spec,
+            pooler=None if pooler_config is None else Pooler(pooler_config),
         )  # fmt: skip
 
     def _release_cudagraphs(self, runner: ModelRunner) -> None:

@@ -1,0 +1,76 @@
+"""Hypothesis over the pooler's chunking (``worker/pooler.py``): however a batch of prompts is
+cut into steps (chunked prefill, any number of rows a step, rows in any order, a prompt
+restarted from position 0 as after a preemption), each prompt's vector equals pooling its
+whole hidden states at once, the one-line oracle ``oracle`` below, and is made exactly once.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tinyvllm.config import PoolerConfig
+from tinyvllm.pooling_params import PoolingParams
+from tinyvllm.worker.pooler import Pooler, PoolingState
+
+HIDDEN = 8
+
+
+def oracle(states: torch.Tensor, pooling_type: str, params: PoolingParams) -> torch.Tensor:
+    vector = {"LAST": states[-1], "MEAN": states.mean(dim=0), "CLS": states[0]}[pooling_type]
+    if params.dimensions is not None:
+        vector = vector[: params.dimensions]
+    return torch.nn.functional.normalize(vector, dim=-1) if params.normalize else vector
+
+
+@st.composite
+def workloads(draw):
+    """Prompt lengths, each prompt's chunk sizes, the steps' row orders, a restart or not."""
+    lengths = draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+    chunks = []
+    for n in lengths:
+        cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=3))) if n > 1 else []
+        bounds = [0, *cuts, n]
+        chunks.append([b - a for a, b in zip(bounds, bounds[1:])])
+    # a preemption after chunk r (never after the last: a finished prompt is not preempted)
+    restarts = [draw(st.integers(0, len(c) - 2)) if len(c) > 1 and draw(st.booleans()) else None for c in chunks]
+    params = [PoolingParams(draw(st.sampled_from([None, 3])), draw(st.booleans())) for _ in lengths]
+    return lengths, chunks, restarts, params, draw(st.randoms(use_true_random=False))
+
+
+@given(workload=workloads(), pooling_type=st.sampled_from(["LAST", "MEAN", "CLS"]))
+def test_chunked_pooling_equals_pooling_the_whole_prompt(workload, pooling_type):
+    lengths, chunks, restarts, params, rng = workload
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    states_of = [torch.randn(n, HIDDEN, generator=gen) for n in lengths]  # each prompt's final hidden states
+    pooler = Pooler(PoolerConfig(pooling_type, True))
+    pool_states = [PoolingState() for _ in lengths]
+    # the chunks each prompt goes through: after a restart, once more from position 0
+    plans = [c if r is None else c[: r + 1] + c for c, r in zip(chunks, restarts)]
+    cursor, position = [0] * len(lengths), [0] * len(lengths)
+    made: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(lengths))}
+    while any(k < len(plan) for k, plan in zip(cursor, plans)):
+        live = [i for i, plan in enumerate(plans) if cursor[i] < len(plan)]
+        rows = rng.sample(live, rng.randint(1, len(live)))  # this step's rows, in any order
+        hidden, computed, scheduled, complete = [], [], [], []
+        for i in rows:
+            n = plans[i][cursor[i]]
+            if restarts[i] is not None and cursor[i] == restarts[i] + 1:
+                position[i] = 0  # preempted: recomputed from the start
+            c = position[i]
+            hidden.append(states_of[i][c : c + n])
+            computed.append(c)
+            scheduled.append(n)
+            complete.append(cursor[i] == len(plans[i]) - 1)
+            position[i] += n
+            cursor[i] += 1
+        out = pooler.pool(torch.cat(hidden), [params[i] for i in rows], [pool_states[i] for i in rows],
+                          computed, scheduled, complete)  # fmt: skip
+        for i, vector, done in zip(rows, out, complete):
+            assert (vector is not None) is done
+            if vector is not None:
+                made[i].append(vector)
+    for i, vectors in made.items():
+        assert len(vectors) == 1, f"prompt {i}: {len(vectors)} vectors"
+        assert torch.allclose(vectors[0], oracle(states_of[i], pooling_type, params[i]), atol=1e-5)

@@ -1,0 +1,99 @@
+"""Pooler: a prompt's hidden states into one vector, across the chunks of its prefill.
+
+Concept: a pooling engine (``runner="pooling"``) runs the model as a generating one does,
+paged KV cache, chunked prefill and all, but reads the final hidden states (after the last
+norm) instead of turning them into logits. The pooling type, one per engine, says which
+positions make the vector: ``LAST`` the last prompt token's (in a causal model the one
+position that has read the whole prompt), ``MEAN`` the mean of all, ``CLS`` the first
+token's. Then each request's ``PoolingParams`` finish it: the first ``dimensions`` values,
+L2-normalised or not (``pooling_params.py`` NOTE 2).
+
+Mirrors: ``vllm/model_executor/layers/pooler.py`` (``LastPool``, ``MeanPool``, ``CLSPool``,
+the embedding head's truncation and normalisation) and vLLM's per-request pooling states for
+chunked prefill (``vllm/v1/pool/metadata.py``).
+
+Invariants: a request's vector is made exactly once, in the step whose chunk reaches the end
+of its prompt; ``PoolingState`` holds only what its pooling type needs of the chunks before
+(MEAN: the running float32 sum; CLS: position 0's state; LAST: nothing), and a chunk that
+starts at position 0 (a first admission, or a recompute after preemption) starts it afresh.
+
+NOTE 1 (why a state at all): with chunked prefill a prompt's positions arrive over several
+steps, and a step's hidden states are gone after it. MEAN and CLS keep what they need of
+each chunk; LAST needs only the final chunk. vLLM keeps each chunk's hidden states and
+pools at the end; a running sum is the same mean in O(hidden) memory.
+NOTE 2 (precision): sums and the head run in float32 whatever the model's dtype, so a
+bfloat16 model's MEAN over thousands of positions does not lose its low bits in the sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tinyvllm.config import PoolerConfig
+from tinyvllm.pooling_params import PoolingParams
+
+
+@dataclass
+class PoolingState:
+    """NOTE 1: what the chunks computed so far left for the vector."""
+
+    total: torch.Tensor | None = None  # MEAN: [hidden] float32, the sum of the positions so far
+    first: torch.Tensor | None = None  # CLS: [hidden] float32, position 0's hidden state
+
+
+# --8<-- [start:head]
+def embedding_head(vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
+    """The request's finish (``pooling_params.py`` NOTE 2): its first ``dimensions`` values,
+    then L2-normalised if it asks. [hidden] float32 -> [dimensions or hidden] float32."""
+    if params.dimensions is not None:
+        vector = vector[: params.dimensions]
+    if params.normalize:
+        vector = torch.nn.functional.normalize(vector, p=2.0, dim=-1)
+    return vector
+# --8<-- [end:head]
+
+
+class Pooler:
+    """One engine's pooling type, applied chunk by chunk (module header)."""
+
+    def __init__(self, config: PoolerConfig) -> None:
+        if config.pooling_type is None or config.normalize is None:
+            raise ValueError(f"the worker's pooler config must be resolved (engine_args.py NOTE 12), got {config!r}")
+        self.pooling_type = config.pooling_type
+
+    # --8<-- [start:pool]
+    def pool(
+        self,
+        hidden: torch.Tensor,  # [N_pad, hidden]: the step's final hidden states, rows in order
+        params: Sequence[PoolingParams],
+        states: Sequence[PoolingState],
+        computed: Sequence[int],  # each row's first position this step
+        num_scheduled: Sequence[int],
+        complete: Sequence[bool],  # the step reaches the end of the row's prompt
+    ) -> list[torch.Tensor | None]:
+        """Fold each row's chunk into its state; a finished row's vector ([dims] float32)."""
+        out: list[torch.Tensor | None] = []
+        start = 0
+        for p, state, c, n, done in zip(params, states, computed, num_scheduled, complete):
+            chunk = hidden[start : start + n]  # [n, hidden]: positions c .. c + n - 1
+            start += n
+            if self.pooling_type == "MEAN":
+                part = chunk.float().sum(dim=0)
+                state.total = part if c == 0 or state.total is None else state.total + part
+            elif self.pooling_type == "CLS" and c == 0:
+                state.first = chunk[0].float()
+            if not done:
+                out.append(None)
+                continue
+            if self.pooling_type == "LAST":
+                vector = chunk[-1].float()
+            elif self.pooling_type == "MEAN":
+                vector = state.total / (c + n)  # every prompt position: no prefix hit (pooling_params.py NOTE 4)
+            else:
+                vector = state.first
+            out.append(embedding_head(vector, p))
+        return out
+    # --8<-- [end:pool]
