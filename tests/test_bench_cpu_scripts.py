@@ -1,5 +1,5 @@
 """bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py, bench/ngram_proposer.py,
-bench/rejection_sampler.py, bench/top_k_top_p.py, bench/beam_search.py: their --quick runs go through every code path and write the
+bench/rejection_sampler.py, bench/top_k_top_p.py, bench/beam_search.py, bench/embeddings.py: their --quick runs go through every code path and write the
 JSON the README describes (timings mean nothing)."""
 
 import json
@@ -191,3 +191,19 @@ def test_beam_search_quick_times_every_system_on_the_same_beams(tmp_path):
     hits = {name: counts["found"] for name, counts in record["prefix_cache_per_search"].items()}
     assert hits["tinyvllm_no_prefix_cache"] == 0 < hits["tinyvllm_block_size_4"] < hits["tinyvllm_block_size_1"]
     assert all(v > 0 for v in record["ratios"].values())
+
+
+def test_embeddings_quick_times_every_system_on_the_same_vectors(tmp_path):
+    """bench/embeddings.py --quick: four systems on two workloads, every vector transformers'
+    (float32 rounding apart), and the prefix cache finding the shared instruction only."""
+    out = tmp_path / "embeddings.json"
+    result = _run("embeddings.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["repeats"] == 1 and set(record["workloads"]) == {"plain", "instruction"}
+    for name, workload in record["workloads"].items():
+        assert workload["num_prompts"] == 6 and len(workload["median_s"]) == 4
+        assert all(diff < 1e-4 for diff in workload["max_abs_diff_from_hf_per_prompt"].values())
+        found = {system: counts["found"] for system, counts in workload["prefix_cache_per_run"].items()}
+        assert found["tinyvllm_no_prefix_cache"] == 0
+        assert (found["tinyvllm"] > 0) is (name == "instruction"), found  # a run's own prompts share only the instruction

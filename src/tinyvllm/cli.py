@@ -233,11 +233,11 @@ def _speculative_config_arg(text: str | None) -> dict | None:
 
 def _pooler_args(args) -> dict | None:
     """``serve --runner``/``--pooler-config``: the engine's rule (``engine_args.py`` NOTE 12) before torch."""
-    from tinyvllm.engine.engine_args import _runner
+    from tinyvllm.engine.engine_args import check_runner
 
     config = None if args.pooler_config is None else _json_object_arg("--pooler-config", args.pooler_config)
     try:
-        _runner(args.runner, config, args.speculative_config, args.async_scheduling, ())  # only whether it is set
+        check_runner(args.runner, config, args.speculative_config, args.async_scheduling, ())  # only whether it is set
     except (TypeError, ValueError) as error:
         raise ValueError(f"{'--runner' if config is None else '--pooler-config'}: {error}") from None
     return config

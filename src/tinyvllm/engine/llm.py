@@ -248,7 +248,7 @@ class LLM:
         prompts = prompt_list(prompts)
         default = PoolingParams() if pooling_params is None else pooling_params
         params, label = params_list(default, PoolingParams, "pooling_params", len(prompts))
-        return self._run(self._queue(prompts, params, label, [0] * len(prompts)), use_tqdm)
+        return self._run(self._queue(prompts, params, label, [0] * len(prompts)), use_tqdm, "Embedding")
 
     def embed(
         self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
@@ -353,11 +353,11 @@ class LLM:
         return req_id
 
     # --8<-- [start:run_loop]
-    def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, req_ids: list[str], use_tqdm: bool, desc: str = "Generating") -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
         finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(req_ids), desc="Generating", disable=not use_tqdm, dynamic_ncols=True) as bar:
+        with tqdm(total=len(req_ids), desc=desc, disable=not use_tqdm, dynamic_ncols=True) as bar:
             try:
                 while self.engine.has_unfinished_requests():
                     for out in self.engine.step():  # FINAL_ONLY: finished requests only
