@@ -13,7 +13,7 @@ pooling engine's default), by these systems in the same run:
 - ``hf_per_prompt``: the same model, one prompt at a time, no padding.
 
 Two workloads: ``plain``, chunks of standard-library source of 10 to 160 tokens, nothing
-shared; and ``instruction``, the same texts each behind one instruction prefix of about 60
+shared; and ``instruction``, the same texts each behind one instruction prefix of about 45
 tokens, as embedding models built on LLMs ask of their queries (Qwen3-Embedding's "Instruct:
 ... Query: ..."). There the prefix cache finds the instruction's full blocks for every
 prompt after the first, and a LAST pooling reads them (``pooling_params.py`` NOTE 4).

@@ -3,7 +3,7 @@ gives the tokens of a one-process engine, token for token, with logprobs within 
 rounding, for Qwen3, Qwen2 and Llama, through prefix caching (a shared prefix), chunked
 prefill (a small token budget), preemption (few KV blocks) and n > 1; seeded sampling
 repeats under N = 2; n-gram speculative decoding and every emulated ``cudagraph_mode`` too
-(slow); a regex-constrained request gets one rank's tokens (the grammar bitmask reaches both ranks);
+(slow), and a pooling engine's vectors (slow); a regex-constrained request gets one rank's tokens (the grammar bitmask reaches both ranks);
 ``AsyncLLM`` streams the same tokens, with async scheduling. Each engine start spawns two worker processes,
 so each test starts few engines and gives each several prompts and features at once."""
 
@@ -86,6 +86,23 @@ def test_two_ranks_with_ngram_speculation_give_one_ranks_tokens(tiny_model_dirs)
     assert_same_tokens_and_logprobs(runs[1][0], runs[2][0], abs_tol=LOGPROB_TOL)
     assert token_ids(runs[2][1]) == token_ids(runs[2][2])
     assert runs[2][4] > 0 and runs[2][4] == runs[1][4]  # drafts were accepted, the same ones
+
+
+@pytest.mark.slow
+def test_two_ranks_pool_one_ranks_vectors(tiny_model_dirs):
+    """A pooling engine on two ranks (MEAN through chunked prefill and the shared prefix's
+    cache hits skipped; rank 0's vectors come back through the executor) gives one rank's
+    vectors, within float32 rounding."""
+    vectors = {}
+    for size in (1, 2):
+        llm = LLM(str(tiny_model_dirs["qwen3"]), tensor_parallel_size=size, runner="pooling",
+                  pooler_config={"pooling_type": "MEAN"}, **ENGINE)  # fmt: skip
+        try:
+            vectors[size] = [o.outputs.data for o in llm.encode(PROMPTS, use_tqdm=False)]
+        finally:
+            llm.engine.model_executor.shutdown()
+    for one, two in zip(vectors[1], vectors[2]):
+        assert one.shape == two.shape == (one.shape[0],) and torch.allclose(one, two, atol=LOGPROB_TOL)
 
 
 GRAPHS_ENGINE = dict(
