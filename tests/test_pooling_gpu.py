@@ -1,0 +1,42 @@
+"""The pooling engine on a GPU (``gpu`` marker; skipped without CUDA): its default graphs
+(PIECEWISE, seed 000's rule for pooling models) and the Triton backend against transformers'
+base model on the same device, float32 and bfloat16, through chunked prefill and the prefix
+cache. The CPU twins are ``tests/test_pooling.py``'s."""
+
+import pytest
+import torch
+
+from tinyvllm import LLM
+from tinyvllm.config import CUDAGraphMode
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+PROMPTS = [[(31 * i + 7) % 500 + 3 for i in range(n)] for n in (5, 17, 40, 63, 100)]
+PROMPTS.append(PROMPTS[3][:48] + [11, 12, 13])  # shares three blocks with the 63-token prompt
+
+
+def hf_last_normalised(folder, dtype) -> list[torch.Tensor]:
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(folder), dtype=dtype).cuda().eval()
+    with torch.no_grad():
+        states = [model(torch.tensor([ids], device="cuda")).last_hidden_state[0, -1].float() for ids in PROMPTS]
+    return [torch.nn.functional.normalize(s, dim=-1).cpu() for s in states]
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 3e-2)])
+def test_pooling_on_cuda_matches_transformers(tiny_model_dirs, dtype, tol):
+    folder = tiny_model_dirs["qwen3"]
+    llm = LLM(str(folder), device="cuda", dtype=dtype, runner="pooling", max_num_batched_tokens=64, max_num_seqs=8)
+    try:
+        assert llm.startup_report.cudagraph_mode == CUDAGraphMode.PIECEWISE.name
+        outputs = llm.encode([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+        reference = hf_last_normalised(folder, getattr(torch, dtype))
+        for output, ref in zip(outputs, reference):
+            assert (output.outputs.data - ref).abs().max().item() < tol
+        assert outputs[-1].num_cached_tokens == 48  # LAST pooling reads the prefix cache
+    finally:
+        llm.shutdown()
