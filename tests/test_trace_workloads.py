@@ -170,6 +170,18 @@ def test_beam_search_trace_shows_each_step_computing_past_its_parents_full_block
     assert len(trace.steps[1].hash_map) == 3  # block 0, and each beam's own second block
 
 
+def test_embeddings_trace_shows_a_chunked_prompt_and_a_last_pooling_prefix_hit():
+    """embeddings: a pooling engine, LAST, block size 4, budget 8. A (10 tokens) is chunked
+    8 + 2 and finishes with the step that ends its prompt; B (11, A's first 8) hits them; C
+    (14, nothing shared) is chunked 8 + 6."""
+    trace = workload_trace("embeddings")
+    got = [[(x.request_id, x.num_tokens, x.admitted, x.num_hit_tokens) for x in s.scheduler.scheduled] for s in trace.steps]
+    assert got == [[("A", 8, "new", 0)], [("A", 2, None, 0), ("B", 3, "new", 8)], [("C", 8, "new", 0)], [("C", 6, None, 0)]]
+    assert [s.scheduler.finished for s in trace.steps] == [(), ("A", "B"), (), ("C",)]
+    # the step that ends a prompt is a prefill that made a vector, though it sampled no token
+    assert [x.kind for s in trace.steps for x in s.scheduler.scheduled] == ["chunk", "prefill", "prefill", "chunk", "prefill"]
+
+
 @pytest.mark.seed("000:dispatcher")
 def test_cuda_graphs_trace_pads_prefills_piecewise_and_decodes_full():
     trace = workload_trace("cuda-graphs-padding")

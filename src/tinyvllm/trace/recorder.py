@@ -392,11 +392,11 @@ class Recorder:
             tokens = tuple(result.new_token_ids) if result is not None else ()
             self._label_tokens(tokens)
             num_drafts = len(drafts.get(rid, ()))
-            reason = result.finish_reason if result is not None else None
+            reason, pooled = (None, False) if result is None else (result.finish_reason, result.pooling_output is not None)
             if reason is None and rid in finished:
                 reason = "stop"  # a stop string, found by the engine after the scheduler's update
             scheduled.append(ScheduledRequest(
-                rid, start, n, num_drafts, step_kind(start, n - num_drafts, self._prompt_lens.get(rid, 0), tokens),
+                rid, start, n, num_drafts, step_kind(start, n - num_drafts, self._prompt_lens.get(rid, 0), tokens, pooled),
                 admitted, start if admitted else 0, tuple(new_blocks), tokens, reason, allowed.get(rid),
             ))  # fmt: skip
         return SchedulerStep(budget, tuple(scheduled), tuple(sorted(out.preempted_req_ids)), finished, **queues)

@@ -33,7 +33,7 @@ NOTE 2 (``kind``): a step's tokens of one request are a ``"decode"`` (one token 
 prompt), a ``"prefill"`` (the tokens up to the end of what the request has, so a token is
 sampled: a whole prompt, the last chunk of one, or a recomputation after preemption) or a
 ``"chunk"`` (a partial prefill: the step stops inside the prompt and samples nothing,
-seed 002's R3). A decode that verifies speculative drafts schedules them too
+seed 002's R3). A pooling request's last step is a ``"prefill"`` that made its vector, no token. A decode that verifies speculative drafts schedules them too
 (``num_draft_tokens``).
 NOTE 3 (plain free blocks are not kept): an engine on a real model has thousands of
 blocks, most of them free, uncached and alike: ``ref_cnt`` 0, no hash, and a
@@ -414,9 +414,9 @@ _NESTED: dict[str, type] = {
 _OMITTED_AT_DEFAULT = ("in_flight", "launched", "num_output_placeholders", "num_allowed_tokens", "priority")  # NOTE 4, 5
 
 
-def step_kind(start: int, num_real: int, num_prompt: int, sampled: tuple[int, ...]) -> str:
-    """NOTE 2: decode, prefill (reached the end: sampled) or chunk."""
-    if not sampled:
+def step_kind(start: int, num_real: int, num_prompt: int, sampled: tuple[int, ...], pooled: bool = False) -> str:
+    """NOTE 2: decode, prefill (reached the end: sampled, or a pooling request's vector made) or chunk."""
+    if not sampled and not pooled:
         return "chunk"
     if num_real == 1 and start >= num_prompt:
         return "decode"

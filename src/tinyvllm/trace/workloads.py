@@ -24,7 +24,9 @@ returns its ``Trace``; ``tinyvllm trace --workload NAME`` and the docs hook draw
   KV slots the verification writes, rejected drafts' included;
 - ``structured-outputs``: tutorial 12's three constraints (a choice, a regex, a JSON schema)
   on the shipped model, beside an unconstrained request: each step, how many tokens each
-  constrained row of the grammar bitmask allows.
+  constrained row of the grammar bitmask allows;
+- ``embeddings``: a pooling engine (``runner="pooling"``, LAST) on the tiny random Qwen3: a
+  prompt chunked over two steps, one sharing its two full blocks (found in the prefix cache), a third.
 
 Follows: the sections named above. Mirrors: nothing in vLLM.
 
@@ -35,7 +37,7 @@ NOTE 1 (no model where none is needed): the first four use no model. Where the s
 runs, a fake model makes each next token a fixed function of the request's whole token
 sequence (as in tutorial 02), so identical prompts give identical outputs (seed 004's
 "same prompt with greedy sampling") whatever the batching. ``cuda-graphs-padding``,
-``seed003-kv-slots`` and ``beam-search`` build a tiny random Qwen3 (one layer) once per
+``seed003-kv-slots``, ``beam-search`` and ``embeddings`` build a tiny random Qwen3 (one layer) once per
 process and need torch; ``spec-decode-drafts`` runs the shipped model, whose text repeats itself as a random model's
 does not; ``structured-outputs`` runs it too, for a tokenizer whose tokens read as text.
 NOTE 2 (compiled first): ``structured-outputs`` compiles its grammars before adding the
@@ -352,6 +354,31 @@ def beam_search_steps() -> Trace:
     return rec.trace
 
 
+def embeddings_steps() -> Trace:
+    from tinyvllm import PoolingParams
+
+    llm = _tiny_llm(max_num_batched_tokens=8, num_gpu_blocks_override=12, runner="pooling")
+    options = dict(
+        title="Embeddings: a pooling engine's steps (LAST pooling, block size 4, a budget of 8)",
+        description="A's 10 tokens take two steps (chunked prefill); its vector is made in the step that ends its "
+        "prompt, and it finishes there, with no token. B shares A's first 8 tokens: LAST pooling reads the prefix "
+        "cache, so B computes only its last 3, beside A's last 2. C (14 tokens, nothing shared) takes two steps.",
+        panels=("scheduler", "prefix_cache", "kv_cache"),
+    )
+    ids = llm.tokenizer.convert_tokens_to_ids  # one token per letter: the blocks read as text
+    arrivals = {0: [("A", [ids(ch) for ch in "abcdefghij"])], 1: [("B", [ids(ch) for ch in "abcdefghxyz"])],
+                2: [("C", [ids(ch) for ch in "qrstuvwxyzabcd"])]}  # fmt: skip
+    engine = llm.engine
+    with record(llm, **options) as rec:
+        step = 0
+        while step <= max(arrivals) or engine.has_unfinished_requests():
+            for rid, prompt in arrivals.get(step, []):
+                engine.add_request(rid, prompt, PoolingParams())
+            engine.step()
+            step += 1
+    return rec.trace
+
+
 def spec_decode_drafts() -> Trace:
     from tinyvllm import LLM
     from tinyvllm.stdlib_tiny import STDLIB_TINY
@@ -421,6 +448,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("cuda-graphs-padding", "CUDA graphs: padding to capture sizes (emulated)", True, cuda_graphs_padding),
         Workload("seed003-kv-slots", "seed 003: the KV cache tensor and its slots", True, seed003_kv_slots),
         Workload("beam-search", "beam search: each step's beams as one-token requests", True, beam_search_steps),
+        Workload("embeddings", "embeddings: a pooling engine's chunked prompt and prefix hit", True, embeddings_steps),
         Workload("spec-decode-drafts", "speculative decoding: drafts kept and rejected", True, spec_decode_drafts),
         Workload("structured-outputs", "structured outputs: the tokens each constrained row allows", True, structured_outputs),
     )
