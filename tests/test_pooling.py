@@ -251,3 +251,42 @@ def test_a_pooling_engine_defaults_to_piecewise_graphs_on_cuda():
     assert default_cudagraph_mode("cuda", pooling=False) == CUDAGraphMode.FULL_AND_PIECEWISE
     assert default_cudagraph_mode("cuda", pooling=True) == CUDAGraphMode.PIECEWISE
     assert default_cudagraph_mode("cpu", pooling=True) == CUDAGraphMode.NONE
+
+
+def test_an_aborted_pooling_request_ends_with_a_pooling_output_and_frees_its_blocks(hf_states):
+    """Aborted mid-prompt, a pooling request's final output is a ``PoolingRequestOutput``
+    holding no vector (not a text completion), and its blocks go back to the pool."""
+    llm = engine(max_num_batched_tokens=16)
+    engine_, pool = llm.engine, llm.engine.scheduler.kv_cache_manager.block_pool
+    free_before = pool.get_num_free_blocks()
+    engine_.add_request("cut", hf_states[3][0], PoolingParams())
+    assert engine_.step() == [] and pool.get_num_free_blocks() < free_before  # one chunk in
+    (output,) = engine_.abort_request("cut")
+    assert isinstance(output, PoolingRequestOutput) and output.outputs is None and output.finished
+    assert output.prompt_token_ids == hf_states[3][0]
+    assert not engine_.has_unfinished_requests() and pool.get_num_free_blocks() == free_before
+    with pytest.raises(ValueError, match="aborted before its vector"):
+        EmbeddingRequestOutput.from_base(output)
+
+
+def test_async_llm_encode_aborted_by_id_yields_a_pooling_output_without_a_vector(hf_states):
+    import asyncio
+
+    from tinyvllm.engine.async_llm import AsyncLLM
+
+    async def main():
+        async_llm = AsyncLLM(engine(max_num_batched_tokens=4).engine)  # a long prompt: many steps
+
+        async def consume():
+            return [out async for out in async_llm.encode({"prompt_token_ids": (hf_states[3][0] * 8)[:300]}, PoolingParams(), "x")]
+
+        task = asyncio.ensure_future(consume())
+        while not async_llm.engine.has_unfinished_requests():
+            await asyncio.sleep(0.001)
+        await async_llm.abort("x")
+        outputs = await asyncio.wait_for(task, 30)
+        await async_llm.shutdown()
+        return outputs
+
+    (output,) = asyncio.run(main())
+    assert isinstance(output, PoolingRequestOutput) and output.outputs is None and output.finished

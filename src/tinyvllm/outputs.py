@@ -175,10 +175,11 @@ class PoolingOutput:
 
 @dataclass(frozen=True)
 class PoolingRequestOutput:
-    """What ``LLM.encode`` returns per prompt (vLLM's names); finished when returned."""
+    """What ``LLM.encode`` returns per prompt (vLLM's names); finished when returned.
+    ``outputs`` is None only for a request aborted before its vector was made."""
 
     request_id: str
-    outputs: PoolingOutput
+    outputs: PoolingOutput | None
     prompt_token_ids: list[int]
     num_cached_tokens: int
     finished: bool = True
@@ -207,6 +208,8 @@ class EmbeddingRequestOutput:
 
     @classmethod
     def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        if output.outputs is None:
+            raise ValueError(f"request {output.request_id!r} was aborted before its vector was made: no embedding")
         return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
                    output.num_cached_tokens, output.finished)  # fmt: skip
 # --8<-- [end:pooling_outputs]

@@ -267,7 +267,9 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
         if params.structured_outputs is not None:  # its grammar compiles while it waits
             self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)
-        self.output_processor.add_request(request_id, core.prompt, request.prompt_token_ids, params)
+        self.output_processor.add_request(
+            request_id, core.prompt, request.prompt_token_ids, params, pooling=core.pooling_params is not None
+        )
 
     # --8<-- [start:abort_request]
     def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:

@@ -83,6 +83,7 @@ class RequestState:
     cumulative_logprob: float = 0.0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     sent_prompt_logprobs: bool = False  # DELTA: sent once
+    pooling: bool = False  # a pooling request: its one output is a PoolingRequestOutput (outputs.py NOTE 2)
 
 
 class OutputProcessor:
@@ -94,8 +95,10 @@ class OutputProcessor:
         self.parent_requests: dict[str, ParentRequest] = {}  # a request with n > 1, by its id
         self._parent_of: dict[str, tuple[ParentRequest, int]] = {}  # child id -> (parent, index)
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Start tracking a request the scheduler has just queued."""
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams, pooling: bool = False
+    ) -> None:
+        """Start tracking a request the scheduler has just queued (``pooling``: one that ends with a vector)."""
         incremental = params.stop or params.output_kind != RequestOutputKind.FINAL_ONLY
         detokenizer = (
             IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
@@ -104,7 +107,7 @@ class OutputProcessor:
         )
         self.request_states[request_id] = RequestState(
             prompt, list(prompt_token_ids), time.perf_counter(), params, detokenizer,
-            logprobs=[] if params.logprobs is not None else None,
+            logprobs=[] if params.logprobs is not None else None, pooling=pooling,
         )  # fmt: skip
 
     def add_parent(self, parent: ParentRequest, children: list[str]) -> None:
@@ -169,6 +172,9 @@ class OutputProcessor:
         for rid in request_ids:
             tracked = self.request_states.pop(rid, None)
             if tracked is None:
+                continue
+            if tracked.pooling:  # aborted before its vector: a pooling output holding none
+                outputs.append(PoolingRequestOutput(rid, None, tracked.prompt_token_ids, tracked.num_cached_tokens))
                 continue
             if tracked.detokenizer is not None:
                 tracked.detokenizer.finish()
