@@ -78,7 +78,8 @@ def test_serve_refuses_a_missing_folder(tmp_path):
         (["--runner", "pooling", "--pooler-config", "{oops"], "--pooler-config must be a JSON object, got '{oops'"),
         (["--pooler-config", '{"pooling_type": "MEAN"}'], "--pooler-config: pooler_config="),
         (["--runner", "pooling", "--pooler-config", '{"pooling_type": "SUM"}'], "--pooler-config: pooler_config pooling_type"),
-        (["--runner", "pooling", "--async-scheduling"], "--runner: runner='pooling' cannot be combined with async_scheduling"),
+        (["--runner", "pooling", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
+         "--runner: runner='pooling' cannot be combined with speculative_config"),
     ],
 )
 def test_serve_refuses_bad_values(tiny_model_dirs, flags, words):

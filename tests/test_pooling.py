@@ -125,6 +125,27 @@ def test_a_request_preempted_mid_prompt_pools_its_recompute_afresh(hf_states):
     assert close(output.outputs.data, reference(states, "MEAN", True))
 
 
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
+def test_async_scheduling_pools_the_synchronous_engines_vectors(pooling_type):
+    """Async scheduling (core/async_scheduler.py): the step that ends a prompt gets a
+    placeholder that reaches max_tokens=1, so the request is not scheduled again while its
+    vector is on the way. Chunked prefill, few sequences and a shared prefix: the same vectors,
+    the same prefix hits, and the engine's invariants between steps."""
+    shared = [(13 * j) % 300 + 3 for j in range(32)]
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 400 + 3 for j in range(n)]} for i, n in enumerate([5, 40, 17, 90, 3])]
+    prompts += [{"prompt_token_ids": shared + [i + 3] * i} for i in range(1, 4)]  # two full blocks shared
+    runs = {}
+    for async_scheduling in (False, True):
+        llm = engine(pooler_config={"pooling_type": pooling_type}, max_num_batched_tokens=16, max_num_seqs=3,
+                     async_scheduling=async_scheduling)  # fmt: skip
+        runs[async_scheduling] = llm.encode(prompts, use_tqdm=False)
+        llm.engine.check_invariants()
+        assert not llm.engine.has_unfinished_requests()
+    for a, b in zip(runs[False], runs[True]):
+        assert torch.equal(a.outputs.data, b.outputs.data) and a.num_cached_tokens == b.num_cached_tokens
+    assert (runs[True][-1].num_cached_tokens > 0) is (pooling_type == "LAST")
+
+
 def test_emulated_cuda_graphs_give_the_same_vectors(last_llm):
     graphs = engine(max_num_batched_tokens=16, max_num_seqs=4, compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"})
     one_token = [{"prompt_token_ids": [t]} for t in (5, 17, 29)]  # a batch of 1-token prompts is a uniform decode batch
@@ -197,7 +218,6 @@ def test_dimensions_need_a_matryoshka_model(last_llm, tmp_path):
         ({"runner": "generate", "pooler_config": {"pooling_type": "MEAN"}}, "needs runner='pooling'"),
         ({"pooler_config": {"pooling_type": "MAX"}}, "pooling_type must be one of"),
         ({"pooler_config": {"pooling": "MEAN"}}, "unknown keys"),
-        ({"async_scheduling": True}, "runner='pooling' cannot be combined with async_scheduling=True"),
         ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "cannot be combined with speculative_config"),
         ({"logits_processors": ["tinyvllm.sample.logits_processors.builtin:MinPLogitsProcessor"]}, "custom logits_processors"),
     ],

@@ -24,6 +24,7 @@ left ``requests`` when N+1's output arrives), as in vLLM.
 NOTE 2 (no step that cannot count): a request whose tokens in flight already end it
 (``max_tokens`` or ``max_model_len`` reached) is not scheduled again, so no position past
 ``max_model_len`` is ever allocated and no step is spent on a token that would be dropped.
+A pooling request (``max_tokens`` 1, ``request.py``) ends so with the step that ends its prompt.
 NOTE 3 (preempted with a token in flight): a request preempted while its last step runs keeps
 that step's token (sampled from KV its blocks held when the step was queued); it recomputes
 from the start with it, as if the step had returned before the preemption, as in sync mode.

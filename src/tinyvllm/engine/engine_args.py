@@ -55,7 +55,7 @@ schedule a step while the last one runs (``core/async_scheduler.py``); it is ref
 speculative decoding, as vLLM refuses it with n-gram drafts. ``scheduling_policy`` ("fcfs",
 "priority": ``core/request_queue.py``) is vLLM's ``--scheduling-policy``.
 NOTE 12 (pooling, ``docs/pooling.md``): ``runner`` "auto" is "generate" (every architecture built is
-a causal LM); "pooling" refuses drafts, async scheduling and custom logits processors (seed 001 ch. 11),
+a causal LM); "pooling" refuses drafts and custom logits processors (seed 001 ch. 11: no logits),
 and the fields ``pooler_config`` leaves unset come from the folder (``models/pooling_spec.py``).
 """
 
@@ -348,11 +348,11 @@ def check_runner(
             raise ValueError(f"pooler_config={pooler_config!r} needs runner='pooling' (this engine generates)")
         return runner, None
     refused = [name for name, on in (("speculative_config", speculative is not None),
-               ("async_scheduling=True", async_scheduling), ("custom logits_processors", bool(logits_processors))) if on]  # fmt: skip
-    if refused:
+               ("custom logits_processors", bool(logits_processors))) if on]  # fmt: skip
+    if refused:  # async scheduling pools as it samples: the step that ends a prompt leaves no token to feed
         raise ValueError(
-            f"runner='pooling' cannot be combined with {refused[0]}: a pooling request is one forward over its "
-            "prompt, with no token sampled (no drafts to verify, no next step to overlap, no logits to process)"
+            f"runner='pooling' cannot be combined with {refused[0]}: a pooling request samples no token "
+            "(no drafts to verify, no logits to process)"
         )
     return runner, pooler_config or PoolerConfig()
 
