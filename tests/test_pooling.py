@@ -310,3 +310,23 @@ def test_async_llm_encode_aborted_by_id_yields_a_pooling_output_without_a_vector
 
     (output,) = asyncio.run(main())
     assert isinstance(output, PoolingRequestOutput) and output.outputs is None and output.finished
+
+
+def test_a_pooling_request_preempted_while_its_last_step_is_in_flight_still_finishes(last_llm):
+    """Async scheduling: preempted after its last step was launched, a pooling request waits
+    with no blocks; the vector that step made (its KV was all there) still ends it, from the
+    waiting queue, and it is not computed again."""
+    ids = [5, 6, 7, 8, 9]
+    llm = engine(async_scheduling=True)
+    engine_, scheduler = llm.engine, llm.engine.scheduler
+    engine_.add_request("A", ids, PoolingParams())
+    assert engine_.step() == []  # its one step launched, not read back
+    scheduler._preempt(0)  # as the scheduler does when a request ahead of it needs blocks
+    outputs = []
+    while engine_.has_unfinished_requests():
+        outputs += engine_.step()
+    (output,) = outputs
+    (want,) = last_llm.encode({"prompt_token_ids": ids}, use_tqdm=False)
+    assert torch.equal(output.outputs.data, want.outputs.data)
+    assert scheduler.num_preemptions == 1 and not scheduler.waiting and not scheduler.running
+    engine_.check_invariants()

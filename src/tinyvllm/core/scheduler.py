@@ -446,9 +446,10 @@ class Scheduler:
 
     def _finish_without_token(self, request: Request, outputs: list[EngineCoreOutput], pooled=None) -> None:
         """NOTE 5: the request's row had no token to sample: it ends with an error, and no token.
-        NOTE 8: a pooling request ends with its vector, "stop"."""
+        NOTE 8: a pooling request ends with its vector, "stop". Preempted while its step was in
+        flight (async scheduling), it waits, holding no blocks: it leaves the waiting queue."""
+        (self.running.remove if request.status == RequestStatus.RUNNING else self.waiting.remove_request)(request)
         request.status = RequestStatus.FINISHED_ERROR if pooled is None else RequestStatus.FINISHED_STOPPED
-        self.running.remove(request)
         self._free_request(request)
         outputs.append(
             EngineCoreOutput(
