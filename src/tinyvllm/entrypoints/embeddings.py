@@ -11,7 +11,7 @@ field before any engine request exists:
    id outside the vocabulary, naming ``input`` and the index (``input[2]``);
 3. the engine: one ``AsyncLLM.encode`` per input, all queued at once, their outputs awaited
    together (``streams.first_outputs``): one that fails, or a client that leaves, aborts the
-   others (NOTE 3);
+   others (NOTE 3). ``encode_all`` does it, for ``scoring.py``'s ``/score`` and ``/rerank`` too;
 4. the answer: OpenAI's list of ``{"object": "embedding", "embedding", "index"}`` in input
    order, as floats or base64 (NOTE 1), and the usage: the prompts' tokens.
 
