@@ -221,7 +221,11 @@ PAGE_SOURCES: dict[str, tuple[str, ...]] = {
         "src/tinyvllm/entrypoints/metrics.py",
     ),
     "serving_reasoning.md": ("src/tinyvllm/entrypoints/reasoning.py",),
-    "serving_embeddings.md": ("src/tinyvllm/entrypoints/embeddings.py",),
+    "serving_embeddings.md": (
+        "src/tinyvllm/entrypoints/embeddings.py",
+        "src/tinyvllm/entrypoints/scoring.py",
+        "src/tinyvllm/engine/scoring.py",
+    ),
     "tensor_parallel.md": ("src/tinyvllm/distributed/parallel_state.py", "src/tinyvllm/distributed/utils.py", "src/tinyvllm/models/parallel_layers.py", "src/tinyvllm/executor/multiproc_executor.py"),
 }
 

@@ -13,7 +13,8 @@ build.
 NOTE 2 (pooling, ``docs/pooling.md``): a pooling request's vector travels as a CPU float32
 tensor from the runner (``pooler_output``) through the scheduler (``pooling_output``), which
 never looks inside it (the core imports no torch), to ``PoolingRequestOutput``;
-``EmbeddingRequestOutput`` is the same as a list of floats, what ``LLM.embed`` returns.
+``EmbeddingRequestOutput`` is the same as a list of floats, what ``LLM.embed`` returns;
+``ScoringRequestOutput`` one pair's cosine, what ``LLM.score`` returns (``engine/scoring.py``).
 """
 
 from __future__ import annotations
@@ -213,3 +214,23 @@ class EmbeddingRequestOutput:
         return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
                    output.num_cached_tokens, output.finished)  # fmt: skip
 # --8<-- [end:pooling_outputs]
+
+
+# --8<-- [start:scoring_outputs]
+@dataclass(frozen=True)
+class ScoringOutput:
+    """One pair's score (vLLM's ``ScoringOutput``): the cosine of its two embeddings."""
+
+    score: float
+
+
+@dataclass(frozen=True)
+class ScoringRequestOutput:
+    """What ``LLM.score`` returns per pair (vLLM's names): ``request_id`` joins the two
+    requests' ids with ``_``, ``prompt_token_ids`` the two prompts' ids, one after the other."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+# --8<-- [end:scoring_outputs]

@@ -34,7 +34,8 @@ NOTE 5 (beam search): ``beam_search(prompts, BeamSearchParams(...))`` runs each 
 token the last step added.
 NOTE 6 (pooling, ``docs/pooling.md``): with ``runner="pooling"``, ``encode`` and ``embed`` queue
 each prompt as ``generate`` does (``_queue``) and return one vector per prompt; ``generate`` is
-refused there, and ``encode`` by a generating engine (``input_processor.py`` NOTE 8).
+refused there, and ``encode`` by a generating engine (``input_processor.py`` NOTE 8). ``score``
+embeds each distinct text once and scores each pair by the cosine of its vectors (``scoring.py``).
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.input_processor import PromptType
 from tinyvllm.engine.llm_arguments import conversations, params_list, prompt_list
 from tinyvllm.engine.llm_engine import LLMEngine
+from tinyvllm.engine.scoring import score_plan
 from tinyvllm.worker.startup_report import StartupReport
 from tinyvllm.models.loader import ModelSpec
-from tinyvllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from tinyvllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput, ScoringRequestOutput
 from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from tinyvllm.stdlib_tiny import STDLIB_TINY
@@ -257,6 +259,14 @@ class LLM:
         """``encode``'s vectors as lists of floats (vLLM's ``LLM.embed``)."""
         return [EmbeddingRequestOutput.from_base(output) for output in self.encode(prompts, pooling_params, use_tqdm)]
     # --8<-- [end:encode]
+
+    def score(self, data_1: PromptType | Sequence[PromptType], data_2: PromptType | Sequence[PromptType],
+              use_tqdm: bool = True) -> list[ScoringRequestOutput]:  # fmt: skip
+        """The cosine of each pair's embeddings, in pair order (NOTE 6): one item and one, one and a list
+        of N, or two lists of N (``scoring.py`` NOTE 1). Needs ``LLM(model, runner="pooling")``."""
+        check_bool("use_tqdm", use_tqdm)
+        plan = score_plan(data_1, data_2, pools=self.engine.input_processor.pooler_config is not None)
+        return plan.outputs(lambda prompts: self.encode(prompts, use_tqdm=use_tqdm))
 
     # --8<-- [start:chat]
     def chat(

@@ -11,7 +11,7 @@ field before any engine request exists:
    id outside the vocabulary, naming ``input`` and the index (``input[2]``);
 3. the engine: one ``AsyncLLM.encode`` per input, all queued at once, their outputs awaited
    together (``streams.first_outputs``): one that fails, or a client that leaves, aborts the
-   others (NOTE 3);
+   others (NOTE 3). ``encode_all`` does it, for ``scoring.py``'s ``/score`` and ``/rerank`` too;
 4. the answer: OpenAI's list of ``{"object": "embedding", "embedding", "index"}`` in input
    order, as floats or base64 (NOTE 1), and the usage: the prompts' tokens.
 
@@ -53,15 +53,16 @@ from tinyvllm.engine.async_llm import TooManyWaitingRequestsError
 from tinyvllm.entrypoints.protocol import EmbeddingRequest, RequestError
 from tinyvllm.entrypoints.serving import APIError, Disconnected, OpenAIServing
 from tinyvllm.entrypoints.streams import first_outputs
+from tinyvllm.outputs import PoolingRequestOutput
 from tinyvllm.pooling_params import PoolingParams, resolve_pooling_params
 
 PARAM_WORDS = {"dimensions": "dimensions", "normalize": "normalize", "prompt": "input", "prompt_token_ids": "input"}
 
 
-def check_pools(serving: OpenAIServing) -> None:
+def check_pools(serving: OpenAIServing, api: str = "Embeddings API") -> None:
     """NOTE 2: this route needs an engine built with ``runner="pooling"``."""
     if serving.async_llm.input_processor.pooler_config is None:
-        raise APIError(400, "The model does not support Embeddings API: this server generates text; start an "
+        raise APIError(400, f"The model does not support {api}: this server generates text; start an "
                        "embedding server with `tinyvllm serve --runner pooling`", "BadRequestError", "model")  # fmt: skip
 
 
@@ -81,10 +82,12 @@ def pooling_params(serving: OpenAIServing, body: EmbeddingRequest) -> PoolingPar
 # --8<-- [start:token_ids]
 def token_ids(serving: OpenAIServing, inputs: list, names: list[str], add_special: bool, truncate: int | None) -> list[list[int]]:
     """In the tokenizer thread: each input's ids, cut to the last ``truncate``, each refused
-    (naming ``names[i]``) if empty, past the context or outside the vocabulary."""
+    (naming ``names[i]``, its field ``input`` of ``input[2]`` the param) if empty, past the
+    context or outside the vocabulary."""
     tokenizer, vocab_size = serving.async_llm.prompt_tokenizer, serving.vocab_size
     all_ids = []
     for i, (given, name) in enumerate(zip(inputs, names)):
+        field = name.partition("[")[0]
         try:
             ids = tokenizer.encode(given, add_special, i, limit=truncate is None) if isinstance(given, str) else list(given)
             ids = ids if truncate is None else ids[-truncate:]
@@ -92,10 +95,10 @@ def token_ids(serving: OpenAIServing, inputs: list, names: list[str], add_specia
                 raise ValueError(f"prompt {i} is empty")
             tokenizer.check_length(len(ids), i)
         except ValueError as error:  # "prompt 2 has 300 tokens, ..." as "`input[2]` has 300 tokens, ..."
-            raise RequestError(f"`{name}` {str(error).removeprefix(f'prompt {i} ')}", "input") from None
+            raise RequestError(f"`{name}` {str(error).removeprefix(f'prompt {i} ')}", field) from None
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise RequestError(f"`{name}` has token id {bad}, outside the vocabulary [0, {vocab_size})", "input")
+            raise RequestError(f"`{name}` has token id {bad}, outside the vocabulary [0, {vocab_size})", field)
         all_ids.append(ids)
     return all_ids
 # --8<-- [end:token_ids]
@@ -135,20 +138,10 @@ async def create_embedding(serving: OpenAIServing, body: EmbeddingRequest, raw_r
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     prompts = await serving.async_llm.run_in_tokenizer_thread(token_ids, serving, inputs, names, add_special, truncate)
     response_id = f"embd-{request_id}"
-    streams = [serving.async_llm.encode({"prompt_token_ids": ids}, params, f"{response_id}-{i}-{uuid.uuid4().hex[:8]}",
-                                        priority=priority) for i, ids in enumerate(prompts)]  # fmt: skip
-    try:
-        outputs = await serving.until_disconnect(first_outputs(streams), raw_request)  # NOTE 3
-    except Disconnected:
-        return Response(status_code=499)
-    except (ValueError, TypeError) as error:  # the input processor, the engine
-        raise serving._bad_request(error, PARAM_WORDS) from None
-    except TooManyWaitingRequestsError as error:
-        raise APIError(503, str(error), "ServiceUnavailableError") from None
-    except Exception as error:  # a step failed (its requests are aborted), or EngineDeadError
-        raise APIError(500, str(error), "InternalServerError") from None
-    await asyncio.gather(*(stream.aclose() for stream in streams))  # each finished: nothing to abort
-    _count(serving, outputs, arrival)
+    outputs = await encode_all(serving, prompts, params, response_id, priority, raw_request, PARAM_WORDS)
+    if isinstance(outputs, Response):
+        return outputs  # the client left
+    count_outputs(serving, outputs, arrival)
     data = [{"object": "embedding", "embedding": encoded(out.outputs.data.tolist(), body.encoding_format), "index": i}
             for i, out in enumerate(outputs)]  # fmt: skip
     n_tokens = sum(len(out.prompt_token_ids) for out in outputs)
@@ -158,7 +151,31 @@ async def create_embedding(serving: OpenAIServing, body: EmbeddingRequest, raw_r
 # --8<-- [end:create_embedding]
 
 
-def _count(serving: OpenAIServing, outputs: list, arrival: float) -> None:
+# --8<-- [start:encode_all]
+async def encode_all(serving: OpenAIServing, prompts: list[list[int]], params: PoolingParams, response_id: str,
+                     priority: int, raw_request: Request,
+                     words: dict[str, str]) -> list[PoolingRequestOutput] | Response:  # fmt: skip
+    """Step 3 (NOTE 3): one ``AsyncLLM.encode`` per prompt's ids, all queued at once, every
+    output awaited together, in order; a 499 ``Response`` if the client left. An error aborts
+    them all (``words``: ``param_of``'s names for the engine's messages)."""
+    streams = [serving.async_llm.encode({"prompt_token_ids": ids}, params, f"{response_id}-{i}-{uuid.uuid4().hex[:8]}",
+                                        priority=priority) for i, ids in enumerate(prompts)]  # fmt: skip
+    try:
+        outputs = await serving.until_disconnect(first_outputs(streams), raw_request)  # NOTE 3
+    except Disconnected:
+        return Response(status_code=499)
+    except (ValueError, TypeError) as error:  # the input processor, the engine
+        raise serving._bad_request(error, words) from None
+    except TooManyWaitingRequestsError as error:
+        raise APIError(503, str(error), "ServiceUnavailableError") from None
+    except Exception as error:  # a step failed (its requests are aborted), or EngineDeadError
+        raise APIError(500, str(error), "InternalServerError") from None
+    await asyncio.gather(*(stream.aclose() for stream in streams))  # each finished: nothing to abort
+    return outputs
+# --8<-- [end:encode_all]
+
+
+def count_outputs(serving: OpenAIServing, outputs: list, arrival: float) -> None:
     """NOTE 4."""
     metrics, now = serving.metrics, time.perf_counter()
     for out in outputs:

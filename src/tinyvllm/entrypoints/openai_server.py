@@ -6,7 +6,8 @@ its body is checked is ``serving.py``'s.
 
 Endpoints: ``GET``/``HEAD /health``, ``GET /version``, ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings`` (a pooling
-engine's, ``embeddings.py``), ``POST /tokenize``, ``POST /detokenize``, ``GET /metrics`` (``metrics.py``).
+engine's, ``embeddings.py``), ``POST /score`` and ``/rerank`` (a pooling engine's, ``scoring.py``),
+``POST /tokenize``, ``POST /detokenize``, ``GET /metrics`` (``metrics.py``).
 
 Mirrors: ``vllm/entrypoints/openai/api_server.py`` (its routes, ``--api-key``'s
 ``AuthenticationMiddleware``, ``--allowed-origins``' CORS, the ``X-Request-Id`` header of
@@ -73,6 +74,7 @@ from tinyvllm.entrypoints.protocol import (
     TokenizeCompletionRequest,
     error_body,
 )
+from tinyvllm.entrypoints.scoring import RerankRequest, ScoreRequest, create_rerank, create_score
 from tinyvllm.entrypoints.serving import APIError, OpenAIServing
 from tinyvllm.entrypoints.tokenization import detokenize as detokenize_ids
 from tinyvllm.entrypoints.tokenization import tokenize as tokenize_text
@@ -375,6 +377,21 @@ def build_app(
         arrival = time.perf_counter()
         body = await _parse(raw_request, EmbeddingRequest)
         return await create_embedding(serving, body, raw_request, _request_id(raw_request, body), arrival)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(raw_request: Request):
+        arrival = time.perf_counter()
+        body = await _parse(raw_request, ScoreRequest)
+        return await create_score(serving, body, raw_request, _request_id(raw_request, body), arrival)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(raw_request: Request):
+        arrival = time.perf_counter()
+        body = await _parse(raw_request, RerankRequest)
+        return await create_rerank(serving, body, raw_request, _request_id(raw_request, body), arrival)
 
     @app.post("/tokenize")
     async def tokenize(raw_request: Request):
