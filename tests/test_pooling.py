@@ -263,6 +263,7 @@ def test_a_pooling_module_that_names_no_mode_built_is_refused(tmp_path):
         EngineArgs(str(folder), runner="pooling").create_engine_config()
 
 
+@pytest.mark.seed("000:modes")
 def test_a_pooling_engine_defaults_to_piecewise_graphs_on_cuda():
     """Seed 000: FULL_AND_PIECEWISE by default, "still PIECEWISE for pooling models"."""
     from tinyvllm.config import CUDAGraphMode
@@ -330,3 +331,13 @@ def test_a_pooling_request_preempted_while_its_last_step_is_in_flight_still_fini
     assert torch.equal(output.outputs.data, want.outputs.data)
     assert scheduler.num_preemptions == 1 and not scheduler.waiting and not scheduler.running
     engine_.check_invariants()
+
+
+@pytest.mark.seed("001:11")
+def test_a_pooling_engine_builds_no_logits_processors(last_llm):
+    """Seed 001 ch. 11.4: ``build_logitsprocs`` in pooling mode builds none (a pooling model makes
+    no logits); the worker takes that branch for ``runner="pooling"``, and custom ones are refused."""
+    assert list(last_llm.engine.model_runner.input_batch.logitsprocs.all) == []
+    assert len(list(LLM(max_num_seqs=2).engine.model_runner.input_batch.logitsprocs.all)) == 3  # MinP, LogitBias, MinTokens
+    with pytest.raises(ValueError, match="cannot be combined with custom logits_processors"):
+        EngineArgs(runner="pooling", logits_processors=["tinyvllm.sample.logits_processors.builtin:MinPLogitsProcessor"]).create_engine_config()
