@@ -77,6 +77,24 @@ def slow_steps(monkeypatch, llm, seconds: float) -> None:
     monkeypatch.setattr(runner, "execute_model", slow)
 
 
+def aborts_when_the_client_leaves(monkeypatch, url: str, llm, body: dict, step_s: float = 0.6) -> list:
+    """POST ``body`` to ``url`` with steps of ``step_s`` and a client that leaves after half a
+    step; wait until the engine is empty. Returns the ids the server aborted, call by call."""
+    import httpx  # the serve extra's (this module is imported without it too)
+
+    slow_steps(monkeypatch, llm, step_s)
+    aborted = []
+    abort = llm.engine.abort_request
+    monkeypatch.setattr(llm.engine, "abort_request", lambda ids: (aborted.append(ids), abort(ids))[1])
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=body, timeout=step_s / 2)
+    deadline = time.monotonic() + 10
+    while (llm.engine.has_unfinished_requests() or not aborted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not llm.engine.has_unfinished_requests()
+    return aborted
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

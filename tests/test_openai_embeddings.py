@@ -12,10 +12,9 @@ import base64
 import json
 import shutil
 import struct
-import time
 
 import pytest
-from serve_fixtures import require_serve_extra, running_server, slow_steps
+from serve_fixtures import aborts_when_the_client_leaves, require_serve_extra, running_server
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
@@ -144,17 +143,8 @@ def test_bad_bodies_are_400s_naming_the_field_and_queue_nothing(server, body, pa
 
 def test_a_client_that_leaves_aborts_the_inputs_still_queued(server, monkeypatch):
     """Four inputs, two a step, 0.6 s a step: the client leaves after 0.3 s, the server aborts the rest."""
-    llm = server[1]
-    slow_steps(monkeypatch, llm, 0.6)
-    aborted = []
-    abort = llm.engine.abort_request
-    monkeypatch.setattr(llm.engine, "abort_request", lambda ids: (aborted.append(ids), abort(ids))[1])
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server[0] + "/v1/embeddings", json={"input": PROMPTS + PROMPTS[:1]}, timeout=0.3)
-    deadline = time.monotonic() + 10
-    while (llm.engine.has_unfinished_requests() or not aborted) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not llm.engine.has_unfinished_requests()
+    aborted = aborts_when_the_client_leaves(monkeypatch, server[0] + "/v1/embeddings", server[1],
+                                            {"input": PROMPTS + PROMPTS[:1]})  # fmt: skip
     assert aborted and all(str(ids).startswith("embd-") for ids in aborted), aborted
 
 

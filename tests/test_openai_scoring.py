@@ -8,10 +8,9 @@ and take the same cosine.
 
 from __future__ import annotations
 
-import time
 
 import pytest
-from serve_fixtures import require_serve_extra, running_server, slow_steps
+from serve_fixtures import aborts_when_the_client_leaves, require_serve_extra, running_server
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
 
@@ -128,17 +127,8 @@ def test_bad_bodies_are_400s_naming_the_field_and_queue_nothing(server, route, b
 
 def test_a_client_that_leaves_aborts_the_texts_still_queued(server, monkeypatch):
     """Five texts, two a step, 0.6 s a step: the client leaves after 0.3 s, the server aborts the rest."""
-    llm = server[1]
-    slow_steps(monkeypatch, llm, 0.6)
-    aborted = []
-    abort = llm.engine.abort_request
-    monkeypatch.setattr(llm.engine, "abort_request", lambda ids: (aborted.append(ids), abort(ids))[1])
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server[0] + "/rerank", json={"query": QUERY, "documents": DOCS}, timeout=0.3)
-    deadline = time.monotonic() + 10
-    while (llm.engine.has_unfinished_requests() or not aborted) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not llm.engine.has_unfinished_requests()
+    aborted = aborts_when_the_client_leaves(monkeypatch, server[0] + "/rerank", server[1],
+                                            {"query": QUERY, "documents": DOCS})  # fmt: skip
     assert aborted and all(str(ids).startswith("rerank-") for ids in aborted), aborted
 
 

@@ -30,6 +30,14 @@ if TYPE_CHECKING:
     from tinyvllm.models.loader import ModelSpec
 
 
+def check_known_keys(name: str, config: Mapping[str, object], known: set[str]) -> None:
+    """A config dict's keys against its class's fields (every ``from_dict`` here): a ValueError
+    naming the unknown ones and the known ones."""
+    unknown = sorted(map(str, set(config) - known))
+    if unknown:
+        raise ValueError(f"{name} has unknown keys {unknown}; known keys are {sorted(known)}")
+
+
 # --8<-- [start:modes]
 class CUDAGraphMode(enum.Enum):
     """How the model may run under CUDA graphs. ``NONE``, ``PIECEWISE`` and ``FULL`` are
@@ -188,9 +196,7 @@ class CompilationConfig:
         if not isinstance(config, Mapping):
             raise ValueError(f"compilation_config must be a dict, got {config!r}")
         known = {"cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size"}
-        unknown = sorted(map(str, set(config) - known))
-        if unknown:
-            raise ValueError(f"compilation_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        check_known_keys("compilation_config", config, known)
         values = dict(config)
         if values.get("cudagraph_mode") is not None:  # None: the platform default, as documented
             values["cudagraph_mode"] = parse_cudagraph_mode(values["cudagraph_mode"])
@@ -242,10 +248,8 @@ class SpeculativeConfig:
         """Build from a dict like vLLM's ``--speculative-config``; unknown keys are a ValueError."""
         if not isinstance(config, Mapping):
             raise ValueError(f"speculative_config must be a dict, got {config!r}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
-        unknown = sorted(map(str, set(config) - known))
-        if unknown:
-            raise ValueError(f"speculative_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        check_known_keys("speculative_config", config, {"method", "num_speculative_tokens", "prompt_lookup_min",
+                                                        "prompt_lookup_max"})  # fmt: skip
         if "num_speculative_tokens" not in config:
             raise ValueError("speculative_config needs num_speculative_tokens")
         return cls(**config)
@@ -279,10 +283,7 @@ class StructuredOutputsConfig:
         """Build from a dict like vLLM's ``structured_outputs_config``; unknown keys are a ValueError."""
         if not isinstance(config, Mapping):
             raise TypeError(f"structured_outputs_config must be a dict, got {config!r}")
-        known = {"backend", "enable_in_reasoning"}
-        unknown = sorted(map(str, set(config) - known))
-        if unknown:
-            raise ValueError(f"structured_outputs_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        check_known_keys("structured_outputs_config", config, {"backend", "enable_in_reasoning"})
         return cls(**config)
 # --8<-- [end:structured_outputs_config]
 
@@ -322,10 +323,7 @@ class PoolerConfig:
         """Build from a dict like vLLM's ``--pooler-config``; unknown keys are a ValueError."""
         if not isinstance(config, Mapping):
             raise TypeError(f"pooler_config must be a dict, got {config!r}")
-        known = {"pooling_type", "normalize"}
-        unknown = sorted(map(str, set(config) - known))
-        if unknown:
-            raise ValueError(f"pooler_config has unknown keys {unknown}; known keys are {sorted(known)}")
+        check_known_keys("pooler_config", config, {"pooling_type", "normalize"})
         return cls(**config)
 # --8<-- [end:pooler_config]
 

@@ -54,6 +54,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tinyvllm.config import CacheConfig, SchedulerConfig
 from tinyvllm.core.kv_cache_manager import KVCacheManager
@@ -279,14 +280,17 @@ def tiny_model_folder() -> str:
 
 
 # --8<-- [start:engine_trace]
-def _engine_trace(llm, rec_options: dict, arrivals: dict[int, list[tuple[str, list[int], int]]]) -> Trace:
-    """Add each request at its step, step the engine to the end, inside ``record``."""
+def _engine_trace(llm, rec_options: dict, arrivals: dict[int, list[tuple[str, list[int], Any]]]) -> Trace:
+    """Add each request at its step, step the engine to the end, inside ``record``. A request's
+    third field is its ``max_tokens`` (greedy, EOS ignored) or its params (``PoolingParams``)."""
     engine = llm.engine
     with record(llm, **rec_options) as rec:
         step = 0
         while step <= max(arrivals) or engine.has_unfinished_requests():
-            for rid, prompt, max_tokens in arrivals.get(step, []):
-                engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+            for rid, prompt, params in arrivals.get(step, []):
+                if isinstance(params, int):
+                    params = SamplingParams(temperature=0.0, max_tokens=params, ignore_eos=True)
+                engine.add_request(rid, prompt, params)
             engine.step()
             step += 1
     return rec.trace
@@ -366,17 +370,9 @@ def embeddings_steps() -> Trace:
         panels=("scheduler", "prefix_cache", "kv_cache"),
     )
     ids = llm.tokenizer.convert_tokens_to_ids  # one token per letter: the blocks read as text
-    arrivals = {0: [("A", [ids(ch) for ch in "abcdefghij"])], 1: [("B", [ids(ch) for ch in "abcdefghxyz"])],
-                2: [("C", [ids(ch) for ch in "qrstuvwxyzabcd"])]}  # fmt: skip
-    engine = llm.engine
-    with record(llm, **options) as rec:
-        step = 0
-        while step <= max(arrivals) or engine.has_unfinished_requests():
-            for rid, prompt in arrivals.get(step, []):
-                engine.add_request(rid, prompt, PoolingParams())
-            engine.step()
-            step += 1
-    return rec.trace
+    arrivals = {step: [(rid, [ids(ch) for ch in text], PoolingParams())]
+                for step, rid, text in ((0, "A", "abcdefghij"), (1, "B", "abcdefghxyz"), (2, "C", "qrstuvwxyzabcd"))}  # fmt: skip
+    return _engine_trace(llm, options, arrivals)
 
 
 def spec_decode_drafts() -> Trace:
