@@ -389,17 +389,18 @@ class ModelRunner:
         if read_later:  # copied up behind the sampler, before the event (async_output.py NOTE 1)
             pending = [dataclasses.replace(p, tensors=logprobs_to_host_early(p.tensors)) for p in pending]
         step.pending_prompt_logprobs = pending
-        sampling_metadata = self.input_batch.make_sampling_metadata()
-        if self.pooler is not None:  # NOTE 13: vectors, no token
+        if self.pooler is not None:  # NOTE 13: vectors, no token, nothing for the sampler
             step.pooled = self.pooler.pool(
                 hidden, [s.pooling_params for s in states], [s.pooling_state for s in states], computed, num_sched, step.complete
             )  # fmt: skip
             step.tokens = [[] for _ in req_ids]
         elif self.speculative:
             step.tokens, step.logprobs = self._verify_drafts(
-                hidden, num_sched, drafts, sampling_metadata, req_ids, step.complete, scheduler_output
+                hidden, num_sched, drafts, self.input_batch.make_sampling_metadata(), req_ids, step.complete,
+                scheduler_output,
             )  # fmt: skip
         else:
+            sampling_metadata = self.input_batch.make_sampling_metadata()
             logits = self.model.compute_logits(hidden[forward.metadata.logits_indices[: len(req_ids)]])  # [R, V]
             apply_grammar_bitmask(scheduler_output, req_ids, logits)  # structured outputs: before the sampler
             sampler_output = self.sampler(logits, sampling_metadata)
