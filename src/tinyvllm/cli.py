@@ -237,7 +237,7 @@ def _pooler_args(args) -> dict | None:
 
     config = None if args.pooler_config is None else _json_object_arg("--pooler-config", args.pooler_config)
     try:
-        check_runner(args.runner, config, args.speculative_config, args.async_scheduling, ())  # only whether it is set
+        check_runner(args.runner, config, args.speculative_config, ())  # only whether it is set
     except (TypeError, ValueError) as error:
         raise ValueError(f"{'--runner' if config is None else '--pooler-config'}: {error}") from None
     return config

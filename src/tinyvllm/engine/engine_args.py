@@ -281,7 +281,7 @@ class EngineArgs:
                 "async_scheduling=True cannot be combined with speculative decoding (speculative_config): the n-gram "
                 "proposer needs each step's tokens on the host before the next step is scheduled"
             )
-        runner, pooler_config = check_runner(self.runner, self.pooler_config, speculative_config, async_scheduling, logits_processors)
+        runner, pooler_config = check_runner(self.runner, self.pooler_config, speculative_config, logits_processors)
         # --8<-- [end:arguments]
         model = resolve_model(model, revision)  # NOTE 4: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
@@ -332,8 +332,7 @@ class EngineArgs:
 
 # --8<-- [start:runner]
 def check_runner(
-    runner: object, pooler_config: object, speculative: SpeculativeConfig | None, async_scheduling: bool,
-    logits_processors: tuple,
+    runner: object, pooler_config: object, speculative: SpeculativeConfig | None, logits_processors: tuple
 ) -> tuple[str, PoolerConfig | None]:
     """NOTE 12: the runner type, and the pooler config a pooling engine starts from."""
     if not isinstance(runner, str) or runner not in RUNNERS:
