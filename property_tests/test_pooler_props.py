@@ -1,7 +1,8 @@
 """Hypothesis over the pooler's chunking (``worker/pooler.py``): however a batch of prompts is
 cut into steps (chunked prefill, any number of rows a step, rows in any order, a prompt
 restarted from position 0 as after a preemption), each prompt's vector equals pooling its
-whole hidden states at once, the one-line oracle ``oracle`` below, and is made exactly once.
+whole hidden states at once, the one-line oracle ``oracle`` below, and is made exactly once;
+a classifier's label scores (a random ``score`` head, softmax or raw) likewise.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.worker.pooler import Pooler, PoolingState
 
 HIDDEN = 8
+SCORE = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(0))  # a classifier's head, 3 labels
 
 
 def oracle(states: torch.Tensor, pooling_type: str, params: PoolingParams) -> torch.Tensor:
     vector = {"LAST": states[-1], "MEAN": states.mean(dim=0), "CLS": states[0]}[pooling_type]
+    if params.task == "classify":
+        logits = SCORE @ vector
+        return torch.softmax(logits, dim=-1) if params.use_activation else logits
     if params.dimensions is not None:
         vector = vector[: params.dimensions]
     return torch.nn.functional.normalize(vector, dim=-1) if params.normalize else vector
@@ -35,7 +40,13 @@ def workloads(draw):
         chunks.append([b - a for a, b in zip(bounds, bounds[1:])])
     # a preemption after chunk r (never after the last: a finished prompt is not preempted)
     restarts = [draw(st.integers(0, len(c) - 2)) if len(c) > 1 and draw(st.booleans()) else None for c in chunks]
-    params = [PoolingParams(draw(st.sampled_from([None, 3])), draw(st.booleans())) for _ in lengths]
+    params = []
+    for _ in lengths:  # resolved params, as the input processor hands them on
+        on = draw(st.booleans())
+        if draw(st.booleans()):
+            params.append(PoolingParams(draw(st.sampled_from([None, 3])), on, on, "embed"))
+        else:
+            params.append(PoolingParams(None, None, on, "classify"))
     return lengths, chunks, restarts, params, draw(st.randoms(use_true_random=False))
 
 
@@ -44,7 +55,7 @@ def test_chunked_pooling_equals_pooling_the_whole_prompt(workload, pooling_type)
     lengths, chunks, restarts, params, rng = workload
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     states_of = [torch.randn(n, HIDDEN, generator=gen) for n in lengths]  # each prompt's final hidden states
-    pooler = Pooler(PoolerConfig(pooling_type, True))
+    pooler = Pooler(PoolerConfig(pooling_type, True), lambda rows: rows @ SCORE.T, {"classify": "softmax"})
     pool_states = [PoolingState() for _ in lengths]
     # the chunks each prompt goes through: after a restart, once more from position 0
     plans = [c if r is None else c[: r + 1] + c for c, r in zip(chunks, restarts)]

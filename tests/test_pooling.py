@@ -193,7 +193,17 @@ def test_pooling_params_check_their_fields():
     with pytest.raises(TypeError, match="normalize"):
         PoolingParams(normalize=1)
     with pytest.raises(ValueError, match="task must be one of"):
-        PoolingParams(task="classify")
+        PoolingParams(task="token_embed")  # per-token vectors are not built
+    with pytest.raises(ValueError, match="normalize=True and use_activation=False contradict"):
+        PoolingParams(normalize=True, use_activation=False)
+
+
+def test_an_embedding_model_refuses_the_classifier_tasks_by_name(last_llm):
+    with pytest.raises(ValueError, match=r"task='classify' is not one of this model's tasks \('embed',\)"):
+        last_llm.classify("x = 1", use_tqdm=False)
+    with pytest.raises(ValueError, match=r"task='embed', but LLM.classify runs task='classify'"):
+        last_llm.classify("x = 1", PoolingParams(task="embed"), use_tqdm=False)
+    assert not last_llm.engine.has_unfinished_requests()
 
 
 def test_dimensions_need_a_matryoshka_model(last_llm, tmp_path):

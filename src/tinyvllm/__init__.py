@@ -6,13 +6,15 @@ that ``import tinyvllm.core`` (the scheduler side) never pulls in torch; a test 
 
 from tinyvllm.beam_search import BeamSearchOutput, BeamSearchParams
 from tinyvllm.outputs import (
-    CompletionOutput, EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput,
+    ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingRequestOutput, PoolingRequestOutput,
+    RequestOutput, ScoringOutput, ScoringRequestOutput,
 )  # fmt: skip
 from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "CompletionOutput", "EmbeddingRequestOutput", "PoolingParams",
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "ClassificationOutput", "ClassificationRequestOutput",
+           "CompletionOutput", "EmbeddingRequestOutput", "PoolingParams",
            "PoolingRequestOutput", "Request", "RequestOutput", "RequestStatus", "SamplingParams", "ScoringOutput",
            "ScoringRequestOutput", "StructuredOutputsParams"]
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ from tinyvllm.validation import check_token_ids
 
 if TYPE_CHECKING:
     from tinyvllm.models.loader import ModelSpec
+    from tinyvllm.pooling_params import PoolingModel
 
 
 def check_known_keys(name: str, config: Mapping[str, object], known: set[str]) -> None:
@@ -344,7 +345,8 @@ class ModelConfig:
             ``generation_config.json``), "vllm" (none) or a folder; read by the input processor.
         runner_type: "generate" (sampling tokens) or "pooling" (one vector per prompt).
         pooler_config: a pooling engine's, every field resolved; None for "generate".
-        matryoshka: ``config.json`` says every prefix of an embedding is one (``PoolingParams.dimensions``).
+        pooling_model: what a pooling engine's model does (tasks, matryoshka, activations,
+            labels: ``pooling_params.PoolingModel``); None for "generate".
     """
 
     model: str | Path
@@ -357,10 +359,11 @@ class ModelConfig:
     generation_config: str = "auto"
     runner_type: str = "generate"
     pooler_config: PoolerConfig | None = None
-    matryoshka: bool = False
+    pooling_model: "PoolingModel | None" = None
 
     def __post_init__(self) -> None:
-        if (self.runner_type == "pooling") != (self.pooler_config is not None) or self.runner_type not in RUNNER_TYPES:
+        pooling = self.runner_type == "pooling"
+        if pooling != (self.pooler_config is not None) or pooling != (self.pooling_model is not None) or self.runner_type not in RUNNER_TYPES:
             raise ValueError(f"ModelConfig: runner_type {self.runner_type!r} with pooler_config {self.pooler_config!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"ModelConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}")

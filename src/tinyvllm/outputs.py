@@ -216,18 +216,52 @@ class EmbeddingRequestOutput:
 # --8<-- [end:pooling_outputs]
 
 
+# --8<-- [start:classification_outputs]
+@dataclass(frozen=True)
+class ClassificationOutput:
+    """A prompt's label scores (vLLM's ``ClassificationOutput``): ``probs[i]`` for label ``i``,
+    after the model's activation (raw logits with ``use_activation=False``)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(frozen=True)
+class ClassificationRequestOutput:
+    """What ``LLM.classify`` returns per prompt (vLLM's names)."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> ClassificationRequestOutput:
+        if output.outputs is None:
+            raise ValueError(f"request {output.request_id!r} was aborted before its scores were made: no probs")
+        return cls(output.request_id, ClassificationOutput(output.outputs.data.tolist()), output.prompt_token_ids,
+                   output.num_cached_tokens, output.finished)  # fmt: skip
+# --8<-- [end:classification_outputs]
+
+
 # --8<-- [start:scoring_outputs]
 @dataclass(frozen=True)
 class ScoringOutput:
-    """One pair's score (vLLM's ``ScoringOutput``): the cosine of its two embeddings."""
+    """One pair's score (vLLM's ``ScoringOutput``): the cosine of its two embeddings, or a
+    cross-encoder's score of the pair read as one prompt."""
 
     score: float
 
 
 @dataclass(frozen=True)
 class ScoringRequestOutput:
-    """What ``LLM.score`` returns per pair (vLLM's names): ``request_id`` joins the two
-    requests' ids with ``_``, ``prompt_token_ids`` the two prompts' ids, one after the other."""
+    """What ``LLM.score`` returns per pair (vLLM's names): from embeddings, ``request_id`` joins
+    the two requests' ids with ``_`` and ``prompt_token_ids`` holds both prompts' ids, one after
+    the other; from a cross-encoder, the pair's one request and its ids."""
 
     request_id: str
     outputs: ScoringOutput

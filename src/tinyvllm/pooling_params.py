@@ -1,22 +1,25 @@
-"""PoolingParams: what one embedding request asks of the pooler, validated at construction.
+"""PoolingParams: what one pooling request asks of the pooler, validated at construction.
 
 Concept: the pooling twin of ``SamplingParams``. A pooling engine (``LLM(runner="pooling")``)
-runs a prompt once and returns one vector made from its hidden states, instead of
-continuing it; these are the per-request knobs of that vector. How the hidden states become
+runs a prompt once and returns one result made from its hidden states, instead of
+continuing it; these are the per-request knobs of that result. How the hidden states become
 one vector (last token, mean, first token) is the engine's ``PoolerConfig``, one for every
 request, as in vLLM; what a request may change is what happens to that vector after.
 
 Mirrors: ``vllm/pooling_params.py`` (``PoolingParams``: ``dimensions``, ``normalize``,
-``task``) and the embedding head of ``vllm/model_executor/layers/pooler.py``.
+``use_activation``, ``task``) and the heads of ``vllm/model_executor/layers/pooler.py``.
 
-Fields: ``dimensions`` (None: the whole hidden size; k: the first k values, vLLM's
-matryoshka truncation, NOTE 1), ``normalize`` (None: the engine's ``PoolerConfig``; True:
-L2-normalised after truncation, NOTE 2), ``task`` ("embed", the one task built: NOTE 3); ``skip_reading_prefix_cache`` is the
+Fields: ``task`` (NOTE 3; None: the entry point's, ``embed`` / ``classify`` / ``score``),
+``dimensions`` (embed only; None: the whole hidden size; k: the first k values, vLLM's
+matryoshka truncation, NOTE 1), ``use_activation`` (None: on; embed: L2-normalise after
+truncation, NOTE 2; classify and score: the model's activation, ``pooling_spec.py`` NOTE 1),
+``normalize`` (embed's older name for it, vLLM's); ``skip_reading_prefix_cache`` is the
 engine's, set when it resolves the params (NOTE 4).
 
-Invariants: an instance is frozen; ``dimensions`` is None or an int >= 1; ``normalize`` is
-None or a bool. Whether ``dimensions`` fits the model needs the model: the input processor
-checks it (``resolve_pooling_params``), before anything is queued.
+Invariants: an instance is frozen; ``dimensions`` is None or an int >= 1; ``normalize`` and
+``use_activation`` are None or bools and do not contradict each other. Whether the task and
+``dimensions`` fit the model needs the model: the input processor checks them
+(``resolve_pooling_params``), before anything is queued; resolved params have every field set.
 
 NOTE 1 (dimensions): keeping the first k values is only meaningful for a model trained so
 that every prefix of its embedding is an embedding (matryoshka representation learning).
@@ -25,8 +28,11 @@ As vLLM, the engine takes ``dimensions`` only from a model whose ``config.json``
 ValueError naming the value.
 NOTE 2 (order): truncate, then normalise, as vLLM's embedding head: a truncated matryoshka
 embedding has unit length too.
-NOTE 3 (tasks left out): vLLM's pooling runner also classifies, scores pairs and returns
-per-token vectors (``token_embed``); tinyvllm embeds whole prompts only.
+NOTE 3 (tasks, vLLM's names): a causal LM embeds (``embed``: the pooled hidden state); a
+``*ForSequenceClassification`` model classifies (``classify``: its ``score`` head's logits
+through softmax or sigmoid) and, with one label, scores a pair of texts joined into one
+prompt (``score``: a cross-encoder). Left out: per-token vectors (``token_embed``,
+``token_classify``).
 NOTE 4 (the prefix cache): a cached block's positions are never computed, so their hidden
 states never exist. ``LAST`` reads one position, which the scheduler always computes (a
 prompt found whole in the cache still recomputes its last token); ``MEAN`` and ``CLS`` read
@@ -37,47 +43,83 @@ positions a hit would skip, so such a request takes no hit (vLLM's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
 from tinyvllm.validation import check_bool, check_optional_int
 
-POOLING_TASKS = ("embed",)  # NOTE 3
+POOLING_TASKS = ("embed", "classify", "score")  # NOTE 3
+
+
+def pooling_tasks(num_labels: int | None) -> tuple[str, ...]:
+    """NOTE 3: the tasks of a causal LM (None) or of a classifier with ``num_labels`` labels,
+    the default first."""
+    if num_labels is None:
+        return ("embed",)
+    return ("classify", "score") if num_labels == 1 else ("classify",)
+
+
+@dataclass(frozen=True)
+class PoolingModel:
+    """What a pooling engine's model does, resolved once (``engine_args.py`` NOTE 12): each
+    request is checked against it, and the pooler and ``LLM.score`` read it. The activations
+    and ``use_pad_token`` are the folder's (``models/pooling_spec.py`` NOTES 1-2)."""
+
+    hidden_size: int
+    tasks: tuple[str, ...] = ("embed",)  # pooling_tasks(num_labels)
+    pooling_type: str = "LAST"  # the engine's resolved PoolerConfig
+    normalize: bool = True
+    matryoshka: bool = False
+    classify_activation: str = "softmax"
+    score_activation: str = "sigmoid"
+    use_pad_token: bool = True
+    labels: tuple[str, ...] | None = None  # a classifier's label names by id
 
 
 @dataclass(frozen=True)
 class PoolingParams:
-    """How a pooling request's vector is finished (module header)."""
+    """How a pooling request's result is finished (module header)."""
 
     dimensions: int | None = None  # NOTE 1
-    normalize: bool | None = None  # NOTE 2; None: the engine's PoolerConfig.normalize
-    task: Literal["embed"] = "embed"  # NOTE 3
+    normalize: bool | None = None  # NOTE 2: embed's name for use_activation
+    use_activation: bool | None = None  # None: on (embed: the engine's PoolerConfig.normalize)
+    task: str | None = None  # NOTE 3; None: the entry point's
     skip_reading_prefix_cache: bool = False  # NOTE 4: the engine's, from its pooling type
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dimensions", check_optional_int("dimensions", self.dimensions, 1))
         check_bool("skip_reading_prefix_cache", self.skip_reading_prefix_cache)
-        if self.normalize is not None:
-            check_bool("normalize", self.normalize)
-        if self.task not in POOLING_TASKS:
-            raise ValueError(f"task must be one of {POOLING_TASKS} (classification and scoring are not built), got {self.task!r}")
+        for name in ("normalize", "use_activation"):
+            if getattr(self, name) is not None:
+                check_bool(name, getattr(self, name))
+        if None not in (self.normalize, self.use_activation) and self.normalize != self.use_activation:
+            raise ValueError(f"normalize={self.normalize} and use_activation={self.use_activation} contradict "
+                             "each other: for embed they are one switch (give one)")  # fmt: skip
+        if self.task is not None and self.task not in POOLING_TASKS:
+            raise ValueError(f"task must be one of {POOLING_TASKS} or None, got {self.task!r}")
 
 
-def resolve_pooling_params(
-    label: str, params: PoolingParams, hidden_size: int, matryoshka: bool, default_normalize: bool, pooling_type: str
-) -> PoolingParams:
-    """``params`` against the model (NOTE 1), with ``normalize`` filled in from the engine's
-    pooler config and the prefix-cache rule of its ``pooling_type`` (NOTE 4); a ValueError
-    naming ``label`` and the value when the model cannot honour it."""
+def resolve_pooling_params(label: str, params: PoolingParams, model: PoolingModel) -> PoolingParams:
+    """``params`` against the model (NOTES 1, 3), every field filled in: the task (the model's
+    first if None), ``use_activation`` (embed: the engine's ``normalize``), and the prefix-cache
+    rule of its pooling type (NOTE 4); a ValueError naming ``label`` and the value otherwise."""
     if not isinstance(params, PoolingParams):
         raise TypeError(f"{label} must be PoolingParams, got {params!r}")
+    task = model.tasks[0] if params.task is None else params.task
+    if task not in model.tasks:
+        what = "a causal LM embeds" if model.tasks == ("embed",) else "a *ForSequenceClassification model classifies"
+        raise ValueError(f"{label}: task={task!r} is not one of this model's tasks {model.tasks} ({what}; "
+                         "score needs a classifier with one label)")  # fmt: skip
     if params.dimensions is not None:
-        if not matryoshka:
+        if task != "embed":
+            raise ValueError(f"{label}: dimensions={params.dimensions} is for embeddings, not task={task!r}")
+        if not model.matryoshka:
             raise ValueError(
                 f"{label}: dimensions={params.dimensions} needs a matryoshka model (config.json's is_matryoshka or "
                 "matryoshka_dimensions): keeping the first values of another model's embedding gives no embedding"
             )
-        if params.dimensions > hidden_size:
-            raise ValueError(f"{label}: dimensions={params.dimensions} is more than the model's hidden size {hidden_size}")
-    dimensions = None if params.dimensions == hidden_size else params.dimensions  # the whole vector: nothing to cut
-    normalize = default_normalize if params.normalize is None else params.normalize
-    return PoolingParams(dimensions, normalize, params.task, skip_reading_prefix_cache=pooling_type != "LAST")
+        if params.dimensions > model.hidden_size:
+            raise ValueError(f"{label}: dimensions={params.dimensions} is more than the model's hidden size {model.hidden_size}")
+    dimensions = None if params.dimensions == model.hidden_size else params.dimensions  # the whole vector: nothing to cut
+    chosen = params.use_activation if params.use_activation is not None else params.normalize
+    activation = (model.normalize if task == "embed" else True) if chosen is None else chosen
+    normalize = activation if task == "embed" else None
+    skip = model.pooling_type != "LAST"
+    return PoolingParams(dimensions, normalize, activation, task, skip_reading_prefix_cache=skip)

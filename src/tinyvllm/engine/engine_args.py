@@ -6,12 +6,11 @@ wrong type TypeError, a wrong value ValueError, naming both) and resolved into a
 the device, compilation (NOTE 3), the model folder (NOTE 4), its dtype and attention backend
 (NOTE 6), the limits (NOTE 2). The input processor adds what needs the tokenizer.
 
-Mirrors: ``vllm/engine/arg_utils.py`` (``EngineArgs``, ``create_engine_config``), with the
-checks vLLM's config classes make in their ``__post_init__`` gathered here.
+Mirrors: ``vllm/engine/arg_utils.py`` (``EngineArgs``, ``create_engine_config``) and vLLM's config checks.
 
 Invariants: ``create_engine_config`` changes nothing and starts nothing (no weights, no
 device memory); every check a bad argument can fail runs before the model folder is read,
-except those that need the folder (dtype, max_model_len, the Triton tile sizes).
+except those that need the folder (dtype, max_model_len, the Triton tile sizes, the runner).
 
 NOTE 1 (defaults): vLLM's ``LLM``'s where it has the argument; ``model``: the shipped ``STDLIB_TINY``.
 NOTE 2 (limits): ``max_model_len`` is the model's ``max_position_embeddings`` when unset, and
@@ -54,9 +53,10 @@ NOTE 11 (async scheduling): ``async_scheduling=True`` (``--async-scheduling``) h
 schedule a step while the last one runs (``core/async_scheduler.py``); it is refused with
 speculative decoding, as vLLM refuses it with n-gram drafts. ``scheduling_policy`` ("fcfs",
 "priority": ``core/request_queue.py``) is vLLM's ``--scheduling-policy``.
-NOTE 12 (pooling, ``docs/pooling.md``): ``runner`` "auto" is "generate" (every architecture built is
-a causal LM); "pooling" refuses drafts and custom logits processors (seed 001 ch. 11: no logits),
-and the fields ``pooler_config`` leaves unset come from the folder (``models/pooling_spec.py``).
+NOTE 12 (pooling, ``docs/pooling.md``): ``runner`` "auto" is "pooling" for a classifier (no LM
+head: "generate" is refused) and "generate" otherwise; "pooling" refuses drafts and custom
+logits processors (seed 001 ch. 11: no logits); ``pooler_config``'s unset fields come from the
+folder (``models/pooling_spec.py``).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.loader import ModelSpec, load_model_spec, resolve_dtype
 from tinyvllm.models.pooling_spec import read_pooling_spec
 from tinyvllm.platform import triton_can_run_on
+from tinyvllm.pooling_params import PoolingModel, pooling_tasks
 from tinyvllm.sampling_defaults import check_generation_config
 from tinyvllm.sampling_params import MAX_LOGPROBS
 from tinyvllm.stdlib_tiny import STDLIB_TINY
@@ -285,6 +286,7 @@ class EngineArgs:
         # --8<-- [end:arguments]
         model = resolve_model(model, revision)  # NOTE 4: a local folder, or the hub snapshot of an id
         spec = load_model_spec(model)
+        runner, pooler_config = check_runner(runner, pooler_config, speculative_config, logits_processors, spec)
         torch_dtype = resolve_dtype(dtype, spec, device.type)
         check_tensor_parallel_size(
             tensor_parallel_size, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
@@ -321,7 +323,7 @@ class EngineArgs:
             speculative_config,
             ModelConfig(
                 model, spec, str(torch_dtype).removeprefix("torch."), attention_backend, seed,
-                logits_processors, max_logprobs, generation_config, runner, *_resolve_pooler(pooler_config, model),
+                logits_processors, max_logprobs, generation_config, runner, *_resolve_pooler(pooler_config, model, spec),
             ),
             DeviceConfig(str(device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads),
             ParallelConfig(tensor_parallel_size, executor_backend),
@@ -332,19 +334,28 @@ class EngineArgs:
 
 # --8<-- [start:runner]
 def check_runner(
-    runner: object, pooler_config: object, speculative: SpeculativeConfig | None, logits_processors: tuple
+    runner: object, pooler_config: object, speculative: SpeculativeConfig | None, logits_processors: tuple,
+    spec: ModelSpec | None = None,
 ) -> tuple[str, PoolerConfig | None]:
-    """NOTE 12: the runner type, and the pooler config a pooling engine starts from."""
+    """NOTE 12: the runner type, and the pooler config a pooling engine starts from. Without
+    ``spec`` (the command line, before the folder is read) "auto" is left undecided."""
     if not isinstance(runner, str) or runner not in RUNNERS:
         raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
-    runner = "generate" if runner == "auto" else runner
     if isinstance(pooler_config, Mapping):
         pooler_config = PoolerConfig.from_dict(pooler_config)
     elif pooler_config is not None and not isinstance(pooler_config, PoolerConfig):
         raise TypeError(f"pooler_config must be a dict, a PoolerConfig or None, got {pooler_config!r}")
+    if pooler_config is not None and runner != "pooling":
+        raise ValueError(f"pooler_config={pooler_config!r} needs runner='pooling', got runner={runner!r}")
+    classifier = spec is not None and spec.labels is not None
+    if runner == "auto":
+        if spec is None:
+            return runner, None
+        runner = "pooling" if classifier else "generate"
     if runner == "generate":
-        if pooler_config is not None:
-            raise ValueError(f"pooler_config={pooler_config!r} needs runner='pooling' (this engine generates)")
+        if classifier:
+            raise ValueError(f"runner='generate': {spec.architecture} has a score head and no LM head, so it cannot "
+                             "generate; it classifies and scores (runner='pooling', or 'auto')")  # fmt: skip
         return runner, None
     refused = [name for name, on in (("speculative_config", speculative is not None),
                ("custom logits_processors", bool(logits_processors))) if on]  # fmt: skip
@@ -356,15 +367,19 @@ def check_runner(
     return runner, pooler_config or PoolerConfig()
 
 
-def _resolve_pooler(pooler_config: PoolerConfig | None, model) -> tuple[PoolerConfig | None, bool]:
+def _resolve_pooler(pooler_config: PoolerConfig | None, model, spec: ModelSpec) -> tuple[PoolerConfig | None, PoolingModel | None]:
     """NOTE 12: each field the user left None, from the model folder (else vLLM's defaults:
-    LAST, normalised); and whether the model's embeddings may be truncated."""
+    LAST, normalised), and what the model can do (``pooling_params.PoolingModel``)."""
     if pooler_config is None:
-        return None, False
+        return None, None
     folder = read_pooling_spec(model)
     pooling_type = pooler_config.pooling_type or folder.pooling_type or "LAST"
     normalize = next(v for v in (pooler_config.normalize, folder.normalize, True) if v is not None)
-    return PoolerConfig(pooling_type, normalize), folder.matryoshka
+    tasks = pooling_tasks(spec.num_labels)
+    return PoolerConfig(pooling_type, normalize), PoolingModel(
+        spec.hidden_size, tasks, pooling_type, normalize, folder.matryoshka, folder.classify_activation,
+        folder.score_activation, folder.use_pad_token, spec.labels,
+    )  # fmt: skip
 # --8<-- [end:runner]
 
 

@@ -52,13 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinyvllm.config import EngineConfig, PoolerConfig, ReasoningConfig
+from tinyvllm.config import EngineConfig, ReasoningConfig
 from tinyvllm.engine.parallel_sampling import ParentRequest
 from tinyvllm.engine.request_checks import check_defaults_with_speculation, check_request_against_model
 from tinyvllm.models.tokenizer import check_eos_token_ids, load_eos_token_ids, load_tokenizer
 from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sample.logits_processors.loader import validate_logits_processors_parameters
-from tinyvllm.pooling_params import PoolingParams, resolve_pooling_params
+from tinyvllm.pooling_params import PoolingModel, PoolingParams, resolve_pooling_params
 from tinyvllm.sampling_defaults import generation_defaults
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.structured_output import backend_xgrammar
@@ -152,9 +152,7 @@ class InputProcessor:
         logits_processors: tuple = (),
         generation_defaults: Mapping[str, Any] | None = None,
         scheduling_policy: str = "fcfs",
-        pooler_config: PoolerConfig | None = None,
-        hidden_size: int = 0,
-        matryoshka: bool = False,
+        pooling_model: PoolingModel | None = None,
     ) -> None:
         self.tokenizer = tokenizer  # None: text prompts, stop strings and bad words are refused
         self.eos_token_id = eos_token_id
@@ -167,8 +165,7 @@ class InputProcessor:
         self.logits_processors = logits_processors  # custom ones, asked about every request
         self.generation_defaults = dict(generation_defaults or {})  # the model's sampling defaults
         self.scheduling_policy = scheduling_policy  # which priorities a request may ask for (NOTE 7)
-        self.pooler_config = pooler_config  # NOTE 8: None for a generating engine
-        self.hidden_size, self.matryoshka = hidden_size, matryoshka
+        self.pooling_model = pooling_model  # NOTE 8: None for a generating engine
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> InputProcessor:
@@ -199,8 +196,7 @@ class InputProcessor:
             reasoning_config=reasoning_config, speculative=config.speculative_config is not None,
             max_logprobs=model_config.max_logprobs, extra_stop_token_ids=extra_stop_token_ids,
             logits_processors=model_config.logits_processors, generation_defaults=defaults,
-            scheduling_policy=config.scheduler_config.policy, pooler_config=model_config.pooler_config,
-            hidden_size=model_config.spec.hidden_size, matryoshka=model_config.matryoshka,
+            scheduling_policy=config.scheduler_config.policy, pooling_model=model_config.pooling_model,
         )  # fmt: skip
 
     # --8<-- [start:prompt_inputs]
@@ -277,7 +273,7 @@ class InputProcessor:
         cache_salt: str | None = None, priority: int = 0,
     ) -> EngineCoreRequest:  # fmt: skip
         """``LLMEngine.add_request``'s form (NOTE 4): ids as given, messages naming the request."""
-        if isinstance(params, PoolingParams) or self.pooler_config is not None:  # NOTE 8
+        if isinstance(params, PoolingParams) or self.pooling_model is not None:  # NOTE 8
             _check_request_id(request_id)
             prompt_dict = {"prompt_token_ids": prompt_token_ids, "prompt": prompt, "cache_salt": cache_salt}
             label = f"request {request_id!r}: params"
@@ -322,17 +318,16 @@ class InputProcessor:
     def _pooling_params(self, label: str, params: object) -> PoolingParams | None:
         """NOTE 8: a pooling request's params resolved against the model; None for generation.
         The engine's runner and the params' kind must agree."""
-        if self.pooler_config is None:
+        if self.pooling_model is None:
             if isinstance(params, PoolingParams):
                 raise ValueError(f"{label}: PoolingParams need a pooling engine: LLM(model, runner='pooling')")
             return None
         if not isinstance(params, PoolingParams):
             raise ValueError(
-                f"{label}: this engine pools (runner='pooling'): use LLM.embed or LLM.encode with PoolingParams; "
-                f"generating text needs runner='generate', got {type(params).__name__}"
+                f"{label}: this engine pools (runner='pooling'): use LLM.embed, LLM.classify or LLM.encode with "
+                f"PoolingParams; generating text needs runner='generate', got {type(params).__name__}"
             )
-        config = self.pooler_config
-        return resolve_pooling_params(label, params, self.hidden_size, self.matryoshka, config.normalize, config.pooling_type)
+        return resolve_pooling_params(label, params, self.pooling_model)
 
     def _check_structured_outputs(self, name: str, params: SamplingParams) -> None:
         """NOTE 6: the constraint parses (xgrammar, without the tokenizer) and the engine can apply it."""

@@ -32,10 +32,10 @@ NOTE 5 (beam search): ``beam_search(prompts, BeamSearchParams(...))`` runs each 
 ``generate`` of one-token requests, one per live beam, and ranks their candidates
 (``beam_search.py``); the prefix cache makes each step compute little more than the
 token the last step added.
-NOTE 6 (pooling, ``docs/pooling.md``): with ``runner="pooling"``, ``encode`` and ``embed`` queue
-each prompt as ``generate`` does (``_queue``) and return one vector per prompt; ``generate`` is
-refused there, and ``encode`` by a generating engine (``input_processor.py`` NOTE 8). ``score``
-embeds each distinct text once and scores each pair by the cosine of its vectors (``scoring.py``).
+NOTE 6 (pooling, ``docs/pooling.md``): with ``runner="pooling"``, ``encode``, ``embed``,
+``classify`` and ``score`` (``llm_pooling.py``) queue each prompt as ``generate`` does
+(``_queue``) and return one result per prompt; ``generate`` is refused there, and the pooling
+methods by a generating engine (``input_processor.py`` NOTE 8).
 """
 
 from __future__ import annotations
@@ -58,12 +58,11 @@ from tinyvllm.engine.chat_template import check_template_kwargs, flatten_message
 from tinyvllm.engine.engine_args import EngineArgs
 from tinyvllm.engine.input_processor import PromptType
 from tinyvllm.engine.llm_arguments import conversations, params_list, prompt_list
+from tinyvllm.engine.llm_pooling import PoolingEntryPoints
 from tinyvllm.engine.llm_engine import LLMEngine
-from tinyvllm.engine.scoring import score_plan
 from tinyvllm.worker.startup_report import StartupReport
 from tinyvllm.models.loader import ModelSpec
-from tinyvllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput, ScoringRequestOutput
-from tinyvllm.pooling_params import PoolingParams
+from tinyvllm.outputs import RequestOutput
 from tinyvllm.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
 from tinyvllm.stdlib_tiny import STDLIB_TINY
 from tinyvllm.validation import check_bool, check_optional_int
@@ -72,7 +71,7 @@ if TYPE_CHECKING:
     from tinyvllm.engine.engine_args import LogitsProcessorSpec
 
 
-class LLM:
+class LLM(PoolingEntryPoints):
     """Generate text from a Hugging Face model (Qwen3, Qwen2, Llama families): a local
     folder or a hub model id (``engine_args.py`` NOTE 4); with no ``model``, the small model
     shipped with the package (``STDLIB_TINY``)."""
@@ -238,35 +237,6 @@ class LLM:
             raise
         return added
     # --8<-- [end:queue]
-
-    # --8<-- [start:encode]
-    def encode(
-        self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-        use_tqdm: bool = True,
-    ) -> list[PoolingRequestOutput]:
-        """One vector per prompt, in prompt order (NOTE 6): the engine's pooling of the prompt's
-        hidden states, finished by its ``PoolingParams``. Needs ``LLM(model, runner="pooling")``."""
-        check_bool("use_tqdm", use_tqdm)
-        prompts = prompt_list(prompts)
-        default = PoolingParams() if pooling_params is None else pooling_params
-        params, label = params_list(default, PoolingParams, "pooling_params", len(prompts))
-        return self._run(self._queue(prompts, params, label, [0] * len(prompts)), use_tqdm, "Embedding")
-
-    def embed(
-        self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-        use_tqdm: bool = True,
-    ) -> list[EmbeddingRequestOutput]:
-        """``encode``'s vectors as lists of floats (vLLM's ``LLM.embed``)."""
-        return [EmbeddingRequestOutput.from_base(output) for output in self.encode(prompts, pooling_params, use_tqdm)]
-    # --8<-- [end:encode]
-
-    def score(self, data_1: PromptType | Sequence[PromptType], data_2: PromptType | Sequence[PromptType],
-              use_tqdm: bool = True) -> list[ScoringRequestOutput]:  # fmt: skip
-        """The cosine of each pair's embeddings, in pair order (NOTE 6): one item and one, one and a list
-        of N, or two lists of N (``scoring.py`` NOTE 1). Needs ``LLM(model, runner="pooling")``."""
-        check_bool("use_tqdm", use_tqdm)
-        plan = score_plan(data_1, data_2, pools=self.engine.input_processor.pooler_config is not None)
-        return plan.outputs(lambda prompts: self.encode(prompts, use_tqdm=use_tqdm))
 
     # --8<-- [start:chat]
     def chat(

@@ -1,14 +1,15 @@
 """Scores from an embedding model: which texts pair up, each text embedded once, the cosine.
 
 Concept: an embedding model scores a pair of texts ``(a, b)`` by the cosine of their two
-vectors, so scoring is embedding plus arithmetic. ``score_plan`` turns the two sides into
+vectors, so scoring is embedding plus arithmetic (a cross-encoder reads the pair together
+instead, NOTE 5). ``score_plan`` turns the two sides into
 pairs by the rule (NOTE 1) and lists each distinct text once (NOTE 2); the caller embeds
 that list (``LLM.encode``, or one ``AsyncLLM.encode`` per text on the server) and
 ``ScorePlan.outputs`` or ``cosine`` turns the vectors into one score per pair (NOTE 3).
 ``LLM.score`` and the server's ``/score`` and ``/rerank`` (``entrypoints/scoring.py``) share it.
 
-Mirrors: the embedding-model path of ``vllm/entrypoints/llm.py`` (``LLM.score``,
-``_embedding_score``) and ``vllm/entrypoints/score_utils.py`` (``_cosine_similarity``,
+Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.score``, ``_embedding_score``,
+``_cross_encoding_score``) and ``vllm/entrypoints/score_utils.py`` (``_cosine_similarity``,
 ``_validate_score_input_lens``).
 
 Invariants: pure functions of their arguments, nothing here reads or queues anything; a
@@ -32,6 +33,10 @@ vectors, the same value within float32 rounding.
 NOTE 4 (messages in the caller's words): the input processor names the prompts of the
 list it is given by index (``prompt 2 is empty``); ``ScorePlan.outputs`` rewrites that index
 into the place the prompt came from (``data_2[1] is empty``).
+NOTE 5 (a cross-encoder): a classifier with one label scores a pair read as one prompt, its
+two texts joined by the tokenizer (``cross_pairs``, ``pair_token_ids``); the score is its
+logit through the model's activation. Nothing is shared between pairs, so each pair is one
+request, and both sides must be text (the pair's ids are the tokenizer's, not the caller's).
 """
 
 from __future__ import annotations
@@ -98,6 +103,38 @@ class ScorePlan:
         return [scored(vectors[i], vectors[j]) for i, j in self.pairs]
 
 
+def _sides(data_1: Any, data_2: Any, names: Sequence[str]) -> tuple[tuple[list, list], tuple[list, list]]:
+    """Both sides' items and names, their lengths checked by the pairing rule (NOTE 1)."""
+    (items_1, names_1), (items_2, names_2) = side_items(data_1, names[0]), side_items(data_2, names[1])
+    n_1, n_2 = len(items_1), len(items_2)
+    if n_1 == 0 or n_2 == 0 or n_1 not in (1, n_2):
+        raise ValueError(f"{names[0]} has {n_1} items and {names[1]} has {n_2}: pairs are one item and one, one "
+                         "and N (1-to-N), or N and N (N-to-N)")  # fmt: skip
+    return (items_1, names_1), (items_2, names_2)
+
+
+# --8<-- [start:cross_pairs]
+def cross_pairs(data_1: Any, data_2: Any, names: Sequence[str] = ("data_1", "data_2")) -> list[tuple[str, str, str]]:
+    """A cross-encoder's pairs by the same rule (NOTE 1): ``(text_1, text_2, name)`` in pair
+    order, each text a str (NOTE 5), ``name`` the pair's place in messages."""
+    (items_1, names_1), (items_2, names_2) = _sides(data_1, data_2, names)
+    for item, name in zip(items_1 + items_2, names_1 + names_2):
+        if not isinstance(item, str):
+            raise ValueError(f"{name}: a cross-encoder reads the two texts of a pair as one prompt, so each must be a "
+                             f"str, got {item!r}"[:300])  # fmt: skip
+    first = (lambda j: 0) if len(items_1) == 1 else (lambda j: j)
+    return [(items_1[first(j)], items_2[j], f"the pair ({names_1[first(j)]}, {names_2[j]})") for j in range(len(items_2))]
+
+
+def pair_token_ids(tokenizer: Any, text_1: str, text_2: str, use_pad_token: bool) -> list[int]:
+    """One prompt of a pair (``pooling_spec.py`` NOTE 2): the tokenizer's pair encoding, or
+    the two texts concatenated for a model whose config says ``use_pad_token: false``."""
+    if use_pad_token:
+        return list(tokenizer(text=text_1, text_pair=text_2).input_ids)
+    return list(tokenizer(text_1 + text_2).input_ids)
+# --8<-- [end:cross_pairs]
+
+
 # --8<-- [start:score_plan]
 def score_plan(data_1: Any, data_2: Any, names: Sequence[str] = ("data_1", "data_2"), pools: bool = True) -> ScorePlan:
     """The pairs of ``data_1`` and ``data_2`` by the rule (NOTE 1), each distinct prompt listed
@@ -105,12 +142,8 @@ def score_plan(data_1: Any, data_2: Any, names: Sequence[str] = ("data_1", "data
     if not pools:
         raise ValueError("scoring needs a pooling engine, LLM(model, runner='pooling'): a score is the cosine of "
                          "two embeddings")  # fmt: skip
-    items_1, names_1 = side_items(data_1, names[0])
-    items_2, names_2 = side_items(data_2, names[1])
+    (items_1, names_1), (items_2, names_2) = _sides(data_1, data_2, names)
     n_1, n_2 = len(items_1), len(items_2)
-    if n_1 == 0 or n_2 == 0 or n_1 not in (1, n_2):
-        raise ValueError(f"{names[0]} has {n_1} items and {names[1]} has {n_2}: pairs are one item and one, one "
-                         "and N (1-to-N), or N and N (N-to-N)")  # fmt: skip
     prompts, where, index = [], [], {}
     slots = []
     for item, name in zip(items_1 + items_2, names_1 + names_2):

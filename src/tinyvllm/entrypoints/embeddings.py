@@ -59,21 +59,22 @@ from tinyvllm.pooling_params import PoolingParams, resolve_pooling_params
 PARAM_WORDS = {"dimensions": "dimensions", "normalize": "normalize", "prompt": "input", "prompt_token_ids": "input"}
 
 
-def check_pools(serving: OpenAIServing, api: str = "Embeddings API") -> None:
-    """NOTE 2: this route needs an engine built with ``runner="pooling"``."""
-    if serving.async_llm.input_processor.pooler_config is None:
+def check_pools(serving: OpenAIServing, api: str = "Embeddings API", tasks: tuple[str, ...] = ("embed",)) -> None:
+    """NOTE 2: this route needs an engine built with ``runner="pooling"`` whose model does one of ``tasks``."""
+    model = serving.async_llm.input_processor.pooling_model
+    if model is None:
         raise APIError(400, f"The model does not support {api}: this server generates text; start an "
                        "embedding server with `tinyvllm serve --runner pooling`", "BadRequestError", "model")  # fmt: skip
+    if not set(tasks) & set(model.tasks):
+        raise APIError(400, f"The model does not support {api}: it does {list(model.tasks)} "
+                       "(pooling_params.py NOTE 3)", "BadRequestError", "model")  # fmt: skip
 
 
 def pooling_params(serving: OpenAIServing, body: EmbeddingRequest) -> PoolingParams:
     """The request's ``PoolingParams``, checked against the model now (the input processor resolves them again)."""
-    processor = serving.async_llm.input_processor
-    config = processor.pooler_config
     try:
-        params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
-        resolve_pooling_params("the request", params, processor.hidden_size, processor.matryoshka, config.normalize,
-                               config.pooling_type)  # fmt: skip
+        params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize, task="embed")
+        resolve_pooling_params("the request", params, serving.async_llm.input_processor.pooling_model)
     except (TypeError, ValueError) as error:
         raise RequestError(str(error), "dimensions") from None  # normalize is a bool already: only dimensions can fail
     return params

@@ -166,7 +166,7 @@ class OpenAIServing:
 
     def check_generates(self, api: str) -> None:
         """A pooling server (``--runner pooling``) embeds: completions and chat are a 400 (``embeddings.py`` NOTE 2)."""
-        if self.async_llm.input_processor.pooler_config is not None:
+        if self.async_llm.input_processor.pooling_model is not None:
             raise APIError(400, f"The model does not support {api} API: this server embeds (started with --runner "
                            "pooling); send POST /v1/embeddings, or serve with --runner generate to generate text",
                            "BadRequestError", "model")  # fmt: skip

@@ -98,8 +98,7 @@ from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_applies, qk_norm_rotar
 from tinyvllm.models.rms_norm import add_rms_norm, rms_norm, rms_norm_impl
 from tinyvllm.models.rotary import rotary, rotary_impl
 
-# NOTE 6: on the CPU, up to this many rows use a column-major copy of the LM head,
-# when the weight is at most this many bytes.
+# NOTE 6: on the CPU, up to this many rows use a column-major copy of the LM head, if at most this big.
 SMALL_LM_HEAD_ROWS = 3
 SMALL_LM_HEAD_MAX_BYTES = 256 * 2**20
 
@@ -399,6 +398,10 @@ class DecoderForCausalLM(nn.Module):
         return self.pieces[-1](x, out)
     # --8<-- [end:pieces]
 
+    def head_sources(self) -> list[tuple[str, nn.Parameter, Callable[..., None], object]]:
+        """The head's entries of ``weight_sources``: none when it is the (tied) embedding."""
+        return [] if self.spec.tie_word_embeddings else [("lm_head.weight", self.lm_head.weight, self.lm_head.weight_loader, None)]
+
     @property
     def cudagraph_support(self) -> AttentionCGSupport:
         """What its attention backend allows under CUDA graphs (seed 000)."""
@@ -434,8 +437,7 @@ def weight_sources(model: DecoderForCausalLM) -> list[tuple[str, nn.Parameter, C
     spec, whole = model.spec, default_weight_loader  # norms: replicated, read whole
     sources = [("model.embed_tokens.weight", model.embed_tokens.weight, model.embed_tokens.weight_loader, None)]
     sources.append(("model.norm.weight", model.norm.weight, whole, None))
-    if not spec.tie_word_embeddings:
-        sources.append(("lm_head.weight", model.lm_head.weight, model.lm_head.weight_loader, None))
+    sources += model.head_sources()  # the LM head's (unless tied), or a classifier's score
     for i, layer in enumerate(model.layers):
         p, attn, mlp = f"model.layers.{i}.", layer.self_attn, layer.mlp
         sources += [(p + "input_layernorm.weight", layer.input_layernorm.weight, whole, None)]
@@ -490,24 +492,25 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     attention_backend: str = "reference",
+    model_class: type[DecoderForCausalLM] | None = None,  # None: the causal LM; classifier.py passes its own
 ) -> DecoderForCausalLM:
     """Read the folder's spec, refuse a tensor-parallel size its heads do not split over, check
-    every tensor (names, shapes, dtypes) from the safetensors headers and this rank's bytes
-    against the memory before reading any, then build the model on ``device`` in ``dtype``
-    and copy this rank's slices in (NOTE 10). A broken folder is a ValueError naming the file
-    and the field or tensor."""
+    every tensor from the safetensors headers and this rank's bytes against the memory before
+    reading any, then build ``model_class`` (a classifier's: ``classifier.py``) on ``device`` in
+    ``dtype`` and copy this rank's slices in (NOTE 10). A broken folder: a ValueError naming it."""
     if attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {attention_backend!r} is not one of {sorted(ATTENTION_BACKENDS)}")
     spec = load_model_spec(folder)
-    check_tensor_parallel_size(
-        get_tensor_model_parallel_world_size(), spec.num_attention_heads, spec.num_key_value_heads,
-        spec.intermediate_size,
-    )  # fmt: skip
+    check_tensor_parallel_size(get_tensor_model_parallel_world_size(), spec.num_attention_heads,
+                               spec.num_key_value_heads, spec.intermediate_size)  # fmt: skip
     files = find_weight_files(folder)
     infos = read_tensor_infos(files)
     check_weights(spec, infos, folder)  # headers only: nothing read yet
+    if (spec.labels is not None) != (model_class not in (None, DecoderForCausalLM)):  # loader.py NOTE 7
+        raise ValueError(f"{folder} holds a {spec.architecture}: load it with classifier.load_classifier "
+                         "if and only if it is a classifier")  # fmt: skip
     with torch.device("meta"):  # no random init: shapes only, memory comes with to_empty
-        model = DecoderForCausalLM(spec, attention_backend)
+        model = (model_class or DecoderForCausalLM)(spec, attention_backend)
     check_weights_fit(rank_tensor_infos(model, infos), Path(folder), "cpu")  # every slice passes through the CPU
     model = model.to(dtype=dtype).to_empty(device=device)
     model.tie_weights()  # moving off "meta" makes new Parameters, which unties them

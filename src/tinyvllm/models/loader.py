@@ -9,8 +9,10 @@ Mirrors: ``vllm/model_executor/model_loader/`` (default loader, safetensors iter
 and ``vllm/transformers_utils/config.py``, in a few hundred lines.
 
 Supported: ``Qwen3ForCausalLM`` (q/k RMSNorm), ``Qwen2ForCausalLM`` (q/k/v bias),
-``LlamaForCausalLM`` (optionally llama3 rope scaling); ``config.json`` in transformers
-v4's form (top-level ``rope_theta``, ``rope_scaling``) and v5's (``rope_parameters``).
+``LlamaForCausalLM`` (optionally llama3 rope scaling), and each family's
+``*ForSequenceClassification`` (a ``score`` head for the labels of ``id2label``, NOTE 7);
+``config.json`` in transformers v4's form (top-level ``rope_theta``, ``rope_scaling``) and v5's
+(``rope_parameters``).
 
 What is checked (each failure a ``ValueError`` naming the file and the field):
 - Every file read or handed on: a regular file inside the folder, of bounded size (NOTE 5).
@@ -45,6 +47,10 @@ NOTE 6 (a rank reads its slice): ``checkpoint_slices`` hands out each tensor unr
 ``CheckpointSlice``; indexing it (``w[a:b]``, ``w[:, a:b]``) reads only those rows or columns
 from the file, so a tensor-parallel rank never holds a whole split tensor (vLLM's loader
 calls safetensors' ``get_slice`` for the same reason).
+NOTE 7 (classifiers): a ``*ForSequenceClassification`` checkpoint is the decoder with a
+``score.weight`` ``[num_labels, hidden]`` where the LM head was; ``labels`` are its
+``id2label`` names in id order (transformers' default: two, ``LABEL_0`` and ``LABEL_1``); an
+``lm_head.weight`` beside it (a causal LM converted to a classifier) is skipped, as vLLM does.
 
 Left out: quantised checkpoints, multimodal configs, remote code; checking that the
 tokenizer's ids fit ``vocab_size`` (some checkpoints list added tokens past it).
@@ -60,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tinyvllm.models.pooling_spec import classifier_labels
 from tinyvllm.models.tokenizer import check_tokenizer_files, load_eos_token_ids
 from tinyvllm.models.model_files import (
     check_model_file,
@@ -73,6 +80,9 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen2ForCausalLM": "qwen2",
     "LlamaForCausalLM": "llama",
+    "Qwen3ForSequenceClassification": "qwen3",  # NOTE 7
+    "Qwen2ForSequenceClassification": "qwen2",
+    "LlamaForSequenceClassification": "llama",
 }
 _DTYPES = ("float32", "float16", "bfloat16")
 # safetensors dtype codes a weight may have (float8 and integers mean a quantised checkpoint)
@@ -115,6 +125,12 @@ class ModelSpec:
     qk_norm: bool  # Qwen3: RMSNorm on each head of q and k
     qkv_bias: bool  # Qwen2: bias on the q, k, v projections
     torch_dtype: str  # the checkpoint's dtype, one of float32 / float16 / bfloat16
+    labels: tuple[str, ...] | None = None  # NOTE 7: a classifier's label names by id; None: a causal LM
+
+    @property
+    def num_labels(self) -> int | None:
+        """A classifier's number of labels (the rows of ``score.weight``); None for a causal LM."""
+        return None if self.labels is None else len(self.labels)
 
 
 @dataclass(frozen=True)
@@ -278,6 +294,7 @@ def load_model_spec(folder: str | Path) -> ModelSpec:
         qk_norm=family == "qwen3",
         qkv_bias=family == "qwen2" or _bool_field(config, "attention_bias", where, default=False),
         torch_dtype=dtype,
+        labels=classifier_labels(config, arch, where),
     )
 
 
@@ -417,7 +434,9 @@ def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     hidden, inter, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
     q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
     shapes = {"model.embed_tokens.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,)}
-    if not spec.tie_word_embeddings:
+    if spec.labels is not None:  # NOTE 7
+        shapes["score.weight"] = (len(spec.labels), hidden)
+    elif not spec.tie_word_embeddings:
         shapes["lm_head.weight"] = (spec.vocab_size, hidden)
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -467,7 +486,7 @@ def check_weights(spec: ModelSpec, infos: dict[str, TensorInfo], folder: str | P
                     f"tensor {name!r} in {info.file} has dtype {info.dtype}, not one of {WEIGHT_DTYPES} "
                     f"(quantised checkpoints are not supported)"
                 )
-        elif not (name.endswith(IGNORED_TENSOR_SUFFIXES) or (name == "lm_head.weight" and spec.tie_word_embeddings)):
+        elif not (name.endswith(IGNORED_TENSOR_SUFFIXES) or (name == "lm_head.weight" and (spec.tie_word_embeddings or spec.labels))):
             raise ValueError(f"tensor {name!r} in {info.file} is not used by this decoder (unsupported feature)")
 
 

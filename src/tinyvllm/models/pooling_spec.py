@@ -8,16 +8,31 @@ transformer (a ``Pooling`` module, often a ``Normalize`` one), and the ``Pooling
 model's own choice when the user gives none (``config.py``'s ``PoolerConfig``), so that
 ``LLM(model, runner="pooling")`` embeds as the model was trained to. The model's
 ``config.json`` says whether its embeddings may be truncated (``is_matryoshka``,
-``matryoshka_dimensions``: ``pooling_params.py`` NOTE 1).
+``matryoshka_dimensions``: ``pooling_params.py`` NOTE 1). A classifier's ``config.json`` says
+what it is for: its label names (``id2label``), which activation turns its logits into
+probabilities (NOTE 1) and how a pair of texts becomes one prompt (NOTE 2).
 
 Mirrors: vLLM's ``get_pooling_config`` and ``get_sentence_transformer_tokenizer_config``
-(``vllm/transformers_utils/config.py``), which read the same files.
+(``vllm/transformers_utils/config.py``), which read the same files; the activations of
+``vllm/model_executor/layers/pooler.py`` (``get_classification_activation_function``,
+``get_cross_encoder_activation_function``) and ``use_pad_token`` of ``score_utils.py``.
 
 Invariants: every file is read through ``read_json_object`` (``model_files.py``: regular
 files inside the folder, bounded); a folder without ``modules.json`` has no pooling of its
 own (``pooling_type`` and ``normalize`` None); a ``modules.json`` that is not a list of
 objects, or a ``Pooling`` module whose modes name none or several of the three built, is a
-ValueError naming the file.
+ValueError naming the file; so is an ``id2label``, ``problem_type`` or activation name the
+engine cannot honour.
+
+NOTE 1 (activations, transformers' losses): ``problem_type`` "regression" is trained on raw
+logits (identity), "multi_label_classification" on independent sigmoids; otherwise one label
+is a sigmoid and several a softmax. A cross-encoder's score takes the activation its
+sentence-transformers config names (``activation_fn``, or the older
+``sbert_ce_default_activation_function``: Sigmoid or Identity), else the classifier's.
+NOTE 2 (a pair as one prompt): by default the tokenizer joins the two texts as a pair
+(``tokenizer(text, text_pair=...)``: its separator tokens, if it has any); a model whose
+config says ``use_pad_token: false`` (an LLM used as a reranker) is given the two texts
+concatenated, as vLLM does.
 """
 
 from __future__ import annotations
@@ -31,6 +46,9 @@ from tinyvllm.models.model_files import read_json_object, read_model_file, requi
 
 # sentence-transformers' pooling modes -> PoolerConfig.pooling_type
 _MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS"}
+# NOTE 1: transformers' problem types, and the sentence-transformers activations built
+_PROBLEM_TYPES = {"regression": "identity", "multi_label_classification": "sigmoid", "single_label_classification": None}
+_SCORE_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid", "torch.nn.modules.linear.Identity": "identity"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +58,38 @@ class PoolingSpec:
     pooling_type: str | None = None
     normalize: bool | None = None
     matryoshka: bool = False
+    classify_activation: str = "softmax"  # NOTE 1: "softmax" | "sigmoid" | "identity"
+    score_activation: str = "sigmoid"  # NOTE 1
+    use_pad_token: bool = True  # NOTE 2
+
+
+def classifier_labels(config: dict, arch: str, where: str) -> tuple[str, ...] | None:
+    """A ``*ForSequenceClassification`` model's ``id2label`` names in id order (transformers'
+    default: ``LABEL_0``, ``LABEL_1``); None for any other architecture."""
+    if not arch.endswith("ForSequenceClassification"):
+        return None
+    id2label = config.get("id2label")
+    if id2label is None:
+        return ("LABEL_0", "LABEL_1")
+    keys = [str(i) for i in range(len(id2label))] if isinstance(id2label, dict) else []
+    if not keys or sorted(id2label) != sorted(keys) or not all(isinstance(id2label[k], str) for k in keys):
+        raise ValueError(f"{where}: field 'id2label' must map the ids 0..n-1 (n >= 1) to str names, got {id2label!r}"[:300])
+    return tuple(id2label[k] for k in keys)
+
+
+def _activations(config: dict, where: str) -> tuple[str, str]:
+    """NOTE 1: the classify and score activations ``config.json`` asks for."""
+    labels = classifier_labels(config, str((config.get("architectures") or [""])[0]), where) or ()
+    problem = config.get("problem_type")
+    if problem is not None and problem not in _PROBLEM_TYPES:
+        raise ValueError(f"{where}: field 'problem_type' must be one of {sorted(_PROBLEM_TYPES)}, got {problem!r}")
+    classify = _PROBLEM_TYPES.get(problem) or ("sigmoid" if len(labels) == 1 else "softmax")
+    st = config.get("sentence_transformers")
+    name = st.get("activation_fn") if isinstance(st, dict) else None
+    name = name if name is not None else config.get("sbert_ce_default_activation_function")
+    if name is not None and name not in _SCORE_ACTIVATIONS:
+        raise ValueError(f"{where}: the cross-encoder activation {name!r} is not one of {sorted(_SCORE_ACTIVATIONS)}")
+    return classify, _SCORE_ACTIVATIONS[name] if name is not None else classify
 
 
 def read_pooling_spec(folder: str | Path) -> PoolingSpec:
@@ -47,9 +97,13 @@ def read_pooling_spec(folder: str | Path) -> PoolingSpec:
     root = require_model_folder(folder)
     config = read_json_object(root / "config.json", root)
     matryoshka = bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions"))
+    use_pad_token = config.get("use_pad_token", True)
+    if not isinstance(use_pad_token, bool):
+        raise ValueError(f"{root / 'config.json'}: field 'use_pad_token' must be true or false, got {use_pad_token!r}")
+    model = (matryoshka, *_activations(config, str(root / "config.json")), use_pad_token)
     path = root / "modules.json"
     if not os.path.lexists(path):  # a link to nowhere is refused by the read below
-        return PoolingSpec(matryoshka=matryoshka)
+        return PoolingSpec(None, None, *model)
     try:
         modules = json.loads(read_model_file(path, root, "config"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
@@ -66,4 +120,4 @@ def read_pooling_spec(folder: str | Path) -> PoolingSpec:
         if len(chosen) != 1:
             raise ValueError(f"{pooling_path}: one of {sorted(_MODES)} must be true (tinyvllm pools that way), got {chosen}")
         pooling_type = chosen[0]
-    return PoolingSpec(pooling_type, "Normalize" in kinds, matryoshka)
+    return PoolingSpec(pooling_type, "Normalize" in kinds, *model)

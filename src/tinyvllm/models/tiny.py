@@ -152,15 +152,17 @@ def build_tiny_model(
     seed: int = 0,
     vocab_size: int = 512,
     tokenizer: str = "byte_level",
+    num_labels: int | None = None,
     **overrides,
 ) -> Path:
     """Write a tiny random ``family`` model and its tokenizer into ``folder``; return it.
 
     ``tokenizer`` is ``"byte_level"`` (the default: byte-level BPE, EOS id 0) or one of
     ``SENTENCEPIECE_STYLES`` (EOS ``</s>``, id 2); the model's vocabulary grows to hold every
-    token id of the tokenizer."""
+    token id of the tokenizer. ``num_labels``: a ``*ForSequenceClassification`` model with that
+    many labels (a ``score`` head in place of the LM head) instead of a causal LM."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
     if family not in TINY_FAMILIES:
         raise ValueError(f"unknown tiny model family {family!r}; choose one of {TINY_FAMILIES}")
@@ -175,9 +177,12 @@ def build_tiny_model(
         tok = sentencepiece_tokenizer(stdlib_corpus(), vocab_size, tokenizer)
         tok.save_pretrained(str(path))
         vocab_size, eos_token_id = max(vocab_size, len(tok)), tok.eos_token_id
+    if num_labels is not None:
+        overrides = {"num_labels": num_labels, **overrides}
     config = tiny_config(family, vocab_size, **{"eos_token_id": eos_token_id, **overrides})
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    auto = AutoModelForCausalLM if num_labels is None else AutoModelForSequenceClassification
+    model = auto.from_config(config, dtype=torch.float32)
     model.save_pretrained(str(path), safe_serialization=True)
     GenerationConfig(eos_token_id=eos_token_id, bos_token_id=None).save_pretrained(str(path))
     return path

@@ -5,11 +5,13 @@ paged KV cache, chunked prefill and all, but reads the final hidden states (afte
 norm) instead of turning them into logits. The pooling type, one per engine, says which
 positions make the vector: ``LAST`` the last prompt token's (in a causal model the one
 position that has read the whole prompt), ``MEAN`` the mean of all, ``CLS`` the first
-token's. Then each request's ``PoolingParams`` finish it: the first ``dimensions`` values,
-L2-normalised or not (``pooling_params.py`` NOTE 2).
+token's. Then each request's ``PoolingParams`` finish it by its task: ``embed``, the first
+``dimensions`` values, L2-normalised or not (``pooling_params.py`` NOTE 2); ``classify`` and
+``score``, a classifier's ``score`` head (``models/classifier.py``) and, unless
+``use_activation=False``, the model's activation (NOTE 3).
 
 Mirrors: ``vllm/model_executor/layers/pooler.py`` (``LastPool``, ``MeanPool``, ``CLSPool``,
-the embedding head's truncation and normalisation) and vLLM's per-request pooling states for
+the embedding head's truncation and normalisation, ``ClassifierPooler``) and vLLM's per-request pooling states for
 chunked prefill (``vllm/v1/pool/metadata.py``).
 
 Invariants: a request's vector is made exactly once, in the step whose chunk reaches the end
@@ -23,17 +25,21 @@ each chunk; LAST needs only the final chunk. vLLM keeps each chunk's hidden stat
 pools at the end; a running sum is the same mean in O(hidden) memory.
 NOTE 2 (precision): sums and the head run in float32 whatever the model's dtype, so a
 bfloat16 model's MEAN over thousands of positions does not lose its low bits in the sum.
+NOTE 3 (the classifier's finish): the pooled row goes through ``score`` in the model's dtype
+(transformers applies it to the last hidden state before anything is cast), then to float32;
+softmax, sigmoid or identity as the folder says (``pooling_spec.py`` NOTE 1). ``score`` is the
+cross-encoder's task: the same head on a prompt holding both texts, with its own activation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tinyvllm.config import PoolerConfig
-from tinyvllm.pooling_params import PoolingParams
+from tinyvllm.pooling_params import PoolingModel, PoolingParams
 
 
 @dataclass
@@ -55,14 +61,42 @@ def embedding_head(vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
     return vector
 # --8<-- [end:head]
 
+# NOTE 3: the activations a classifier's folder may ask for, over [num_labels] float32 logits
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "softmax": lambda logits: torch.softmax(logits, dim=-1),
+    "sigmoid": torch.sigmoid,
+    "identity": lambda logits: logits,
+}
+
 
 class Pooler:
     """One engine's pooling type, applied chunk by chunk (module header)."""
 
-    def __init__(self, config: PoolerConfig) -> None:
+    def __init__(
+        self,
+        config: PoolerConfig,
+        classifier: Callable[[torch.Tensor], torch.Tensor] | None = None,  # [R, hidden] -> [R, num_labels] float32
+        activations: Mapping[str, str] | None = None,  # task -> ACTIVATIONS key (NOTE 3)
+    ) -> None:
         if config.pooling_type is None or config.normalize is None:
             raise ValueError(f"the worker's pooler config must be resolved (engine_args.py NOTE 12), got {config!r}")
+        activations = dict(activations or {})
+        if not (set(activations) <= {"classify", "score"} and set(activations.values()) <= set(ACTIVATIONS)):
+            raise ValueError(f"activations must map classify/score to one of {sorted(ACTIVATIONS)}, got {activations!r}")
         self.pooling_type = config.pooling_type
+        self.classifier, self.activations = classifier, activations
+
+    # --8<-- [start:finish]
+    def finish(self, vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
+        """The pooled row ([hidden], the model's dtype or float32) as the request's task wants it
+        (module header): an embedding, or a classifier's label scores [num_labels] float32."""
+        if params.task == "embed":
+            return embedding_head(vector.float(), params)
+        if self.classifier is None:
+            raise ValueError(f"task={params.task!r} needs a classifier's score head; this model embeds")
+        logits = self.classifier(vector[None])[0]  # [num_labels] float32, NOTE 3
+        return ACTIVATIONS[self.activations[params.task]](logits) if params.use_activation else logits
+    # --8<-- [end:finish]
 
     # --8<-- [start:pool]
     def pool(
@@ -89,11 +123,20 @@ class Pooler:
                 out.append(None)
                 continue
             if self.pooling_type == "LAST":
-                vector = chunk[-1].float()
+                vector = chunk[-1]
             elif self.pooling_type == "MEAN":
                 vector = state.total / (c + n)  # every prompt position: no prefix hit (pooling_params.py NOTE 4)
             else:
                 vector = state.first
-            out.append(embedding_head(vector, p))
+            out.append(self.finish(vector, p))
         return out
     # --8<-- [end:pool]
+
+
+def make_pooler(model: torch.nn.Module, config: PoolerConfig, pooling_model: PoolingModel) -> Pooler:
+    """The worker's pooler for ``model``: a classifier's (``pooling_model.labels`` set) holds its
+    ``score`` head (``compute_logits``) and the folder's activations (NOTE 3)."""
+    if pooling_model.labels is None:
+        return Pooler(config)
+    activations = {"classify": pooling_model.classify_activation, "score": pooling_model.score_activation}
+    return Pooler(config, model.compute_logits, activations)

@@ -66,6 +66,7 @@ from tinyvllm.distributed.parallel_state import (
 )
 from tinyvllm.distributed.utils import kv_heads_per_rank
 from tinyvllm.models import llama
+from tinyvllm.models.classifier import load_classifier
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
@@ -77,7 +78,7 @@ from tinyvllm.worker.cudagraph_dispatcher import CUDAGraphMode
 from tinyvllm.worker.input_batch import InputBatch
 from tinyvllm.worker.kv_cache import CPU_KV_CACHE_BYTES, allocate_kv_caches, available_gpu_kv_bytes, bytes_per_block
 from tinyvllm.worker.model_runner import ModelRunner
-from tinyvllm.worker.pooler import Pooler
+from tinyvllm.worker.pooler import make_pooler
 from tinyvllm.worker.startup_report import StartupReport
 
 
@@ -131,7 +132,8 @@ class Worker:
     def load_model(self) -> None:
         started = time.perf_counter()
         mc = self.model_config
-        self.model = llama.load_model(mc.model, dtype=self.dtype, device=self.device, attention_backend=mc.attention_backend)
+        load = llama.load_model if mc.spec.labels is None else load_classifier  # models/classifier.py
+        self.model = load(mc.model, dtype=self.dtype, device=self.device, attention_backend=mc.attention_backend)
         self._loaded = time.perf_counter()
         self._load_s = self._loaded - started
 
@@ -261,7 +263,7 @@ class Worker:
             self.model, kv_caches, block_size, input_batch, device, self.eos_token_id,
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             max_model_len=scheduler_config.max_model_len, cudagraphs=graphs, num_speculative_tokens=num_spec,
-            pooler=None if pooler_config is None else Pooler(pooler_config),
+            pooler=None if pooler_config is None else make_pooler(self.model, pooler_config, self.model_config.pooling_model),
         )  # fmt: skip
 
     def _release_cudagraphs(self, runner: ModelRunner) -> None:

@@ -1,0 +1,202 @@
+"""Classifiers and cross-encoders: ``*ForSequenceClassification`` models, ``LLM.classify`` and a
+cross-encoder's ``LLM.score``, against transformers' own ``AutoModelForSequenceClassification``.
+
+The models are tiny random classifiers built here (``build_tiny_model(num_labels=...)``): a
+three-label Qwen3 and a one-label Llama (a cross-encoder). transformers runs each prompt (or
+pair, through the tokenizer's pair encoding) alone and its logits are the reference; the
+engine must give the same numbers through chunked prefill, the prefix cache and async
+scheduling, and refuse by name what such a model cannot do.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tinyvllm import LLM, ClassificationRequestOutput, PoolingParams, SamplingParams
+from tinyvllm.models.tiny import build_tiny_model
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n",
+    "import os\nprint(os.getcwd())",
+    "x = 1",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n",
+]
+QUERY = "how do I add two numbers"
+DOCS = ["def add(a, b): return a + b", "import os", "class Stack: pass"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("classifiers")
+    return {"three": build_tiny_model(root / "qwen3-cls", "qwen3", num_labels=3),
+            "one": build_tiny_model(root / "llama-ce", "llama", num_labels=1)}  # fmt: skip
+
+
+def hf_logits(folder, texts: list, pair: bool = False) -> list[tuple[list[int], torch.Tensor]]:
+    """Each text's (or pair's) token ids and transformers' logits [num_labels], run alone."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    out = []
+    for text in texts:
+        ids = (tokenizer(text[0], text_pair=text[1]) if pair else tokenizer(text)).input_ids
+        with torch.no_grad():
+            out.append((ids, model(torch.tensor([ids])).logits[0]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def classifier(folders):
+    return LLM(str(folders["three"]), max_num_batched_tokens=8, max_num_seqs=4)  # runner "auto": pooling
+
+
+def close(values, reference: torch.Tensor, tol: float = 2e-5) -> bool:
+    return torch.allclose(torch.tensor(values, dtype=torch.float32), reference, atol=tol, rtol=0)
+
+
+# -- classify ------------------------------------------------------------------------
+
+
+def test_classify_is_the_softmax_of_transformers_logits_through_chunked_prefill(classifier, folders):
+    outputs = classifier.classify(PROMPTS, use_tqdm=False)
+    reference = hf_logits(folders["three"], PROMPTS)
+    assert [type(o) for o in outputs] == [ClassificationRequestOutput] * len(PROMPTS)
+    assert max(len(ids) for ids, _ in reference) > 8  # chunked: the budget is 8 tokens a step
+    for output, (ids, logits) in zip(outputs, reference):
+        assert output.prompt_token_ids == ids and output.outputs.num_classes == 3
+        assert close(output.outputs.probs, torch.softmax(logits, dim=-1))
+        assert abs(sum(output.outputs.probs) - 1) < 1e-5
+
+
+def test_use_activation_false_returns_the_raw_logits(classifier, folders):
+    outputs = classifier.classify(PROMPTS[:2], PoolingParams(use_activation=False), use_tqdm=False)
+    for output, (_, logits) in zip(outputs, hf_logits(folders["three"], PROMPTS[:2])):
+        assert close(output.outputs.probs, logits)
+
+
+def test_encode_runs_the_models_first_task_and_the_prefix_cache_is_read(classifier):
+    first, again = classifier.encode([PROMPTS[3], PROMPTS[3]], use_tqdm=False)  # one batch: no hit between them
+    [later] = classifier.encode(PROMPTS[3], use_tqdm=False)
+    assert first.outputs.data.shape == (3,) and later.num_cached_tokens > 0  # LAST pooling reads hits
+    assert torch.allclose(later.outputs.data, first.outputs.data, atol=1e-6)
+
+
+def test_async_scheduling_classifies_as_the_synchronous_engine(folders, classifier):
+    expected = [o.outputs.probs for o in classifier.classify(PROMPTS, use_tqdm=False)]
+    engine = LLM(str(folders["three"]), max_num_batched_tokens=8, max_num_seqs=4, async_scheduling=True)
+    got = [o.outputs.probs for o in engine.classify(PROMPTS, use_tqdm=False)]
+    assert all(close(g, torch.tensor(e), 1e-6) for g, e in zip(got, expected))
+
+
+def test_the_folder_says_the_activation(folders, tmp_path):
+    """``problem_type`` multi_label_classification: independent sigmoids (pooling_spec.py NOTE 1)."""
+    folder = shutil.copytree(folders["three"], tmp_path / "multi")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "problem_type": "multi_label_classification"}))
+    [output] = LLM(str(folder)).classify(PROMPTS[0], use_tqdm=False)
+    [(_, logits)] = hf_logits(folders["three"], PROMPTS[:1])
+    assert close(output.outputs.probs, torch.sigmoid(logits))
+
+
+# -- what a classifier cannot do, refused by name --------------------------------------
+
+
+def test_a_classifier_refuses_generation_and_embedding(classifier, folders):
+    with pytest.raises(ValueError, match=r"runner='generate': Qwen3ForSequenceClassification has a score head and no LM head"):
+        LLM(str(folders["three"]), runner="generate")
+    with pytest.raises(ValueError, match="this engine pools"):
+        classifier.generate("x", SamplingParams(max_tokens=2), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"task='embed' is not one of this model's tasks \('classify',\)"):
+        classifier.embed(PROMPTS[0], use_tqdm=False)
+    with pytest.raises(ValueError, match="dimensions=2 is for embeddings, not task='classify'"):
+        classifier.classify(PROMPTS[0], PoolingParams(dimensions=2), use_tqdm=False)
+    with pytest.raises(ValueError, match="score needs a classifier with one label"):
+        classifier.encode(PROMPTS[0], PoolingParams(task="score"), use_tqdm=False)
+    assert not classifier.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c.update(id2label={"0": "a", "2": "b"}), "field 'id2label' must map the ids 0..n-1"),
+        (lambda c: c.update(problem_type="ranking"), "field 'problem_type' must be one of"),
+        (lambda c: c.update(sentence_transformers={"activation_fn": "torch.nn.Tanh"}), "cross-encoder activation 'torch.nn.Tanh'"),
+    ],
+)
+def test_a_config_the_engine_cannot_honour_is_refused_before_start_up(folders, tmp_path, edit, message):
+    folder = shutil.copytree(folders["three"], tmp_path / "bad")
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        LLM(str(folder))
+
+
+def test_the_loader_reads_labels_and_wants_the_score_head(folders, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from tinyvllm.models.classifier import load_classifier
+    from tinyvllm.models.llama import load_model
+    from tinyvllm.models.loader import check_model_folder
+
+    assert check_model_folder(folders["three"]).labels == ("LABEL_0", "LABEL_1", "LABEL_2")
+    assert load_classifier(folders["one"]).score.weight.shape == (1, 64)
+    with pytest.raises(ValueError, match="holds a Qwen3ForSequenceClassification: load it with classifier.load_classifier"):
+        load_model(folders["three"])
+    folder = shutil.copytree(folders["three"], tmp_path / "lm-head")
+    tensors = load_file(folder / "model.safetensors")
+    save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].clone()}, folder / "model.safetensors")
+    assert check_model_folder(folder).labels is not None  # a converted causal LM's head: skipped
+    del tensors["score.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match="tensor 'score.weight' is missing"):
+        check_model_folder(folder)
+
+
+# -- the cross-encoder -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(folders):
+    return LLM(str(folders["one"]), max_num_batched_tokens=16)
+
+
+def test_a_cross_encoder_scores_each_pair_read_as_one_prompt(cross_encoder, folders):
+    scores = cross_encoder.score(QUERY, DOCS, use_tqdm=False)  # 1-to-N
+    reference = hf_logits(folders["one"], [(QUERY, d) for d in DOCS], pair=True)
+    for output, (ids, logits) in zip(scores, reference):
+        assert output.prompt_token_ids == ids
+        assert abs(output.outputs.score - torch.sigmoid(logits[0]).item()) < 2e-5
+    pairs = cross_encoder.score(DOCS, list(reversed(DOCS)), use_tqdm=False)  # N-to-N
+    reference = hf_logits(folders["one"], list(zip(DOCS, reversed(DOCS))), pair=True)
+    assert [round(p.outputs.score, 5) for p in pairs] == [round(torch.sigmoid(r[0]).item(), 5) for _, r in reference]
+    assert len({p.request_id for p in pairs}) == len(DOCS)
+    [raw] = cross_encoder.score(QUERY, DOCS[0], use_tqdm=False, pooling_params=PoolingParams(use_activation=False))
+    [(_, logits)] = hf_logits(folders["one"], [(QUERY, DOCS[0])], pair=True)
+    assert abs(raw.outputs.score - logits[0].item()) < 2e-5  # the logit itself
+
+
+def test_use_pad_token_false_concatenates_the_texts(folders, tmp_path):
+    folder = shutil.copytree(folders["one"], tmp_path / "llm-reranker")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "use_pad_token": False}))
+    [output] = LLM(str(folder)).score(QUERY, DOCS[0], use_tqdm=False)
+    [(ids, logits)] = hf_logits(folders["one"], [QUERY + DOCS[0]])
+    assert output.prompt_token_ids == ids and abs(output.outputs.score - torch.sigmoid(logits[0]).item()) < 2e-5
+
+
+def test_a_cross_encoder_names_the_pair_at_fault(cross_encoder):
+    with pytest.raises(ValueError, match=r"data_2\[1\]: a cross-encoder reads the two texts of a pair as one prompt"):
+        cross_encoder.score(QUERY, ["fine", {"prompt_token_ids": [1, 2]}], use_tqdm=False)
+    with pytest.raises(ValueError, match="data_1 has 2 items and data_2 has 3"):
+        cross_encoder.score(DOCS[:2], DOCS, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"the pair \(data_1, data_2\[1\]\) has \d+ tokens"):
+        cross_encoder.score(QUERY, ["short", "word " * 5000], use_tqdm=False)
+    assert not cross_encoder.engine.has_unfinished_requests()
+    [one] = cross_encoder.classify(QUERY, use_tqdm=False)  # a one-label classifier classifies too: a sigmoid
+    assert one.outputs.num_classes == 1 and 0 < one.outputs.probs[0] < 1
