@@ -100,12 +100,13 @@ class PoolingEntryPoints:
             return plan.outputs(lambda prompts: self.encode(prompts, embed, use_tqdm, pooling_task="embed"))
         pairs = cross_pairs(data_1, data_2)
         tokenizer = self.engine.input_processor.tokenizer
-        prompts: list[Any] = [{"prompt_token_ids": pair_token_ids(tokenizer, a, b, model.use_pad_token)} for a, b, _ in pairs]
+        prompts: list[Any] = [{"prompt_token_ids": pair_token_ids(tokenizer, a, b, model.use_pad_token)}
+                              for a, b, _, _ in pairs]  # fmt: skip
         params = PoolingParams(task="score") if pooling_params is None else pooling_params
         try:
             outputs = self.encode(prompts, params, use_tqdm, pooling_task="score")
         except (TypeError, ValueError) as error:
-            raise in_names(error, [name for _, _, name in pairs]) from None
+            raise in_names(error, [f"the pair ({name_1}, {name_2})" for _, _, name_1, name_2 in pairs]) from None
         return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data[0])), list(o.prompt_token_ids))
                 for o in outputs]  # fmt: skip
     # --8<-- [end:score]

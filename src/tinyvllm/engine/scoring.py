@@ -114,16 +114,16 @@ def _sides(data_1: Any, data_2: Any, names: Sequence[str]) -> tuple[tuple[list, 
 
 
 # --8<-- [start:cross_pairs]
-def cross_pairs(data_1: Any, data_2: Any, names: Sequence[str] = ("data_1", "data_2")) -> list[tuple[str, str, str]]:
-    """A cross-encoder's pairs by the same rule (NOTE 1): ``(text_1, text_2, name)`` in pair
-    order, each text a str (NOTE 5), ``name`` the pair's place in messages."""
+def cross_pairs(data_1: Any, data_2: Any, names: Sequence[str] = ("data_1", "data_2")) -> list[tuple[str, str, str, str]]:
+    """A cross-encoder's pairs by the same rule (NOTE 1): ``(text_1, text_2, name_1, name_2)``
+    in pair order, each text a str (NOTE 5), each name its place in messages (``data_2[3]``)."""
     (items_1, names_1), (items_2, names_2) = _sides(data_1, data_2, names)
     for item, name in zip(items_1 + items_2, names_1 + names_2):
         if not isinstance(item, str):
             raise ValueError(f"{name}: a cross-encoder reads the two texts of a pair as one prompt, so each must be a "
                              f"str, got {item!r}"[:300])  # fmt: skip
     first = (lambda j: 0) if len(items_1) == 1 else (lambda j: j)
-    return [(items_1[first(j)], items_2[j], f"the pair ({names_1[first(j)]}, {names_2[j]})") for j in range(len(items_2))]
+    return [(items_1[first(j)], items_2[j], names_1[first(j)], names_2[j]) for j in range(len(items_2))]
 
 
 def pair_token_ids(tokenizer: Any, text_1: str, text_2: str, use_pad_token: bool) -> list[int]:

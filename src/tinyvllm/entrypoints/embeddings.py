@@ -45,12 +45,13 @@ import base64
 import struct
 import time
 import uuid
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tinyvllm.engine.async_llm import TooManyWaitingRequestsError
-from tinyvllm.entrypoints.protocol import EmbeddingRequest, RequestError
+from tinyvllm.entrypoints.protocol import EmbeddingRequest, PoolingInputRequest, RequestError
 from tinyvllm.entrypoints.serving import APIError, Disconnected, OpenAIServing
 from tinyvllm.entrypoints.streams import first_outputs
 from tinyvllm.outputs import PoolingRequestOutput
@@ -125,8 +126,23 @@ def encoded(values: list[float], encoding_format: str | None) -> list[float] | s
 async def create_embedding(serving: OpenAIServing, body: EmbeddingRequest, raw_request: Request, request_id: str,
                            arrival: float):  # fmt: skip
     """``POST /v1/embeddings``: the module's four steps."""
+    response_id = f"embd-{request_id}"
+    outputs = await pool_inputs(serving, body, raw_request, response_id, arrival, lambda: pooling_params(serving, body))
+    if isinstance(outputs, Response):
+        return outputs  # the client left
+    data = [{"object": "embedding", "embedding": encoded(out.outputs.data.tolist(), body.encoding_format), "index": i}
+            for i, out in enumerate(outputs)]  # fmt: skip
+    return pooling_answer(serving, response_id, data, outputs)
+
+
+async def pool_inputs(serving: OpenAIServing, body: PoolingInputRequest, raw_request: Request, response_id: str,
+                      arrival: float, params_of: Callable[[], PoolingParams], api: str = "Embeddings API",
+                      tasks: tuple[str, ...] = ("embed",)) -> list[PoolingRequestOutput] | Response:  # fmt: skip
+    """Steps 1 to 3 for one body of inputs (``/v1/embeddings``, ``/classify``): each input's
+    output in order, counted (NOTE 4); a 499 ``Response`` if the client left. ``params_of``
+    makes the request's params once the engine is known to pool (``api``, ``tasks``: NOTE 2)."""
     serving.check_model(body.model)
-    check_pools(serving)  # NOTE 2
+    check_pools(serving, api, tasks)  # NOTE 2
     body.check()
     if serving.closing:  # serving.py NOTE 7
         raise APIError(503, "the server is shutting down", "ServiceUnavailableError")
@@ -135,16 +151,17 @@ async def create_embedding(serving: OpenAIServing, body: EmbeddingRequest, raw_r
     if len(inputs) > bound:
         raise RequestError(f"{len(inputs)} inputs can never wait together: this server queues at most {bound} "
                            f"(max_waiting_requests); send at most {bound} in one request", "input")  # fmt: skip
-    params, priority, truncate = pooling_params(serving, body), serving._priority(body), serving._truncate(body)
+    params, priority, truncate = params_of(), serving._priority(body), serving._truncate(body)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     prompts = await serving.async_llm.run_in_tokenizer_thread(token_ids, serving, inputs, names, add_special, truncate)
-    response_id = f"embd-{request_id}"
     outputs = await encode_all(serving, prompts, params, response_id, priority, raw_request, PARAM_WORDS)
-    if isinstance(outputs, Response):
-        return outputs  # the client left
-    count_outputs(serving, outputs, arrival)
-    data = [{"object": "embedding", "embedding": encoded(out.outputs.data.tolist(), body.encoding_format), "index": i}
-            for i, out in enumerate(outputs)]  # fmt: skip
+    if not isinstance(outputs, Response):
+        count_outputs(serving, outputs, arrival)
+    return outputs
+
+
+def pooling_answer(serving: OpenAIServing, response_id: str, data: list, outputs: list) -> JSONResponse:
+    """Step 4's envelope: the list of ``data`` and the usage, the prompts' tokens."""
     n_tokens = sum(len(out.prompt_token_ids) for out in outputs)
     return JSONResponse({"id": response_id, "object": "list", "created": int(time.time()),
                          "model": serving.served_model_name, "data": data,

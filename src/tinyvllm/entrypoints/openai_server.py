@@ -6,7 +6,8 @@ its body is checked is ``serving.py``'s.
 
 Endpoints: ``GET``/``HEAD /health``, ``GET /version``, ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings`` (a pooling
-engine's, ``embeddings.py``), ``POST /score`` and ``/rerank`` (a pooling engine's, ``scoring.py``),
+engine's, ``embeddings.py``), ``POST /classify`` (a classifier's, ``classify.py``), ``POST /score``
+and ``/rerank`` (a pooling engine's, ``scoring.py``),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /metrics`` (``metrics.py``).
 
 Mirrors: ``vllm/entrypoints/openai/api_server.py`` (its routes, ``--api-key``'s
@@ -62,10 +63,12 @@ from starlette.middleware.cors import CORSMiddleware
 
 import tinyvllm
 from tinyvllm.engine.async_llm import AsyncLLM
+from tinyvllm.entrypoints.classify import create_classification
 from tinyvllm.entrypoints.constraints import TOOL_CALL_PARSERS
 from tinyvllm.entrypoints.embeddings import create_embedding
 from tinyvllm.entrypoints.protocol import (
     ChatCompletionRequest,
+    ClassificationRequest,
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
@@ -377,6 +380,12 @@ def build_app(
         arrival = time.perf_counter()
         body = await _parse(raw_request, EmbeddingRequest)
         return await create_embedding(serving, body, raw_request, _request_id(raw_request, body), arrival)
+
+    @app.post("/classify")
+    async def classify(raw_request: Request):
+        arrival = time.perf_counter()
+        body = await _parse(raw_request, ClassificationRequest)
+        return await create_classification(serving, body, raw_request, _request_id(raw_request, body), arrival)
 
     @app.post("/score")
     @app.post("/v1/score")

@@ -451,16 +451,13 @@ class DetokenizeRequest(_Strict):
 
 
 # --8<-- [start:embedding_request]
-class EmbeddingRequest(_Strict):
-    """``POST /v1/embeddings`` (NOTE 7): one input or a batch, as text or token ids."""
+class PoolingInputRequest(_Strict):
+    """The fields ``/v1/embeddings`` and ``/classify`` share: one input or a batch, as text or ids."""
 
     model: str | None = None  # None: the served model, as vLLM
     input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] | None = None  # None: "float"
-    dimensions: int | None = None  # a matryoshka model's first values (pooling_params.py NOTE 1)
     user: str | None = None  # informational
     # vLLM's extras
-    normalize: bool | None = None  # None: the engine's --pooler-config
     truncate_prompt_tokens: int | None = None
     add_special_tokens: bool | None = None  # None: True, as for completions
     request_id: str | None = None
@@ -475,4 +472,18 @@ class EmbeddingRequest(_Strict):
             raise RequestError("`request_id` must be a non-empty string", "request_id")
         if self.input == [] or self.input == "":
             raise RequestError("`input` must not be empty", "input")
+
+
+class EmbeddingRequest(PoolingInputRequest):
+    """``POST /v1/embeddings`` (NOTE 7): OpenAI's fields and vLLM's extras."""
+
+    encoding_format: Literal["float", "base64"] | None = None  # None: "float"
+    dimensions: int | None = None  # a matryoshka model's first values (pooling_params.py NOTE 1)
+    normalize: bool | None = None  # None: the engine's --pooler-config
+
+
+class ClassificationRequest(PoolingInputRequest):
+    """``POST /classify`` (vLLM's): each input's label scores from a classifier."""
+
+    use_activation: bool | None = None  # None: on (softmax or sigmoid, as the model says)
 # --8<-- [end:embedding_request]

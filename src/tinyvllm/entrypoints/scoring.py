@@ -1,7 +1,8 @@
 """Scores and reranking over HTTP on an embedding server: ``POST /score`` and ``POST /rerank``.
 
 Concept: vLLM's score API on an embedding model: the score of a pair of texts is the cosine
-of their two embeddings (``engine/scoring.py``). ``/score`` (also ``/v1/score``) pairs
+of their two embeddings (``engine/scoring.py``); on a cross-encoder, the model's score of the
+pair read as one prompt (NOTE 5). ``/score`` (also ``/v1/score``) pairs
 ``text_1`` with ``text_2`` by ``LLM.score``'s rule; ``/rerank`` (also ``/v1/rerank`` and
 ``/v2/rerank``, Jina's and Cohere's shape) scores one ``query`` against each of
 ``documents`` and answers them best first, cut to ``top_n``. One request, in order, each
@@ -43,6 +44,10 @@ parts) and Cohere's ``return_documents`` are unknown fields here, a 400 naming t
 unknown field (``protocol.py`` NOTE 1): every result carries its document, as vLLM's does.
 NOTE 4 (metrics): each distinct text is one engine request, counted as an embeddings input
 is (``embeddings.py`` NOTE 4).
+NOTE 5 (a cross-encoder's server): when the model does ``score`` (a classifier with one
+label), each pair is one engine request holding both texts (``engine/scoring.py`` NOTE 5),
+tokenized together on the tokenizer's thread and cut to ``truncate_prompt_tokens``; its
+score is the model's, and a pair too long for the context is a 400 naming the pair.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from tinyvllm.engine.scoring import ScorePlan, cosine, score_plan
+from tinyvllm.engine.scoring import ScorePlan, cosine, cross_pairs, pair_token_ids, score_plan
 from tinyvllm.entrypoints.embeddings import check_pools, count_outputs, encode_all, token_ids
 from tinyvllm.entrypoints.protocol import RequestError, _Strict
 from tinyvllm.entrypoints.serving import APIError, OpenAIServing
@@ -103,27 +108,61 @@ def _check_truncate(k: int | None) -> None:
 async def pair_scores(serving: OpenAIServing, body: ScoreRequest | RerankRequest, side_1, side_2,
                       names: tuple[str, str], raw_request: Request, response_id: str,
                       arrival: float) -> list[tuple[float, int]] | Response:  # fmt: skip
-    """Steps 1 to 3 and each pair's score: ``(cosine, the pair's prompt tokens)`` in pair order;
+    """Steps 1 to 3 and each pair's score: ``(score, the pair's prompt tokens)`` in pair order;
     a 499 ``Response`` if the client left."""
     serving.check_model(body.model)
-    check_pools(serving, "Score API" if isinstance(body, ScoreRequest) else "Rerank API")  # embeddings.py NOTE 2
+    check_pools(serving, "Score API" if isinstance(body, ScoreRequest) else "Rerank API", ("embed", "score"))
     body.check()
     if serving.closing:  # serving.py NOTE 7
         raise APIError(503, "the server is shutting down", "ServiceUnavailableError")
+    model = serving.async_llm.input_processor.pooling_model
+    if "score" in model.tasks:  # NOTE 5: a cross-encoder
+        return await _cross_scores(serving, body, side_1, side_2, names, raw_request, response_id, arrival)
     plan = _plan(side_1, side_2, names)
-    bound = serving.async_llm.max_waiting_requests
-    if len(plan.prompts) > bound:
-        raise RequestError(f"{len(plan.prompts)} distinct texts can never wait together: this server queues at most "
-                           f"{bound} (max_waiting_requests); send at most {bound} in one request", names[1])  # fmt: skip
+    _check_bound(serving, len(plan.prompts), "distinct texts", names[1])
     priority, truncate = serving._priority(body), serving._truncate(body)
     prompts = await serving.async_llm.run_in_tokenizer_thread(token_ids, serving, plan.prompts, plan.names, True,
                                                               truncate)  # fmt: skip
-    outputs = await encode_all(serving, prompts, PoolingParams(), response_id, priority, raw_request, PARAM_WORDS)
+    outputs = await encode_all(serving, prompts, PoolingParams(task="embed"), response_id, priority, raw_request,
+                               PARAM_WORDS)  # fmt: skip
     if isinstance(outputs, Response):
         return outputs  # the client left
     count_outputs(serving, outputs, arrival)  # NOTE 4
     return [(cosine(outputs[i].outputs.data, outputs[j].outputs.data), len(prompts[i]) + len(prompts[j]))
             for i, j in plan.pairs]  # fmt: skip
+
+
+async def _cross_scores(serving: OpenAIServing, body: ScoreRequest | RerankRequest, side_1, side_2,
+                        names: tuple[str, str], raw_request: Request, response_id: str,
+                        arrival: float) -> list[tuple[float, int]] | Response:  # fmt: skip
+    """NOTE 5: each pair one prompt (its two texts joined by the tokenizer), one engine request."""
+    try:
+        pairs = cross_pairs(side_1, side_2, names)
+    except ValueError as error:
+        raise RequestError(str(error), names[0] if side_1 == [] else names[1]) from None
+    _check_bound(serving, len(pairs), "pairs", names[1])
+    priority, truncate = serving._priority(body), serving._truncate(body)
+    use_pad_token = serving.async_llm.input_processor.pooling_model.use_pad_token
+
+    def pair_ids() -> list[list[int]]:  # on the tokenizer's thread
+        tokenizer = serving.async_llm.input_processor.tokenizer
+        ids = [pair_token_ids(tokenizer, a, b, use_pad_token) for a, b, _, _ in pairs]
+        return token_ids(serving, ids, [name_2 for _, _, _, name_2 in pairs], True, truncate)  # named by its second text
+
+    prompts = await serving.async_llm.run_in_tokenizer_thread(pair_ids)
+    outputs = await encode_all(serving, prompts, PoolingParams(task="score"), response_id, priority, raw_request,
+                               PARAM_WORDS)  # fmt: skip
+    if isinstance(outputs, Response):
+        return outputs  # the client left
+    count_outputs(serving, outputs, arrival)  # NOTE 4
+    return [(float(out.outputs.data[0]), len(ids)) for out, ids in zip(outputs, prompts)]
+
+
+def _check_bound(serving: OpenAIServing, n: int, what: str, field: str) -> None:
+    bound = serving.async_llm.max_waiting_requests
+    if n > bound:
+        raise RequestError(f"{n} {what} can never wait together: this server queues at most {bound} "
+                           f"(max_waiting_requests); send at most {bound} in one request", field)  # fmt: skip
 # --8<-- [end:pair_scores]
 
 
