@@ -120,6 +120,19 @@ def test_a_classifier_refuses_generation_and_embedding(classifier, folders):
     assert not classifier.engine.has_unfinished_requests()
 
 
+def test_the_generate_command_refuses_a_classifier_before_loading_it(folders):
+    """``tinyvllm generate`` always generates (its engine args say runner "generate"), so a
+    classifier's folder is refused from its config, with the reason, before any weight is read."""
+    from tinyvllm import cli
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    args = cli.build_parser().parse_args(["generate", "--model", str(folders["three"]), "--prompt", "x"])
+    with pytest.raises(ValueError, match="runner='generate': .* no LM head"):
+        EngineArgs.from_cli_args(args).create_engine_config()
+    serve = cli.build_parser().parse_args(["serve", "--model", str(folders["three"])])
+    assert EngineArgs.from_cli_args(serve).create_engine_config().model_config.runner_type == "pooling"
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -219,7 +219,7 @@ class EngineArgs:
             distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
             async_scheduling=getattr(args, "async_scheduling", False),
             scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
-            runner=getattr(args, "runner", "auto"), pooler_config=getattr(args, "pooler", None),  # serve's flags
+            runner=getattr(args, "runner", "generate"), pooler_config=getattr(args, "pooler", None),  # serve's flags
         )  # fmt: skip
     # --8<-- [end:from_cli_args]
 
