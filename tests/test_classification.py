@@ -213,3 +213,18 @@ def test_a_cross_encoder_names_the_pair_at_fault(cross_encoder):
     assert not cross_encoder.engine.has_unfinished_requests()
     [one] = cross_encoder.classify(QUERY, use_tqdm=False)  # a one-label classifier classifies too: a sigmoid
     assert one.outputs.num_classes == 1 and 0 < one.outputs.probs[0] < 1
+
+
+@pytest.mark.slow
+def test_two_ranks_classify_as_one(folders):
+    """A classifier on two ranks (gloo): each rank holds the whole ``score`` head (replicated,
+    read whole) over its shard of the decoder; rank 0's scores equal one rank's."""
+    probs = {}
+    for size in (1, 2):
+        llm = LLM(str(folders["three"]), tensor_parallel_size=size, device="cpu", max_model_len=64, block_size=4,
+                  max_num_batched_tokens=8)  # fmt: skip
+        try:
+            probs[size] = [o.outputs.probs for o in llm.classify(PROMPTS, use_tqdm=False)]
+        finally:
+            llm.engine.model_executor.shutdown()
+    assert all(close(two, torch.tensor(one), 1e-5) for one, two in zip(probs[1], probs[2]))

@@ -1,7 +1,8 @@
 """The pooling engine on a GPU (``gpu`` marker; skipped without CUDA): its default graphs
 (PIECEWISE, seed 000's rule for pooling models) and the Triton backend against transformers'
 base model on the same device, float32 and bfloat16, through chunked prefill and the prefix
-cache. The CPU twins are ``tests/test_pooling.py``'s."""
+cache; a classifier's label scores likewise. The CPU twins are ``tests/test_pooling.py``'s and
+``tests/test_classification.py``'s."""
 
 import pytest
 import torch
@@ -38,5 +39,26 @@ def test_pooling_on_cuda_matches_transformers(tiny_model_dirs, dtype, tol):
         for output, ref in zip(outputs, reference):
             assert (output.outputs.data - ref).abs().max().item() < tol
         assert outputs[-1].num_cached_tokens == 48  # LAST pooling reads the prefix cache
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 3e-2)])
+def test_a_classifier_on_cuda_matches_transformers(tmp_path, dtype, tol):
+    """A three-label classifier's softmax on CUDA (PIECEWISE graphs, Triton attention) against
+    transformers' ``AutoModelForSequenceClassification`` on the same device and dtype."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tinyvllm.models.tiny import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "cls", "qwen3", num_labels=3)
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=getattr(torch, dtype)).cuda().eval()
+    with torch.no_grad():
+        reference = [torch.softmax(model(torch.tensor([ids], device="cuda")).logits[0].float(), -1).cpu() for ids in PROMPTS]
+    llm = LLM(str(folder), device="cuda", dtype=dtype, max_num_batched_tokens=64, max_num_seqs=8)  # runner "auto": pooling
+    try:
+        outputs = llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+        for output, ref in zip(outputs, reference):
+            assert (torch.tensor(output.outputs.probs) - ref).abs().max().item() < tol
     finally:
         llm.shutdown()
