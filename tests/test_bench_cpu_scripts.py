@@ -1,5 +1,6 @@
 """bench/sampler_cpu.py, bench/hashing.py, bench/bookkeeping.py, bench/ngram_proposer.py,
-bench/rejection_sampler.py, bench/top_k_top_p.py, bench/beam_search.py, bench/embeddings.py: their --quick runs go through every code path and write the
+bench/rejection_sampler.py, bench/top_k_top_p.py, bench/beam_search.py, bench/embeddings.py,
+bench/rerank.py: their --quick runs go through every code path and write the
 JSON the README describes (timings mean nothing)."""
 
 import json
@@ -207,3 +208,16 @@ def test_embeddings_quick_times_every_system_on_the_same_vectors(tmp_path):
         found = {system: counts["found"] for system, counts in workload["prefix_cache_per_run"].items()}
         assert found["tinyvllm_no_prefix_cache"] == 0
         assert (found["tinyvllm"] > 0) is (name == "instruction"), found  # a run's own prompts share only the instruction
+
+
+def test_rerank_quick_times_every_system_on_the_same_scores(tmp_path):
+    """bench/rerank.py --quick: four systems, every score transformers' (float32 rounding
+    apart), and the prefix cache finding the shared query's blocks, only with caching on."""
+    out = tmp_path / "rerank.json"
+    result = _run("rerank.py", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["quick"] is True and record["num_docs"] == 6 and len(record["median_s"]) == 4
+    assert all(diff < 1e-5 for diff in record["max_abs_diff_from_hf_per_pair"].values())
+    found = {system: counts["found"] for system, counts in record["prefix_cache_per_run"].items()}
+    assert found["tinyvllm_no_prefix_cache"] == 0 < found["tinyvllm"] < record["pair_tokens"]
