@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, median, prefix_counters, run_header, set_threads, timed, write_json  # noqa: E402
+from harness import ROOT, interleaved_rounds, median, run_header, set_threads, write_json  # noqa: E402
 from tinyvllm import LLM, BeamSearchParams  # noqa: E402
 from tinyvllm.attention import torch_sdpa  # noqa: E402
 from tinyvllm.stdlib_tiny import STDLIB_TINY  # noqa: E402
@@ -123,13 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         "hf_per_prompt": lambda: hf_beam_search(hf, tokenizer, prompts, args.beam_width, args.max_tokens, False),
         "hf_batched": lambda: hf_beam_search(hf, tokenizer, prompts, args.beam_width, args.max_tokens, True),
     }
-    beams = {name: run() for name, run in systems.items()}  # the warm-up, and the beams compared
-    before = {name: prefix_counters(llm) for name, llm in engines.items()}
-    times: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(args.repeats):
-        for name, run in systems.items():
-            times[name].append(round(timed(run)[0], 4))
-    after = {name: prefix_counters(llm) for name, llm in engines.items()}
+    beams, times, cache = interleaved_rounds(systems, engines, args.repeats)  # the warm-up's beams compared
     medians = {name: median(values) for name, values in times.items()}
     record = {
         "benchmark": "beam_search",
@@ -149,13 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tinyvllm_over_block_size_4": round(medians["tinyvllm"] / medians["tinyvllm_block_size_4"], 3),
             "tinyvllm_over_block_size_1": round(medians["tinyvllm"] / medians["tinyvllm_block_size_1"], 3),
         },
-        "prefix_cache_per_search": {
-            name: {
-                "prompt_tokens_looked_up": (after[name][0] - before[name][0]) // args.repeats,
-                "found": (after[name][1] - before[name][1]) // args.repeats,
-            }
-            for name in engines
-        },
+        "prefix_cache_per_search": cache,
         "beams_equal_hf_per_prompt": {name: beams[name] == beams["hf_per_prompt"] for name in systems},
     }
     write_json(args.out, record)

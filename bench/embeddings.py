@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, median, prefix_counters, run_header, set_threads, timed, write_json  # noqa: E402
+from harness import ROOT, interleaved_rounds, median, run_header, set_threads, write_json  # noqa: E402
 from tinyvllm import LLM  # noqa: E402
 from tinyvllm.stdlib_tiny import STDLIB_TINY  # noqa: E402
 
@@ -138,13 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
             "hf_batched": functools.partial(hf_embed, hf, tokenizer, prompts, args.hf_batch),
             "hf_per_prompt": functools.partial(hf_embed, hf, tokenizer, prompts, None),
         }
-        vectors = {name: run() for name, run in systems.items()}  # the warm-up, and the vectors compared
-        before = {name: prefix_counters(llm) for name, llm in engines.items()}
-        times: dict[str, list[float]] = {name: [] for name in systems}
-        for _ in range(args.repeats):
-            for name, run in systems.items():
-                times[name].append(round(timed(run)[0], 4))
-        after = {name: prefix_counters(llm) for name, llm in engines.items()}
+        vectors, times, cache = interleaved_rounds(systems, engines, args.repeats)  # the warm-up's vectors compared
         medians = {name: median(values) for name, values in times.items()}
         reference = vectors["hf_per_prompt"]
         record["workloads"][workload] = {
@@ -154,13 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
             "median_s": medians,
             "ratios": {f"{name}_over_tinyvllm": round(medians[name] / medians["tinyvllm"], 3) for name in systems
                        if name != "tinyvllm"},  # fmt: skip
-            "prefix_cache_per_run": {
-                name: {
-                    "prompt_tokens_looked_up": (after[name][0] - before[name][0]) // args.repeats,
-                    "found": (after[name][1] - before[name][1]) // args.repeats,
-                }
-                for name in engines
-            },
+            "prefix_cache_per_run": cache,
             "max_abs_diff_from_hf_per_prompt": {
                 name: float(max((a - b).abs().max() for a, b in zip(vecs, reference))) for name, vecs in vectors.items()
             },

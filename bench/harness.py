@@ -192,3 +192,19 @@ def prefix_counters(llm) -> tuple[int, int]:
     """(prompt tokens looked up, tokens found) in the prefix cache since the engine started."""
     stats = llm.engine.scheduler.kv_cache_manager.prefix_cache_stats
     return (0, 0) if stats is None else (stats.queries, stats.hits)
+
+
+def interleaved_rounds(systems: dict, engines: dict, repeats: int) -> tuple[dict, dict, dict]:
+    """Each system run once (the warm-up, whose results come back to be compared), then
+    ``repeats`` rounds, each running every system once in turn: ``(results, seconds per
+    round, each engine's prefix cache per round {"prompt_tokens_looked_up", "found"})``."""
+    results = {name: run() for name, run in systems.items()}
+    before = {name: prefix_counters(llm) for name, llm in engines.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(repeats):
+        for name, run in systems.items():
+            seconds[name].append(round(timed(run)[0], 4))
+    after = {name: prefix_counters(llm) for name, llm in engines.items()}
+    cache = {name: {"prompt_tokens_looked_up": (after[name][0] - before[name][0]) // repeats,
+                    "found": (after[name][1] - before[name][1]) // repeats} for name in engines}  # fmt: skip
+    return results, seconds, cache

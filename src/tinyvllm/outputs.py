@@ -12,15 +12,17 @@ NOTE 1: ``EngineCoreOutput`` is built for every request in every step, so it is 
 build.
 NOTE 2 (pooling, ``docs/pooling.md``): a pooling request's vector travels as a CPU float32
 tensor from the runner (``pooler_output``) through the scheduler (``pooling_output``), which
-never looks inside it (the core imports no torch), to ``PoolingRequestOutput``;
-``EmbeddingRequestOutput`` is the same as a list of floats, what ``LLM.embed`` returns;
-``ScoringRequestOutput`` one pair's cosine, what ``LLM.score`` returns (``engine/scoring.py``).
+never looks inside it (the core imports no torch), to ``PoolingRequestOutput``; a
+``TaskRequestOutput`` reads it for its task: ``EmbeddingRequestOutput`` as a list of floats
+(``LLM.embed``), ``ClassificationRequestOutput`` as label scores (``LLM.classify``);
+``ScoringRequestOutput`` is one pair's score, what ``LLM.score`` returns (``engine/scoring.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -198,21 +200,32 @@ class EmbeddingOutput:
 
 
 @dataclass(frozen=True)
-class EmbeddingRequestOutput:
-    """What ``LLM.embed`` returns per prompt (vLLM's names)."""
+class TaskRequestOutput:
+    """A ``PoolingRequestOutput`` read for its task (vLLM's ``PoolingRequestOutput[T]``): the
+    same request, ``outputs`` the task's view of the tensor (``wrap``, named ``what``)."""
 
     request_id: str
-    outputs: EmbeddingOutput
+    outputs: Any
     prompt_token_ids: list[int]
     num_cached_tokens: int
     finished: bool = True
+    wrap: ClassVar[Callable[[list[float]], Any]]
+    what: ClassVar[str]
 
     @classmethod
-    def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+    def from_base(cls, output: PoolingRequestOutput):
         if output.outputs is None:
-            raise ValueError(f"request {output.request_id!r} was aborted before its vector was made: no embedding")
-        return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
+            raise ValueError(f"request {output.request_id!r} was aborted before its vector was made: no {cls.what}")
+        return cls(output.request_id, cls.wrap(output.outputs.data.tolist()), output.prompt_token_ids,
                    output.num_cached_tokens, output.finished)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EmbeddingRequestOutput(TaskRequestOutput):
+    """What ``LLM.embed`` returns per prompt (vLLM's names): ``outputs`` an ``EmbeddingOutput``."""
+
+    wrap = EmbeddingOutput
+    what = "embedding"
 # --8<-- [end:pooling_outputs]
 
 
@@ -230,21 +243,11 @@ class ClassificationOutput:
 
 
 @dataclass(frozen=True)
-class ClassificationRequestOutput:
-    """What ``LLM.classify`` returns per prompt (vLLM's names)."""
+class ClassificationRequestOutput(TaskRequestOutput):
+    """What ``LLM.classify`` returns per prompt (vLLM's names): ``outputs`` a ``ClassificationOutput``."""
 
-    request_id: str
-    outputs: ClassificationOutput
-    prompt_token_ids: list[int]
-    num_cached_tokens: int
-    finished: bool = True
-
-    @classmethod
-    def from_base(cls, output: PoolingRequestOutput) -> ClassificationRequestOutput:
-        if output.outputs is None:
-            raise ValueError(f"request {output.request_id!r} was aborted before its scores were made: no probs")
-        return cls(output.request_id, ClassificationOutput(output.outputs.data.tolist()), output.prompt_token_ids,
-                   output.num_cached_tokens, output.finished)  # fmt: skip
+    wrap = ClassificationOutput
+    what = "probs"
 # --8<-- [end:classification_outputs]
 
 
