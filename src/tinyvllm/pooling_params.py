@@ -43,6 +43,7 @@ positions a hit would skip, so such a request takes no hit (vLLM's
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from tinyvllm.validation import check_bool, check_optional_int
 
 POOLING_TASKS = ("embed", "classify", "score")  # NOTE 3

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 
 def with_task(params: PoolingParams, task: str | None, label: str, entry: str) -> PoolingParams:
-    """NOTE 1: ``params`` running ``task`` (None: the params' own)."""
+    """NOTE 1: ``params`` running ``task`` (None: the params' own), for ``LLM.<entry>``."""
     if task is None or params.task == task:
         return params
     if params.task is not None:
@@ -65,8 +65,7 @@ class PoolingEntryPoints:
         prompts = prompt_list(prompts)
         default = PoolingParams() if pooling_params is None else pooling_params
         params, label = params_list(default, PoolingParams, "pooling_params", len(prompts))
-        entry = {"embed": "embed", "classify": "classify", "score": "score"}.get(pooling_task, "encode")
-        params = [with_task(p, pooling_task, label.format(i=i), entry) for i, p in enumerate(params)]  # NOTE 1
+        params = [with_task(p, pooling_task, label.format(i=i), pooling_task or "encode") for i, p in enumerate(params)]
         return self._run(self._queue(prompts, params, label, [0] * len(prompts)), use_tqdm, "Pooling")
 
     def embed(

@@ -1,11 +1,11 @@
-"""Scores from an embedding model: which texts pair up, each text embedded once, the cosine.
+"""Scores of text pairs: which texts pair up; from embeddings, each text once and the cosine.
 
 Concept: an embedding model scores a pair of texts ``(a, b)`` by the cosine of their two
 vectors, so scoring is embedding plus arithmetic (a cross-encoder reads the pair together
-instead, NOTE 5). ``score_plan`` turns the two sides into
-pairs by the rule (NOTE 1) and lists each distinct text once (NOTE 2); the caller embeds
-that list (``LLM.encode``, or one ``AsyncLLM.encode`` per text on the server) and
-``ScorePlan.outputs`` or ``cosine`` turns the vectors into one score per pair (NOTE 3).
+instead, NOTE 5). ``score_plan`` turns the two sides into pairs by the rule (NOTE 1) and
+lists each distinct text once (NOTE 2); the caller embeds that list (``LLM.encode``, or one
+``AsyncLLM.encode`` per text on the server) and ``ScorePlan.outputs`` or ``cosine`` turns
+the vectors into one score per pair (NOTE 3).
 ``LLM.score`` and the server's ``/score`` and ``/rerank`` (``entrypoints/scoring.py``) share it.
 
 Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.score``, ``_embedding_score``,

@@ -67,8 +67,9 @@ def check_pools(serving: OpenAIServing, api: str = "Embeddings API", tasks: tupl
         raise APIError(400, f"The model does not support {api}: this server generates text; start an "
                        "embedding server with `tinyvllm serve --runner pooling`", "BadRequestError", "model")  # fmt: skip
     if not set(tasks) & set(model.tasks):
-        raise APIError(400, f"The model does not support {api}: it does {list(model.tasks)} "
-                       "(pooling_params.py NOTE 3)", "BadRequestError", "model")  # fmt: skip
+        routes = "POST /classify" if "classify" in model.tasks else "POST /v1/embeddings"
+        raise APIError(400, f"The model does not support {api}: its tasks are {list(model.tasks)} (send {routes})",
+                       "BadRequestError", "model")  # fmt: skip
 
 
 def pooling_params(serving: OpenAIServing, body: EmbeddingRequest) -> PoolingParams:

@@ -11,8 +11,8 @@ token's. Then each request's ``PoolingParams`` finish it by its task: ``embed``,
 ``use_activation=False``, the model's activation (NOTE 3).
 
 Mirrors: ``vllm/model_executor/layers/pooler.py`` (``LastPool``, ``MeanPool``, ``CLSPool``,
-the embedding head's truncation and normalisation, ``ClassifierPooler``) and vLLM's per-request pooling states for
-chunked prefill (``vllm/v1/pool/metadata.py``).
+the embedding head's truncation and normalisation, ``ClassifierPooler``) and vLLM's
+per-request pooling states for chunked prefill (``vllm/v1/pool/metadata.py``).
 
 Invariants: a request's vector is made exactly once, in the step whose chunk reaches the end
 of its prompt; ``PoolingState`` holds only what its pooling type needs of the chunks before
