@@ -170,7 +170,7 @@ def _add_serve(sub) -> None:
         "--reasoning-parser", default=None, metavar="NAME",
         help="split chat answers into reasoning and content at the think end token: qwen3 or deepseek_r1",
     )  # fmt: skip
-    p.add_argument("--runner", default="auto", choices=RUNNERS, help="pooling: serve /v1/embeddings, /score and /rerank (default: generate)")
+    p.add_argument("--runner", default="auto", choices=RUNNERS, help="pooling: serve /v1/embeddings, /score and /rerank (default auto: pooling for a *ForSequenceClassification model, /classify too; else generate)")
     p.add_argument("--pooler-config", default=None, metavar="JSON", help='with --runner pooling, e.g. \'{"pooling_type": "MEAN"}\'')
     # --8<-- [end:serve_args]
     add_engine_args(p)
