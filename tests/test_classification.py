@@ -192,6 +192,8 @@ def test_a_cross_encoder_scores_each_pair_read_as_one_prompt(cross_encoder, fold
     [raw] = cross_encoder.score(QUERY, DOCS[0], use_tqdm=False, pooling_params=PoolingParams(use_activation=False))
     [(_, logits)] = hf_logits(folders["one"], [(QUERY, DOCS[0])], pair=True)
     assert abs(raw.outputs.score - logits[0].item()) < 2e-5  # the logit itself
+    [cut] = cross_encoder.score(QUERY, DOCS[0], use_tqdm=False, truncate_prompt_tokens=4)  # the pair's last 4
+    assert cut.prompt_token_ids == hf_logits(folders["one"], [(QUERY, DOCS[0])], pair=True)[0][0][-4:]
 
 
 def test_use_pad_token_false_concatenates_the_texts(folders, tmp_path):
@@ -228,3 +230,23 @@ def test_two_ranks_classify_as_one(folders):
         finally:
             llm.engine.model_executor.shutdown()
     assert all(close(two, torch.tensor(one), 1e-5) for one, two in zip(probs[1], probs[2]))
+
+
+def test_truncate_prompt_tokens_keeps_each_prompts_last_tokens(classifier, folders):
+    """vLLM's ``truncate_prompt_tokens`` (``pooling_params.py`` NOTE 5): a prompt cut to its last
+    k tokens classifies as those k tokens do; -1 keeps the last ``max_model_len``, so a text
+    longer than the context is classified from its end instead of refused."""
+    [(ids, _)] = hf_logits(folders["three"], PROMPTS[3:])
+    [cut] = classifier.classify(PROMPTS[3], use_tqdm=False, truncate_prompt_tokens=5)
+    [alone] = classifier.classify({"prompt_token_ids": ids[-5:]}, use_tqdm=False)
+    assert cut.prompt_token_ids == ids[-5:] and cut.outputs.probs == alone.outputs.probs
+    max_len = classifier.engine.scheduler.max_model_len
+    long = "x = 1\n" * max_len
+    with pytest.raises(ValueError, match=f"more than max_model_len {max_len}"):
+        classifier.classify(long, use_tqdm=False)
+    [whole] = classifier.classify(long, PoolingParams(truncate_prompt_tokens=-1), use_tqdm=False)
+    assert len(whole.prompt_token_ids) == max_len
+    with pytest.raises(ValueError, match=f"truncate_prompt_tokens={max_len + 1} is more than max_model_len"):
+        classifier.classify("x", use_tqdm=False, truncate_prompt_tokens=max_len + 1)
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be None, -1 or an int >= 1, got 0"):
+        PoolingParams(truncate_prompt_tokens=0)

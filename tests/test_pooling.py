@@ -87,6 +87,13 @@ def test_mean_and_cls_pool_every_chunk_of_the_prompt(pooling_type, hf_states):
         assert close(output.outputs.data, reference(states, pooling_type, False), 1e-4)
 
 
+def test_truncate_prompt_tokens_embeds_the_last_tokens(last_llm, hf_states):
+    ids, _ = hf_states[3]
+    [cut] = last_llm.embed(PROMPTS[3], use_tqdm=False, truncate_prompt_tokens=7)
+    [alone] = last_llm.embed({"prompt_token_ids": ids[-7:]}, use_tqdm=False)
+    assert cut.prompt_token_ids == ids[-7:] and cut.outputs.embedding == alone.outputs.embedding
+
+
 def test_normalize_per_request_overrides_the_engine(last_llm, hf_states):
     params = [PoolingParams(normalize=False), PoolingParams(), PoolingParams(normalize=True), PoolingParams(normalize=False)]
     outputs = last_llm.encode(PROMPTS, params, use_tqdm=False)

@@ -13,8 +13,8 @@ Fields: ``task`` (NOTE 3; None: the entry point's, ``embed`` / ``classify`` / ``
 ``dimensions`` (embed only; None: the whole hidden size; k: the first k values, vLLM's
 matryoshka truncation, NOTE 1), ``use_activation`` (None: on; embed: L2-normalise after
 truncation, NOTE 2; classify and score: the model's activation, ``pooling_spec.py`` NOTE 1),
-``normalize`` (embed's older name for it, vLLM's); ``skip_reading_prefix_cache`` is the
-engine's, set when it resolves the params (NOTE 4).
+``normalize`` (embed's older name for it, vLLM's), ``truncate_prompt_tokens`` (NOTE 5);
+``skip_reading_prefix_cache`` is the engine's, set when it resolves the params (NOTE 4).
 
 Invariants: an instance is frozen; ``dimensions`` is None or an int >= 1; ``normalize`` and
 ``use_activation`` are None or bools and do not contradict each other. Whether the task and
@@ -38,6 +38,11 @@ states never exist. ``LAST`` reads one position, which the scheduler always comp
 prompt found whole in the cache still recomputes its last token); ``MEAN`` and ``CLS`` read
 positions a hit would skip, so such a request takes no hit (vLLM's
 ``skip_reading_prefix_cache``), as a request with prompt logprobs takes none.
+NOTE 5 (truncation, vLLM's ``truncate_prompt_tokens``): k >= 1 keeps a prompt's last k tokens
+(left truncation: a causal model's LAST state then reads the end of the text), -1 keeps the
+last ``max_model_len``; the input processor cuts before it checks the length, so a document
+longer than the context is embedded from its end instead of refused. A k over
+``max_model_len`` is a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class PoolingParams:
     normalize: bool | None = None  # NOTE 2: embed's name for use_activation
     use_activation: bool | None = None  # None: on (embed: the engine's PoolerConfig.normalize)
     task: str | None = None  # NOTE 3; None: the entry point's
+    truncate_prompt_tokens: int | None = None  # NOTE 5: None, -1 or k >= 1
     skip_reading_prefix_cache: bool = False  # NOTE 4: the engine's, from its pooling type
 
     def __post_init__(self) -> None:
@@ -93,8 +99,21 @@ class PoolingParams:
         if None not in (self.normalize, self.use_activation) and self.normalize != self.use_activation:
             raise ValueError(f"normalize={self.normalize} and use_activation={self.use_activation} contradict "
                              "each other: for embed they are one switch (give one)")  # fmt: skip
+        k = self.truncate_prompt_tokens
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not (k >= 1 or k == -1)):
+            raise ValueError(f"truncate_prompt_tokens must be None, -1 or an int >= 1, got {k!r}")
         if self.task is not None and self.task not in POOLING_TASKS:
             raise ValueError(f"task must be one of {POOLING_TASKS} or None, got {self.task!r}")
+
+
+def truncated(label: str, ids: list[int], k: int | None, max_model_len: int | None) -> list[int]:
+    """NOTE 5: ``ids`` cut to their last ``k`` (-1: ``max_model_len``; None: as they are)."""
+    if k is None:
+        return ids
+    if max_model_len is not None and k > max_model_len:
+        raise ValueError(f"{label}: truncate_prompt_tokens={k} is more than max_model_len {max_model_len}")
+    keep = max_model_len if k == -1 else k
+    return ids if keep is None else ids[-keep:]
 
 
 def resolve_pooling_params(label: str, params: PoolingParams, model: PoolingModel) -> PoolingParams:
@@ -123,4 +142,4 @@ def resolve_pooling_params(label: str, params: PoolingParams, model: PoolingMode
     activation = (model.normalize if task == "embed" else True) if chosen is None else chosen
     normalize = activation if task == "embed" else None
     skip = model.pooling_type != "LAST"
-    return PoolingParams(dimensions, normalize, activation, task, skip_reading_prefix_cache=skip)
+    return PoolingParams(dimensions, normalize, activation, task, params.truncate_prompt_tokens, skip)

@@ -58,7 +58,7 @@ from tinyvllm.engine.request_checks import check_defaults_with_speculation, chec
 from tinyvllm.models.tokenizer import check_eos_token_ids, load_eos_token_ids, load_tokenizer
 from tinyvllm.sample.bad_words import tokenize_bad_words
 from tinyvllm.sample.logits_processors.loader import validate_logits_processors_parameters
-from tinyvllm.pooling_params import PoolingModel, PoolingParams, resolve_pooling_params
+from tinyvllm.pooling_params import PoolingModel, PoolingParams, resolve_pooling_params, truncated
 from tinyvllm.sampling_defaults import generation_defaults
 from tinyvllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from tinyvllm.structured_output import backend_xgrammar
@@ -249,6 +249,8 @@ class InputProcessor:
         pooling = self._pooling_params(label, params)  # NOTE 8
         text, ids, salt = self.prompt_inputs(index, prompt)
         max_len = self.max_model_len
+        if pooling is not None:  # pooling_params.py NOTE 5
+            ids = truncated(label, ids, pooling.truncate_prompt_tokens, max_len)
         if not ids:
             raise ValueError(f"prompt {index} is empty")
         if len(ids) > max_len:
