@@ -161,6 +161,22 @@ def test_emulated_cuda_graphs_give_the_same_vectors(last_llm):
             assert close(a.outputs.embedding, torch.tensor(b.outputs.embedding))
 
 
+@pytest.mark.parametrize(("pooling_type", "normalize"), [("CLS", True), ("LAST", False), ("MEAN", False)])
+def test_pooling_keeps_no_view_of_a_graphs_reused_output(pooling_type, normalize):
+    """A graph's output buffer is rewritten by the next replay of its size (``cuda_graph.py``
+    NOTE 5), so what the pooler keeps across steps (CLS's first row) or hands back (a vector
+    not normalised: the row itself in float32) must be a copy. Capture sizes 8 and 16 make
+    two 16-token steps replay one graph; the vectors must be the eager engine's."""
+    config = {"pooling_type": pooling_type, "normalize": normalize}
+    eager = engine(max_num_batched_tokens=16, max_num_seqs=4, pooler_config=config, enforce_eager=True)
+    graphs = engine(max_num_batched_tokens=16, max_num_seqs=4, pooler_config=config,
+                    compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [8, 16]})  # fmt: skip
+    want = [o.outputs.data for o in eager.encode(PROMPTS, use_tqdm=False)]
+    got = [o.outputs.data for o in graphs.encode(PROMPTS, use_tqdm=False)]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def test_engine_add_request_and_step_return_the_pooling_output(last_llm, hf_states):
     ids, states = hf_states[0]
     last_llm.engine.add_request("embed-me", ids, PoolingParams())

@@ -29,6 +29,10 @@ NOTE 3 (the classifier's finish): the pooled row goes through ``score`` in the m
 (transformers applies it to the last hidden state before anything is cast), then to float32;
 softmax, sigmoid or identity as the folder says (``pooling_spec.py`` NOTE 1). ``score`` is the
 cross-encoder's task: the same head on a prompt holding both texts, with its own activation.
+NOTE 4 (copies, never views of the step's hidden states): under CUDA graphs ``hidden`` is a
+graph's output buffer, rewritten by its next replay (``cuda_graph.py`` NOTE 5), so a state
+kept across steps (CLS's first row) or a vector handed back (an embedding not normalised
+is the row itself) is copied out: ``.float()`` of a float32 row would be the row.
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ class Pooler:
         """The pooled row ([hidden], the model's dtype or float32) as the request's task wants it
         (module header): an embedding, or a classifier's label scores [num_labels] float32."""
         if params.task == "embed":
-            return embedding_head(vector.float(), params)
+            return embedding_head(vector.to(torch.float32, copy=True), params)  # NOTE 4
         if self.classifier is None:
             raise ValueError(f"task={params.task!r} needs a classifier's score head; this model embeds")
         logits = self.classifier(vector[None])[0]  # [num_labels] float32, NOTE 3
@@ -118,7 +122,7 @@ class Pooler:
                 part = chunk.float().sum(dim=0)
                 state.total = part if c == 0 or state.total is None else state.total + part
             elif self.pooling_type == "CLS" and c == 0:
-                state.first = chunk[0].float()
+                state.first = chunk[0].to(torch.float32, copy=True)  # NOTE 4: a copy, never a view of hidden
             if not done:
                 out.append(None)
                 continue
