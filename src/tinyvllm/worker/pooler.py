@@ -23,8 +23,8 @@ NOTE 1 (why a state at all): with chunked prefill a prompt's positions arrive ov
 steps, and a step's hidden states are gone after it. MEAN and CLS keep what they need of
 each chunk; LAST needs only the final chunk. vLLM keeps each chunk's hidden states and
 pools at the end; a running sum is the same mean in O(hidden) memory.
-NOTE 2 (precision): sums and the head run in float32 whatever the model's dtype, so a
-bfloat16 model's MEAN over thousands of positions does not lose its low bits in the sum.
+NOTE 2 (precision): the MEAN sum and the embedding head run in float32 whatever the model's
+dtype, so a bfloat16 model's MEAN over thousands of positions keeps its low bits.
 NOTE 3 (the classifier's finish): the pooled row goes through ``score`` in the model's dtype
 (transformers applies it to the last hidden state before anything is cast), then to float32;
 softmax, sigmoid or identity as the folder says (``pooling_spec.py`` NOTE 1). ``score`` is the
