@@ -2,7 +2,8 @@
 cut into steps (chunked prefill, any number of rows a step, rows in any order, a prompt
 restarted from position 0 as after a preemption), each prompt's vector equals pooling its
 whole hidden states at once, the one-line oracle ``oracle`` below, and is made exactly once;
-a classifier's label scores (a random ``score`` head, softmax or raw) likewise.
+a classifier's label scores (a random ``score`` head, softmax or raw) and a ``token_embed``
+request's every row likewise.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ SCORE = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(0))  # a 
 
 
 def oracle(states: torch.Tensor, pooling_type: str, params: PoolingParams) -> torch.Tensor:
+    if params.task == "token_embed":  # every position, whatever the pooling type
+        return torch.nn.functional.normalize(states, dim=-1) if params.normalize else states
     vector = {"LAST": states[-1], "MEAN": states.mean(dim=0), "CLS": states[0]}[pooling_type]
     if params.task == "classify":
         logits = SCORE @ vector
@@ -43,10 +46,11 @@ def workloads(draw):
     params = []
     for _ in lengths:  # resolved params, as the input processor hands them on
         on = draw(st.booleans())
-        if draw(st.booleans()):
-            params.append(PoolingParams(draw(st.sampled_from([None, 3])), on, on, "embed"))
-        else:
+        task = draw(st.sampled_from(["embed", "classify", "token_embed"]))
+        if task == "classify":
             params.append(PoolingParams(None, None, on, "classify"))
+        else:
+            params.append(PoolingParams(None if task == "token_embed" else draw(st.sampled_from([None, 3])), on, on, task))
     return lengths, chunks, restarts, params, draw(st.randoms(use_true_random=False))
 
 

@@ -103,6 +103,23 @@ def test_the_folder_says_the_activation(folders, tmp_path):
     assert close(output.outputs.probs, torch.sigmoid(logits))
 
 
+def test_reward_is_each_tokens_label_distribution(classifier, folders):
+    """``LLM.reward`` (``token_classify``): the score head on every prompt position, a softmax
+    per row, equal to transformers' head applied to its decoder's every hidden state."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(folders["three"], dtype=torch.float32).eval()
+    outputs = classifier.reward(PROMPTS, use_tqdm=False)
+    for output in outputs:
+        with torch.no_grad():
+            states = model.model(torch.tensor([output.prompt_token_ids])).last_hidden_state[0]  # [T, hidden]
+            want = torch.softmax(model.score(states), dim=-1)  # [T, 3]
+        assert output.outputs.data.shape == want.shape and output.num_cached_tokens == 0
+        assert torch.allclose(output.outputs.data, want, atol=2e-5)
+    last = classifier.classify(PROMPTS, use_tqdm=False)
+    assert all(close(c.outputs.probs, r.outputs.data[-1]) for c, r in zip(last, outputs))  # LAST: the last row
+
+
 # -- what a classifier cannot do, refused by name --------------------------------------
 
 
@@ -111,7 +128,7 @@ def test_a_classifier_refuses_generation_and_embedding(classifier, folders):
         LLM(str(folders["three"]), runner="generate")
     with pytest.raises(ValueError, match="this engine pools"):
         classifier.generate("x", SamplingParams(max_tokens=2), use_tqdm=False)
-    with pytest.raises(ValueError, match=r"task='embed' is not one of this model's tasks \('classify',\)"):
+    with pytest.raises(ValueError, match=r"task='embed' is not one of this model's tasks \('classify', 'token_classify'\)"):
         classifier.embed(PROMPTS[0], use_tqdm=False)
     with pytest.raises(ValueError, match="dimensions=2 is for embeddings, not task='classify'"):
         classifier.classify(PROMPTS[0], PoolingParams(dimensions=2), use_tqdm=False)

@@ -94,6 +94,17 @@ def test_truncate_prompt_tokens_embeds_the_last_tokens(last_llm, hf_states):
     assert cut.prompt_token_ids == ids[-7:] and cut.outputs.embedding == alone.outputs.embedding
 
 
+def test_token_embed_is_every_positions_normalised_state_and_reads_no_cache(last_llm, hf_states):
+    """``token_embed`` (pooling_params.py NOTE 3) keeps every prompt position through chunked
+    prefill, whatever the engine's pooling type, and takes no prefix-cache hit (NOTE 4)."""
+    outputs = last_llm.encode(PROMPTS, use_tqdm=False, pooling_task="token_embed")
+    for output, (ids, states) in zip(outputs, hf_states):
+        assert output.outputs.data.shape == (len(ids), states.shape[1]) and output.num_cached_tokens == 0
+        assert torch.allclose(output.outputs.data, torch.nn.functional.normalize(states, dim=-1), atol=2e-5)
+    [raw] = last_llm.encode(PROMPTS[3], PoolingParams(task="token_embed", normalize=False), use_tqdm=False)
+    assert raw.num_cached_tokens == 0 and torch.allclose(raw.outputs.data, hf_states[3][1], atol=2e-5)
+
+
 def test_normalize_per_request_overrides_the_engine(last_llm, hf_states):
     params = [PoolingParams(normalize=False), PoolingParams(), PoolingParams(normalize=True), PoolingParams(normalize=False)]
     outputs = last_llm.encode(PROMPTS, params, use_tqdm=False)
@@ -216,15 +227,15 @@ def test_pooling_params_check_their_fields():
     with pytest.raises(TypeError, match="normalize"):
         PoolingParams(normalize=1)
     with pytest.raises(ValueError, match="task must be one of"):
-        PoolingParams(task="token_embed")  # per-token vectors are not built
+        PoolingParams(task="embedding")  # vLLM's old name, not taken
     with pytest.raises(ValueError, match="normalize=True and use_activation=False contradict"):
         PoolingParams(normalize=True, use_activation=False)
 
 
 def test_an_embedding_model_refuses_the_classifier_tasks_by_name(last_llm):
-    with pytest.raises(ValueError, match=r"task='classify' is not one of this model's tasks \('embed',\)"):
+    with pytest.raises(ValueError, match=r"task='classify' is not one of this model's tasks \('embed', 'token_embed'\)"):
         last_llm.classify("x = 1", use_tqdm=False)
-    with pytest.raises(ValueError, match=r"task='embed', but LLM.classify runs task='classify'"):
+    with pytest.raises(ValueError, match=r"task='embed', but this call runs task='classify'"):
         last_llm.classify("x = 1", PoolingParams(task="embed"), use_tqdm=False)
     assert not last_llm.engine.has_unfinished_requests()
 

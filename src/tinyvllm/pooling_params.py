@@ -31,13 +31,16 @@ embedding has unit length too.
 NOTE 3 (tasks, vLLM's names): a causal LM embeds (``embed``: the pooled hidden state); a
 ``*ForSequenceClassification`` model classifies (``classify``: its ``score`` head's logits
 through softmax or sigmoid) and, with one label, scores a pair of texts joined into one
-prompt (``score``: a cross-encoder). Left out: per-token vectors (``token_embed``,
-``token_classify``).
+prompt (``score``: a cross-encoder). The token tasks keep every prompt position instead of
+pooling (vLLM's ``ALL``): ``token_embed`` one vector per token (late interaction, as ColBERT),
+``token_classify`` one label distribution per token (a process reward model's per-step
+scores, token tagging).
 NOTE 4 (the prefix cache): a cached block's positions are never computed, so their hidden
 states never exist. ``LAST`` reads one position, which the scheduler always computes (a
 prompt found whole in the cache still recomputes its last token); ``MEAN`` and ``CLS`` read
 positions a hit would skip, so such a request takes no hit (vLLM's
-``skip_reading_prefix_cache``), as a request with prompt logprobs takes none.
+``skip_reading_prefix_cache``), as a request with prompt logprobs takes none; nor does a
+token task's, which reads every position.
 NOTE 5 (truncation, vLLM's ``truncate_prompt_tokens``): k >= 1 keeps a prompt's last k tokens
 (left truncation: a causal model's LAST state then reads the end of the text), -1 keeps the
 last ``max_model_len``; the input processor cuts before it checks the length, so a document
@@ -51,15 +54,16 @@ from dataclasses import dataclass
 
 from tinyvllm.validation import check_bool, check_optional_int
 
-POOLING_TASKS = ("embed", "classify", "score")  # NOTE 3
+TOKEN_TASKS = ("token_embed", "token_classify")  # NOTE 3: every position, no pooling
+POOLING_TASKS = ("embed", "classify", "score", *TOKEN_TASKS)
 
 
 def pooling_tasks(num_labels: int | None) -> tuple[str, ...]:
     """NOTE 3: the tasks of a causal LM (None) or of a classifier with ``num_labels`` labels,
     the default first."""
     if num_labels is None:
-        return ("embed",)
-    return ("classify", "score") if num_labels == 1 else ("classify",)
+        return ("embed", "token_embed")
+    return ("classify", "score", "token_classify") if num_labels == 1 else ("classify", "token_classify")
 
 
 @dataclass(frozen=True)
@@ -124,11 +128,11 @@ def resolve_pooling_params(label: str, params: PoolingParams, model: PoolingMode
         raise TypeError(f"{label} must be PoolingParams, got {params!r}")
     task = model.tasks[0] if params.task is None else params.task
     if task not in model.tasks:
-        what = "a causal LM embeds" if model.tasks == ("embed",) else "a *ForSequenceClassification model classifies"
+        what = "a causal LM embeds" if "embed" in model.tasks else "a *ForSequenceClassification model classifies"
         raise ValueError(f"{label}: task={task!r} is not one of this model's tasks {model.tasks} ({what}; "
                          "score needs a classifier with one label)")  # fmt: skip
     if params.dimensions is not None:
-        if task != "embed":
+        if task not in ("embed", "token_embed"):
             raise ValueError(f"{label}: dimensions={params.dimensions} is for embeddings, not task={task!r}")
         if not model.matryoshka:
             raise ValueError(
@@ -139,7 +143,8 @@ def resolve_pooling_params(label: str, params: PoolingParams, model: PoolingMode
             raise ValueError(f"{label}: dimensions={params.dimensions} is more than the model's hidden size {model.hidden_size}")
     dimensions = None if params.dimensions == model.hidden_size else params.dimensions  # the whole vector: nothing to cut
     chosen = params.use_activation if params.use_activation is not None else params.normalize
-    activation = (model.normalize if task == "embed" else True) if chosen is None else chosen
-    normalize = activation if task == "embed" else None
-    skip = model.pooling_type != "LAST"
+    embeds = task in ("embed", "token_embed")
+    activation = (model.normalize if embeds else True) if chosen is None else chosen
+    normalize = activation if embeds else None
+    skip = model.pooling_type != "LAST" or task in TOKEN_TASKS  # NOTE 4
     return PoolingParams(dimensions, normalize, activation, task, params.truncate_prompt_tokens, skip)

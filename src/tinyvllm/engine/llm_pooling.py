@@ -1,14 +1,15 @@
-"""The pooling entry points of ``LLM``: ``encode``, ``embed``, ``classify`` and ``score``.
+"""The pooling entry points of ``LLM``: ``encode``, ``embed``, ``classify``, ``reward`` and ``score``.
 
 Concept: a pooling engine (``LLM(model, runner="pooling")``, or ``runner="auto"`` for a
 classifier) returns one result per prompt instead of text. Each entry point names a task
 (``pooling_params.py`` NOTE 3), queues every prompt with it as ``generate`` queues (``LLM._queue``:
 all checked before any is queued) and drives the engine to the end (``LLM._run``):
-``embed`` a vector, ``classify`` a classifier's label scores, ``score`` a pair's score, from
-two embeddings (bi-encoder) or from one prompt holding both texts (cross-encoder, NOTE 2);
-``encode`` the engine's raw results, for the task its params name (else the model's first).
+``embed`` a vector, ``classify`` a classifier's label scores (``reward``: each token's),
+``score`` a pair's score, from two embeddings (bi-encoder) or from one prompt holding both
+texts (cross-encoder, NOTE 2); ``encode`` the engine's raw results, for the task its params
+name (else the model's first; ``pooling_task="token_embed"``: one vector per token).
 
-Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.encode``, ``embed``, ``classify``, ``score``,
+Mirrors: ``vllm/entrypoints/llm.py`` (``LLM.encode``, ``embed``, ``classify``, ``reward``, ``score``,
 ``_embedding_score``, ``_cross_encoding_score``).
 
 Invariants: as ``generate``'s, a call queues all of its requests or none and leaves none in
@@ -44,12 +45,12 @@ if TYPE_CHECKING:
     from tinyvllm.engine.input_processor import PromptType
 
 
-def with_task(params: PoolingParams, task: str | None, label: str, entry: str) -> PoolingParams:
-    """NOTE 1: ``params`` running ``task`` (None: the params' own), for ``LLM.<entry>``."""
+def with_task(params: PoolingParams, task: str | None, label: str) -> PoolingParams:
+    """NOTE 1: ``params`` running ``task`` (None: the params' own)."""
     if task is None or params.task == task:
         return params
     if params.task is not None:
-        raise ValueError(f"{label}: task={params.task!r}, but LLM.{entry} runs task={task!r} (leave task None)")
+        raise ValueError(f"{label}: task={params.task!r}, but this call runs task={task!r} (leave task None)")
     return dataclasses.replace(params, task=task)
 
 
@@ -69,7 +70,7 @@ class PoolingEntryPoints:
         prompts = prompt_list(prompts)
         default = PoolingParams() if pooling_params is None else pooling_params
         params, label = params_list(default, PoolingParams, "pooling_params", len(prompts))
-        params = [with_task(p, pooling_task, label.format(i=i), pooling_task or "encode") for i, p in enumerate(params)]
+        params = [with_task(p, pooling_task, label.format(i=i)) for i, p in enumerate(params)]  # NOTE 1
         if truncate_prompt_tokens is not None:  # NOTE 3
             params = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
         return self._run(self._queue(prompts, params, label, [0] * len(prompts)), use_tqdm, "Pooling")
@@ -90,6 +91,14 @@ class PoolingEntryPoints:
         a ``*ForSequenceClassification`` model (vLLM's ``LLM.classify``)."""
         outputs = self.encode(prompts, pooling_params, use_tqdm, "classify", truncate_prompt_tokens)
         return [ClassificationRequestOutput.from_base(output) for output in outputs]
+
+    def reward(
+        self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True, truncate_prompt_tokens: int | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """Each prompt token's label scores from a classifier, ``outputs.data`` [T, num_labels]
+        (vLLM's ``LLM.reward``: ``encode`` with ``token_classify``, a process reward model's scores)."""
+        return self.encode(prompts, pooling_params, use_tqdm, "token_classify", truncate_prompt_tokens)
     # --8<-- [end:encode]
 
     # --8<-- [start:score]

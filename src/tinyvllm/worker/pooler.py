@@ -33,6 +33,10 @@ NOTE 4 (copies, never views of the step's hidden states): under CUDA graphs ``hi
 graph's output buffer, rewritten by its next replay (``cuda_graph.py`` NOTE 5), so a state
 kept across steps (CLS's first row) or a vector handed back (an embedding not normalised
 is the row itself) is copied out: ``.float()`` of a float32 row would be the row.
+NOTE 5 (token tasks): ``token_embed`` and ``token_classify`` pool nothing (vLLM's ``ALL``),
+whatever the engine's pooling type: the state keeps a copy of each chunk's rows and the
+step that ends the prompt finishes all of them at once, ``[T, dims]`` or ``[T, num_labels]``
+(the activation per row: softmax over a row's labels).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from tinyvllm.config import PoolerConfig
-from tinyvllm.pooling_params import PoolingModel, PoolingParams
+from tinyvllm.pooling_params import TOKEN_TASKS, PoolingModel, PoolingParams
 
 
 @dataclass
@@ -52,14 +56,16 @@ class PoolingState:
 
     total: torch.Tensor | None = None  # MEAN: [hidden] float32, the sum of the positions so far
     first: torch.Tensor | None = None  # CLS: [hidden] float32, position 0's hidden state
+    rows: list[torch.Tensor] | None = None  # a token task's: each chunk's [n, hidden], copies (NOTE 5)
 
 
 # --8<-- [start:head]
 def embedding_head(vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
     """The request's finish (``pooling_params.py`` NOTE 2): its first ``dimensions`` values,
-    then L2-normalised if it asks. [hidden] float32 -> [dimensions or hidden] float32."""
+    then L2-normalised if it asks. [..., hidden] float32 -> [..., dimensions or hidden] float32
+    (a token task's [T, hidden]: each row alike)."""
     if params.dimensions is not None:
-        vector = vector[: params.dimensions]
+        vector = vector[..., : params.dimensions]
     if params.normalize:
         vector = torch.nn.functional.normalize(vector, p=2.0, dim=-1)
     return vector
@@ -92,14 +98,16 @@ class Pooler:
 
     # --8<-- [start:finish]
     def finish(self, vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
-        """The pooled row ([hidden], the model's dtype or float32) as the request's task wants it
-        (module header): an embedding, or a classifier's label scores [num_labels] float32."""
-        if params.task == "embed":
+        """The pooled row ([hidden], the model's dtype or float32; a token task's rows [T, hidden])
+        as the request's task wants it (module header): an embedding, or a classifier's label
+        scores [num_labels] float32 (a token task's: one per row)."""
+        if params.task in ("embed", "token_embed"):
             return embedding_head(vector.to(torch.float32, copy=True), params)  # NOTE 4
         if self.classifier is None:
             raise ValueError(f"task={params.task!r} needs a classifier's score head; this model embeds")
-        logits = self.classifier(vector[None])[0]  # [num_labels] float32, NOTE 3
-        return ACTIVATIONS[self.activations[params.task]](logits) if params.use_activation else logits
+        logits = self.classifier(vector.reshape(-1, vector.shape[-1])).reshape(*vector.shape[:-1], -1)  # NOTE 3
+        activation = self.activations["classify" if params.task == "token_classify" else params.task]
+        return ACTIVATIONS[activation](logits) if params.use_activation else logits
     # --8<-- [end:finish]
 
     # --8<-- [start:pool]
@@ -118,6 +126,11 @@ class Pooler:
         for p, state, c, n, done in zip(params, states, computed, num_scheduled, complete):
             chunk = hidden[start : start + n]  # [n, hidden]: positions c .. c + n - 1
             start += n
+            if p.task in TOKEN_TASKS:  # NOTE 5: every position
+                rows = [chunk.clone()] if c == 0 or state.rows is None else [*state.rows, chunk.clone()]
+                state.rows = rows
+                out.append(self.finish(torch.cat(rows), p) if done else None)
+                continue
             if self.pooling_type == "MEAN":
                 part = chunk.float().sum(dim=0)
                 state.total = part if c == 0 or state.total is None else state.total + part
