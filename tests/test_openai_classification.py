@@ -7,6 +7,7 @@ on the same folder; and the refusals of a server whose model cannot do the route
 from __future__ import annotations
 
 import pytest
+import torch
 from serve_fixtures import require_serve_extra, running_server
 
 require_serve_extra()  # without the serve extra (the GPU machine) this module skips at collection
@@ -85,3 +86,21 @@ def test_a_cross_encoder_serves_score_and_rerank_as_llm_score(cross_encoder):
     long = httpx.post(url + "/score", json={"text_1": QUERY, "text_2": ["ok", "word " * 200]}, timeout=60)
     assert long.status_code == 400 and long.json()["error"]["param"] == "text_2"
     assert "`text_2[1]` has" in long.json()["error"]["message"]
+
+
+def test_pooling_answers_any_task_the_model_does_as_llm_encode(classifier):
+    """``POST /pooling``: the body's task (None: the model's first), each input's tensor as
+    nested lists, equal to ``LLM.encode(..., pooling_task=task)``."""
+    url, offline = classifier
+    for task in (None, "token_classify"):
+        want = offline.encode(TEXTS, use_tqdm=False, pooling_task=task)
+        out = httpx.post(url + "/pooling", json={"input": TEXTS, "task": task}, timeout=60).json()
+        assert out["object"] == "list" and out["id"].startswith("pool-")
+        for item, expected in zip(out["data"], want):
+            assert item["object"] == "pooling"
+            assert torch.allclose(torch.tensor(item["data"]), expected.outputs.data, atol=1e-5)
+    assert len(out["data"][0]["data"]) == len(want[0].prompt_token_ids)  # token_classify: a row per token
+    bad = httpx.post(url + "/pooling", json={"input": "x", "task": "embed"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "task"
+    bad = httpx.post(url + "/pooling", json={"input": "x", "dimensions": 2}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "dimensions"

@@ -6,8 +6,8 @@ its body is checked is ``serving.py``'s.
 
 Endpoints: ``GET``/``HEAD /health``, ``GET /version``, ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/embeddings`` (a pooling
-engine's, ``embeddings.py``), ``POST /classify`` (a classifier's, ``classify.py``), ``POST /score``
-and ``/rerank`` (a pooling engine's, ``scoring.py``),
+engine's, ``embeddings.py``), ``POST /classify`` (a classifier's, ``classify.py``), ``POST /pooling``
+(any pooling task, ``pooling.py``), ``POST /score`` and ``/rerank`` (a pooling engine's, ``scoring.py``),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /metrics`` (``metrics.py``).
 
 Mirrors: ``vllm/entrypoints/openai/api_server.py`` (its routes, ``--api-key``'s
@@ -66,12 +66,14 @@ from tinyvllm.engine.async_llm import AsyncLLM
 from tinyvllm.entrypoints.classify import create_classification
 from tinyvllm.entrypoints.constraints import TOOL_CALL_PARSERS
 from tinyvllm.entrypoints.embeddings import create_embedding
+from tinyvllm.entrypoints.pooling import create_pooling
 from tinyvllm.entrypoints.protocol import (
     ChatCompletionRequest,
     ClassificationRequest,
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    PoolingRequest,
     RequestError,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
@@ -386,6 +388,12 @@ def build_app(
         arrival = time.perf_counter()
         body = await _parse(raw_request, ClassificationRequest)
         return await create_classification(serving, body, raw_request, _request_id(raw_request, body), arrival)
+
+    @app.post("/pooling")
+    async def pooling(raw_request: Request):
+        arrival = time.perf_counter()
+        body = await _parse(raw_request, PoolingRequest)
+        return await create_pooling(serving, body, raw_request, _request_id(raw_request, body), arrival)
 
     @app.post("/score")
     @app.post("/v1/score")

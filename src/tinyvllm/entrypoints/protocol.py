@@ -486,4 +486,13 @@ class ClassificationRequest(PoolingInputRequest):
     """``POST /classify`` (vLLM's): each input's label scores from a classifier."""
 
     use_activation: bool | None = None  # None: on (softmax or sigmoid, as the model says)
+
+
+class PoolingRequest(PoolingInputRequest):
+    """``POST /pooling`` (vLLM's): each input's result for ``task``, as the pooler makes it."""
+
+    task: str | None = None  # None: the model's first (pooling_params.py NOTE 3)
+    dimensions: int | None = None
+    normalize: bool | None = None
+    use_activation: bool | None = None
 # --8<-- [end:embedding_request]
