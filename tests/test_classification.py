@@ -176,7 +176,7 @@ def test_the_loader_reads_labels_and_wants_the_score_head(folders, tmp_path):
 
     assert check_model_folder(folders["three"]).labels == ("LABEL_0", "LABEL_1", "LABEL_2")
     assert load_classifier(folders["one"]).score.weight.shape == (1, 64)
-    with pytest.raises(ValueError, match="holds a Qwen3ForSequenceClassification: load it with classifier.load_classifier"):
+    with pytest.raises(ValueError, match="holds a Qwen3ForSequenceClassification: classifier.load_classifier loads classifiers"):
         load_model(folders["three"])
     folder = shutil.copytree(folders["three"], tmp_path / "lm-head")
     tensors = load_file(folder / "model.safetensors")
@@ -267,3 +267,49 @@ def test_truncate_prompt_tokens_keeps_each_prompts_last_tokens(classifier, folde
         classifier.classify("x", use_tqdm=False, truncate_prompt_tokens=max_len + 1)
     with pytest.raises(ValueError, match="truncate_prompt_tokens must be None, -1 or an int >= 1, got 0"):
         PoolingParams(truncate_prompt_tokens=0)
+
+
+# -- a causal LM read as a reranker (loader.py NOTE 8) ---------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])  # tied embeddings, and an LM head of its own
+def test_a_causal_lm_read_as_a_two_way_reranker_scores_as_its_softmax(tiny_model_dirs, family):
+    """``hf_overrides`` naming a classifier architecture and two tokens (Qwen3-Reranker's
+    recipe): the score is the causal LM's next-token softmax over the two, at the second."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tiny_model_dirs[family]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    no, yes = tokenizer.convert_ids_to_tokens([40, 41])
+    overrides = {"architectures": [f"{'Qwen3' if family == 'qwen3' else 'Llama'}ForSequenceClassification"],
+                 "classifier_from_token": [no, yes], "method": "from_2_way_softmax"}  # fmt: skip
+    reranker = LLM(str(folder), hf_overrides=overrides, max_num_batched_tokens=8)
+    assert reranker.config.model_config.runner_type == "pooling"
+    lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for output in reranker.score(QUERY, DOCS, use_tqdm=False):
+        with torch.no_grad():
+            logits = lm(torch.tensor([output.prompt_token_ids])).logits[0, -1]
+        assert abs(output.outputs.score - torch.softmax(logits[[40, 41]], dim=-1)[1].item()) < 2e-5
+    both = LLM(str(folder), hf_overrides={**overrides, "method": None})  # a label per token, a softmax over them
+    [output] = both.classify(QUERY, use_tqdm=False)
+    with torch.no_grad():
+        logits = lm(torch.tensor([output.prompt_token_ids])).logits[0, -1]
+    assert close(output.outputs.probs, torch.softmax(logits[[40, 41]], dim=-1))
+
+
+def test_hf_overrides_are_checked_and_reach_the_command_line(tiny_model_dirs):
+    from tinyvllm import cli
+    from tinyvllm.engine.engine_args import EngineArgs
+
+    folder = str(tiny_model_dirs["qwen3"])
+    arch = {"architectures": ["Qwen3ForSequenceClassification"]}
+    with pytest.raises(ValueError, match="classifier_from_token: 'no such token' is not one token"):
+        LLM(folder, hf_overrides={**arch, "classifier_from_token": ["no such token", "x"]})
+    with pytest.raises(ValueError, match="from_2_way_softmax takes two tokens"):
+        LLM(folder, hf_overrides={**arch, "classifier_from_token": ["x"], "is_original_qwen3_reranker": True})
+    with pytest.raises(ValueError, match="hf_overrides must be a JSON object"):
+        EngineArgs(folder, hf_overrides="{oops").create_engine_config()
+    flags = json.dumps({**arch, "classifier_from_token": ["a", "b"], "method": "from_2_way_softmax"})
+    args = cli.build_parser().parse_args(["serve", "--model", folder, "--hf-overrides", flags])
+    config = EngineArgs.from_cli_args(args).create_engine_config().model_config
+    assert config.pooling_model.tasks == ("classify", "score", "token_classify") and config.spec.two_way

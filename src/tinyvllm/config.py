@@ -347,6 +347,8 @@ class ModelConfig:
         pooler_config: a pooling engine's, every field resolved; None for "generate".
         pooling_model: what a pooling engine's model does (tasks, matryoshka, activations,
             labels: ``pooling_params.PoolingModel``); None for "generate".
+        hf_overrides: fields laid over the folder's config.json (vLLM's ``hf_overrides``), read
+            again by the worker when it loads the weights; None: none.
     """
 
     model: str | Path
@@ -360,6 +362,7 @@ class ModelConfig:
     runner_type: str = "generate"
     pooler_config: PoolerConfig | None = None
     pooling_model: "PoolingModel | None" = None
+    hf_overrides: dict | None = None
 
     def __post_init__(self) -> None:
         pooling = self.runner_type == "pooling"

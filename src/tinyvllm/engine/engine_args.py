@@ -54,9 +54,9 @@ schedule a step while the last one runs (``core/async_scheduler.py``); it is ref
 speculative decoding, as vLLM refuses it with n-gram drafts. ``scheduling_policy`` ("fcfs",
 "priority": ``core/request_queue.py``) is vLLM's ``--scheduling-policy``.
 NOTE 12 (pooling, ``docs/pooling.md``): ``runner`` "auto" is "pooling" for a classifier (no LM
-head: "generate" is refused) and "generate" otherwise; "pooling" refuses drafts and custom
-logits processors (seed 001 ch. 11: no logits); ``pooler_config``'s unset fields come from the
-folder (``models/pooling_spec.py``).
+head: "generate" is refused), else "generate"; "pooling" refuses drafts and custom logits
+processors (seed 001 ch. 11); ``pooler_config``'s unset fields come from the folder
+(``models/pooling_spec.py``); ``hf_overrides`` is laid over config.json (``loader.py`` NOTE 8).
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ from tinyvllm.core.request_queue import SCHEDULING_POLICIES, check_policy
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.hub import check_revision, resolve_model
 from tinyvllm.models.loader import ModelSpec, load_model_spec, resolve_dtype
-from tinyvllm.models.pooling_spec import read_pooling_spec
+from tinyvllm.models.model_files import check_hf_overrides
+from tinyvllm.models.pooling_spec import resolve_pooling_model
 from tinyvllm.platform import triton_can_run_on
-from tinyvllm.pooling_params import PoolingModel, pooling_tasks
 from tinyvllm.sampling_defaults import check_generation_config
 from tinyvllm.sampling_params import MAX_LOGPROBS
 from tinyvllm.stdlib_tiny import STDLIB_TINY
@@ -144,6 +144,7 @@ class EngineArgs:
     structured_outputs_config: dict | StructuredOutputsConfig | None = None
     runner: str = "auto"  # NOTE 12
     pooler_config: dict | PoolerConfig | None = None
+    hf_overrides: dict | str | None = None  # NOTE 12: laid over config.json; a str is JSON
 
     # --8<-- [start:add_cli_args]
     @staticmethod
@@ -195,6 +196,12 @@ class EngineArgs:
             help="who runs the ranks: uni (this process; N = 1), mp (a process per rank; N > 1) or "
             "external_launcher (torchrun starts every rank)",
         )  # fmt: skip
+        p.add_argument(
+            "--hf-overrides", default=None, metavar="JSON",
+            help='fields laid over the model\'s config.json (vLLM\'s flag), e.g. a causal LM read as a reranker: '
+            '\'{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+            '"method": "from_2_way_softmax"}\'',
+        )  # fmt: skip
     # --8<-- [end:add_cli_args]
 
     # --8<-- [start:from_cli_args]
@@ -220,6 +227,7 @@ class EngineArgs:
             async_scheduling=getattr(args, "async_scheduling", False),
             scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
             runner=getattr(args, "runner", "generate"), pooler_config=getattr(args, "pooler", None),  # serve's flags
+            hf_overrides=getattr(args, "hf_overrides", None),
         )  # fmt: skip
     # --8<-- [end:from_cli_args]
 
@@ -283,10 +291,13 @@ class EngineArgs:
                 "proposer needs each step's tokens on the host before the next step is scheduled"
             )
         runner, pooler_config = check_runner(self.runner, self.pooler_config, speculative_config, logits_processors)
+        hf_overrides = check_hf_overrides(self.hf_overrides)
         # --8<-- [end:arguments]
         model = resolve_model(model, revision)  # NOTE 4: a local folder, or the hub snapshot of an id
-        spec = load_model_spec(model)
+        spec = load_model_spec(model, hf_overrides)
         runner, pooler_config = check_runner(runner, pooler_config, speculative_config, logits_processors, spec)
+        pooling = None if pooler_config is None else resolve_pooling_model(
+            pooler_config.pooling_type, pooler_config.normalize, model, spec.hidden_size, spec.labels, hf_overrides)  # fmt: skip
         torch_dtype = resolve_dtype(dtype, spec, device.type)
         check_tensor_parallel_size(
             tensor_parallel_size, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
@@ -323,7 +334,8 @@ class EngineArgs:
             speculative_config,
             ModelConfig(
                 model, spec, str(torch_dtype).removeprefix("torch."), attention_backend, seed,
-                logits_processors, max_logprobs, generation_config, runner, *_resolve_pooler(pooler_config, model, spec),
+                logits_processors, max_logprobs, generation_config, runner,
+                None if pooling is None else PoolerConfig(pooling.pooling_type, pooling.normalize), pooling, hf_overrides,
             ),
             DeviceConfig(str(device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads),
             ParallelConfig(tensor_parallel_size, executor_backend),
@@ -367,19 +379,7 @@ def check_runner(
     return runner, pooler_config or PoolerConfig()
 
 
-def _resolve_pooler(pooler_config: PoolerConfig | None, model, spec: ModelSpec) -> tuple[PoolerConfig | None, PoolingModel | None]:
-    """NOTE 12: each field the user left None, from the model folder (else vLLM's defaults:
-    LAST, normalised), and what the model can do (``pooling_params.PoolingModel``)."""
-    if pooler_config is None:
-        return None, None
-    folder = read_pooling_spec(model)
-    pooling_type = pooler_config.pooling_type or folder.pooling_type or "LAST"
-    normalize = next(v for v in (pooler_config.normalize, folder.normalize, True) if v is not None)
-    tasks = pooling_tasks(spec.num_labels)
-    return PoolerConfig(pooling_type, normalize), PoolingModel(
-        spec.hidden_size, tasks, pooling_type, normalize, folder.matryoshka, folder.classify_activation,
-        folder.score_activation, folder.use_pad_token, spec.labels,
-    )  # fmt: skip
+
 # --8<-- [end:runner]
 
 

@@ -107,6 +107,7 @@ class LLM(PoolingEntryPoints):
         scheduling_policy: str = "fcfs",
         runner: str = "auto",
         pooler_config: dict | PoolerConfig | None = None,
+        hf_overrides: dict | str | None = None,
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, device=device, max_model_len=max_model_len, block_size=block_size,
@@ -118,7 +119,7 @@ class LLM(PoolingEntryPoints):
             speculative_config=speculative_config, max_logprobs=max_logprobs, torch_threads=torch_threads,
             tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=distributed_executor_backend,
             async_scheduling=async_scheduling, structured_outputs_config=structured_outputs_config,
-            scheduling_policy=scheduling_policy, runner=runner, pooler_config=pooler_config,
+            scheduling_policy=scheduling_policy, runner=runner, pooler_config=pooler_config, hf_overrides=hf_overrides,
         )  # fmt: skip
         self.engine = LLMEngine.from_engine_args(engine_args)  # NOTE 1
         self._ids = itertools.count()

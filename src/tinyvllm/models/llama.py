@@ -492,7 +492,8 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     attention_backend: str = "reference",
-    model_class: type[DecoderForCausalLM] | None = None,  # None: the causal LM; classifier.py passes its own
+    model_class: Callable[..., DecoderForCausalLM] | None = None,  # None: the causal LM; classifier.py's its own
+    hf_overrides: dict | None = None,  # vLLM's: laid over config.json (loader.py NOTE 8)
 ) -> DecoderForCausalLM:
     """Read the folder's spec, refuse a tensor-parallel size its heads do not split over, check
     every tensor from the safetensors headers and this rank's bytes against the memory before
@@ -500,15 +501,14 @@ def load_model(
     ``dtype`` and copy this rank's slices in (NOTE 10). A broken folder: a ValueError naming it."""
     if attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {attention_backend!r} is not one of {sorted(ATTENTION_BACKENDS)}")
-    spec = load_model_spec(folder)
+    spec = load_model_spec(folder, hf_overrides)
     check_tensor_parallel_size(get_tensor_model_parallel_world_size(), spec.num_attention_heads,
                                spec.num_key_value_heads, spec.intermediate_size)  # fmt: skip
     files = find_weight_files(folder)
     infos = read_tensor_infos(files)
     check_weights(spec, infos, folder)  # headers only: nothing read yet
     if (spec.labels is not None) != (model_class not in (None, DecoderForCausalLM)):  # loader.py NOTE 7
-        raise ValueError(f"{folder} holds a {spec.architecture}: load it with classifier.load_classifier "
-                         "if and only if it is a classifier")  # fmt: skip
+        raise ValueError(f"{folder} holds a {spec.architecture}: classifier.load_classifier loads classifiers, load_model the rest")
     with torch.device("meta"):  # no random init: shapes only, memory comes with to_empty
         model = (model_class or DecoderForCausalLM)(spec, attention_backend)
     check_weights_fit(rank_tensor_infos(model, infos), Path(folder), "cpu")  # every slice passes through the CPU

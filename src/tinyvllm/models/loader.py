@@ -48,9 +48,11 @@ NOTE 6 (a rank reads its slice): ``checkpoint_slices`` hands out each tensor unr
 from the file, so a tensor-parallel rank never holds a whole split tensor (vLLM's loader
 calls safetensors' ``get_slice`` for the same reason).
 NOTE 7 (classifiers): a ``*ForSequenceClassification`` checkpoint is the decoder with a
-``score.weight`` ``[num_labels, hidden]`` where the LM head was; ``labels`` are its
-``id2label`` names in id order (transformers' default: two, ``LABEL_0`` and ``LABEL_1``); an
-``lm_head.weight`` beside it (a causal LM converted to a classifier) is skipped, as vLLM does.
+``score.weight`` ``[num_labels, hidden]`` for the LM head; ``labels`` are ``id2label``'s names
+(default ``LABEL_0``, ``LABEL_1``); an ``lm_head.weight`` beside it is skipped, as vLLM does.
+NOTE 8 (a causal LM read as one, vLLM's ``classifier_from_token`` in ``hf_overrides``): the
+score head is those tokens' LM-head rows, made at load time (``models/classifier.py``); two
+with ``method: from_2_way_softmax`` make one label (``pooling_spec.py`` NOTE 3).
 
 Left out: quantised checkpoints, multimodal configs, remote code; checking that the
 tokenizer's ids fit ``vocab_size`` (some checkpoints list added tokens past it).
@@ -60,19 +62,20 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tinyvllm.models.pooling_spec import classifier_labels
+from tinyvllm.models.pooling_spec import classifier_head
 from tinyvllm.models.tokenizer import check_tokenizer_files, load_eos_token_ids
 from tinyvllm.models.model_files import (
     check_model_file,
     check_weights_fit,
     json_type,
     read_json_object,
+    read_model_config,
     require_model_folder,
 )
 
@@ -126,6 +129,8 @@ class ModelSpec:
     qkv_bias: bool  # Qwen2: bias on the q, k, v projections
     torch_dtype: str  # the checkpoint's dtype, one of float32 / float16 / bfloat16
     labels: tuple[str, ...] | None = None  # NOTE 7: a classifier's label names by id; None: a causal LM
+    score_from_tokens: tuple[str, ...] | None = None  # NOTE 8: the score head made of these tokens' LM-head rows
+    two_way: bool = False  # NOTE 8: one label, the second token's row minus the first's
 
     @property
     def num_labels(self) -> int | None:
@@ -248,11 +253,12 @@ def _architecture(config: dict[str, Any], path: Path) -> str:
     return supported[0]
 
 
-def load_model_spec(folder: str | Path) -> ModelSpec:
-    """Read and check ``config.json`` of a Hugging Face model folder (every check listed
-    in the module header); a ValueError names the file, the field and the value."""
+def load_model_spec(folder: str | Path, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
+    """Read and check ``config.json`` of a Hugging Face model folder, ``overrides`` (vLLM's
+    ``hf_overrides``) laid over it (every check listed in the module header); a ValueError
+    names the file, the field and the value."""
     path = require_model_folder(folder) / "config.json"
-    config = read_json_object(path, Path(folder))
+    config = read_model_config(folder, overrides)
     where = str(path)
     arch = _architecture(config, path)
     family = SUPPORTED_ARCHITECTURES[arch]
@@ -294,7 +300,7 @@ def load_model_spec(folder: str | Path) -> ModelSpec:
         qk_norm=family == "qwen3",
         qkv_bias=family == "qwen2" or _bool_field(config, "attention_bias", where, default=False),
         torch_dtype=dtype,
-        labels=classifier_labels(config, arch, where),
+        **classifier_head(config, arch, where),
     )
 
 
@@ -434,9 +440,9 @@ def expected_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     hidden, inter, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
     q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
     shapes = {"model.embed_tokens.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,)}
-    if spec.labels is not None:  # NOTE 7
+    if spec.labels is not None and spec.score_from_tokens is None:  # NOTE 7
         shapes["score.weight"] = (len(spec.labels), hidden)
-    elif not spec.tie_word_embeddings:
+    elif not spec.tie_word_embeddings:  # a causal LM's head, or the rows a converted classifier takes (NOTE 8)
         shapes["lm_head.weight"] = (spec.vocab_size, hidden)
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -490,10 +496,10 @@ def check_weights(spec: ModelSpec, infos: dict[str, TensorInfo], folder: str | P
             raise ValueError(f"tensor {name!r} in {info.file} is not used by this decoder (unsupported feature)")
 
 
-def check_model_folder(folder: str | Path) -> ModelSpec:
+def check_model_folder(folder: str | Path, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
     """Every check of the module header but loading the tokenizer, without importing torch
     or transformers; returns the spec. The command line runs it before starting the engine."""
-    spec = load_model_spec(folder)
+    spec = load_model_spec(folder, overrides)
     infos = read_tensor_infos(find_weight_files(folder))
     check_weights(spec, infos, folder)
     check_weights_fit(infos.values(), folder, "cpu")  # every tensor passes through CPU memory (NOTE 5)

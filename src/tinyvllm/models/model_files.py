@@ -8,7 +8,9 @@ checkpoint. Every file the loader (``models/loader.py``) or the hub lookup
 (to safetensors, to transformers' tokenizer) through ``check_model_file``, and the
 weights through ``check_weights_fit`` before any tensor is read. ``read_json_object``
 reads a JSON file that must hold an object (``config.json``, ``generation_config.json``,
-...) through ``read_model_file``: the loader and ``sampling_defaults.py`` share it.
+...) through ``read_model_file``: the loader and ``sampling_defaults.py`` share it;
+``read_model_config`` is ``config.json`` with vLLM's ``hf_overrides`` laid over it
+(``check_hf_overrides``), what every reader of the model's config reads.
 
 Mirrors: nothing one-to-one. vLLM lets transformers and safetensors open the files and
 learns that weights do not fit when an allocation fails inside ``load_model``.
@@ -46,7 +48,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +167,26 @@ def read_json_object(path: Path, folder: Path, kind: str = "config") -> dict[str
     if not isinstance(value, dict):
         raise ValueError(f"{path} must hold a JSON object {{...}}, got {json_type(value)}")
     return value
+
+
+def read_model_config(folder: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The folder's ``config.json`` object with ``overrides`` (vLLM's ``hf_overrides``) laid
+    over its top-level fields: what every reader of the model's config reads."""
+    root = require_model_folder(folder)
+    return {**read_json_object(root / "config.json", root), **(overrides or {})}
+
+
+def check_hf_overrides(value: object) -> dict[str, Any] | None:
+    """vLLM's ``hf_overrides`` as a dict of config.json fields (a str is parsed as JSON); a
+    ValueError naming it otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"hf_overrides must be a JSON object, got {value!r}: {error}") from None
+    if value is not None and not (isinstance(value, Mapping) and all(isinstance(k, str) for k in value)):
+        raise ValueError(f"hf_overrides must be a dict of config.json fields (str keys) or None, got {value!r}")
+    return None if value is None else dict(value)
 
 
 def json_type(value: object) -> str:

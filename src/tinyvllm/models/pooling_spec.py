@@ -33,16 +33,24 @@ NOTE 2 (a pair as one prompt): by default the tokenizer joins the two texts as a
 (``tokenizer(text, text_pair=...)``: its separator tokens, if it has any); a model whose
 config says ``use_pad_token: false`` (an LLM used as a reranker) is given the two texts
 concatenated, as vLLM does.
+NOTE 3 (a causal LM read as a classifier, vLLM's ``classifier_from_token``): given in
+``hf_overrides`` with a ``*ForSequenceClassification`` architecture, the tokens' LM-head rows
+are the score head, one label per token; with ``method: from_2_way_softmax`` (Qwen3-Reranker's
+``is_original_qwen3_reranker: true`` says the same) two tokens make one label whose logit is
+the second's row minus the first's: its sigmoid is the causal LM's softmax over the two.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tinyvllm.models.model_files import read_json_object, read_model_file, require_model_folder
+from tinyvllm.models.model_files import read_json_object, read_model_config, read_model_file, require_model_folder
+from tinyvllm.pooling_params import PoolingModel, pooling_tasks
 
 # sentence-transformers' pooling modes -> PoolerConfig.pooling_type
 _MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS"}
@@ -63,23 +71,33 @@ class PoolingSpec:
     use_pad_token: bool = True  # NOTE 2
 
 
-def classifier_labels(config: dict, arch: str, where: str) -> tuple[str, ...] | None:
-    """A ``*ForSequenceClassification`` model's ``id2label`` names in id order (transformers'
-    default: ``LABEL_0``, ``LABEL_1``); None for any other architecture."""
+def classifier_head(config: dict, arch: str, where: str) -> dict:
+    """A ``*ForSequenceClassification`` model's ``ModelSpec`` fields: ``labels``, its
+    ``id2label`` names in id order (transformers' default: ``LABEL_0``, ``LABEL_1``), or NOTE 3's
+    head made of tokens' rows; ``{}`` (a causal LM) for any other architecture."""
     if not arch.endswith("ForSequenceClassification"):
-        return None
+        return {}
+    tokens = config.get("classifier_from_token")
+    if tokens is not None:  # NOTE 3
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) and t for t in tokens):
+            raise ValueError(f"{where}: field 'classifier_from_token' must be a list of token strings, got {tokens!r}"[:300])
+        two_way = config.get("method") == "from_2_way_softmax" or config.get("is_original_qwen3_reranker") is True
+        if two_way and len(tokens) != 2:
+            raise ValueError(f"{where}: from_2_way_softmax takes two tokens (the 'no' and the 'yes' one), got {tokens!r}")
+        return {"labels": ("LABEL_0",) if two_way else tuple(tokens), "score_from_tokens": tuple(tokens), "two_way": two_way}
     id2label = config.get("id2label")
     if id2label is None:
-        return ("LABEL_0", "LABEL_1")
+        return {"labels": ("LABEL_0", "LABEL_1")}
     keys = [str(i) for i in range(len(id2label))] if isinstance(id2label, dict) else []
     if not keys or sorted(id2label) != sorted(keys) or not all(isinstance(id2label[k], str) for k in keys):
         raise ValueError(f"{where}: field 'id2label' must map the ids 0..n-1 (n >= 1) to str names, got {id2label!r}"[:300])
-    return tuple(id2label[k] for k in keys)
+    return {"labels": tuple(id2label[k] for k in keys)}
 
 
 def _activations(config: dict, where: str) -> tuple[str, str]:
     """NOTE 1: the classify and score activations ``config.json`` asks for."""
-    labels = classifier_labels(config, str((config.get("architectures") or [""])[0]), where) or ()
+    archs = config.get("architectures")
+    labels = classifier_head(config, str(archs[0]) if isinstance(archs, list) and archs else "", where).get("labels", ())
     problem = config.get("problem_type")
     if problem is not None and problem not in _PROBLEM_TYPES:
         raise ValueError(f"{where}: field 'problem_type' must be one of {sorted(_PROBLEM_TYPES)}, got {problem!r}")
@@ -92,10 +110,11 @@ def _activations(config: dict, where: str) -> tuple[str, str]:
     return classify, _SCORE_ACTIVATIONS[name] if name is not None else classify
 
 
-def read_pooling_spec(folder: str | Path) -> PoolingSpec:
-    """The folder's sentence-transformers pooling and matryoshka flags (module header)."""
+def read_pooling_spec(folder: str | Path, overrides: Mapping[str, Any] | None = None) -> PoolingSpec:
+    """The folder's sentence-transformers pooling, matryoshka flags and a classifier's
+    activations and pair joining (module header); ``overrides``: vLLM's ``hf_overrides``."""
     root = require_model_folder(folder)
-    config = read_json_object(root / "config.json", root)
+    config = read_model_config(root, overrides)
     matryoshka = bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions"))
     use_pad_token = config.get("use_pad_token", True)
     if not isinstance(use_pad_token, bool):
@@ -121,3 +140,21 @@ def read_pooling_spec(folder: str | Path) -> PoolingSpec:
             raise ValueError(f"{pooling_path}: one of {sorted(_MODES)} must be true (tinyvllm pools that way), got {chosen}")
         pooling_type = chosen[0]
     return PoolingSpec(pooling_type, "Normalize" in kinds, *model)
+
+
+
+def resolve_pooling_model(
+    pooling_type: str | None, normalize: bool | None, folder: str | Path, hidden_size: int,
+    labels: tuple[str, ...] | None, overrides: Mapping[str, Any] | None = None,
+) -> PoolingModel:
+    """What a pooling engine's model does (``PoolingModel``): the user's ``pooling_type`` and
+    ``normalize`` where given, else the folder's, else vLLM's defaults (LAST, normalised), and
+    the folder's matryoshka flag, activations and pair joining (``engine_args.py`` NOTE 12);
+    ``hidden_size`` and ``labels`` are the ``ModelSpec``'s."""
+    found = read_pooling_spec(folder, overrides)
+    pooling_type = pooling_type or found.pooling_type or "LAST"
+    normalize = next(v for v in (normalize, found.normalize, True) if v is not None)
+    return PoolingModel(
+        hidden_size, pooling_tasks(None if labels is None else len(labels)), pooling_type, normalize,
+        found.matryoshka, found.classify_activation, found.score_activation, found.use_pad_token, labels,
+    )  # fmt: skip

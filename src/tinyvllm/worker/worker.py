@@ -133,7 +133,8 @@ class Worker:
         started = time.perf_counter()
         mc = self.model_config
         load = llama.load_model if mc.spec.labels is None else load_classifier  # models/classifier.py
-        self.model = load(mc.model, dtype=self.dtype, device=self.device, attention_backend=mc.attention_backend)
+        self.model = load(mc.model, dtype=self.dtype, device=self.device, attention_backend=mc.attention_backend,
+                          hf_overrides=mc.hf_overrides)  # fmt: skip
         self._loaded = time.perf_counter()
         self._load_s = self._loaded - started
 
