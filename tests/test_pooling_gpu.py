@@ -62,3 +62,23 @@ def test_a_classifier_on_cuda_matches_transformers(tmp_path, dtype, tol):
             assert (torch.tensor(output.outputs.probs) - ref).abs().max().item() < tol
     finally:
         llm.shutdown()
+
+
+def test_cls_pooling_on_cuda_graphs_keeps_its_first_row(tiny_model_dirs):
+    """CLS in float32 under the default PIECEWISE graphs, prompts longer than the token budget:
+    the first chunk's row must outlive the graph replays of the chunks after it (pooler.py
+    NOTE 4), so the vectors equal transformers' first hidden states."""
+    from transformers import AutoModel
+
+    folder = tiny_model_dirs["qwen3"]
+    model = AutoModel.from_pretrained(str(folder), dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        reference = [model(torch.tensor([ids], device="cuda")).last_hidden_state[0, 0].cpu() for ids in PROMPTS]
+    llm = LLM(str(folder), device="cuda", dtype="float32", runner="pooling", max_num_batched_tokens=16,
+              pooler_config={"pooling_type": "CLS", "normalize": False})  # fmt: skip
+    try:
+        outputs = llm.encode([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+        for output, ref in zip(outputs, reference):
+            assert (output.outputs.data - ref).abs().max().item() < 1e-4
+    finally:
+        llm.shutdown()
