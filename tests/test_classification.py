@@ -313,3 +313,16 @@ def test_hf_overrides_are_checked_and_reach_the_command_line(tiny_model_dirs):
     args = cli.build_parser().parse_args(["serve", "--model", folder, "--hf-overrides", flags])
     config = EngineArgs.from_cli_args(args).create_engine_config().model_config
     assert config.pooling_model.tasks == ("classify", "score", "token_classify") and config.spec.two_way
+
+
+def test_a_two_way_head_from_a_bfloat16_checkpoint_is_exact_in_float32():
+    """The shipped checkpoint is bfloat16: the head's row is the difference of the two rows
+    taken in float32 (the engine's dtype on the CPU), not rounded to bfloat16 first."""
+    from tinyvllm.stdlib_tiny import STDLIB_TINY
+
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+                 "method": "from_2_way_softmax"}  # fmt: skip
+    llm = LLM(STDLIB_TINY, hf_overrides=overrides, device="cpu")
+    model = llm.engine.model_runner.model
+    no, yes = llm.get_tokenizer().convert_tokens_to_ids(["no", "yes"])
+    assert torch.equal(model.score.weight[0], model.embed_tokens.weight[yes] - model.embed_tokens.weight[no])

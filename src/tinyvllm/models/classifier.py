@@ -24,7 +24,8 @@ NOTE 2 (a head made of tokens, ``loader.py`` NOTE 8): a causal LM read as a clas
 (Qwen3-Reranker answers "yes" or "no") has no ``score.weight``; its head is its LM head's rows
 of the named tokens, read from the checkpoint at load time: ``[N, hidden]``, or for
 ``from_2_way_softmax`` the one row ``yes - no``, since ``sigmoid(h . (w_yes - w_no))`` is the
-softmax of ``(h . w_no, h . w_yes)`` at ``yes``. The whole LM head is never built.
+softmax of ``(h . w_no, h . w_yes)`` at ``yes``, taken in the model's dtype (a bfloat16
+checkpoint run in float32 subtracts in float32). The whole LM head is never built.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class DecoderForSequenceClassification(DecoderForCausalLM):
 
     def _rows_loader(self, param: torch.Tensor, loaded, shard_id: object = None) -> None:
         """NOTE 2: the named tokens' rows of the LM head (only they are read), or yes - no."""
-        rows = torch.cat([loaded[i : i + 1] for i in self.score_token_ids])  # [N, hidden]
+        rows = torch.cat([loaded[i : i + 1] for i in self.score_token_ids]).to(param.dtype)  # [N, hidden]
         with torch.no_grad():  # also run on the meta device, to count what is read
             param.copy_(rows[1:2] - rows[0:1] if self.spec.two_way else rows)
 
