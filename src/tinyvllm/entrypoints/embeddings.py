@@ -148,10 +148,7 @@ async def pool_inputs(serving: OpenAIServing, body: PoolingInputRequest, raw_req
     if serving.closing:  # serving.py NOTE 7
         raise APIError(503, "the server is shutting down", "ServiceUnavailableError")
     inputs, names = _inputs(body.input)
-    bound = serving.async_llm.max_waiting_requests
-    if len(inputs) > bound:
-        raise RequestError(f"{len(inputs)} inputs can never wait together: this server queues at most {bound} "
-                           f"(max_waiting_requests); send at most {bound} in one request", "input")  # fmt: skip
+    check_bound(serving, len(inputs), "inputs", "input")
     params, priority, truncate = params_of(), serving._priority(body), serving._truncate(body)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     prompts = await serving.async_llm.run_in_tokenizer_thread(token_ids, serving, inputs, names, add_special, truncate)
@@ -159,6 +156,14 @@ async def pool_inputs(serving: OpenAIServing, body: PoolingInputRequest, raw_req
     if not isinstance(outputs, Response):
         count_outputs(serving, outputs, arrival)
     return outputs
+
+
+def check_bound(serving: OpenAIServing, n: int, what: str, field: str) -> None:
+    """A request of ``n`` engine requests that could never wait together is a 400 naming ``field``."""
+    bound = serving.async_llm.max_waiting_requests
+    if n > bound:
+        raise RequestError(f"{n} {what} can never wait together: this server queues at most {bound} "
+                           f"(max_waiting_requests); send at most {bound} in one request", field)  # fmt: skip
 
 
 def pooling_answer(serving: OpenAIServing, response_id: str, data: list, outputs: list) -> JSONResponse:

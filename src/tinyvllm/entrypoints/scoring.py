@@ -53,12 +53,14 @@ score is the model's, and a pair too long for the context is a 400 naming the pa
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from tinyvllm.engine.scoring import ScorePlan, cosine, cross_pairs, pair_token_ids, score_plan
-from tinyvllm.entrypoints.embeddings import check_pools, count_outputs, encode_all, token_ids
+from tinyvllm.engine.scoring import cosine, cross_pairs, pair_token_ids, score_plan
+from tinyvllm.entrypoints.embeddings import check_bound, check_pools, count_outputs, encode_all, token_ids
 from tinyvllm.entrypoints.protocol import RequestError, _Strict
 from tinyvllm.entrypoints.serving import APIError, OpenAIServing
 from tinyvllm.pooling_params import PoolingParams
@@ -118,8 +120,8 @@ async def pair_scores(serving: OpenAIServing, body: ScoreRequest | RerankRequest
     model = serving.async_llm.input_processor.pooling_model
     if "score" in model.tasks:  # NOTE 5: a cross-encoder
         return await _cross_scores(serving, body, side_1, side_2, names, raw_request, response_id, arrival)
-    plan = _plan(side_1, side_2, names)
-    _check_bound(serving, len(plan.prompts), "distinct texts", names[1])
+    plan = _paired(score_plan, side_1, side_2, names)
+    check_bound(serving, len(plan.prompts), "distinct texts", names[1])
     priority, truncate = serving._priority(body), serving._truncate(body)
     prompts = await serving.async_llm.run_in_tokenizer_thread(token_ids, serving, plan.prompts, plan.names, True,
                                                               truncate)  # fmt: skip
@@ -136,11 +138,8 @@ async def _cross_scores(serving: OpenAIServing, body: ScoreRequest | RerankReque
                         names: tuple[str, str], raw_request: Request, response_id: str,
                         arrival: float) -> list[tuple[float, int]] | Response:  # fmt: skip
     """NOTE 5: each pair one prompt (its two texts joined by the tokenizer), one engine request."""
-    try:
-        pairs = cross_pairs(side_1, side_2, names)
-    except ValueError as error:
-        raise RequestError(str(error), names[0] if side_1 == [] else names[1]) from None
-    _check_bound(serving, len(pairs), "pairs", names[1])
+    pairs = _paired(cross_pairs, side_1, side_2, names)
+    check_bound(serving, len(pairs), "pairs", names[1])
     priority, truncate = serving._priority(body), serving._truncate(body)
     use_pad_token = serving.async_llm.input_processor.pooling_model.use_pad_token
 
@@ -157,20 +156,14 @@ async def _cross_scores(serving: OpenAIServing, body: ScoreRequest | RerankReque
     count_outputs(serving, outputs, arrival)  # NOTE 4
     return [(float(out.outputs.data[0]), len(ids)) for out, ids in zip(outputs, prompts)]
 
-
-def _check_bound(serving: OpenAIServing, n: int, what: str, field: str) -> None:
-    bound = serving.async_llm.max_waiting_requests
-    if n > bound:
-        raise RequestError(f"{n} {what} can never wait together: this server queues at most {bound} "
-                           f"(max_waiting_requests); send at most {bound} in one request", field)  # fmt: skip
 # --8<-- [end:pair_scores]
 
 
-def _plan(side_1, side_2, names: tuple[str, str]) -> ScorePlan:
-    """``engine/scoring.py``'s plan, a bad pairing a 400 naming the side at fault (the empty
-    one, else the second)."""
+def _paired(pair: Callable[..., Any], side_1, side_2, names: tuple[str, str]) -> Any:
+    """``engine/scoring.py``'s pairing (``score_plan`` or ``cross_pairs``), a bad pairing a 400
+    naming the side at fault (the empty one, else the second)."""
     try:
-        return score_plan(side_1, side_2, names)
+        return pair(side_1, side_2, names)
     except ValueError as error:
         raise RequestError(str(error), names[0] if side_1 == [] else names[1]) from None
 
