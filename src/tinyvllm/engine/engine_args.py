@@ -377,9 +377,6 @@ def check_runner(
             "(no drafts to verify, no logits to process)"
         )
     return runner, pooler_config or PoolerConfig()
-
-
-
 # --8<-- [end:runner]
 
 
