@@ -64,6 +64,13 @@ class Seq:
     def __init__(self, tokens: list[int]) -> None:
         self.all_token_ids = tokens
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        return self.all_token_ids[start:end]
+
 
 def run_case(ids: list[int], lengths: list[int], steps: int, repeats: int, seed: int) -> dict:
     from tinyvllm.spec_decode.ngram_proposer import NgramProposer, find_ngram_drafts

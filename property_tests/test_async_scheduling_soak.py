@@ -32,9 +32,11 @@ no failed step scheduled (``test_a_failed_step_spares_a_request_added_under_a_re
 pins the fix). With ``async_scheduler.py`` NOTE 5 switched off (a step's tokens given to
 whatever request holds the id) the soak fails on a reused id's tokens.
 
+Half the runs verify n-gram drafts too (``SPEC``: placeholder drafts, ``async_scheduler.py``
+NOTE 6), against the same synchronous engine without drafts.
+
 Left out: sampling with temperature, stop strings, streaming outputs, ``AsyncLLM`` (the async
-examples in ``tests/test_async_scheduling.py`` and the sync soak cover them), speculative
-decoding (refused with async scheduling), CUDA graphs and GPUs.
+examples in ``tests/test_async_scheduling.py`` and the sync soak cover them), CUDA graphs and GPUs.
 
 Bounded for CI: explicit ``@settings`` (derandomized under the ``ci`` profile), tiny shapes
 (``max_model_len`` 32, 3-20 token prompts, at most 4 sequences, 20 rules a run) and one torch
@@ -77,15 +79,21 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def make_async_llm(budget: int, blocks: int, caching: bool) -> LLM:
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+def make_async_llm(budget: int, blocks: int, caching: bool, spec: bool = False) -> LLM:
+    """``spec``: n-gram drafts too (``async_scheduler.py`` NOTE 6), lookups of 1-3 tokens so that
+    random prompts find some, near ``max_model_len`` 32 too (placeholder drafts cut short)."""
     return LLM(model_folder(), device="cpu", max_model_len=32, block_size=4, max_num_batched_tokens=budget,
                num_gpu_blocks_override=blocks, max_num_seqs=4, enable_prefix_caching=caching,
-               async_scheduling=True)  # fmt: skip
+               async_scheduling=True, speculative_config=SPEC if spec else None)  # fmt: skip
 
 
-def install_traps(llm: LLM, log: list[BaseException]) -> dict[str, Trap]:
-    """A trap in the forward, the runner's read-back of a step's ids, and a logits processor."""
-    traps = {site: Trap(site, log) for site in SITES}
+def install_traps(llm: LLM, log: list[BaseException], sites: tuple[str, ...] = SITES) -> dict[str, Trap]:
+    """A trap in the forward, the runner's read-back of a step's ids, and a logits processor
+    (not under speculative decoding, which refuses custom logits processors)."""
+    traps = {site: Trap(site, log) for site in sites}
     for site, trap in traps.items():
         if site == "read_back":
             runner = llm.engine.model_runner
@@ -158,11 +166,12 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
         blocks=st.sampled_from([8, 10, 40]),
         caching=st.booleans(),
         faults=st.integers(0, 2),
+        spec=st.booleans(),
     )
-    def build(self, budget: int, blocks: int, caching: bool, faults: int) -> None:
+    def build(self, budget: int, blocks: int, caching: bool, faults: int, spec: bool) -> None:
         self.faults_left = faults
-        self.llm = make_async_llm(budget, blocks, caching)
-        self.traps = install_traps(self.llm, self.fault_log)
+        self.llm = make_async_llm(budget, blocks, caching, spec)
+        self.traps = install_traps(self.llm, self.fault_log, SITES[:2] if spec else SITES)
         scheduler = self.llm.engine.scheduler
         schedule = scheduler.schedule
 
@@ -263,11 +272,12 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
     # -- faults ------------------------------------------------------------------------
 
     @precondition(lambda self: self.faults_left > 0 and self.llm is not None and self.live)
-    @rule(site=st.sampled_from(SITES), skip=st.integers(0, 1))
-    def fault_with_a_step_in_flight(self, site: str, skip: int) -> None:
-        """With a step in flight (launched here if none is), arm ``site`` to raise at its
+    @rule(data=st.data(), skip=st.integers(0, 1))
+    def fault_with_a_step_in_flight(self, data: st.DataObject, skip: int) -> None:
+        """With a step in flight (launched here if none is), arm a site to raise at its
         ``skip + 1``-th next call, then step until it fires (``skip + 1`` steps at most): the
         step it hits has two in flight."""
+        site = data.draw(st.sampled_from(sorted(self.traps)), label="site")
         self.faults_left -= 1
         if not self.engine._batch_queue:
             self._step_once()
@@ -335,6 +345,8 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
                 event("a prefix-cache hit")
         if engine.scheduler.num_preemptions:
             event("a preemption happened")
+        if engine.scheduler.spec_stats.num_accepted_tokens:
+            event("drafts were kept (speculative decoding)")
         self._forget_read_back()
 
     def _check_failed_step(

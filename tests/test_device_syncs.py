@@ -184,9 +184,10 @@ def counted_steps(folder, requests: list[tuple[list[int], SamplingParams]], devi
     kw = {"max_model_len": 96, "block_size": 16, "attention_backend": "triton", **kw}
     with counter:
         llm = LLM(str(folder), device=str(device), **kw)
-        if llm.engine.proposer is not None:
-            llm.engine.proposer.min_batch_tokens = 0  # the batched n-gram search, as on a big batch
         runner = llm.engine.model_runner
+        for proposer in (llm.engine.proposer, runner.proposer):  # the runner's under async scheduling
+            if proposer is not None:
+                proposer.min_batch_tokens = 0  # the batched n-gram search, as on a big batch
         # One tensor on the CPU, the device's twin of a pinned buffer on a GPU (NOTE 1).
         counter.mark([buf.device for buf in vars(runner.buffers).values() if hasattr(buf, "device")])
         counter.mark([runner.input_batch.block_table.table])

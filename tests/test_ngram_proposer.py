@@ -72,6 +72,13 @@ class Seq:
     def __init__(self, tokens: list[int]) -> None:
         self.all_token_ids = list(tokens)
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        return self.all_token_ids[start:end]
+
 
 def as_table(seqs: list[list[int]], junk: int = 7) -> tuple[np.ndarray, np.ndarray]:
     """The sequences as rows of a matrix wider than the longest, the rest filled with junk

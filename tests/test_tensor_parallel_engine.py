@@ -89,6 +89,25 @@ def test_two_ranks_with_ngram_speculation_give_one_ranks_tokens(tiny_model_dirs)
 
 
 @pytest.mark.slow
+def test_two_ranks_with_async_speculation_give_one_ranks_tokens(tiny_model_dirs):
+    """Async scheduling with n-gram drafts on two ranks: each rank's runner reads the step before
+    back and proposes the drafts itself (``model_runner.py`` NOTE 14), the same on both, so the
+    tokens are a synchronous one-rank engine's, preemptions and prefix hits included."""
+    folder = str(tiny_model_dirs["qwen3"])
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    expected = LLM(folder, **ENGINE).generate(PROMPTS, GREEDY, use_tqdm=False)
+    two = LLM(folder, tensor_parallel_size=2, async_scheduling=True, speculative_config=spec, **ENGINE)
+    try:
+        got = two.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert_same_tokens_and_logprobs(expected, got, abs_tol=LOGPROB_TOL)
+        scheduler = two.engine.scheduler
+        assert scheduler.spec_stats.num_accepted_tokens > 0 and scheduler.num_preemptions > 0
+        two.engine.check_invariants()
+    finally:
+        two.engine.model_executor.shutdown()
+
+
+@pytest.mark.slow
 def test_two_ranks_pool_one_ranks_vectors(tiny_model_dirs):
     """A pooling engine on two ranks (MEAN through chunked prefill and the shared prefix's
     cache hits skipped; rank 0's vectors come back through the executor) gives one rank's

@@ -41,3 +41,20 @@ def test_a_bad_max_steps_is_a_value_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match="--max-steps must be >= 1, got 0"):
         command.run(args, cli._check_engine_args, lambda a: pytest.fail("the engine was built"))
     assert not (tmp_path / "t.html").exists()
+
+
+def test_async_scheduling_with_speculation_is_refused_before_any_engine_is_built(tmp_path, tiny_model_dirs):
+    """The runner runs the drafts it proposes, not the scheduler's placeholders, which no
+    snapshot tells apart (``recorder.py`` NOTE 8): the command refuses the pair up front, and
+    the recorder refuses such an engine."""
+    from tinyvllm import LLM
+    from tinyvllm.trace.recorder import Recorder
+
+    args = _args(tmp_path, "--async-scheduling", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
+    with pytest.raises(ValueError, match="--async-scheduling with --speculative-config"):
+        command.run(args, cli._check_engine_args, lambda a: pytest.fail("the engine was built"))
+    llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, async_scheduling=True,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 2})  # fmt: skip
+    with pytest.raises(ValueError, match="async_scheduling=True with speculative decoding"):
+        Recorder(llm)
+    assert not (tmp_path / "t.html").exists()

@@ -44,7 +44,9 @@ class ModelRunnerOutput:
     step that finishes the prompt. ``no_token_req_ids``: requests whose row had no token left
     to sample (every logit ``-inf`` or not a number); they get none and end with an error.
     ``pooler_output[req_id]``: a pooling request's vector ([dims] float32, CPU), in the step
-    that finishes its prompt (NOTE 2).
+    that finishes its prompt (NOTE 2). ``draft_token_ids[req_id]``: the drafts the runner proposed
+    and verified in place of the scheduler's placeholders (async scheduling with speculative
+    decoding, ``core/sched_output.py`` NOTE 3); at most as many as were scheduled.
     """
 
     req_ids: list[str]
@@ -54,6 +56,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[LogprobEntry]] = field(default_factory=dict)
     no_token_req_ids: frozenset[str] = frozenset()
     pooler_output: dict[str, Any] = field(default_factory=dict)  # req_id -> torch.Tensor (NOTE 2)
+    draft_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.req_ids) != len(self.sampled_token_ids):

@@ -155,6 +155,10 @@ class Request:
         """Prompt + outputs, one list kept in step with ``output_token_ids``. Do not mutate."""
         return self._all_token_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Token ids ``[start, end)`` of prompt + outputs (what the n-gram proposer's table reads)."""
+        return self._all_token_ids[start:end]
+
     @property
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

@@ -12,10 +12,11 @@ Mirrors: ``vllm/v1/core/sched/async_scheduler.py`` (``AsyncScheduler``,
 ``_update_after_schedule``, ``_update_request_with_output``) and the placeholder arithmetic
 of ``vllm/v1/core/sched/scheduler.py``.
 
-Invariants (on top of ``Scheduler``'s): ``0 <= num_output_placeholders <= 2`` (at most two
-steps are in flight, each samples at most one token per request); a request's placeholders
-count its steps in flight that reach the end of its tokens; the KV cache caches a block only
-when its tokens are known and a finished step wrote their KV (``kv_cache_manager.py`` NOTE 6).
+Invariants (on top of ``Scheduler``'s): ``0 <= num_output_placeholders <= 2 (1 + k)`` (at
+most two steps are in flight, each samples at most ``1 + k`` tokens per request, k drafts
+and one of the target's); a request's placeholders count the positions that sample in its
+steps in flight; the KV cache caches a block only when its tokens are known and a finished
+step wrote their KV (``kv_cache_manager.py`` NOTE 6).
 
 NOTE 1 (one step late): stop checks, detokenization and stop strings see a step's tokens
 when its output arrives, after the next step was scheduled. A request that stopped in step N
@@ -28,20 +29,29 @@ A pooling request (``max_tokens`` 1, ``request.py``) ends so with the step that 
 NOTE 3 (preempted with a token in flight): a request preempted while its last step runs keeps
 that step's token (sampled from KV its blocks held when the step was queued); it recomputes
 from the start with it, as if the step had returned before the preemption, as in sync mode.
-NOTE 4 (what is refused): speculative decoding (the n-gram proposer needs the last token on
-the host to propose), as vLLM refuses async scheduling with n-gram drafts
-(``engine_args.py``).
+NOTE 4 (what is refused): a request with ``structured_outputs`` when drafts are proposed
+(NOTE 6): the grammar cuts drafts where they are proposed, and the runner has no grammar
+(``engine/request_checks.py``).
 NOTE 5 (an id reused while its step is in flight): a client may abort a request and add a
 new one under the same id before the aborted request's step is read back; that step's
 token belongs to the old request. So the scheduler remembers each step's request objects
 and gives a step's tokens only to the very requests it scheduled.
+NOTE 6 (speculative decoding, vLLM's placeholder drafts): a request's drafts for step N+1
+depend on the tokens step N samples, unknown when N+1 is scheduled. So a request that
+samples in step N gets ``k`` placeholder drafts (``DRAFT_PLACEHOLDER``, fewer near
+``max_model_len``), scheduled in N+1 like real ones; the runner reads step N back, proposes
+the real drafts (at most as many; ``worker/model_runner.py`` NOTE 14) and verifies them. The
+scheduler counts as if every draft in flight were kept (``num_computed_tokens`` and the
+placeholders both grow by ``1 + k`` a step), so it may allocate a few slots too many, never
+too few; when the output says how many were kept, the rest are taken back from both. A
+request preempted with drafts in flight recomputes from 0: nothing of it is taken back.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.sched_output import DRAFT_PLACEHOLDER, SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
 from tinyvllm.request import Request, RequestStatus
 
@@ -60,20 +70,33 @@ class AsyncScheduler(Scheduler):
     # --8<-- [start:placeholders]
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """Each request this step brings to the end of its tokens (placeholders included)
-        will sample one: count it as a placeholder until its value arrives. The step's
-        requests are remembered until its output arrives (NOTE 5)."""
+        will sample one token, and one per draft it verifies: count them as placeholders until
+        their values arrive; with speculative decoding, its next step verifies placeholder
+        drafts (NOTE 6). The step's requests are remembered until its output arrives (NOTE 5)."""
         self._in_flight.append((scheduler_output, {rid: self.requests[rid] for rid in scheduler_output.num_scheduled_tokens}))
+        spec = scheduler_output.scheduled_spec_decode_tokens
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
-                request.num_output_placeholders += 1
+            num_drafts = len(spec.get(req_id, ()))
+            if request.num_computed_tokens - num_drafts == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1 + num_drafts
+                if self.num_spec_tokens:  # as if every draft in flight were kept: never past max_model_len
+                    room = self.max_model_len - request.num_tokens - request.num_output_placeholders
+                    request.spec_token_ids = [DRAFT_PLACEHOLDER] * max(0, min(self.num_spec_tokens, room))
 
-    def _after_tokens_arrived(self, request: Request, num_sampled: int, status_before: RequestStatus) -> None:
-        """The step's token replaces its placeholder; the blocks its arrival fills are cached
-        now (their KV was written by finished steps: ``kv_cache_manager.py`` NOTE 6)."""
-        if num_sampled == 0:
+    def _take_back_rejected(self, request: Request, num_rejected: int) -> None:
+        """NOTE 6: a preempted request recomputes from 0; a running one gives back the drafts
+        the target did not keep (its placeholders for them go in ``_after_tokens_arrived``)."""
+        if request.status == RequestStatus.RUNNING:
+            super()._take_back_rejected(request, num_rejected)
+
+    def _after_tokens_arrived(self, request: Request, num_scheduled_to_sample: int, status_before: RequestStatus) -> None:
+        """The step's tokens replace its placeholders (its drafts' too: those not kept were
+        taken back); the blocks their arrival fills are cached now (their KV was written by
+        finished steps: ``kv_cache_manager.py`` NOTE 6)."""
+        if num_scheduled_to_sample == 0:
             return  # a partial prefill's row: it had no placeholder
-        request.num_output_placeholders -= num_sampled
+        request.num_output_placeholders -= num_scheduled_to_sample
         assert request.num_output_placeholders >= 0, f"{request!r}: more tokens arrived than were scheduled"
         if status_before == RequestStatus.RUNNING:  # a preempted request holds no blocks (NOTE 3)
             computed = request.num_computed_tokens - request.num_output_placeholders
@@ -117,6 +140,8 @@ class AsyncScheduler(Scheduler):
 
     def check_invariants(self) -> None:
         super().check_invariants()
+        most = MAX_STEPS_IN_FLIGHT * (1 + self.num_spec_tokens)
         for request in self.requests.values():
             pending = request.num_output_placeholders
-            assert 0 <= pending <= MAX_STEPS_IN_FLIGHT, f"{request!r} has {pending} placeholders"
+            assert 0 <= pending <= most, f"{request!r} has {pending} placeholders"
+            assert all(t == DRAFT_PLACEHOLDER for t in request.spec_token_ids), f"{request!r}: real drafts here (NOTE 6)"

@@ -22,6 +22,10 @@ NOTE 2 (the grammar bitmask): the scheduler leaves it empty; the engine adds it 
 The core never imports torch or numpy: to it the mask is an opaque object. When the mask is
 made after the step's forward was launched (async scheduling), it travels on its own, as a
 ``GrammarOutput`` (vLLM's), to the runner's ``sample_tokens``.
+NOTE 3 (placeholder drafts): under async scheduling with speculative decoding the scheduler
+schedules a decoding request's drafts before they exist; ``scheduled_spec_decode_tokens``
+then holds ``DRAFT_PLACEHOLDER`` ids, and the runner proposes the real drafts (at most as
+many) when it launches the step (``core/async_scheduler.py`` NOTE 6).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Mapping, NamedTuple
 
 from tinyvllm.pooling_params import PoolingParams
 from tinyvllm.sampling_params import SamplingParams
+
+DRAFT_PLACEHOLDER = -1  # NOTE 3: a draft the runner proposes when it launches the step
 
 
 @dataclass(frozen=True)

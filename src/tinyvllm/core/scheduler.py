@@ -126,8 +126,8 @@ def draft_tokens_to_verify(
     """The drafts a running request verifies this step: only when it decodes (one real
     token left to compute), as many as the budget and the long-prefill threshold leave after
     that token: like vLLM, the threshold caps the real token plus its drafts (NOTE 4)."""
-    if not request.spec_token_ids or request.num_tokens - request.num_computed_tokens != num_new or num_new != 1:
-        return ()
+    if num_new != 1 or request.num_tokens + request.num_output_placeholders - request.num_computed_tokens != 1:
+        return ()  # placeholders: tokens in flight count as known (async_scheduler.py NOTE 6)
     limit = min(token_budget, long_prefill_token_threshold) if long_prefill_token_threshold > 0 else token_budget
     return tuple(request.spec_token_ids[: max(0, limit - num_new)])
 # --8<-- [end:spec]
@@ -146,13 +146,15 @@ def prefill_chunk_size(num_remaining: int, token_budget: int, long_prefill_token
 class Scheduler:
     """Decides each step's tokens per request; owns the waiting and running queues."""
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, log_stats: bool = False) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, log_stats: bool = False, *,
+                 num_spec_tokens: int = 0) -> None:  # fmt: skip
         if cache_config.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks is None: the scheduler needs the pool size")
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.log_stats = log_stats
         self.max_model_len = scheduler_config.max_model_len
+        self.num_spec_tokens = num_spec_tokens  # the most drafts a request verifies a step (k; 0: none)
         self.kv_cache_manager = KVCacheManager(
             block_size=cache_config.block_size,
             num_gpu_blocks=cache_config.num_gpu_blocks,
@@ -387,9 +389,10 @@ class Scheduler:
             sampled = model_runner_output.sampled_token_ids[index] if index is not None else []
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
             if drafts is not None and sampled:  # NOTE 4: the drafts the target did not keep are undone
-                num_rejected = len(drafts) + 1 - len(sampled)
-                request.num_computed_tokens -= num_rejected
-                self.spec_stats.record(len(drafts), len(sampled) - 1)
+                self._take_back_rejected(request, len(drafts) + 1 - len(sampled))
+                verified = model_runner_output.draft_token_ids.get(rid, drafts)  # the runner's own (async)
+                if verified:  # a step whose placeholders got no drafts verified none
+                    self.spec_stats.record(len(verified), len(sampled) - 1)
             if self._is_partial_prefill(request):
                 sampled = []  # a partial prefill produces no token (NOTE 2)
             new_token_ids: list[int] = []
@@ -402,7 +405,7 @@ class Scheduler:
                 finished = check_stop(request, self.max_model_len)
                 if finished:
                     break
-            self._after_tokens_arrived(request, len(sampled), status_before)
+            self._after_tokens_arrived(request, 1 + len(drafts or ()) if sampled else 0, status_before)
             if finished:  # preempted while its token was on the device, it waits (async scheduling)
                 if status_before == RequestStatus.RUNNING:
                     self.running.remove(request)
@@ -441,8 +444,12 @@ class Scheduler:
         """The step did not reach the end of the request's tokens (NOTE 2)."""
         return request.num_computed_tokens < request.num_tokens
 
-    def _after_tokens_arrived(self, request: Request, num_sampled: int, status_before: RequestStatus) -> None:
-        """After ``update_from_output`` appended a request's sampled tokens (nothing to do)."""
+    def _take_back_rejected(self, request: Request, num_rejected: int) -> None:  # NOTE 4
+        request.num_computed_tokens -= num_rejected  # counted computed when scheduled; they are not
+
+    def _after_tokens_arrived(self, request: Request, num_scheduled_to_sample: int, status_before: RequestStatus) -> None:
+        """After ``update_from_output`` appended a request's sampled tokens; the step had scheduled
+        ``num_scheduled_to_sample`` positions that sample (its drafts and its one token; 0 if none)."""
 
     def _finish_without_token(self, request: Request, outputs: list[EngineCoreOutput], pooled=None) -> None:
         """NOTE 5: the request's row had no token to sample: it ends with an error, and no token.

@@ -50,8 +50,8 @@ more; "external_launcher" runs one rank in this process, its peers started alike
 ``torchrun``. N must split the model's heads (``distributed/utils.py``) and, with NCCL, not
 pass the GPUs present; all of it is refused here, before any process starts.
 NOTE 11 (async scheduling): ``async_scheduling=True`` (``--async-scheduling``) has the engine
-schedule a step while the last one runs (``core/async_scheduler.py``); it is refused with
-speculative decoding, as vLLM refuses it with n-gram drafts. ``scheduling_policy`` ("fcfs",
+schedule a step while the last one runs (``core/async_scheduler.py``); with speculative
+decoding the runner proposes the drafts (its NOTE 6). ``scheduling_policy`` ("fcfs",
 "priority": ``core/request_queue.py``) is vLLM's ``--scheduling-policy``.
 NOTE 12 (pooling, ``docs/pooling.md``): ``runner`` "auto" is "pooling" for a classifier (no LM
 head: "generate" is refused), else "generate"; "pooling" refuses drafts and custom logits
@@ -184,7 +184,7 @@ class EngineArgs:
         )  # fmt: skip
         p.add_argument(
             "--async-scheduling", action="store_true",
-            help="schedule the next step while the last one runs on the device (vLLM's flag; not with speculative decoding)",
+            help="schedule the next step while the last one runs on the device (vLLM's flag)",
         )  # fmt: skip
         p.add_argument(
             "--scheduling-policy", default="fcfs", choices=list(SCHEDULING_POLICIES),
@@ -285,11 +285,6 @@ class EngineArgs:
             structured_outputs_config = StructuredOutputsConfig()
         elif not isinstance(structured_outputs_config, StructuredOutputsConfig):
             raise TypeError(f"structured_outputs_config must be a dict, a StructuredOutputsConfig or None, got {structured_outputs_config!r}")
-        if async_scheduling and speculative_config is not None:  # NOTE 11
-            raise ValueError(
-                "async_scheduling=True cannot be combined with speculative decoding (speculative_config): the n-gram "
-                "proposer needs each step's tokens on the host before the next step is scheduled"
-            )
         runner, pooler_config = check_runner(self.runner, self.pooler_config, speculative_config, logits_processors)
         hf_overrides = check_hf_overrides(self.hf_overrides)
         # --8<-- [end:arguments]

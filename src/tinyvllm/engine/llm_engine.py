@@ -42,6 +42,8 @@ processor hands each child's output to its ``ParentRequest``, which gathers them
 ``unfinished_request_ids`` names the parent.
 NOTE 7 (speculative decoding): with a proposer, every running request that sampled a token gets
 drafts (``spec_decode/ngram_proposer.py``; cut to what its grammar allows), a partial prefill none.
+Under async scheduling the engine has none: the scheduler schedules placeholder drafts and the
+runner proposes the real ones (``core/async_scheduler.py`` NOTE 6).
 NOTE 8 (observers): each step, a failed one too, is told to the engine's step observers
 (``engine/step_observers.py``: a trace beside a server's metrics); never raised in its place.
 NOTE 9 (the executor): ``executor_class`` picks it by ``distributed_executor_backend``: one
@@ -157,9 +159,10 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
             raise
         logger.info("tinyvllm start-up:\n  %s", "\n  ".join(report_lines(reports)))
         scheduler_class = AsyncScheduler if config.scheduler_config.async_scheduling else Scheduler  # NOTE 10
-        scheduler = scheduler_class(config.scheduler_config, config.cache_config, log_stats=True)
         spec_config = config.speculative_config
-        proposer = None if spec_config is None else NgramProposer(
+        num_spec_tokens = 0 if spec_config is None else spec_config.num_speculative_tokens
+        scheduler = scheduler_class(config.scheduler_config, config.cache_config, log_stats=True, num_spec_tokens=num_spec_tokens)
+        proposer = None if spec_config is None or scheduler_class is AsyncScheduler else NgramProposer(  # NOTE 7
             spec_config.num_speculative_tokens, spec_config.prompt_lookup_min, spec_config.prompt_lookup_max,
             config.scheduler_config.max_model_len,
         )  # fmt: skip

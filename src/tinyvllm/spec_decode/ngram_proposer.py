@@ -162,7 +162,7 @@ class NgramProposer:
         gives them one by one, searched together (NOTE 2)."""
         rows = self.table.sync(requests)
         if sum(self.table.lengths[row] for row in rows) < self.min_batch_tokens:  # a small batch: Python is quicker
-            return [self.propose(request.all_token_ids) for request in requests]
+            return [self.propose(request.token_slice(0, request.num_tokens)) for request in requests]
         used = max(rows, default=-1) + 1  # rows go lowest first: the search stops at the last held
         lengths = np.asarray(self.table.lengths[:used], dtype=np.int64)  # [used]; 0 for a free row
         ks = np.minimum(self.max_model_len - lengths, self.k)  # [used]: never past max_model_len

@@ -26,6 +26,10 @@ NOTE 1 (keyed by the request object): rows are looked up by the ``Request`` obje
 its id, so an id that comes back for a new request (an id reused after the first
 finished) never inherits the old request's row. A request's token list only grows
 (``Request.all_token_ids``); a list found shorter than its row is copied again in full.
+NOTE 2 (a slice, not the list): the table asks a request for ``num_tokens`` and the slice it
+lacks, so a request that keeps its prompt and its outputs apart (the runner's
+``RunnerRequestState``, whose drafts are proposed there under async scheduling) is never joined
+into one list a step.
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ import numpy as np
 
 
 class HasTokens(Protocol):
-    """What the table reads of a request: its tokens so far, a list that only grows."""
+    """What the table reads of a request whose tokens only grow: how many it has, and a slice
+    of them (the engine's ``Request``, or the runner's copy of one: NOTE 2)."""
 
     @property
-    def all_token_ids(self) -> list[int]: ...  # fmt: skip
+    def num_tokens(self) -> int: ...  # fmt: skip
+
+    def token_slice(self, start: int, end: int) -> list[int]: ...  # fmt: skip
 
 
 class TokenTable:
@@ -71,17 +78,17 @@ class TokenTable:
             self._free.append(row)
         rows = []
         for request in requests:
-            tokens = request.all_token_ids
+            num_tokens = request.num_tokens
             row = self._rows.get(request)
             if row is None:
                 row = self._take_row()
             held = self.lengths[row]
-            if len(tokens) < held:  # cannot happen to a Request (NOTE 1): copy it all again
+            if num_tokens < held:  # cannot happen to a Request (NOTE 1): copy it all again
                 held = 0
-            if len(tokens) > held:
-                self._ensure_width(len(tokens))
-                self.tokens[row, held : len(tokens)] = tokens[held:]  # the new tokens only
-            self.lengths[row] = len(tokens)
+            if num_tokens > held:
+                self._ensure_width(num_tokens)
+                self.tokens[row, held:num_tokens] = request.token_slice(held, num_tokens)  # the new tokens only (NOTE 2)
+            self.lengths[row] = num_tokens
             self._rows[request] = row
             rows.append(row)
         return rows
@@ -121,6 +128,6 @@ class TokenTable:
         for request, row in self._rows.items():
             n = self.lengths[row]
             assert n <= self.tokens.shape[1], f"row {row} holds {n} tokens, wider than the table"
-            assert self.tokens[row, :n].tolist() == list(request.all_token_ids[:n]), (
+            assert self.tokens[row, :n].tolist() == request.token_slice(0, n), (
                 f"row {row} does not hold its request's first {n} tokens"
             )

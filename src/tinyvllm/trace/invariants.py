@@ -24,8 +24,8 @@ before, and the counts prove that every other block is in the free queue and in 
 table, so a step's check costs what is in use or cached, not the pool's size.
 NOTE 3 (a step in flight, async scheduling): a snapshot taken at step N's read-back holds
 step N+1's advance (``in_flight.py``), and the checks account for it exactly: a request N+1
-runs has computed N+1's end, which starts at N's end; it holds one placeholder when N+1
-reaches the end of its known tokens (then it has computed all of them), none otherwise;
+runs has computed N+1's end, which starts at N's end, less the drafts N rejected; it holds
+``1 + drafts`` placeholders when N+1 reaches the end of its known tokens, none otherwise;
 a request N+1 runs is running, or finished in step N (its N+1 token will be dropped); and
 the batch, the dispatch and the slots are compared with N+1, the newest step launched.
 """
@@ -118,7 +118,8 @@ def _check_requests(s: StepSnapshot, block_size: int, where: str) -> None:
     assert len(ids) == len(set(ids)), f"{where}: a request is listed twice: {ids}"
     for r in s.requests:
         label = f"{where}: request {r.request_id!r}"
-        assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{label}: {r.num_computed_tokens} of {r.num_tokens} computed"
+        known = r.num_tokens + r.num_output_placeholders  # NOTE 3: placeholders count as computed ahead
+        assert 0 <= r.num_computed_tokens <= known, f"{label}: {r.num_computed_tokens} of {r.num_tokens} computed"
         assert 0 < r.num_prompt_tokens <= r.num_tokens, f"{label}: prompt of {r.num_prompt_tokens} of {r.num_tokens} tokens"
         assert len(set(r.block_ids)) == len(r.block_ids), f"{label}: a block twice in its table {r.block_ids}"
         if block_size:
@@ -203,11 +204,13 @@ def _check_in_flight(s: StepSnapshot, block_size: int, where: str) -> None:
         if x is None:
             assert r.num_output_placeholders == 0, f"{label}: {r.num_output_placeholders} placeholders, no step in flight runs it"
             continue
-        assert r.num_computed_tokens == x.start + x.num_tokens, (
-            f"{label}: {r.num_computed_tokens} computed, the step in flight ends at {x.start + x.num_tokens}"
+        end, before = x.start + x.num_tokens, s.scheduler.scheduled if s.scheduler is not None else ()
+        rejected_before = max((y.num_draft_tokens for y in before if y.request_id == r.request_id), default=0)
+        assert end - rejected_before <= r.num_computed_tokens <= end, (  # NOTE 3: step N's rejected drafts taken back
+            f"{label}: {r.num_computed_tokens} computed, the step in flight ends at {end}"
         )
-        reaches_end = r.num_computed_tokens == r.num_tokens  # it samples the token after its known ones
-        assert r.num_output_placeholders == int(reaches_end) and (x.kind == "chunk") != reaches_end, (
+        reaches_end = r.num_computed_tokens - x.num_draft_tokens == r.num_tokens  # it samples after its known ones
+        assert r.num_output_placeholders == (1 + x.num_draft_tokens) * reaches_end and (x.kind == "chunk") != reaches_end, (
             f"{label}: {r.num_output_placeholders} placeholders, {r.num_computed_tokens} of {r.num_tokens} computed "
             f"when the step in flight ({x.kind}) ends"
         )

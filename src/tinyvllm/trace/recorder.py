@@ -49,10 +49,11 @@ cache (the start-up reports); the steps are N = 1's.
 NOTE 8 (async scheduling): a step is recorded at its read-back, the next in flight (``in_flight.py``);
 a step launched with no read-back in the same call (the first after idle) also at its launch
 (``on_launch``, labelled "step N: launched"), so every launch's runner parts reach a picture.
+With speculative decoding too it refuses the engine: the runner runs the drafts it proposes,
+not the scheduler's placeholders (``async_scheduler.py`` NOTE 6), which no snapshot tells apart.
 
-Left out: the draft token ids themselves (a snapshot counts a step's drafts and keeps the
-tokens it kept). A served engine is recorded through its ``AsyncLLM`` (``record(async_llm)``),
-so the recorder reads the runner only in the engine's thread.
+Left out: the draft token ids themselves (a snapshot counts a step's drafts, keeps the tokens
+kept). A served engine is recorded through its ``AsyncLLM``, read only in the engine's thread.
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ class Recorder:
             target = engine
         if hasattr(target, "scheduler") and hasattr(target, "model_executor"):  # an LLMEngine
             self.engine, self.scheduler, self.executor = target, target.scheduler, target.model_executor
+            if target.async_scheduling and self.scheduler.num_spec_tokens:  # NOTE 8
+                raise ValueError("a trace cannot record async_scheduling=True with speculative decoding: the runner runs its own drafts")
             self.kv = self.scheduler.kv_cache_manager
         elif isinstance(target, Scheduler):
             self.scheduler, self.kv = target, target.kv_cache_manager
@@ -195,8 +198,7 @@ class Recorder:
 
     # --8<-- [start:on_step]
     def on_step(self, engine, scheduler_output, core_outputs, error: BaseException | None) -> None:
-        """An ``LLMEngine`` observer: one snapshot per step (``StepObserver``). Never raises into
-        the engine (NOTE 5): an error of its own stops the recording, with a warning."""
+        """An ``LLMEngine`` observer: one snapshot per step; an error of its own stops it (NOTE 5)."""
         if error is None:
             self._record(lambda: self.capture(scheduler_output=scheduler_output, core_outputs=core_outputs))
             return
@@ -205,8 +207,7 @@ class Recorder:
                                           failed=True))  # fmt: skip
 
     def on_launch(self, engine, scheduler_output) -> None:
-        """A step launched that no read-back follows in the same call (NOTE 8): a snapshot of its
-        own, so its runner parts are pictured before the next launch replaces them."""
+        """A step launched that no read-back follows in the same call: its own snapshot (NOTE 8)."""
         self._record(lambda: self.capture(f"step {self._step_number()}: launched", LAUNCHED_NOTE, launched=scheduler_output))
 
     def _record(self, take: Callable[[], object]) -> None:
@@ -284,8 +285,7 @@ class Recorder:
         return snapshot
 
     def _pool(self) -> tuple[PoolBlocks | tuple, FreeQueue | tuple, tuple[tuple[str, tuple[int, ...]], ...]]:
-        """The pool's blocks, free queue and prefix cache map; what did not change since the
-        last snapshot is the last snapshot's own object (NOTE 6)."""
+        """The pool's blocks, free queue and prefix cache map; the unchanged shared (NOTE 6)."""
         if self.kv is None:
             return (), (), ()
         pool, last = self.kv.block_pool, self._last_pool

@@ -149,20 +149,22 @@ class AsyncModelRunnerOutput:
 @dataclass
 class StepInFlight:
     """A launched step, until it is read back (the runner's ``_read_back``): its rows and what the
-    sampler left on the device (plain sampling) or on the host (drafts verified)."""
+    sampler left on the device (plain sampling, or drafts to decide on)."""
 
     req_ids: list[str]
     states: list  # the runner's RunnerRequestState of each row (model_runner.py imports this module)
     num_sched: list[int]
-    drafts: list[tuple[int, ...]]
+    drafts: list[tuple[int, ...]]  # the drafts each row verifies
     req_id_to_index: dict[str, int]
+    scheduled_drafts: list[int]  # the drafts the scheduler counted (placeholders: model_runner.py NOTE 14)
     complete: list[bool] = dataclasses.field(default_factory=list)
     pending_prompt_logprobs: list[PendingPromptLogprobs] = dataclasses.field(default_factory=list)
     host_ids: HostIds | None = None  # plain sampling: the ids on their way up (async_output.py)
     sampler_output: SamplerOutput | None = None
     sampling_metadata: SamplingMetadata | None = None
-    tokens: list[list[int] | None] | None = None  # drafts verified: kept tokens, already read
+    tokens: list[list[int] | None] | None = None  # a pooling engine's: no token
     logprobs: dict[str, list[LogprobEntry]] = dataclasses.field(default_factory=dict)
+    verification: object | None = None  # drafts: a draft_verification.PendingVerification, decided when read
     handle: AsyncModelRunnerOutput | None = None
     pooled: list | None = None  # a pooling engine's: each row's vector, or None (model_runner.py NOTE 13)
 

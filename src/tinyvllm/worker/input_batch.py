@@ -84,10 +84,11 @@ from tinyvllm.worker.block_table import BlockTable
 from tinyvllm.worker.pooler import PoolingState
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class RunnerRequestState:
     """The runner's copy of one request (it may live in another process in vLLM; vLLM's
-    ``CachedRequestState``)."""
+    ``CachedRequestState``). Compared and hashed by identity: the runner's n-gram proposer keys
+    its table rows by it (``spec_decode/token_table.py`` NOTE 1)."""
 
     req_id: str
     prompt_token_ids: list[int]

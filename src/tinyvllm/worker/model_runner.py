@@ -45,18 +45,18 @@ of the position before it, computed in pieces by a chunked prefill; the state co
 by position and the step that finishes the prompt sends the list once (a later preemption
 sends nothing again). Such a request takes no prefix-cache hit, as in vLLM: a cached
 block's positions would never be computed.
-NOTE 9 (speculative decoding): a request with drafts (``scheduled_spec_decode_tokens``)
-computes its last real token and k drafts at once; those k + 1 logits rows say whether the
-target agrees with each draft and what follows. ``sample/rejection_sampler.py`` decides;
-``num_computed_tokens`` takes back the rejected ones. The rows take the sampler's plain
-steps on ``SamplingMetadata.expand(drafts)`` (``sample/sampler.py`` NOTE 5).
-NOTE 10 (logprobs with drafts): kept token ``i`` was predicted by verified row ``i``: its logprobs are
-that row's raw ones (vLLM's PR #26060); rejected rows are not reported; prompt logprobs have no drafts.
+NOTE 9 (speculative decoding): a request with drafts computes its last real token and k
+drafts at once; the k + 1 logits rows take the sampler's plain steps, and the rejection
+sampler decides at read-back (``worker/draft_verification.py``); the rejected are taken back.
+NOTE 10 (logprobs with drafts): kept token ``i`` has verified row ``i``'s raw logprobs (vLLM's PR #26060).
 NOTE 11 (everything queued before the one wait): a step waits once, reading the sampled ids
 (``tinyvllm/device_syncs.py``); the prompt logprobs are queued before it, read after it.
 NOTE 12 (``worker/async_output.py``): ``execute_model_async`` launches a step, read back when asked or by
 the next launch (``defer_sampling``: its forward only; ``sample_tokens`` samples it, vLLM's split).
 NOTE 13 (pooling, ``worker/pooler.py``): a pooling engine samples nothing; the pooler folds each row's chunk in.
+NOTE 14 (async scheduling, ``core/async_scheduler.py`` NOTE 6): drafts come as placeholders; the
+step before is read back, then ``proposer`` proposes at most as many per row (the row runs only
+those), counted as scheduled: the rejected, the unproposed included, are taken back alike.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
-from tinyvllm.sample.rejection_sampler import rejection_sample
-from tinyvllm.sample.sampler import Sampler, sampled_to_host
+from tinyvllm.sample.sampler import Sampler
+from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.structured_output.bitmask import apply_grammar_bitmask
 from tinyvllm.worker.async_output import (
     AsyncModelRunnerOutput,
@@ -91,6 +91,7 @@ from tinyvllm.worker.attention_metadata import build_step_inputs
 from tinyvllm.worker.cuda_graph import CUDAGraphWrapper, set_forward_context
 from tinyvllm.worker.cudagraph_capture import CUDAGraphSetup
 from tinyvllm.worker.cudagraph_dispatcher import BatchDescriptor, CUDAGraphMode, common_query_len
+from tinyvllm.worker.draft_verification import finish_verification, launch_verification
 from tinyvllm.worker.input_batch import InputBatch, RunnerRequestState
 from tinyvllm.worker.input_buffers import InputBuffers
 from tinyvllm.worker.pooler import Pooler
@@ -131,6 +132,7 @@ class ModelRunner:
         cudagraphs: CUDAGraphSetup,
         num_speculative_tokens: int = 0,
         pooler: Pooler | None = None,
+        proposer: NgramProposer | None = None,
     ) -> None:
         if input_batch.block_table is None:
             raise ValueError("the runner's InputBatch needs a block table: pass max_num_blocks_per_req")
@@ -143,6 +145,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.sampler = Sampler()
         self.pooler = pooler  # NOTE 13: None for a generating engine
+        self.proposer = proposer  # NOTE 14: drafts proposed here (async scheduling); else None
         self.requests: dict[str, RunnerRequestState] = {}
         self.buffers = InputBuffers(max_num_batched_tokens, input_batch.max_num_reqs, self.device)
         self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
@@ -353,11 +356,17 @@ class ModelRunner:
         batch = self.input_batch
         req_ids: list[str] = list(batch.req_ids)  # row order
         prev, self._in_flight = self._in_flight, None
+        if self.proposer is not None and prev is not None and prev.handle is not None:
+            prev.handle.get_output()  # NOTE 14: the drafts follow the tokens it kept
         states = [self.requests[r] for r in req_ids]
         num_sched = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
         computed = [s.num_computed_tokens for s in states]
         spec = scheduler_output.scheduled_spec_decode_tokens
         drafts = [spec.get(r, ()) for r in req_ids]  # NOTE 9: a request's drafts follow its last token
+        scheduled_drafts = [len(d) for d in drafts]
+        if self.proposer is not None and spec:  # NOTE 14: placeholders in, real drafts out
+            drafts = self._propose_drafts(states, computed, drafts)
+            num_sched = [n - k + len(d) for n, k, d in zip(num_sched, scheduled_drafts, drafts)]
         feed = self._placeholder_feed(prev, req_ids, states, computed, num_sched)  # NOTE 12
         token_ids = [t for s, c, n, d in zip(states, computed, num_sched, drafts)
                      for t in (*s.token_slice(c, c + n - len(d)), *d)]  # fmt: skip
@@ -374,8 +383,8 @@ class ModelRunner:
             hidden, metadata = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states], feed=feed_tensors)
         if prev is not None and prev.handle is not None:
             prev.handle.get_output()  # NOTE 12: its tokens join the output lists before the processors read them
-        batch.refresh(spec_token_ids=[spec.get(r, ()) for r in batch.req_ids] if spec else None)
-        step = StepInFlight(req_ids, states, num_sched, drafts, dict(batch.req_id_to_index))
+        batch.refresh(spec_token_ids=drafts if spec else None)
+        step = StepInFlight(req_ids, states, num_sched, drafts, dict(batch.req_id_to_index), scheduled_drafts)
         return ForwardInFlight(step, hidden, metadata, computed, scheduler_output)
 
     def _sample(self, forward: ForwardInFlight, read_later: bool) -> StepInFlight:
@@ -394,10 +403,10 @@ class ModelRunner:
                 hidden, [s.pooling_params for s in states], [s.pooling_state for s in states], computed, num_sched, step.complete
             )  # fmt: skip
             step.tokens = [[] for _ in req_ids]
-        elif self.speculative:
-            step.tokens, step.logprobs = self._verify_drafts(
-                hidden, num_sched, drafts, self.input_batch.make_sampling_metadata(), req_ids, step.complete,
-                scheduler_output,
+        elif self.speculative:  # NOTE 9: decided when read back
+            step.verification = launch_verification(
+                self.model, self.sampler, hidden, num_sched, drafts, self.input_batch.make_sampling_metadata(), req_ids,
+                scheduler_output, read_later,
             )  # fmt: skip
         else:
             sampling_metadata = self.input_batch.make_sampling_metadata()
@@ -408,9 +417,22 @@ class ModelRunner:
                 sampler_output = dataclasses.replace(sampler_output, logprobs=logprobs_to_host_early(sampler_output.logprobs))
             step.host_ids = HostIds(sampler_output.sampled_token_ids, sampler_output.no_token, early=read_later)
             step.sampler_output, step.sampling_metadata = sampler_output, sampling_metadata
-        for state, n in zip(states, num_sched):
-            state.num_computed_tokens += n  # rejected drafts are taken back when read (_read_back)
+        for state, n, k, d in zip(states, num_sched, step.scheduled_drafts, drafts):
+            state.num_computed_tokens += n + k - len(d)  # as scheduled (NOTE 14); the rejected go when read
         return step
+
+    def _propose_drafts(
+        self, states: list[RunnerRequestState], computed: list[int], scheduled: list[tuple[int, ...]]
+    ) -> list[tuple[int, ...]]:
+        """NOTE 14: each row with placeholder drafts gets the proposer's, at most as many."""
+        rows = [i for i, d in enumerate(scheduled) if d]
+        for i in rows:
+            if computed[i] != states[i].num_tokens - 1:
+                raise RuntimeError(f"request {states[i].req_id!r}: drafts scheduled, but it does not decode next")
+        drafts = list(scheduled)
+        for i, proposed in zip(rows, self.proposer.propose_batch([states[i] for i in rows])):
+            drafts[i] = tuple(proposed[: len(scheduled[i])])
+        return drafts
 
     def _placeholder_feed(
         self, prev: StepInFlight | None, req_ids: list[str], states: list[RunnerRequestState],
@@ -429,59 +451,28 @@ class ModelRunner:
         if not req_ids:
             return ModelRunnerOutput([], {}, [])
         tokens, logprobs = step.tokens, step.logprobs
-        if tokens is None:  # plain sampling: the ids come up now
+        if step.verification is not None:  # NOTE 9: the drafts kept are decided now
+            tokens, logprobs = finish_verification(step.verification, req_ids, step.complete)
+        elif tokens is None:  # plain sampling: the ids come up now
             ids, no_token = step.host_ids.get()  # the wait
             tokens = [None if none else [token] for token, none in zip(ids, no_token)]  # [R]
             logprobs = self._sample_logprobs(step.sampler_output, step.sampling_metadata, req_ids, step.complete)
         prompt_logprobs = self._collect_prompt_logprobs(step.pending_prompt_logprobs)
         no_token_req_ids = set()
-        for row, (state, done, d) in enumerate(zip(states, step.complete, step.drafts)):
+        for row, (state, done, k) in enumerate(zip(states, step.complete, step.scheduled_drafts)):
             if done and tokens[row] is None:  # nothing left to sample: it ends (sampler NOTE 7)
                 no_token_req_ids.add(state.req_id)
                 logger.warning("request %r: no token is left to sample (every logit -inf or NaN); it ends with an error", state.req_id)
             kept = tokens[row] if done and tokens[row] is not None else []
-            state.num_computed_tokens -= len(d) + 1 - len(kept) if d else 0  # rejected drafts undone
+            state.num_computed_tokens -= k + 1 - len(kept) if k else 0  # rejected drafts undone (NOTE 14)
             state.output_token_ids.extend(kept)
             tokens[row] = kept
         pooled = {r: v.cpu() for r, v in zip(req_ids, step.pooled or ()) if v is not None}  # NOTE 13
+        proposed = {r: d for r, d, k in zip(req_ids, step.drafts, step.scheduled_drafts) if k} if self.proposer else {}
         return ModelRunnerOutput(  # rows 0 .. R-1
-            req_ids, step.req_id_to_index, tokens, logprobs, prompt_logprobs, frozenset(no_token_req_ids), pooled,
+            req_ids, step.req_id_to_index, tokens, logprobs, prompt_logprobs, frozenset(no_token_req_ids), pooled, proposed,
         )
     # --8<-- [end:execute_model]
-
-    # --8<-- [start:verify]
-    def _verify_drafts(
-        self, hidden: torch.Tensor, num_sched: list[int], drafts: list[tuple[int, ...]], metadata,
-        req_ids: list[str], complete: list[bool], scheduler_output: SchedulerOutput,
-    ) -> tuple[list[list[int] | None], dict[str, list[LogprobEntry]]]:
-        """NOTE 9: the logits of each request's last ``len(drafts) + 1`` positions, through the
-        rejection sampler; the tokens each request keeps, and the logprobs of the kept tokens
-        of the requests that ask (NOTE 10)."""
-        rows: list[int] = []
-        end = 0
-        for n, d in zip(num_sched, drafts):
-            end += n
-            rows.extend(range(end - len(d) - 1, end))  # the last real token's position, then each draft's
-        logits = self.model.compute_logits(hidden[upload(rows, torch.int64, hidden.device)])  # [sum(k_r + 1), V]
-        apply_grammar_bitmask(scheduler_output, req_ids, logits, dict(zip(req_ids, spec_row_starts(drafts))))
-        sampler_output = self.sampler(logits, metadata.expand(drafts))  # a plain step's steps, row by row; on a copy
-        ids, no_token = sampled_to_host(sampler_output.sampled_token_ids, sampler_output.no_token)  # the wait
-        tokens = rejection_sample(ids, no_token, drafts)  # the drafts each request keeps, then its own token
-        firsts = spec_row_starts(drafts)  # where each request's rows begin in ``logits``
-        kept_rows, chosen, ks, owners = [], [], [], []  # kept token i of a request: its row i (NOTE 10)
-        for row, k in sorted(metadata.num_logprobs.items()):
-            kept = tokens[row] if complete[row] and tokens[row] is not None else []
-            kept_rows.extend(range(firsts[row], firsts[row] + len(kept)))
-            chosen.extend(kept)
-            ks.extend([k] * len(kept))
-            owners.append((req_ids[row], len(kept)))
-        if not kept_rows:
-            return tokens, {}
-        raw = logprob_ops.compute_logprobs(logits[upload(kept_rows, torch.int64, logits.device)])  # [M, V], one pass
-        gathered = logprob_ops.gather_logprobs(raw, upload(chosen, torch.int64, logits.device), max(ks))
-        entries = iter(logprob_ops.row_entries(gathered, ks))
-        return tokens, {req_id: [next(entries) for _ in range(n)] for req_id, n in owners if n}
-    # --8<-- [end:verify]
 
     # --8<-- [start:logprobs]
     @staticmethod

@@ -70,6 +70,7 @@ from tinyvllm.models.classifier import load_classifier
 from tinyvllm.outputs import ModelRunnerOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
+from tinyvllm.spec_decode.ngram_proposer import NgramProposer
 from tinyvllm.worker.async_output import AsyncModelRunnerOutput
 from tinyvllm.worker.attention_metadata import build_attention_metadata
 from tinyvllm.worker.cuda_graph import CUDAGraphWrapper
@@ -265,6 +266,7 @@ class Worker:
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             max_model_len=scheduler_config.max_model_len, cudagraphs=graphs, num_speculative_tokens=num_spec,
             pooler=None if pooler_config is None else make_pooler(self.model, pooler_config, self.model_config.pooling_model),
+            proposer=_runner_proposer(config),
         )  # fmt: skip
 
     def _release_cudagraphs(self, runner: ModelRunner) -> None:
@@ -351,3 +353,14 @@ class Worker:
         self.model_runner = None
         if self.config.parallel_config.world_size > 1:
             destroy_distributed_environment()
+
+
+def _runner_proposer(config: EngineConfig) -> NgramProposer | None:
+    """Under async scheduling the runner proposes the drafts (``model_runner.py`` NOTE 14); else
+    the engine does, or nobody."""
+    spec = config.speculative_config
+    if spec is None or not config.scheduler_config.async_scheduling:
+        return None
+    return NgramProposer(
+        spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max, config.scheduler_config.max_model_len
+    )
