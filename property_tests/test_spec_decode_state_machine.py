@@ -4,7 +4,9 @@ small pools (preemption with drafts in flight), small budgets (drafts cut) and f
 forward. After every step: the scheduler's and the KV manager's invariants, every block
 free that no request holds, and **no cached block holds a token the request does not have**:
 a block under a hash is full of the request's own tokens, never of a rejected draft. At the
-end, every request that finished has the tokens a plain engine (no speculation) gives it."""
+end, every request that finished has the tokens a plain engine (no speculation) gives it. Half
+the runs schedule asynchronously (placeholder drafts counted as if kept, the runner proposing
+the real ones: ``core/async_scheduler.py`` NOTE 6), where the same must hold."""
 
 from __future__ import annotations
 
@@ -47,11 +49,12 @@ prompts = st.builds(lambda unit, times, tail: tuple(unit * times + tail),
 
 
 class SpecEngine(RuleBasedStateMachine):
-    @initialize(blocks=st.sampled_from([14, 20, 60]), budget=st.sampled_from([5, 9, 64]), caching=st.booleans())
-    def build(self, blocks: int, budget: int, caching: bool) -> None:
+    @initialize(blocks=st.sampled_from([14, 20, 60]), budget=st.sampled_from([5, 9, 64]), caching=st.booleans(),
+                async_scheduling=st.booleans())  # fmt: skip
+    def build(self, blocks: int, budget: int, caching: bool, async_scheduling: bool) -> None:
         self.llm = LLM(model_folder(), device="cpu", max_model_len=40, block_size=BLOCK, num_gpu_blocks_override=blocks,
                        max_num_batched_tokens=budget, max_num_seqs=4, enable_prefix_caching=caching,
-                       speculative_config=SPEC)  # fmt: skip
+                       speculative_config=SPEC, async_scheduling=async_scheduling)  # fmt: skip
         self.engine = self.llm.engine
         self.fault = Fault(at=10**9)
         inject(self.llm, "forward", self.fault)
