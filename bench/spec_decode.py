@@ -38,7 +38,10 @@ decode step are nearly free).
 
 Run: ``python bench/spec_decode.py`` (a few minutes) writes ``bench/results/spec_decode.json``;
 ``--quick`` runs fewer, shorter requests; ``--dry-run`` the tiny test model, seconds (the
-test suite runs it; its figures mean nothing).
+test suite runs it; its figures mean nothing). ``--async-scheduling`` builds both engines with
+``async_scheduling=True`` (drafts as placeholders, proposed by the runner) and writes
+``spec_decode-async.json``: the same ratios under async scheduling, where on the CPU nothing
+overlaps, so it measures what placeholder drafts cost.
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer and shorter requests, one repeat")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--async-scheduling", action="store_true", help="both engines schedule asynchronously")
     args = parser.parse_args(argv)
     threads = set_threads(1)
 
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = str(build_tiny_model(Path(tmp) / "qwen3", "qwen3")) if args.dry_run else STDLIB_TINY
         small = args.dry_run or args.quick
         max_tokens, count, repeats = (8, 4, 1) if args.dry_run else (48, 16, 1) if args.quick else (96, 16, args.repeats)
-        common = dict(device="cpu", max_model_len=512, enable_prefix_caching=False, seed=0)
+        common = dict(device="cpu", max_model_len=512, enable_prefix_caching=False, seed=0, async_scheduling=args.async_scheduling)
         engines = {"off": LLM(folder, **common), "on": LLM(folder, speculative_config=SPEC, **common)}
         steps = {name: count_steps(llm) for name, llm in engines.items()}
         tokenizer = engines["off"].get_tokenizer()
@@ -210,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": threads,
         "model": "tiny test model" if args.dry_run else "stdlib_tiny",
         "speculative_config": SPEC,
+        "async_scheduling": args.async_scheduling,
         "sampling": {"repeat": "greedy", "random": "temperature 1, seed 0", "max_tokens": max_tokens, "ignore_eos": True},
         "repeats": repeats,
         "workloads": results,
@@ -222,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['steps_on']:.0f} (x{r['fewer_steps']:.2f} fewer, each x{r['dearer_steps']:.2f} dearer)"
                   + ("" if r["copied_share"] is None else f"  copied {r['copied_share']:.0%}"))  # fmt: skip
     default = "spec_decode-dry.json" if args.dry_run else "spec_decode-quick.json" if args.quick else "spec_decode.json"
+    if args.async_scheduling:
+        default = default.replace(".json", "-async.json")
     write_json(args.out or ROOT / "bench" / "results" / default, record)
     return 0
 

@@ -113,6 +113,27 @@ def test_placeholder_drafts_never_reach_past_max_model_len():
     scheduler.check_invariants()
 
 
+def test_a_request_is_held_back_only_when_its_drafts_in_flight_surely_end_it():
+    """Near ``max_tokens`` a request with drafts in flight is scheduled again unless its tokens in
+    flight end it even if every draft is rejected (vLLM's check): counting the drafts as kept
+    would leave it a step behind whenever they are not."""
+    scheduler = AsyncScheduler(SchedulerConfig(max_model_len=64), CacheConfig(block_size=4, num_gpu_blocks=32),
+                               num_spec_tokens=K)  # fmt: skip
+    request = Request("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True))
+    scheduler.add_request(request)
+    first, second = scheduler.schedule(), scheduler.schedule()  # the prompt; then 1 + 3 placeholder drafts
+    scheduler.update_from_output(first, runner_output(first, {"a": [40]}))
+    assert (request.num_output_tokens, request.num_output_placeholders) == (1, 1 + K)  # 1 to 4 tokens in flight
+    third = scheduler.schedule()  # at least 2 tokens by then, not surely 4: it runs on
+    assert third.num_scheduled_tokens == {"a": 1 + K}
+    # step 2 kept every draft: 4 tokens, the request ends; step 3's tokens are dropped
+    out = scheduler.update_from_output(second, runner_output(second, {"a": [41, 42, 43, 44]}, {"a": (41, 42, 43)}))
+    assert out[0].finish_reason == "length" and request.output_token_ids == [40, 41, 42, 43]
+    assert scheduler.update_from_output(third, runner_output(third, {"a": [50]}, {"a": ()})) == []
+    assert not scheduler.requests
+    scheduler.check_invariants()
+
+
 # -- the engine: the synchronous engine's tokens --------------------------------------------------------
 
 

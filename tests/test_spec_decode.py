@@ -525,9 +525,11 @@ def test_stats_and_metrics_report_the_acceptance(tiny_model_dirs):
 
 
 @pytest.mark.slow
-def test_bench_spec_decode_dry_run_writes_its_record(tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--async-scheduling"]], ids=["sync", "async"])
+def test_bench_spec_decode_dry_run_writes_its_record(tmp_path, flags):
     """``bench/spec_decode.py --dry-run``: both workloads at both batch sizes, the same greedy
-    tokens with speculation on and off (the script refuses otherwise); figures mean nothing."""
+    tokens with speculation on and off (the script refuses otherwise); figures mean nothing.
+    ``--async-scheduling``: both engines schedule asynchronously, placeholder drafts."""
     import json
     import subprocess
     import sys
@@ -535,11 +537,12 @@ def test_bench_spec_decode_dry_run_writes_its_record(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "spec.json"
-    proc = subprocess.run([sys.executable, str(root / "bench" / "spec_decode.py"), "--dry-run", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(root / "bench" / "spec_decode.py"), "--dry-run", "--out", str(out), *flags],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(out.read_text())
     assert record["dry_run"] is True and record["torch_threads"] == 1
+    assert record["async_scheduling"] is bool(flags)
     assert set(record["workloads"]) == {"repeat", "random"}
     for by_batch in record["workloads"].values():
         assert set(by_batch) == {"batch_1", "batch_16"}

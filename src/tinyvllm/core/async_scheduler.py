@@ -22,10 +22,10 @@ NOTE 1 (one step late): stop checks, detokenization and stop strings see a step'
 when its output arrives, after the next step was scheduled. A request that stopped in step N
 was already scheduled in N+1: that extra token is computed and thrown away (the request has
 left ``requests`` when N+1's output arrives), as in vLLM.
-NOTE 2 (no step that cannot count): a request whose tokens in flight already end it
-(``max_tokens`` or ``max_model_len`` reached) is not scheduled again, so no position past
-``max_model_len`` is ever allocated and no step is spent on a token that would be dropped.
-A pooling request (``max_tokens`` 1, ``request.py``) ends so with the step that ends its prompt.
+NOTE 2 (no step that cannot count): a request whose tokens in flight surely end it
+(``max_tokens`` reached even if every draft in flight is rejected, as vLLM's check) is not
+scheduled again; nor one they may bring to ``max_model_len`` (as if every draft were kept), so
+no position past it is ever allocated. A pooling request (``max_tokens`` 1) ends with its prompt.
 NOTE 3 (preempted with a token in flight): a request preempted while its last step runs keeps
 that step's token (sampled from KV its blocks held when the step was queued); it recomputes
 from the start with it, as if the step had returned before the preemption, as in sync mode.
@@ -105,14 +105,18 @@ class AsyncScheduler(Scheduler):
 
     # --8<-- [start:pending_end]
     def _pending_tokens_end(self, request: Request) -> bool:
-        """NOTE 2: the tokens in flight reach ``max_tokens`` or ``max_model_len``."""
+        """NOTE 2: the tokens in flight surely reach ``max_tokens``, or may reach ``max_model_len``."""
         pending = request.num_output_placeholders
         if pending == 0:
             return False
-        max_tokens = request.sampling_params.max_tokens
-        if max_tokens is not None and request.num_output_tokens + pending >= max_tokens:
+        if request.num_tokens + pending >= self.max_model_len:  # as if every draft in flight were kept
             return True
-        return request.num_tokens + pending >= self.max_model_len
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is None:
+            return False
+        drafts = sum(len(step.scheduled_spec_decode_tokens.get(rid, ())) for step, scheduled in self._in_flight
+                     for rid in (request.request_id,) if scheduled.get(rid) is request)  # fmt: skip
+        return request.num_output_tokens + pending - drafts >= max_tokens  # as if every draft were rejected
     # --8<-- [end:pending_end]
 
     # --8<-- [start:requests_of_step]
