@@ -41,7 +41,8 @@ Run: ``python bench/spec_decode.py`` (a few minutes) writes ``bench/results/spec
 test suite runs it; its figures mean nothing). ``--async-scheduling`` builds both engines with
 ``async_scheduling=True`` (drafts as placeholders, proposed by the runner) and writes
 ``spec_decode-async.json``: the same ratios under async scheduling, where on the CPU nothing
-overlaps, so it measures what placeholder drafts cost.
+overlaps, so it measures what placeholder drafts cost; ``--device cuda`` runs both on a GPU,
+where it measures what overlapping the host's work gains (not yet run).
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--async-scheduling", action="store_true", help="both engines schedule asynchronously")
+    parser.add_argument("--device", default="cpu", help="cpu (the default) or cuda: on a GPU the host's share of a step is larger")
     args = parser.parse_args(argv)
     threads = set_threads(1)
 
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = str(build_tiny_model(Path(tmp) / "qwen3", "qwen3")) if args.dry_run else STDLIB_TINY
         small = args.dry_run or args.quick
         max_tokens, count, repeats = (8, 4, 1) if args.dry_run else (48, 16, 1) if args.quick else (96, 16, args.repeats)
-        common = dict(device="cpu", max_model_len=512, enable_prefix_caching=False, seed=0, async_scheduling=args.async_scheduling)
+        common = dict(device=args.device, max_model_len=512, enable_prefix_caching=False, seed=0, async_scheduling=args.async_scheduling)
         engines = {"off": LLM(folder, **common), "on": LLM(folder, speculative_config=SPEC, **common)}
         steps = {name: count_steps(llm) for name, llm in engines.items()}
         tokenizer = engines["off"].get_tokenizer()
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "spec_decode",
         "dry_run": args.dry_run,
         "quick": args.quick,
-        **run_header("spec_decode.py", argv),
+        **run_header("spec_decode.py", argv, args.device),
         "torch_threads": threads,
         "model": "tiny test model" if args.dry_run else "stdlib_tiny",
         "speculative_config": SPEC,
