@@ -137,10 +137,16 @@ def test_async_greedy_tokens_and_logprobs_equal_sync(tiny_model_dirs, family):
 def test_async_equals_sync_under_the_schedulers_corner_cases(tiny_model_dirs, kw):
     folder = tiny_model_dirs["qwen3"]
     expected = run_checked(make_llm(folder, False, **kw), PROMPTS, greedy(16))
-    llm = make_llm(folder, True, **kw)
+    two_rounds_give(make_llm(folder, True, **kw), PROMPTS, greedy(16), expected, kw)
+
+
+def two_rounds_give(llm: LLM, prompts, params, expected: dict[str, list[int]], kw: dict) -> None:
+    """Two rounds of ``prompts`` (the second hitting the first's blocks, with caching) give
+    ``expected``; the corner case ``kw`` sets up happened (preemptions, prefix hits); no block
+    is left held."""
     for round_ in range(2):
-        got = run_checked(llm, PROMPTS, greedy(16), tag=f"{round_}-")
-        assert [got[f"{round_}-{i}"] for i in range(len(PROMPTS))] == [expected[str(i)] for i in range(len(PROMPTS))]
+        got = run_checked(llm, prompts, params, tag=f"{round_}-")
+        assert [got[f"{round_}-{i}"] for i in range(len(prompts))] == [expected[str(i)] for i in range(len(prompts))]
     scheduler = llm.engine.scheduler
     if "num_gpu_blocks_override" in kw:
         assert scheduler.num_preemptions > 0
@@ -209,29 +215,35 @@ def test_a_failed_step_takes_the_steps_in_flight_down_and_the_engine_serves_on(t
     blocks freed, the runner emptied; the next requests get the synchronous engine's tokens."""
     folder = tiny_model_dirs["qwen3"]
     expected = run_checked(make_llm(folder, False), PROMPTS[:2], greedy(8))
-    llm = make_llm(folder, True)
+    calls = iter(range(1, 10**6))
+    a_failed_step_leaves_it_serving(
+        monkeypatch, make_llm(folder, True), where, lambda: next(calls) == 4, PROMPTS[2:], greedy(8), PROMPTS[:2], expected
+    )
+
+
+def a_failed_step_leaves_it_serving(monkeypatch, llm: LLM, where: str, fire, doomed, params, prompts, expected) -> None:
+    """The runner's forward or read-back raises at the first call at which ``fire()`` is true,
+    while ``doomed`` run: every request is aborted, every block freed, the runner emptied; then
+    ``prompts`` get ``expected``."""
     engine, runner = llm.engine, llm.engine.model_runner
-    calls = {"n": 0}
     target = "_forward" if where == "forward" else "_read_back"
     original = getattr(runner, target)
 
     def failing(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:
+        if fire():
             raise RuntimeError("injected")
         return original(*args, **kwargs)
 
     monkeypatch.setattr(runner, target, failing)
-    for i, prompt in enumerate(PROMPTS[2:]):
-        engine.add_request(f"doomed{i}", prompt, greedy(8))
+    for i, prompt in enumerate(doomed):
+        engine.add_request(f"doomed{i}", prompt, params)
     with pytest.raises(RuntimeError, match="injected"):
         while engine.has_unfinished_requests():
             engine.step()
     assert not engine.has_unfinished_requests() and all_blocks_free(llm) and not runner.requests
     engine.check_invariants()
     monkeypatch.setattr(runner, target, original)
-    got = run_checked(llm, PROMPTS[:2], greedy(8))
-    assert got == expected and all_blocks_free(llm)
+    assert run_checked(llm, prompts, params) == expected and all_blocks_free(llm)
 
 
 @pytest.mark.slow
@@ -254,19 +266,17 @@ def test_emulated_cuda_graphs_read_the_placeholder_from_the_device(tiny_model_di
 # -- the one wait ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_no_wait_between_sampling_a_step_and_scheduling_the_next(tiny_model_dirs, monkeypatch, async_scheduling):
-    """Marks in one timeline: each sampler call and each ``schedule()``. Under async scheduling
-    nothing waits for the device between a step's sampling and the next schedule: the step's
-    one wait comes inside the next step, after its forward was launched. The synchronous
-    engine waits right after sampling (the check fails there: the test can tell them apart)."""
+def steps_on_a_timeline(monkeypatch, folder, requests, **kw) -> tuple[list, dict, LLM, str]:
+    """``counted_steps`` with every ``schedule()`` ("s"), sampler call ("p") and device wait
+    ("w", while counting) marked in one timeline, in the order they happen; its steps, outputs
+    and engine, and the timeline as a string."""
     from tinyvllm.device_syncs import DeviceSyncCounter
 
-    timeline: list[str] = []  # "schedule", "sampled" and "wait" (a sync), in the order they happen
+    timeline: list[str] = []
 
     class Recording(list):
         def append(self, sync) -> None:
-            timeline.append("wait")
+            timeline.append("w")
             super().append(sync)
 
     class TimelineCounter(DeviceSyncCounter):
@@ -287,25 +297,32 @@ def test_no_wait_between_sampling_a_step_and_scheduling_the_next(tiny_model_dirs
         schedule, sampler = scheduler.schedule, runner.sampler
 
         def marked_schedule():
-            timeline.append("schedule")
+            timeline.append("s")
             return schedule()
 
         def marked_sampler(*a, **k):
             out = sampler(*a, **k)
-            timeline.append("sampled")
+            timeline.append("p")
             return out
 
         scheduler.schedule, runner.sampler = marked_schedule, marked_sampler
 
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     monkeypatch.setattr(LLM, "__init__", init)
-    steps, outputs, _ = counted_steps(
-        tiny_model_dirs["qwen3"], [(PROMPT, params), (PROMPT[:5], params)], counter=counter,
-        async_scheduling=async_scheduling,
-    )  # fmt: skip
+    steps, outputs, llm = counted_steps(folder, requests, counter=counter, **kw)
+    return steps, outputs, llm, "".join(m for m in timeline if m != "w" or counter.counting)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_no_wait_between_sampling_a_step_and_scheduling_the_next(tiny_model_dirs, monkeypatch, async_scheduling):
+    """Marks in one timeline: each sampler call and each ``schedule()``. Under async scheduling
+    nothing waits for the device between a step's sampling and the next schedule: the step's
+    one wait comes inside the next step, after its forward was launched. The synchronous
+    engine waits right after sampling (the check fails there: the test can tell them apart)."""
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    steps, outputs, _, between = steps_on_a_timeline(
+        monkeypatch, tiny_model_dirs["qwen3"], [(PROMPT, params), (PROMPT[:5], params)], async_scheduling=async_scheduling
+    )
     assert all(len(o.outputs[0].token_ids) == 6 for o in outputs.values())
-    marks = [m for m in timeline if m != "wait" or counter.counting]
-    between = "".join("s" if m == "schedule" else "p" if m == "sampled" else "w" for m in marks)
     # one sampling ("p") per step, then the next schedule ("s"): what waits in between?
     gaps = [gap for gap in between.split("p")[1:] if "s" in gap]
     assert len(gaps) >= 5, between
@@ -348,14 +365,20 @@ def test_gpu_async_steps_make_cuda_wait_nowhere_and_give_the_sync_tokens(tiny_mo
     and prompt logprobs included: the one wait is the read-back's event (async_output.py NOTE 1)."""
     import torch
 
-    requests = prompts_for(ASKING_EVERYTHING)
     kw = dict(device=torch.device("cuda"), max_num_seqs=8, compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16]})
-    _, expected, _ = counted_steps(tiny_model_dirs["qwen3"], requests, **kw)
+    async_steps_wait_nowhere_and_give_the_sync_tokens(tiny_model_dirs["qwen3"], prompts_for(ASKING_EVERYTHING), **kw)
+
+
+def async_steps_wait_nowhere_and_give_the_sync_tokens(folder, requests, **kw) -> LLM:
+    """``requests`` through a synchronous and an async engine (``kw``: on CUDA): under CUDA's sync
+    debug mode no async step makes a synchronizing call, and the tokens are equal; the async LLM."""
+    _, expected, _ = counted_steps(folder, requests, **kw)
     cuda_waits: list[list[str]] = []
-    _, outputs, _ = counted_steps(tiny_model_dirs["qwen3"], requests, cuda_waits=cuda_waits, async_scheduling=True, **kw)
+    _, outputs, llm = counted_steps(folder, requests, cuda_waits=cuda_waits, async_scheduling=True, **kw)
     assert cuda_waits and all(w == [] for w in cuda_waits), cuda_waits
     for rid, out in expected.items():
         assert outputs[rid].outputs[0].token_ids == out.outputs[0].token_ids, rid
+    return llm
 
 
 def test_an_id_reused_while_its_aborted_step_is_in_flight_gets_only_its_own_tokens(tiny_model_dirs):

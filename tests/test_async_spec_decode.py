@@ -20,6 +20,13 @@ from tinyvllm.request import Request
 
 from engine_compare import assert_same_tokens_and_logprobs
 from spec_workload import LOOP, PROMPTS, SPEC, run_rounds_with_an_abort
+from test_async_scheduling import (
+    a_failed_step_leaves_it_serving,
+    all_blocks_free,
+    run_checked,
+    steps_on_a_timeline,
+    two_rounds_give,
+)
 
 K = SPEC["num_speculative_tokens"]
 
@@ -35,24 +42,6 @@ def make_llm(folder, async_scheduling: bool = True, spec: dict | None = SPEC, **
         if proposer is not None:  # these batches are small: search them in numpy all the same
             proposer.min_batch_tokens = 0
     return llm
-
-
-def run_checked(llm: LLM, prompts, params, tag: str = "") -> dict[str, list[int]]:
-    """Every prompt through ``engine.step()``, the engine's invariants checked after each step."""
-    engine = llm.engine
-    params = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        engine.add_request(f"{tag}{i}", prompt, p)
-    finished = {}
-    while engine.has_unfinished_requests():
-        finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished}
-        engine.check_invariants()
-    return finished
-
-
-def all_blocks_free(llm: LLM) -> bool:
-    kv = llm.engine.scheduler.kv_cache_manager
-    return kv.block_pool.get_num_free_blocks() == kv.num_gpu_blocks and kv.uncommitted_blocks == []
 
 
 def runner_output(out, tokens: dict[str, list[int]], drafts: dict[str, tuple[int, ...]] | None = None):
@@ -169,16 +158,8 @@ def test_async_speculation_equals_sync_under_the_schedulers_corner_cases(tiny_mo
     folder = tiny_model_dirs["qwen3"]
     expected = run_checked(make_llm(folder, False, None, **kw), PROMPTS, greedy(24))
     llm = make_llm(folder, **kw)
-    for round_ in range(2):
-        got = run_checked(llm, PROMPTS, greedy(24), tag=f"{round_}-")
-        assert [got[f"{round_}-{i}"] for i in range(len(PROMPTS))] == [expected[str(i)] for i in range(len(PROMPTS))]
-    scheduler = llm.engine.scheduler
-    assert scheduler.spec_stats.num_accepted_tokens > 0
-    if "num_gpu_blocks_override" in kw:
-        assert scheduler.num_preemptions > 0
-    if kw.get("enable_prefix_caching"):
-        assert scheduler.kv_cache_manager.prefix_cache_stats.hits > 0
-    assert all_blocks_free(llm)
+    two_rounds_give(llm, PROMPTS, greedy(24), expected, kw)
+    assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
 
 
 def test_seeded_streams_and_the_sampling_features_drafts_honour_give_the_same_tokens(tiny_model_dirs):
@@ -249,27 +230,15 @@ def test_a_failed_step_with_drafts_in_flight_leaves_the_engine_serving(tiny_mode
     folder = tiny_model_dirs["qwen3"]
     expected = run_checked(make_llm(folder, False, None), PROMPTS[:2], greedy(12))
     llm = make_llm(folder)
-    engine, runner = llm.engine, llm.engine.model_runner
     fired = []
-    target = "_forward" if where == "forward" else "_read_back"
-    original = getattr(runner, target)
 
-    def failing(*args, **kwargs):  # the first call once drafts were verified and kept
-        if not fired and engine.scheduler.spec_stats.num_accepted_tokens > 0:
+    def fire() -> bool:  # the first call once drafts were verified and kept, once
+        if not fired and llm.engine.scheduler.spec_stats.num_accepted_tokens > 0:
             fired.append(True)
-            raise RuntimeError("injected")
-        return original(*args, **kwargs)
+            return True
+        return False
 
-    monkeypatch.setattr(runner, target, failing)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"doomed{i}", prompt, greedy(12))
-    with pytest.raises(RuntimeError, match="injected"):
-        while engine.has_unfinished_requests():
-            engine.step()
-    assert not engine.has_unfinished_requests() and all_blocks_free(llm) and not runner.requests
-    engine.check_invariants()
-    monkeypatch.setattr(runner, target, original)
-    assert run_checked(llm, PROMPTS[:2], greedy(12)) == expected and all_blocks_free(llm)
+    a_failed_step_leaves_it_serving(monkeypatch, llm, where, fire, PROMPTS, greedy(12), PROMPTS[:2], expected)
 
 
 @pytest.mark.slow
@@ -296,53 +265,12 @@ def test_nothing_waits_between_sampling_a_step_and_scheduling_the_next(tiny_mode
     """Marks in one timeline: each sampler call, each ``schedule()`` and each device wait. The
     verification's ids come up when the next step is launched (its inputs need the count kept),
     never between a step's sampling and the next ``schedule()``."""
-    from tinyvllm.device_syncs import DeviceSyncCounter
-    from test_device_syncs import counted_steps
-
-    timeline: list[str] = []
-
-    class Recording(list):
-        def append(self, sync) -> None:
-            timeline.append("wait")
-            super().append(sync)
-
-    class TimelineCounter(DeviceSyncCounter):
-        def __init__(self) -> None:
-            super().__init__()
-            self.syncs = Recording()
-
-        def take(self) -> list:
-            syncs, self.syncs = self.syncs, Recording()
-            return list(syncs)
-
-    counter = TimelineCounter()
-    original_init = LLM.__init__
-
-    def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        scheduler, runner = self.engine.scheduler, self.engine.model_runner
-        schedule, sampler = scheduler.schedule, runner.sampler
-
-        def marked_schedule():
-            timeline.append("schedule")
-            return schedule()
-
-        def marked_sampler(*a, **k):
-            out = sampler(*a, **k)
-            timeline.append("sampled")
-            return out
-
-        scheduler.schedule, runner.sampler = marked_schedule, marked_sampler
-
-    monkeypatch.setattr(LLM, "__init__", init)
-    steps, outputs, llm = counted_steps(
-        tiny_model_dirs["qwen3"], [(LOOP, greedy(12)), (PROMPTS[1], greedy(12))], counter=counter,
+    steps, outputs, llm, marks = steps_on_a_timeline(
+        monkeypatch, tiny_model_dirs["qwen3"], [(LOOP, greedy(12)), (PROMPTS[1], greedy(12))],
         async_scheduling=True, speculative_config=SPEC,
     )  # fmt: skip
     assert all(len(o.outputs[0].token_ids) == 12 for o in outputs.values())
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
-    marks = "".join("s" if m == "schedule" else "p" if m == "sampled" else "w"
-                    for m in timeline if m != "wait" or counter.counting)  # fmt: skip
     gaps = [gap for gap in marks.split("p")[1:] if "s" in gap]
     assert len(gaps) >= 4, marks
     assert all("w" not in gap[: gap.index("s")] for gap in gaps), marks
@@ -384,16 +312,12 @@ def test_gpu_async_speculation_gives_the_sync_tokens_and_cuda_waits_nowhere(tiny
 
     import torch
 
-    from test_device_syncs import ASKING_EVERYTHING, counted_steps, prompts_for
+    from test_async_scheduling import async_steps_wait_nowhere_and_give_the_sync_tokens
+    from test_device_syncs import ASKING_EVERYTHING, prompts_for
 
     requests = [(p, q if q.seed is not None or q.temperature == 0 else dataclasses.replace(q, seed=11))
                 for p, q in prompts_for(ASKING_EVERYTHING) if q.min_p == 0] + [(LOOP, greedy(24))]  # fmt: skip
     kw = dict(device=torch.device("cuda"), max_num_seqs=8, speculative_config=SPEC,
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]})  # fmt: skip
-    _, expected, _ = counted_steps(tiny_model_dirs["qwen3"], requests, **kw)
-    cuda_waits: list[list[str]] = []
-    _, outputs, llm = counted_steps(tiny_model_dirs["qwen3"], requests, cuda_waits=cuda_waits, async_scheduling=True, **kw)
-    assert cuda_waits and all(w == [] for w in cuda_waits), cuda_waits
-    for rid, out in expected.items():
-        assert outputs[rid].outputs[0].token_ids == out.outputs[0].token_ids, rid
+    llm = async_steps_wait_nowhere_and_give_the_sync_tokens(tiny_model_dirs["qwen3"], requests, **kw)
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
