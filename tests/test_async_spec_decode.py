@@ -291,6 +291,29 @@ def test_structured_outputs_are_refused_under_async_speculation_naming_both(tiny
         "y", [3, 4, 5], params) is not None  # fmt: skip  (the synchronous engine takes it)
 
 
+def test_served_with_both_flags_a_stream_has_the_synchronous_text_and_a_grammar_is_a_400(tiny_model_dirs):
+    """``tinyvllm serve --async-scheduling --speculative-config ...``'s engine behind the real
+    ``openai`` client: a streamed completion (the deltas of several tokens a step) has the
+    synchronous engine's text; a request with a grammar is a 400 naming both flags."""
+    from serve_fixtures import require_serve_extra, running_server
+
+    require_serve_extra()
+    import openai
+
+    folder = tiny_model_dirs["qwen3"]
+    sync = make_llm(folder, False, None).generate([{"prompt_token_ids": LOOP}], greedy(20), use_tqdm=False)[0]
+    llm = make_llm(folder)
+    with running_server(llm, "tiny") as (url, _app):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        stream = client.completions.create(model="tiny", prompt=LOOP, max_tokens=20, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})  # fmt: skip
+        deltas = [chunk.choices[0].text for chunk in stream if chunk.choices]
+        assert "".join(deltas) == sync.outputs[0].text
+        with pytest.raises(openai.BadRequestError, match="structured_outputs.*async_scheduling.*speculative"):
+            client.completions.create(model="tiny", prompt=LOOP, max_tokens=4, extra_body={"structured_outputs": {"choice": ["a", "b"]}})
+    assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0 and all_blocks_free(llm)
+
+
 def test_the_engine_arguments_take_both(tiny_model_dirs):
     from tinyvllm.engine.engine_args import EngineArgs
 
