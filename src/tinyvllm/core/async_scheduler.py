@@ -112,7 +112,7 @@ class AsyncScheduler(Scheduler):
         if request.num_tokens + pending >= self.max_model_len:  # as if every draft in flight were kept
             return True
         max_tokens = request.sampling_params.max_tokens
-        if max_tokens is None:
+        if max_tokens is None or request.num_output_tokens + pending < max_tokens:  # not even if all kept
             return False
         drafts = sum(len(step.scheduled_spec_decode_tokens.get(rid, ())) for step, scheduled in self._in_flight
                      for rid in (request.request_id,) if scheduled.get(rid) is request)  # fmt: skip
