@@ -28,7 +28,7 @@ def test_tutorial_10_spec_decode_steps_follow_the_rules():
     # the cells join tokens with "|", so each row is cut at the table's fixed column widths
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("step |")) + 2
-    rows = [line for line in lines[start:] if line[:4].strip().isdigit()]
+    rows = [line for line in lines[start : lines.index("", start)] if line[:4].strip().isdigit()]
     prompt_len = int(re.search(r"prompt \((\d+) tokens\)", out).group(1))
     total_drafts = total_kept = 0
     for line in rows:
@@ -53,3 +53,19 @@ def test_tutorial_10_spec_decode_steps_follow_the_rules():
     steps = int(re.search(r"(\d+) tokens in (\d+) steps", out).group(2))
     assert steps == len(rows) and steps < int(re.search(r"(\d+) tokens in", out).group(1))
     assert "same tokens as without speculation: yes" in out
+
+
+@pytest.mark.slow
+def test_tutorial_10_under_async_scheduling_schedules_placeholders_and_gets_the_same_tokens():
+    """The second table: each call schedules the next step's drafts as placeholders before the
+    last step's tokens are back; the tokens arrive one call later, all 24 of them, and the same
+    tokens and drafts as the synchronous run."""
+    out = tutorial_output("10_spec_decode.py")
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("call |")) + 2
+    rows = [[line[0:4].strip(), line[7:18].strip(), line[21:].strip()] for line in lines[start:] if line[:4].strip().isdigit()]
+    assert rows[0][1].endswith("tokens") and rows[0][2] == "0"  # the prompt; nothing is back yet
+    assert all(cell == "1 + ?|?|?" for _, cell, _ in rows[1:-1])  # k placeholders, whatever the runner finds
+    assert rows[-1][1:] == ["-", "0"]  # the step scheduled after the last token was thrown away
+    assert sum(int(back) for *_, back in rows) == 24
+    assert "24 tokens in " + str(len(rows)) + " calls; the same tokens and drafts as above: yes" in out

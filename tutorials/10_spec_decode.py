@@ -6,7 +6,8 @@ Before each step we print the drafts the n-gram proposer found in the request's 
 after it, which drafts the target model kept, the token it added (its own at the first
 disagreement, or the bonus after the last kept draft), and where ``num_computed_tokens``
 ended (advanced past every draft by the scheduler, then taken back for the rejected ones).
-At the end: the same tokens as a run without speculation, in fewer steps.
+At the end: the same tokens as a run without speculation, in fewer steps; then the same
+request under ``async_scheduling=True``, where the drafts are scheduled as placeholders.
 
 Run it from the repository root: ``python tutorials/10_spec_decode.py``.
 """
@@ -65,6 +66,36 @@ def main() -> None:
     print(f"drafts verified {stats.num_draft_tokens}, kept {stats.num_accepted_tokens} "
           f"(acceptance {stats.acceptance_rate:.0%}), kept by position {stats.num_accepted_tokens_per_pos}")  # fmt: skip
     print(f"same tokens as without speculation: {'yes' if plain.outputs[0].token_ids == spec_tokens else 'NO'}")
+    show_async(prompt_ids, spec_tokens, stats, common)
+
+
+def show_async(prompt_ids: list[int], expected: list[int], expected_stats, common: dict) -> None:
+    """The same request with ``async_scheduling=True``: each call of ``step()`` schedules the next
+    step before the last one's tokens are back, so its drafts are placeholders (``?``) that the
+    runner fills when it launches the step; the tokens arrive one call later."""
+    llm = LLM(STDLIB_TINY, speculative_config=SPEC, async_scheduling=True, **common)
+    engine, scheduler = llm.engine, llm.engine.scheduler
+    schedule, scheduled = scheduler.schedule, []
+    scheduler.schedule = lambda: scheduled.append(out := schedule()) or out  # what each call scheduled
+    engine.add_request("r", prompt_ids, PARAMS)
+    request = scheduler.requests["r"]
+    print("\nasync_scheduling=True (drafts scheduled as placeholders ?, proposed by the runner at launch)")
+    print("call | scheduled   | tokens back (the step before's)")
+    print("-----+-------------+--------------------------------")
+    calls = 0
+    while engine.has_unfinished_requests():
+        seen, had = len(request.output_token_ids), len(scheduled)
+        engine.step()
+        calls += 1
+        cell = "-"
+        for out in scheduled[had:]:
+            n, drafts = out.num_scheduled_tokens.get("r"), out.scheduled_spec_decode_tokens.get("r", ())
+            if n is not None:
+                cell = f"1 + {'|'.join('?' for _ in drafts)}" if drafts else f"{n} tokens"
+        print(f"{calls:4d} | {cell:11s} | {len(request.output_token_ids) - seen}")
+    stats = scheduler.spec_stats
+    same = request.output_token_ids == expected and stats == expected_stats
+    print(f"{len(request.output_token_ids)} tokens in {calls} calls; the same tokens and drafts as above: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":
