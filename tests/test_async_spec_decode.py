@@ -162,6 +162,32 @@ def test_async_speculation_equals_sync_under_the_schedulers_corner_cases(tiny_mo
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
 
 
+def test_priorities_preempt_requests_with_drafts_in_flight_and_the_tokens_stay(tiny_model_dirs):
+    """``scheduling_policy="priority"`` on a pool too small for all: a late, urgent request
+    preempts running ones, some with placeholder drafts in flight (one perhaps scheduled earlier
+    in the same step); every request still gets the synchronous engine's tokens."""
+
+    def run(llm: LLM) -> dict[str, list[int]]:
+        engine, finished = llm.engine, {}
+        for i, prompt in enumerate(PROMPTS * 2):
+            engine.add_request(str(i), prompt, greedy(24), priority=(7 * i) % 3)
+        for step in range(10**4):
+            if not engine.has_unfinished_requests():
+                return finished
+            finished |= {o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished}
+            engine.check_invariants()
+            if step == 5:
+                engine.add_request("late", PROMPTS[1], greedy(24), priority=-1)
+        raise AssertionError("the requests never finished")
+
+    kw = {"num_gpu_blocks_override": 26, "max_num_seqs": 4, "scheduling_policy": "priority"}
+    expected = run(make_llm(tiny_model_dirs["qwen3"], False, None, **kw))
+    llm = make_llm(tiny_model_dirs["qwen3"], **kw)
+    assert run(llm) == expected
+    scheduler = llm.engine.scheduler
+    assert scheduler.num_preemptions > 0 and scheduler.spec_stats.num_accepted_tokens > 0 and all_blocks_free(llm)
+
+
 def test_seeded_streams_and_the_sampling_features_drafts_honour_give_the_same_tokens(tiny_model_dirs):
     """Each draw is keyed by position (``sample/draw_keys.py``), so a seeded stream is the same
     whatever drafts a step verifies; penalties, bad words, min_tokens, allowed ids, logprobs,
