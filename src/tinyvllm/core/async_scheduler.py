@@ -114,8 +114,9 @@ class AsyncScheduler(Scheduler):
         max_tokens = request.sampling_params.max_tokens
         if max_tokens is None or request.num_output_tokens + pending < max_tokens:  # not even if all kept
             return False
+        rid = request.request_id
         drafts = sum(len(step.scheduled_spec_decode_tokens.get(rid, ())) for step, scheduled in self._in_flight
-                     for rid in (request.request_id,) if scheduled.get(rid) is request)  # fmt: skip
+                     if scheduled.get(rid) is request)  # fmt: skip
         return request.num_output_tokens + pending - drafts >= max_tokens  # as if every draft were rejected
     # --8<-- [end:pending_end]
 
