@@ -381,14 +381,20 @@ def async_steps_wait_nowhere_and_give_the_sync_tokens(folder, requests, **kw) ->
     return llm
 
 
-def test_an_id_reused_while_its_aborted_step_is_in_flight_gets_only_its_own_tokens(tiny_model_dirs):
+@pytest.mark.parametrize("constrained", [False, True], ids=["plain", "grammar"])
+def test_an_id_reused_while_its_aborted_step_is_in_flight_gets_only_its_own_tokens(tiny_model_dirs, constrained):
     """Abort ``r0`` while its step is in flight and add a new ``r0`` at once: the old step's
-    token must not reach the new request (async_scheduler NOTE 5)."""
+    token must not reach the new request (async_scheduler NOTE 5). With a grammar the engine
+    sends the runner a copy of the step with its mask (``sched_output.py`` NOTE 4): the
+    scheduler must still know the copy for the step it scheduled."""
+    from tinyvllm.sampling_params import StructuredOutputsParams
+
     folder = tiny_model_dirs["qwen3"]
     expected = run_checked(make_llm(folder, False), [PROMPTS[2]], greedy(8))["0"]
     llm = make_llm(folder, True)
     engine = llm.engine
-    engine.add_request("r0", PROMPTS[0], greedy(8))
+    first = greedy(8, structured_outputs=StructuredOutputsParams(regex="[a-z ]+")) if constrained else greedy(8)
+    engine.add_request("r0", PROMPTS[0], first)
     engine.add_request("other", PROMPTS[1], greedy(8))
     while not engine.scheduler.requests["r0"].num_output_placeholders:
         engine.step()

@@ -9,6 +9,8 @@ and a failed step; nothing waits between sampling step N and scheduling step N+1
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tinyvllm import LLM, SamplingParams
@@ -287,12 +289,17 @@ def test_emulated_cuda_graphs_give_the_synchronous_tokens(tiny_model_dirs):
 # -- the waits, and what is refused ---------------------------------------------------------------------
 
 
-def test_nothing_waits_between_sampling_a_step_and_scheduling_the_next(tiny_model_dirs, monkeypatch):
+@pytest.mark.parametrize("constrained", [False, True], ids=["plain", "grammar"])
+def test_nothing_waits_between_sampling_a_step_and_scheduling_the_next(tiny_model_dirs, monkeypatch, constrained):
     """Marks in one timeline: each sampler call, each ``schedule()`` and each device wait. The
     verification's ids come up when the next step is launched (its inputs need the count kept),
-    never between a step's sampling and the next ``schedule()``."""
+    never between a step's sampling and the next ``schedule()``; under a grammar too, whose
+    mask waits for the runner's drafts (``take_draft_token_ids``), not for the device."""
+    from tinyvllm.sampling_params import StructuredOutputsParams
+
+    grammar = StructuredOutputsParams(regex="[a-c]{3}(-[0-9]{2})+") if constrained else None
     steps, outputs, llm, marks = steps_on_a_timeline(
-        monkeypatch, tiny_model_dirs["qwen3"], [(LOOP, greedy(12)), (PROMPTS[1], greedy(12))],
+        monkeypatch, tiny_model_dirs["qwen3"], [(LOOP, greedy(12)), (PROMPTS[1], greedy(12, structured_outputs=grammar))],
         async_scheduling=True, speculative_config=SPEC,
     )  # fmt: skip
     assert all(len(o.outputs[0].token_ids) == 12 for o in outputs.values())
@@ -303,31 +310,23 @@ def test_nothing_waits_between_sampling_a_step_and_scheduling_the_next(tiny_mode
     assert max(len(syncs) for syncs in steps) == 1, steps  # one wait a step at most
 
 
-def test_structured_outputs_are_refused_under_async_speculation_naming_both(tiny_model_dirs):
-    """The grammar cuts drafts where they are proposed; here that is the runner, which has no
-    grammar: such a request is refused before anything is queued."""
-    from tinyvllm.sampling_params import StructuredOutputsParams
-
-    llm = make_llm(tiny_model_dirs["qwen3"])
-    params = greedy(4, structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
-    with pytest.raises(ValueError, match="structured_outputs.*async_scheduling.*speculative"):
-        llm.engine.add_request("x", [3, 4, 5], params)
-    assert not llm.engine.has_unfinished_requests() and all_blocks_free(llm)
-    assert make_llm(tiny_model_dirs["qwen3"], False).engine.input_processor.process_token_ids(
-        "y", [3, 4, 5], params) is not None  # fmt: skip  (the synchronous engine takes it)
-
-
-def test_served_with_both_flags_a_stream_has_the_synchronous_text_and_a_grammar_is_a_400(tiny_model_dirs):
+def test_served_with_both_flags_a_stream_and_a_grammar_have_the_synchronous_text(tiny_model_dirs):
     """``tinyvllm serve --async-scheduling --speculative-config ...``'s engine behind the real
-    ``openai`` client: a streamed completion (the deltas of several tokens a step) has the
-    synchronous engine's text; a request with a grammar is a 400 naming both flags."""
+    ``openai`` client: a streamed completion (the deltas of several tokens a step) and a
+    completion under a grammar (``test_async_spec_structured_outputs.py``) have the
+    synchronous engine's text."""
+    from tinyvllm.sampling_params import StructuredOutputsParams
     from serve_fixtures import require_serve_extra, running_server
 
     require_serve_extra()
     import openai
 
     folder = tiny_model_dirs["qwen3"]
-    sync = make_llm(folder, False, None).generate([{"prompt_token_ids": LOOP}], greedy(20), use_tqdm=False)[0]
+    plain = make_llm(folder, False, None)
+    sync = plain.generate([{"prompt_token_ids": LOOP}], greedy(20), use_tqdm=False)[0]
+    regex = "[a-c]{3}(-[0-9]{2})+"
+    constrained = greedy(8, structured_outputs=StructuredOutputsParams(regex=regex))
+    sync_constrained = plain.generate([{"prompt_token_ids": LOOP}], constrained, use_tqdm=False)[0].outputs[0].text
     llm = make_llm(folder)
     with running_server(llm, "tiny") as (url, _app):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -335,8 +334,10 @@ def test_served_with_both_flags_a_stream_has_the_synchronous_text_and_a_grammar_
                                            extra_body={"ignore_eos": True})  # fmt: skip
         deltas = [chunk.choices[0].text for chunk in stream if chunk.choices]
         assert "".join(deltas) == sync.outputs[0].text
-        with pytest.raises(openai.BadRequestError, match="structured_outputs.*async_scheduling.*speculative"):
-            client.completions.create(model="tiny", prompt=LOOP, max_tokens=4, extra_body={"structured_outputs": {"choice": ["a", "b"]}})
+        reply = client.completions.create(model="tiny", prompt=LOOP, max_tokens=8, temperature=0,
+                                          extra_body={"ignore_eos": True, "structured_outputs": {"regex": regex}})  # fmt: skip
+        assert reply.choices[0].text == sync_constrained
+        assert re.fullmatch(r"[a-c]{0,3}|[a-c]{3}(-[0-9]{0,2})*", sync_constrained), sync_constrained
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0 and all_blocks_free(llm)
 
 

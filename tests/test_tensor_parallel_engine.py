@@ -92,14 +92,18 @@ def test_two_ranks_with_ngram_speculation_give_one_ranks_tokens(tiny_model_dirs)
 def test_two_ranks_with_async_speculation_give_one_ranks_tokens(tiny_model_dirs):
     """Async scheduling with n-gram drafts on two ranks: each rank's runner reads the step before
     back and proposes the drafts itself (``model_runner.py`` NOTE 14), the same on both, so the
-    tokens are a synchronous one-rank engine's, preemptions and prefix hits included."""
+    tokens are a synchronous one-rank engine's, preemptions and prefix hits included. Under a
+    grammar the engine takes rank 0's drafts before it makes the mask (``take_draft_token_ids``)."""
     folder = str(tiny_model_dirs["qwen3"])
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    expected = LLM(folder, **ENGINE).generate(PROMPTS, GREEDY, use_tqdm=False)
+    one = LLM(folder, **ENGINE)
+    expected = one.generate(PROMPTS, GREEDY, use_tqdm=False)
+    expected_constrained = one.generate(PROMPTS[2:], CONSTRAINED, use_tqdm=False)
     two = LLM(folder, tensor_parallel_size=2, async_scheduling=True, speculative_config=spec, **ENGINE)
     try:
         got = two.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert_same_tokens_and_logprobs(expected, got, abs_tol=LOGPROB_TOL)
+        assert token_ids(two.generate(PROMPTS[2:], CONSTRAINED, use_tqdm=False)) == token_ids(expected_constrained)
         scheduler = two.engine.scheduler
         assert scheduler.spec_stats.num_accepted_tokens > 0 and scheduler.num_preemptions > 0
         two.engine.check_invariants()

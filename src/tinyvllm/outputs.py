@@ -35,6 +35,16 @@ LogprobEntry = tuple[list[int], list[float], int]
 
 
 @dataclass(frozen=True)
+class DraftTokenIds:
+    """The drafts a launched step runs, per request with drafts scheduled: what the runner
+    proposed in place of the placeholders (async scheduling with speculative decoding), taken
+    by the engine before it makes the step's grammar mask (``engine/llm_engine.py`` NOTE 10)."""
+
+    req_ids: tuple[str, ...]
+    draft_token_ids: tuple[tuple[int, ...], ...]  # [len(req_ids)] each at most k
+
+
+@dataclass(frozen=True)
 class ModelRunnerOutput:
     """Tokens sampled in one step, row ``req_id_to_index[req_id]`` per request.
 
@@ -46,7 +56,8 @@ class ModelRunnerOutput:
     ``pooler_output[req_id]``: a pooling request's vector ([dims] float32, CPU), in the step
     that finishes its prompt (NOTE 2). ``draft_token_ids[req_id]``: the drafts the runner proposed
     and verified in place of the scheduler's placeholders (async scheduling with speculative
-    decoding, ``core/sched_output.py`` NOTE 3); at most as many as were scheduled.
+    decoding, ``core/sched_output.py`` NOTE 3); at most as many as were scheduled, and only those
+    before a draft the grammar refused (``SchedulerOutput.num_invalid_spec_tokens``).
     """
 
     req_ids: list[str]

@@ -29,9 +29,9 @@ no position past it is ever allocated. A pooling request (``max_tokens`` 1) ends
 NOTE 3 (preempted with a token in flight): a request preempted while its last step runs keeps
 that step's token (sampled from KV its blocks held when the step was queued); it recomputes
 from the start with it, as if the step had returned before the preemption, as in sync mode.
-NOTE 4 (what is refused): a request with ``structured_outputs`` when drafts are proposed
-(NOTE 6): the grammar cuts drafts where they are proposed, and the runner has no grammar
-(``engine/request_checks.py``).
+NOTE 4 (grammars): a constrained request's mask needs the tokens in flight and, with drafts,
+the runner's drafts: the engine launches its step's forward, reads the step before back and
+takes the drafts (NOTE 7), then makes the mask (``engine/llm_engine.py`` NOTE 10).
 NOTE 5 (an id reused while its step is in flight): a client may abort a request and add a
 new one under the same id before the aborted request's step is read back; that step's
 token belongs to the old request. So the scheduler remembers each step's request objects
@@ -45,14 +45,19 @@ scheduler counts as if every draft in flight were kept (``num_computed_tokens`` 
 placeholders both grow by ``1 + k`` a step), so it may allocate a few slots too many, never
 too few; when the output says how many were kept, the rest are taken back from both. A
 request preempted with drafts in flight recomputes from 0: nothing of it is taken back.
+NOTE 7 (the drafts written in, vLLM's ``update_draft_token_ids_in_output``): the engine's copy
+of a step gets the drafts the runner proposed, so the grammar mask has a row per draft; a
+draft the grammar refuses is not cut (it already ran) but rejected (``sched_output.py`` NOTE 5).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 from tinyvllm.core.sched_output import DRAFT_PLACEHOLDER, SchedulerOutput
 from tinyvllm.core.scheduler import Scheduler
+from tinyvllm.outputs import DraftTokenIds
 from tinyvllm.request import Request, RequestStatus
 
 MAX_STEPS_IN_FLIGHT = 2  # the engine's batch queue: the step on the device and the one being prepared
@@ -103,6 +108,25 @@ class AsyncScheduler(Scheduler):
             self.kv_cache_manager.cache_blocks(request, computed)
     # --8<-- [end:placeholders]
 
+    # --8<-- [start:update_drafts]
+    def update_draft_token_ids_in_output(self, draft_token_ids: DraftTokenIds, scheduler_output: SchedulerOutput) -> SchedulerOutput:
+        """NOTE 7: a copy of the step with the runner's drafts in place of its placeholders,
+        at most as many as were scheduled, the rest left placeholders. The step is untouched."""
+        ids, lists = draft_token_ids.req_ids, draft_token_ids.draft_token_ids
+        if len(ids) != len(lists):
+            raise ValueError(f"{len(ids)} request ids and {len(lists)} draft lists")
+        spec = dict(scheduler_output.scheduled_spec_decode_tokens)
+        for rid, drafts in zip(ids, lists):
+            scheduled = spec.get(rid)
+            if scheduled is None or any(t != DRAFT_PLACEHOLDER for t in scheduled):
+                raise ValueError(f"request {rid!r}: no placeholder drafts in this step for its drafts {drafts}")
+            if any(not isinstance(t, int) or t < 0 for t in drafts):
+                raise ValueError(f"request {rid!r}: drafts {drafts} are not token ids")
+            kept = tuple(drafts[: len(scheduled)])
+            spec[rid] = kept + (DRAFT_PLACEHOLDER,) * (len(scheduled) - len(kept))
+        return dataclasses.replace(scheduler_output, scheduled_spec_decode_tokens=spec)
+    # --8<-- [end:update_drafts]
+
     # --8<-- [start:pending_end]
     def _pending_tokens_end(self, request: Request) -> bool:
         """NOTE 2: the tokens in flight surely reach ``max_tokens``, or may reach ``max_model_len``."""
@@ -125,7 +149,7 @@ class AsyncScheduler(Scheduler):
         """NOTE 5: the request the step scheduled under an id, if it is still that id's
         unfinished request (not one added under the id after an abort)."""
         for index, (step, scheduled) in enumerate(self._in_flight):
-            if step is scheduler_output:
+            if step.same_step(scheduler_output):  # the engine may send a copy (sched_output.py NOTE 4)
                 del self._in_flight[index]
                 return lambda rid: request if (request := self.requests.get(rid)) is scheduled.get(rid) else None
         return self.requests.get  # a step scheduled longer ago than the queue remembers

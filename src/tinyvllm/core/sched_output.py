@@ -26,6 +26,15 @@ NOTE 3 (placeholder drafts): under async scheduling with speculative decoding th
 schedules a decoding request's drafts before they exist; ``scheduled_spec_decode_tokens``
 then holds ``DRAFT_PLACEHOLDER`` ids, and the runner proposes the real drafts (at most as
 many) when it launches the step (``core/async_scheduler.py`` NOTE 6).
+NOTE 4 (a copy is the same step): the engine sends the runner copies made by
+``dataclasses.replace`` (the mask added, the runner's drafts filled in), and the copies come
+back to ``update_from_output``. A copy shares the original's read-only maps, so
+``same_step`` knows it for the step the scheduler made (``core/async_scheduler.py`` NOTE 5).
+NOTE 5 (drafts a grammar refuses, async scheduling with speculative decoding): the runner's
+drafts replace the placeholders in the engine's copy (``update_draft_token_ids_in_output``)
+and the mask is made over them; no grammar cut them. A refused draft's mask row refuses it,
+so the verification rejects it there; ``num_invalid_spec_tokens`` tells the runner to report
+only the drafts before it as verified, as the synchronous engine, which cut them, counts.
 """
 
 from __future__ import annotations
@@ -83,11 +92,16 @@ class SchedulerOutput:
     # (a request verifying k drafts owns k + 1 rows), and the mask, numpy int32 [G, ceil(V / 32)].
     structured_output_request_ids: Mapping[str, int] = field(default_factory=dict)
     grammar_bitmask: object | None = None
+    # NOTE 5: per constrained request, how many of its scheduled drafts are not verified (a
+    # draft its grammar refused, those after it, and placeholders the runner left unproposed).
+    num_invalid_spec_tokens: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "structured_output_request_ids", MappingProxyType(dict(self.structured_output_request_ids)))
-        object.__setattr__(self, "num_scheduled_tokens", MappingProxyType(dict(self.num_scheduled_tokens)))
-        object.__setattr__(self, "scheduled_spec_decode_tokens", MappingProxyType(dict(self.scheduled_spec_decode_tokens)))
+        maps = ("structured_output_request_ids", "num_scheduled_tokens", "scheduled_spec_decode_tokens", "num_invalid_spec_tokens")
+        for name in maps:
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):  # a copy keeps the original's (NOTE 4)
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
         assert self.total_num_scheduled_tokens == sum(self.num_scheduled_tokens.values()), (
             f"total {self.total_num_scheduled_tokens} != sum {sum(self.num_scheduled_tokens.values())}"
         )
@@ -95,6 +109,10 @@ class SchedulerOutput:
     @property
     def num_scheduled_reqs(self) -> int:
         return len(self.num_scheduled_tokens)
+
+    def same_step(self, other: SchedulerOutput) -> bool:
+        """NOTE 4: ``other`` is this step or a copy of it."""
+        return self.num_scheduled_tokens is other.num_scheduled_tokens
 # --8<-- [end:scheduler_output]
 
 
@@ -104,10 +122,12 @@ class GrammarOutput:
 
     structured_output_request_ids: Mapping[str, int]
     grammar_bitmask: object | None
+    num_invalid_spec_tokens: Mapping[str, int] = field(default_factory=dict)  # NOTE 5
 
     @classmethod
     def of(cls, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
         """The step's mask, or None when the step has none."""
         if scheduler_output.grammar_bitmask is None:
             return None
-        return cls(scheduler_output.structured_output_request_ids, scheduler_output.grammar_bitmask)
+        so = scheduler_output
+        return cls(so.structured_output_request_ids, so.grammar_bitmask, dict(so.num_invalid_spec_tokens))

@@ -153,7 +153,6 @@ class InputProcessor:
         generation_defaults: Mapping[str, Any] | None = None,
         scheduling_policy: str = "fcfs",
         pooling_model: PoolingModel | None = None,
-        async_drafts: bool = False,
     ) -> None:
         self.tokenizer = tokenizer  # None: text prompts, stop strings and bad words are refused
         self.eos_token_id = eos_token_id
@@ -161,7 +160,6 @@ class InputProcessor:
         self.max_model_len = max_model_len  # None: left to the scheduler (an engine built by hand)
         self.reasoning_config = reasoning_config  # None: thinking_token_budget is refused
         self.speculative = speculative
-        self.async_drafts = async_drafts  # the runner proposes drafts (async scheduling): no grammars
         self.max_logprobs = max_logprobs  # the most logprobs a request may ask for; -1: no cap
         self.extra_stop_token_ids = extra_stop_token_ids  # NOTE 1
         self.logits_processors = logits_processors  # custom ones, asked about every request
@@ -199,7 +197,6 @@ class InputProcessor:
             max_logprobs=model_config.max_logprobs, extra_stop_token_ids=extra_stop_token_ids,
             logits_processors=model_config.logits_processors, generation_defaults=defaults,
             scheduling_policy=config.scheduler_config.policy, pooling_model=model_config.pooling_model,
-            async_drafts=config.speculative_config is not None and config.scheduler_config.async_scheduling,
         )  # fmt: skip
 
     # --8<-- [start:prompt_inputs]
@@ -262,7 +259,6 @@ class InputProcessor:
             return EngineCoreRequest(request_id, text, tuple(ids), POOLING_SAMPLING_PARAMS, salt, (), priority, pooling)
         check_request_against_model(  # ids, thinking, logprobs
             label, params, self.vocab_size, self.reasoning_config is not None, self.speculative, self.max_logprobs,
-            self.async_drafts,
         )
         validate_logits_processors_parameters(self.logits_processors, params)  # custom processors' own checks
         params = self.with_eos_stops(params)
@@ -304,7 +300,7 @@ class InputProcessor:
         check_token_ids(f"{name}: prompt_token_ids", ids, self.vocab_size)
         check_request_against_model(
             f"{name}: sampling_params", params, self.vocab_size, self.reasoning_config is not None,
-            speculative=self.speculative, max_logprobs=self.max_logprobs, async_drafts=self.async_drafts,
+            speculative=self.speculative, max_logprobs=self.max_logprobs,
         )  # fmt: skip
         return self._finish(request_id, prompt, ids, params, cache_salt, name, priority)
 

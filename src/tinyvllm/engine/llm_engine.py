@@ -42,8 +42,7 @@ processor hands each child's output to its ``ParentRequest``, which gathers them
 ``unfinished_request_ids`` names the parent.
 NOTE 7 (speculative decoding): with a proposer, every running request that sampled a token gets
 drafts (``spec_decode/ngram_proposer.py``; cut to what its grammar allows), a partial prefill none.
-Under async scheduling the engine has none: the scheduler schedules placeholder drafts and the
-runner proposes the real ones (``core/async_scheduler.py`` NOTE 6).
+Under async scheduling the engine has none: the runner proposes them (``async_scheduler.py`` NOTE 6).
 NOTE 8 (observers): each step, a failed one too, is told to the engine's step observers
 (``engine/step_observers.py``: a trace beside a server's metrics); never raised in its place.
 NOTE 9 (the executor): ``executor_class`` picks it by ``distributed_executor_backend``: one
@@ -56,7 +55,8 @@ call schedules and launches the next step, then reads back the oldest step in fl
 processing overlap the device's forward. The first call only launches; a step that fails
 (launch, read-back or update) takes every step in flight down with it (NOTE 1).
 ``has_unfinished_requests`` stays True until every step launched was read back. A step whose
-mask needs a token in flight: forward, read-back, mask, then sampling (``manager.py`` NOTE 7).
+mask needs a token in flight: forward, read-back, mask, then sampling (``manager.py`` NOTE 7);
+with placeholder drafts, the runner's drafts are taken before the mask (``manager.py`` NOTE 8).
 """
 
 from __future__ import annotations
@@ -369,6 +369,9 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
             raise
         outputs = self._update_oldest() if len(queue) > 1 else []
         try:
+            if scheduler_output.scheduled_spec_decode_tokens:  # placeholders: the runner's drafts go in
+                drafts = self.model_executor.take_draft_token_ids()  # (async_scheduler.py NOTE 7)
+                scheduler_output = self.scheduler.update_draft_token_ids_in_output(drafts, scheduler_output)
             scheduler_output = self.structured_output_manager.grammar_bitmask(scheduler_output, self.scheduler.requests)
             queue[0] = (self.model_executor.sample_tokens(GrammarOutput.of(scheduler_output)), scheduler_output)
         except BaseException as error:
@@ -379,9 +382,9 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
     # --8<-- [end:step_with_batch_queue]
 
     def _mask_needs_tokens_in_flight(self, scheduler_output: SchedulerOutput) -> bool:
-        """NOTE 10: a step in flight, and a constrained request in this one (its mask may need
-        that step's token)."""
-        if not self._batch_queue or not self.structured_output_manager.in_use:
+        """NOTE 10: a constrained request in this step, and a step in flight (its mask may need
+        that step's token) or placeholder drafts (it needs the drafts the runner proposes)."""
+        if not self.structured_output_manager.in_use or not (self._batch_queue or scheduler_output.scheduled_spec_decode_tokens):
             return False
         requests = self.scheduler.requests
         return any((r := requests.get(rid)) is not None and r.use_structured_output

@@ -33,7 +33,7 @@ NOT_WITH_SPECULATION = {"min_p": 0.0, "logit_bias": None}
 # --8<-- [start:request_against_model]
 def check_request_against_model(
     label: str, params: SamplingParams, vocab_size: int | None, has_reasoning: bool, speculative: bool = False,
-    max_logprobs: int = MAX_LOGPROBS, async_drafts: bool = False,
+    max_logprobs: int = MAX_LOGPROBS,
 ) -> None:  # fmt: skip
     """What one request's params ask of the model: token ids in the vocabulary, a reasoning config.
 
@@ -41,15 +41,7 @@ def check_request_against_model(
     skips the vocabulary checks (a caller that does not know the model). ``speculative``: the
     engine verifies drafts, which the fields of ``NOT_WITH_SPECULATION`` do not work with.
     ``max_logprobs``: the most logprobs a request may ask for (``LLM(max_logprobs=...)``, -1: no cap).
-    ``async_drafts``: the runner proposes the drafts (async scheduling with speculative decoding),
-    where no grammar cuts them: ``structured_outputs`` is refused (``core/async_scheduler.py`` NOTE 4).
     """
-    if async_drafts and params.structured_outputs is not None:
-        raise ValueError(
-            f"{label}: structured_outputs cannot be used with async_scheduling=True and speculative decoding "
-            "(speculative_config) together: the runner proposes the drafts there, and no grammar cuts them; "
-            "turn one of the two off"
-        )
     if speculative:
         asked = [name for name, off in NOT_WITH_SPECULATION.items() if getattr(params, name) != off]
         if asked:

@@ -52,7 +52,7 @@ from typing import Any
 
 from tinyvllm.config import EngineConfig
 from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
-from tinyvllm.outputs import ModelRunnerOutput
+from tinyvllm.outputs import DraftTokenIds, ModelRunnerOutput
 from tinyvllm.worker.kv_cache import (
     available_memory_bytes,
     check_fits_one_request,
@@ -146,6 +146,11 @@ class Executor(ABC):
             return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
         self.collective_rpc("execute_model_async", args=(scheduler_output, defer_sampling))
         return None if defer_sampling else StepFuture(lambda: self.collective_rpc("take_async_output")[0])
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts of the step whose forward waits for ``sample_tokens``, as rank 0's runner
+        proposed them (every rank proposes the same; ``model_runner.py`` NOTE 14)."""
+        return self.collective_rpc("take_draft_token_ids")[0]
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> StepFuture:
         """Sample the step whose forward ``execute_model(..., defer_sampling=True)`` launched,

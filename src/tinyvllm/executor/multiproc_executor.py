@@ -92,7 +92,7 @@ SHUTDOWN_TIMEOUT_S = 10.0  # a rank's time to release its worker before it is te
 
 
 STEP_CALLS = (
-    "execute_model", "execute_model_async", "sample_tokens_async", "take_async_output",
+    "execute_model", "execute_model_async", "sample_tokens_async", "take_async_output", "take_draft_token_ids",
     "launch_step", "sample_step", "flush_steps",  # step_replies.py
 )  # fmt: skip  a failure there: EngineDeadError
 

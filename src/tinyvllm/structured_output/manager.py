@@ -21,7 +21,7 @@ flag), least recently used first out, as ``Future``s, so requests with one schem
 even while it runs; each request gets its own matcher (the state) over the shared grammar.
 NOTE 3 (drafts): a request verifying k drafts gets k + 1 rows: row i is the mask after drafts
 0..i-1, made by accepting them in turn and rolling all of them back after; drafts the grammar
-refuses were cut when they were proposed (``trim_drafts``), so every one is accepted here.
+refuses were cut when they were proposed (``trim_drafts``), except under NOTE 8.
 NOTE 4 (think sections, ``enable_in_reasoning=False``): a request whose prompt leaves a think
 section open (the last start sequence after the last end one) is not constrained until the
 model closes it: its rows allow every token and its matcher skips the tokens up to and with the
@@ -36,6 +36,12 @@ async scheduling the step before may still hold one on the device. So the engine
 step's forward alone, reads the step before back (the matchers take its tokens), makes the mask,
 then has it sampled (``engine/llm_engine.py`` NOTE 10; vLLM's ``execute_model`` / ``sample_tokens``):
 the forward still overlaps the host's work, and the tokens are the synchronous engine's.
+NOTE 8 (drafts nobody cut, async scheduling with speculative decoding): the runner proposed
+them when it launched the step (``core/sched_output.py`` NOTE 5). The first draft the grammar
+refuses has a row that refuses it, so the verification rejects it there (a seeded row draws
+by position: the token is the one the synchronous engine's bonus row drew); the rows after it
+are never read and allow every token. It, those after it and the placeholders the runner left
+are ``num_invalid_spec_tokens``. Past a stop token (NOTE 6) nothing is refused.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from tinyvllm.config import ReasoningConfig, StructuredOutputsConfig
-from tinyvllm.core.sched_output import SchedulerOutput
+from tinyvllm.core.sched_output import DRAFT_PLACEHOLDER, SchedulerOutput
 from tinyvllm.request import Request, RequestStatus
 from tinyvllm.sampling_params import StructuredOutputsParams
 from tinyvllm.structured_output import backend_xgrammar
@@ -159,6 +165,7 @@ class StructuredOutputManager:
         num_rows = sum(1 + len(spec.get(rid, ())) for rid in constrained)
         bitmask = self._bitmask_rows(num_rows)  # [G, W]
         first_row: dict[str, int] = {}
+        invalid: dict[str, int] = {}  # NOTE 8
         row = 0
         for rid in constrained:
             request = requests[rid]
@@ -169,21 +176,37 @@ class StructuredOutputManager:
             elif not self.should_fill_bitmask(request):  # NOTE 4: thinking, every token allowed
                 bitmask[row : row + len(drafts) + 1] = -1
             else:
-                accepted = 0
-                for i, draft in enumerate((*drafts, None)):
-                    if so.grammar.is_terminated():  # NOTE 6: past its stop token, nothing to constrain
-                        bitmask[row + i] = -1
-                    else:
-                        so.grammar.fill_bitmask(bitmask, row + i)
-                    if draft is not None and not so.grammar.is_terminated():
-                        assert so.grammar.accept_tokens([draft]), f"{rid!r}: draft {draft} was trimmed (NOTE 3)"
-                        accepted += 1
-                if accepted:
-                    so.grammar.rollback(accepted)
+                num_valid = self._fill_rows(so.grammar, drafts, bitmask, row)
+                if num_valid < len(drafts):
+                    invalid[rid] = len(drafts) - num_valid
             row += len(drafts) + 1
         return dataclasses.replace(
-            scheduler_output, structured_output_request_ids=first_row, grammar_bitmask=bitmask[:num_rows].numpy().copy()
-        )
+            scheduler_output, structured_output_request_ids=first_row, grammar_bitmask=bitmask[:num_rows].numpy().copy(),
+            num_invalid_spec_tokens=invalid,
+        )  # fmt: skip
+
+    @staticmethod
+    def _fill_rows(grammar, drafts: Sequence[int], bitmask: torch.Tensor, row: int) -> int:
+        """NOTE 3: rows ``row .. row + len(drafts)``, row i the mask after drafts 0 .. i-1; the
+        drafts are rolled back after. Returns how many drafts come before the first one the
+        grammar refuses or a placeholder (NOTE 8); the rows after it are never read."""
+        accepted, num_valid = 0, len(drafts)
+        for i, draft in enumerate((*drafts, None)):
+            if i > num_valid:
+                bitmask[row + i] = -1  # NOTE 8: past a refused draft
+            elif grammar.is_terminated():  # NOTE 6: past its stop token, nothing to constrain
+                bitmask[row + i] = -1
+            else:
+                grammar.fill_bitmask(bitmask, row + i)
+                if draft is None:
+                    continue
+                if draft != DRAFT_PLACEHOLDER and grammar.accept_tokens([draft]):
+                    accepted += 1
+                else:
+                    num_valid = i  # refused (or not proposed): its row refuses it
+        if accepted:
+            grammar.rollback(accepted)
+        return num_valid
     # --8<-- [end:grammar_bitmask]
 
     def _bitmask_rows(self, num_rows: int) -> torch.Tensor:

@@ -157,6 +157,7 @@ class StepInFlight:
     drafts: list[tuple[int, ...]]  # the drafts each row verifies
     req_id_to_index: dict[str, int]
     scheduled_drafts: list[int]  # the drafts the scheduler counted (placeholders: model_runner.py NOTE 14)
+    num_invalid_drafts: Mapping[str, int] = dataclasses.field(default_factory=dict)  # sched_output.py NOTE 5
     complete: list[bool] = dataclasses.field(default_factory=list)
     pending_prompt_logprobs: list[PendingPromptLogprobs] = dataclasses.field(default_factory=list)
     host_ids: HostIds | None = None  # plain sampling: the ids on their way up (async_output.py)

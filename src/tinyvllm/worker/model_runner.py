@@ -43,8 +43,7 @@ a finished id leaves ``self.requests`` and the batch first, as in vLLM's ``_upda
 NOTE 8 (prompt logprobs): each prompt token after the first gets its logprob from the logits
 of the position before it, computed in pieces by a chunked prefill; the state collects them
 by position and the step that finishes the prompt sends the list once (a later preemption
-sends nothing again). Such a request takes no prefix-cache hit, as in vLLM: a cached
-block's positions would never be computed.
+sends nothing again). It takes no prefix-cache hit (vLLM's rule): a hit's positions go uncomputed.
 NOTE 9 (speculative decoding): a request with drafts computes its last real token and k
 drafts at once; the k + 1 logits rows take the sampler's plain steps, and the rejection
 sampler decides at read-back (``worker/draft_verification.py``); the rejected are taken back.
@@ -56,7 +55,8 @@ the next launch (``defer_sampling``: its forward only; ``sample_tokens`` samples
 NOTE 13 (pooling, ``worker/pooler.py``): a pooling engine samples nothing; the pooler folds each row's chunk in.
 NOTE 14 (async scheduling, ``core/async_scheduler.py`` NOTE 6): drafts come as placeholders; the
 step before is read back, then ``proposer`` proposes at most as many per row (the row runs only
-those), counted as scheduled: the rejected, the unproposed included, are taken back alike.
+those; ``take_draft_token_ids`` hands them to a grammar mask), counted as scheduled: the
+rejected, the unproposed and those a grammar refused (``sched_output.py`` NOTE 5) alike.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.arith import cdiv, spec_row_starts
 from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
 from tinyvllm.device_syncs import upload
-from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
+from tinyvllm.outputs import DraftTokenIds, LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.sampler import Sampler
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
@@ -339,9 +339,20 @@ class ModelRunner:
         if grammar_output is not None:
             forward.scheduler_output = dataclasses.replace(
                 forward.scheduler_output, structured_output_request_ids=grammar_output.structured_output_request_ids,
-                grammar_bitmask=grammar_output.grammar_bitmask,
+                grammar_bitmask=grammar_output.grammar_bitmask, num_invalid_spec_tokens=grammar_output.num_invalid_spec_tokens,
             )  # fmt: skip
         return self._handle(self._sample(forward, read_later=True))
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """NOTE 14: the drafts the forward waiting for ``sample_tokens`` runs in place of its
+        placeholders (vLLM's name); None when this runner proposes none."""
+        if self._deferred is None:
+            raise RuntimeError("take_draft_token_ids: no step's forward is waiting to be sampled")
+        if self.proposer is None:
+            return None
+        step = self._deferred.step
+        rows = [i for i, k in enumerate(step.scheduled_drafts) if k]
+        return DraftTokenIds(tuple(step.req_ids[i] for i in rows), tuple(step.drafts[i] for i in rows))
 
     def _launch(self, scheduler_output: SchedulerOutput, read_later: bool) -> AsyncModelRunnerOutput:
         return self._handle(self._sample(self._launch_forward(scheduler_output), read_later))
@@ -367,6 +378,8 @@ class ModelRunner:
         if self.proposer is not None and spec:  # NOTE 14: placeholders in, real drafts out
             drafts = self._propose_drafts(states, computed, drafts)
             num_sched = [n - k + len(d) for n, k, d in zip(num_sched, scheduled_drafts, drafts)]
+            runs = {r: d for r, d, k in zip(req_ids, drafts, scheduled_drafts) if k}  # the step as it runs here
+            scheduler_output = dataclasses.replace(scheduler_output, scheduled_spec_decode_tokens=runs)
         feed = self._placeholder_feed(prev, req_ids, states, computed, num_sched)  # NOTE 12
         token_ids = [t for s, c, n, d in zip(states, computed, num_sched, drafts)
                      for t in (*s.token_slice(c, c + n - len(d)), *d)]  # fmt: skip
@@ -394,6 +407,7 @@ class ModelRunner:
         if not req_ids:
             return step
         step.complete = [c + n - len(d) >= s.num_tokens for s, c, n, d in zip(states, computed, num_sched, drafts)]
+        step.num_invalid_drafts = scheduler_output.num_invalid_spec_tokens
         pending = queue_prompt_logprobs(self.model, states, computed, num_sched, hidden)  # NOTE 8 first half, NOTE 11
         if read_later:  # copied up behind the sampler, before the event (async_output.py NOTE 1)
             pending = [dataclasses.replace(p, tensors=logprobs_to_host_early(p.tensors)) for p in pending]
@@ -468,7 +482,9 @@ class ModelRunner:
             state.output_token_ids.extend(kept)
             tokens[row] = kept
         pooled = {r: v.cpu() for r, v in zip(req_ids, step.pooled or ()) if v is not None}  # NOTE 13
-        proposed = {r: d for r, d, k in zip(req_ids, step.drafts, step.scheduled_drafts) if k} if self.proposer else {}
+        invalid = step.num_invalid_drafts  # sched_output.py NOTE 5: those a grammar refused are not counted
+        proposed = {r: d[: k - invalid.get(r, 0)] for r, d, k in zip(req_ids, step.drafts, step.scheduled_drafts)
+                    if k and self.proposer}  # fmt: skip
         return ModelRunnerOutput(  # rows 0 .. R-1
             req_ids, step.req_id_to_index, tokens, logprobs, prompt_logprobs, frozenset(no_token_req_ids), pooled, proposed,
         )

@@ -67,7 +67,7 @@ from tinyvllm.distributed.parallel_state import (
 from tinyvllm.distributed.utils import kv_heads_per_rank
 from tinyvllm.models import llama
 from tinyvllm.models.classifier import load_classifier
-from tinyvllm.outputs import ModelRunnerOutput
+from tinyvllm.outputs import DraftTokenIds, ModelRunnerOutput
 from tinyvllm.sample.logits_processors import build_logitsprocs
 from tinyvllm.sample.thinking_budget import maybe_create_thinking_budget_state_holder
 from tinyvllm.spec_decode.ngram_proposer import NgramProposer
@@ -319,6 +319,10 @@ class Worker:
     def sample_tokens_async(self, grammar_output: GrammarOutput | None) -> None:
         """Sample the step whose forward was launched, under its grammar mask, and keep its handle."""
         self._async_outputs.append(self.model_runner.sample_tokens(grammar_output))
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts the forward waiting to be sampled runs (``model_runner.py`` NOTE 14)."""
+        return self.model_runner.take_draft_token_ids()
 
     def take_async_output(self) -> ModelRunnerOutput:
         """The oldest launched step's output, read back (NOTE 6)."""
