@@ -14,7 +14,9 @@ two unconstrained requests (one greedy, one seeded). Then:
   whitespace (the default) is not bounded: an output cut by ``max_tokens`` is checked as a prefix;
 - a regex output matches in full (``re.fullmatch``), a JSON output parses and satisfies its
   schema (checked here by ``conforms``), a choice output is one of the choices;
-- the unconstrained neighbours give exactly the tokens they give alone.
+- the unconstrained neighbours give exactly the tokens they give alone;
+- under async scheduling with n-gram drafts (which no grammar cuts there), repeated regexes
+  give the plain engine's tokens, neighbour included.
 
 One engine serves every example (``engine()``); the example counts keep the file under a
 minute on two cores.
@@ -222,3 +224,33 @@ def test_choice_outputs_are_one_of_the_choices(choices, prompt, seed, neighbour)
     max_bytes = max(len(c.encode()) for c in choices)
     for text in run_and_check(StructuredOutputsParams(choice=choices), compiled, max_bytes, prompt, seed, neighbour):
         assert text in choices, (choices, text)
+
+
+# -- async scheduling with speculative decoding ----------------------------------------------------
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+
+
+@functools.cache
+def async_speculative_engine() -> LLM:
+    """The runner proposes the drafts and nothing cuts them: the masks reject those a grammar
+    refuses (``structured_output/manager.py`` NOTE 8)."""
+    return LLM(torch_threads=1, max_num_seqs=16, async_scheduling=True, speculative_config=SPEC)
+
+
+@settings(max_examples=10, deadline=None)
+@given(regex=regexes, repeat=st.integers(1, 4), prompt=prompts, seed=seeds, neighbour=neighbours)
+def test_async_speculation_under_a_grammar_gives_the_plain_engines_tokens(regex, repeat, prompt, seed, neighbour):
+    """Seeded draws are keyed by position, so with drafts (kept, rejected or refused by the
+    grammar) every request's tokens are those of the plain engine; ``repeat`` repeats the regex
+    so the output repeats itself and the n-gram proposer finds drafts."""
+    pattern = f"({regex[0]}){{{repeat}}}"
+    params = [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=regex[1] * repeat + 1,
+                             structured_outputs=StructuredOutputsParams(regex=pattern)) for i in range(2)]  # fmt: skip
+    requests = ([prompt, prompt, neighbour[0]], [*params, neighbour_params(neighbour[1])])
+    want = [tuple(o.outputs[0].token_ids) for o in engine().generate(*requests, use_tqdm=False)]
+    llm = async_speculative_engine()
+    got = [tuple(o.outputs[0].token_ids) for o in llm.generate(*requests, use_tqdm=False)]
+    assert got == want, pattern
+    assert not llm.engine.has_unfinished_requests() and llm.engine.scheduler.kv_cache_manager.usage == 0
+    llm.engine.check_invariants()
