@@ -33,7 +33,11 @@ pins the fix). With ``async_scheduler.py`` NOTE 5 switched off (a step's tokens 
 whatever request holds the id) the soak fails on a reused id's tokens.
 
 Half the runs verify n-gram drafts too (``SPEC``: placeholder drafts, ``async_scheduler.py``
-NOTE 6), against the same synchronous engine without drafts.
+NOTE 6), against the same synchronous engine without drafts. Requests are added under a regex
+(``GRAMMAR``) half the time: their steps' sampling waits for the mask, and with drafts for the
+runner's drafts (``structured_output/manager.py`` NOTE 8), and the engine hands the scheduler
+copies of its steps (``sched_output.py`` NOTE 4). With ``SchedulerOutput.same_step`` matching
+by identity only, the soak fails on a reused id's tokens under a grammar.
 
 Left out: sampling with temperature, stop strings, streaming outputs, ``AsyncLLM`` (the async
 examples in ``tests/test_async_scheduling.py`` and the sync soak cover them), CUDA graphs and GPUs.
@@ -46,6 +50,7 @@ failure costs more: the state machine shrinks its counterexample (minutes).
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,12 +62,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_engine_failures import Boom, Fault, inject  # noqa: E402
-from test_engine_soak import Trap, fresh, model_folder, one_torch_thread  # noqa: E402,F401  (the sync soak's: its traps, one engine of reference, one thread)
+from test_engine_soak import Trap, fresh, model_folder, one_torch_thread, reference_llm  # noqa: E402,F401  (the sync soak's: its traps, one engine of reference, one thread)
 
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 from tinyvllm.core.sched_output import SchedulerOutput  # noqa: E402
 from tinyvllm.engine.llm_engine import LLMEngine  # noqa: E402
 from tinyvllm.request import Request  # noqa: E402
+from tinyvllm.sampling_params import StructuredOutputsParams  # noqa: E402
 
 SITES = ("forward", "read_back", "apply", "update_state")  # where a fault can be injected
 DRAIN_LIMIT = 1000  # steps a drain allows before "never finishes" is a failure
@@ -80,6 +86,20 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+GRAMMAR = StructuredOutputsParams(regex="[a-c]{3}(-[0-9]{2})+")  # a request's constraint, when it has one
+
+
+def params(max_tokens: int, constrained: bool) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, structured_outputs=GRAMMAR if constrained else None)
+
+
+@functools.cache
+def fresh_tokens(prompt: tuple[int, ...], max_tokens: int, constrained: bool) -> list[int]:
+    """The greedy tokens a fresh synchronous engine gives ``prompt`` alone (under ``GRAMMAR``)."""
+    if not constrained:
+        return fresh(prompt, max_tokens)
+    [out] = reference_llm().generate({"prompt_token_ids": list(prompt)}, params(max_tokens, True), use_tqdm=False)
+    return list(out.outputs[0].token_ids)
 
 
 def make_async_llm(budget: int, blocks: int, caching: bool, spec: bool = False) -> LLM:
@@ -147,6 +167,10 @@ class Live:
     max_tokens: int
     reused: bool  # its id served an earlier request
     reused_in_flight: bool  # added while the aborted request under its id had a step in flight
+    constrained: bool = False  # under GRAMMAR: its steps' masks wait for the step in flight (and the drafts)
+
+    def want(self) -> list[int]:
+        return fresh_tokens(self.prompt, self.max_tokens, self.constrained)
 
 
 class AsyncSchedulingSoak(RuleBasedStateMachine):
@@ -172,6 +196,8 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
         self.faults_left = faults
         self.llm = make_async_llm(budget, blocks, caching, spec)
         self.traps = install_traps(self.llm, self.fault_log, SITES[:2] if spec else SITES)
+        # compiled first: a request waiting for its compile would make the steps depend on the machine
+        self.llm.engine.structured_output_manager.compile(GRAMMAR).result(timeout=60)
         scheduler = self.llm.engine.scheduler
         schedule = scheduler.schedule
 
@@ -191,7 +217,7 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
 
     def _requests_of(self, steps: list[SchedulerOutput]) -> list[tuple[str, Request]]:
         """The (id, request object) pairs that ``steps`` scheduled."""
-        return [pair for out, reqs in self.scheduled if any(out is s for s in steps) for pair in reqs.items()]
+        return [pair for out, reqs in self.scheduled if any(out.same_step(s) for s in steps) for pair in reqs.items()]
 
     def _in_flight_live_ids(self) -> list[str]:
         """Live ids whose current request the step in flight computes."""
@@ -203,17 +229,18 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
         del self.live[rid]
         self.retired.add(rid)
 
-    def _add(self, rid: str, prompt: tuple[int, ...], max_tokens: int, reused: bool, in_flight: bool = False) -> None:
-        self.engine.add_request(rid, list(prompt), greedy(max_tokens))
+    def _add(self, rid: str, prompt: tuple[int, ...], max_tokens: int, reused: bool, in_flight: bool = False,
+             constrained: bool = False) -> None:  # fmt: skip
+        self.engine.add_request(rid, list(prompt), params(max_tokens, constrained))
         self.retired.discard(rid)
-        self.live[rid] = Live(prompt, max_tokens, reused, in_flight)
+        self.live[rid] = Live(prompt, max_tokens, reused, in_flight, constrained)
 
     def _check_abort_outputs(self, outputs, chosen: list[str]) -> None:
         got = sorted(out.request_id for out in outputs)
         assert got == sorted(chosen), f"abort_request returned outputs for {got}; the live ones were {sorted(chosen)}"
         for out in outputs:
             req = self.live[out.request_id]
-            tokens, want = list(out.outputs[0].token_ids), fresh(req.prompt, req.max_tokens)
+            tokens, want = list(out.outputs[0].token_ids), req.want()
             assert out.finished and out.outputs[0].finish_reason == "abort", f"abort output {out!r}"
             assert tokens == want[: len(tokens)], (
                 f"aborted {out.request_id!r} (prompt {list(req.prompt)}) had {tokens}, not a prefix of {want}"
@@ -222,19 +249,19 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
     # -- adds --------------------------------------------------------------------------
 
     @precondition(lambda self: self.llm is not None)
-    @rule(data=st.data(), requests=st.lists(st.tuples(prompts, st.integers(1, 10)), min_size=1, max_size=2),
+    @rule(data=st.data(), requests=st.lists(st.tuples(prompts, st.integers(1, 10), st.booleans()), min_size=1, max_size=2),
           reuse=st.booleans())  # fmt: skip
-    def add(self, data: st.DataObject, requests: list[tuple[tuple[int, ...], int]], reuse: bool) -> None:
-        """One or two requests (batches, and pools that run out), the first under a retired
-        id when ``reuse`` and there is one, the others under fresh ids."""
-        for index, (prompt, max_tokens) in enumerate(requests):
+    def add(self, data: st.DataObject, requests: list[tuple[tuple[int, ...], int, bool]], reuse: bool) -> None:
+        """One or two requests (batches, and pools that run out), some under ``GRAMMAR``, the
+        first under a retired id when ``reuse`` and there is one, the others under fresh ids."""
+        for index, (prompt, max_tokens, constrained) in enumerate(requests):
             if reuse and index == 0 and self.retired:
                 rid = data.draw(st.sampled_from(sorted(self.retired)), label="reused id")
                 in_flight = any(rid in so.num_scheduled_tokens for so in self._in_flight())
-                self._add(rid, prompt, max_tokens, reused=True, in_flight=in_flight)
+                self._add(rid, prompt, max_tokens, reused=True, in_flight=in_flight, constrained=constrained)
                 continue
             self.counter += 1
-            self._add(f"r{self.counter}", prompt, max_tokens, reused=False)
+            self._add(f"r{self.counter}", prompt, max_tokens, reused=False, constrained=constrained)
 
     # -- aborts ------------------------------------------------------------------------
 
@@ -266,7 +293,8 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
         event("aborted with a step in flight")
         if reuse:
             prompt = data.draw(prompts, label="prompt under the reused id")
-            self._add(rid, prompt, data.draw(st.integers(1, 10), label="max_tokens"), reused=True, in_flight=True)
+            max_tokens, constrained = data.draw(st.integers(1, 10), label="max_tokens"), data.draw(st.booleans(), label="constrained")
+            self._add(rid, prompt, max_tokens, reused=True, in_flight=True, constrained=constrained)
         self.engine_is_consistent()
 
     # -- faults ------------------------------------------------------------------------
@@ -331,11 +359,11 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
             rid = out.request_id
             assert rid in self.live, f"step() returned an output for {rid!r}, which is not live: {out!r}"
             req = self.live[rid]
-            tokens, want = list(out.outputs[0].token_ids), fresh(req.prompt, req.max_tokens)
+            tokens, want = list(out.outputs[0].token_ids), req.want()
             assert out.finished and out.outputs[0].finish_reason == "length", f"{rid!r}: {out!r}"
             assert tokens == want, (
                 f"request {rid!r} (id reused: {req.reused}, while its old step was in flight: "
-                f"{req.reused_in_flight}; prompt {list(req.prompt)}, max_tokens {req.max_tokens}) "
+                f"{req.reused_in_flight}; prompt {list(req.prompt)}, max_tokens {req.max_tokens}, grammar {req.constrained}) "
                 f"finished with {tokens}; a fresh synchronous engine gives {want}"
             )
             self._retire(rid)
@@ -343,6 +371,8 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
                   else "a reused id finished" if req.reused else "a fresh id finished")  # fmt: skip
             if out.num_cached_tokens:
                 event("a prefix-cache hit")
+            if req.constrained:
+                event("a constrained request finished")
         if engine.scheduler.num_preemptions:
             event("a preemption happened")
         if engine.scheduler.spec_stats.num_accepted_tokens:
@@ -376,7 +406,7 @@ class AsyncSchedulingSoak(RuleBasedStateMachine):
 
     def _forget_read_back(self) -> None:
         in_flight = self._in_flight()
-        self.scheduled = [(out, reqs) for out, reqs in self.scheduled if any(out is s for s in in_flight)]
+        self.scheduled = [(out, reqs) for out, reqs in self.scheduled if any(out.same_step(s) for s in in_flight)]
 
     def teardown(self) -> None:
         """Liveness: faults off, every live request finishes with the fresh tokens, every step
