@@ -96,14 +96,12 @@ def _cells(cell: str) -> list[str]:
     return [ast.literal_eval(t) for t in re.findall(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", cell)]
 
 
-@pytest.mark.slow
-def test_tutorial_12_each_draft_position_has_its_row():
-    xgr = pytest.importorskip("xgrammar")
+def _imports_matcher(xgr):
+    """Parts 4 and 5: each token text's ids, an independent matcher of the imports regex, and
+    the ids it allows now."""
     from tinyvllm.models.tokenizer import load_tokenizer
     from tinyvllm.stdlib_tiny import STDLIB_TINY
 
-    out = tutorial_output("12_structured_outputs.py")
-    part = out.split("\n== part 4:", 1)[1]
     tok = load_tokenizer(STDLIB_TINY)
     vocab = len(tok)
     ids_of: dict[str, list[int]] = {}
@@ -117,6 +115,16 @@ def test_tutorial_12_each_draft_position_has_its_row():
     def allowed() -> list[int]:
         matcher.fill_next_token_bitmask(mask)
         return [t for t in range(vocab) if (int(mask[0, t // 32]) >> (t % 32)) & 1]
+
+    return ids_of, matcher, allowed
+
+
+@pytest.mark.slow
+def test_tutorial_12_each_draft_position_has_its_row():
+    xgr = pytest.importorskip("xgrammar")
+    out = tutorial_output("12_structured_outputs.py")
+    part = out.split("\n== part 4:", 1)[1].split("\n== part 5:", 1)[0]
+    ids_of, matcher, allowed = _imports_matcher(xgr)
 
     def one_id(text: str, among: list[int]) -> int:
         [token] = [t for t in ids_of[text] if t in among]
@@ -148,3 +156,44 @@ def test_tutorial_12_each_draft_position_has_its_row():
         kept_drafts += len(kept) - 1 if verified else 0
     assert matcher.is_terminated() and trimmed >= 1 and kept_drafts >= 1, (trimmed, kept_drafts)
     assert "finish_reason 'stop'; re.fullmatch: yes" in part and "same tokens as without speculation: yes" in part
+
+
+@pytest.mark.slow
+def test_tutorial_12_part_5_rejects_at_the_row_of_a_draft_the_grammar_refuses():
+    """Part 5 (async scheduling): the drafts the runner ran are not trimmed; an independent
+    matcher refuses exactly as many as the table says, each row read allows what the matcher
+    allows after the drafts before it, and the kept tokens are part 4's."""
+    xgr = pytest.importorskip("xgrammar")
+    out = tutorial_output("12_structured_outputs.py")
+    part = out.split("\n== part 5:", 1)[1]
+    ids_of, matcher, allowed = _imports_matcher(xgr)
+
+    rows = [line.split(" | ") for line in part.splitlines() if re.match(r"^\s*\d+ \| ", line) and "thrown away" not in line]
+    refused_total = 0
+    for step, ran, refused, counts, kept in rows:
+        ran, kept, refused = _cells(ran), _cells(kept), int(refused)
+        counts = [int(n) for n in counts.split(" / ")]
+        valid = 0
+        for draft in ran:  # the prefix the grammar allows, accepted one by one
+            ids = allowed()
+            fits = [t for t in ids_of[draft] if t in ids]
+            if not fits:
+                break
+            assert matcher.accept_token(fits[0])
+            valid += 1
+        assert refused == len(ran) - valid, f"step {step}: the table says {refused} refused, the matcher {len(ran) - valid}"
+        assert len(counts) == valid + 1, f"step {step}: {len(counts)} rows read for {valid} drafts before a refused one"
+        matcher.rollback(valid)
+        for i, n in enumerate(counts):  # row i: after the drafts before it
+            assert n == len(allowed()), f"step {step}, row {i}"
+            if i < valid:
+                matcher.accept_token([t for t in ids_of[ran[i]] if t in allowed()][0])
+        matcher.rollback(valid)
+        for text in kept:
+            [token] = [t for t in ids_of[text] if t in allowed()]
+            assert matcher.accept_token(token), f"step {step}: kept {text!r}, which the grammar refuses"
+        refused_total += refused
+    assert matcher.is_terminated() and refused_total >= 1, refused_total
+    assert "thrown away" in part
+    assert "same tokens as part 4: yes" in part and "the same as part 4: yes" in part
+

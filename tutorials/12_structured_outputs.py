@@ -12,6 +12,12 @@ Part 4 adds speculative decoding (tutorial 10's n-gram drafts, k 3) under a rege
 lines: a step verifying k drafts has k + 1 bitmask rows, row i being what the grammar allows
 after drafts 0 .. i-1; we print the drafts, each row's allowed count, and the tokens kept.
 
+Part 5 runs part 4's request under async scheduling. There the runner proposes the drafts when
+it launches a step, so no grammar trims them: the engine takes them back before it makes the
+mask, and the mask stops at the first draft the grammar refuses, whose row refuses it. We print
+the drafts the runner ran, how many the grammar refused, the rows up to the refused one, and
+the tokens kept.
+
 Run it from the repository root: ``python tutorials/12_structured_outputs.py``.
 """
 
@@ -58,6 +64,7 @@ class DraftRows:
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.steps: list[tuple[list[int], list[list[int]]]] = []
+        self.refused: list[int] = []  # drafts not verified (async scheduling: refused or not proposed)
 
     def on_step(self, engine, scheduler_output, core_outputs, error) -> None:
         drafts = list(scheduler_output.scheduled_spec_decode_tokens.get(self.rid, ()))
@@ -65,6 +72,7 @@ class DraftRows:
         mask = scheduler_output.grammar_bitmask
         rows = [] if first is None else [mask[r].tolist() for r in range(first, first + 1 + len(drafts))]
         self.steps.append((drafts, rows))
+        self.refused.append(scheduler_output.num_invalid_spec_tokens.get(self.rid, 0))  # part 5
 
 
 class BitmaskRows:
@@ -137,10 +145,11 @@ def main() -> None:
         free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)[0]
         print(f"without the constraint: {free.outputs[0].text!r}")
     print(f"\ncompiled grammars in the manager's cache: {manager.num_cached_grammars()}")
-    with_drafts()
+    sync = with_drafts()
+    with_drafts_async(sync)
 
 
-def with_drafts() -> None:
+def with_drafts() -> tuple[list[int], tuple[int, int]]:
     """Part 4: a mask row per draft position (``structured_output/manager.py`` NOTE 3)."""
     llm = LLM(device="cpu", torch_threads=1, max_model_len=256, enable_prefix_caching=False, speculative_config=SPEC)
     engine, tok = llm.engine, llm.get_tokenizer()
@@ -183,6 +192,49 @@ def with_drafts() -> None:
     same = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=constraint),
                           use_tqdm=False)[0].outputs[0].token_ids == request.output_token_ids  # fmt: skip
     print(f"same tokens as without speculation: {'yes' if same else 'NO'}")
+    return list(request.output_token_ids), (stats.num_draft_tokens, stats.num_accepted_tokens)
+
+
+def with_drafts_async(sync: tuple[list[int], tuple[int, int]]) -> None:
+    """Part 5: part 4 under async scheduling (``structured_output/manager.py`` NOTE 8)."""
+    llm = LLM(device="cpu", torch_threads=1, max_model_len=256, enable_prefix_caching=False, speculative_config=SPEC,
+              async_scheduling=True)  # fmt: skip
+    engine, tok = llm.engine, llm.get_tokenizer()
+    prompt, constraint, max_tokens = IMPORTS
+    engine.structured_output_manager.compile(constraint).result()
+    observer = DraftRows("part5")  # called when a step is read back, with the engine's copy of the step
+    engine.add_observer(observer)
+    engine.add_request("part5", tok(prompt).input_ids, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                        structured_outputs=constraint))  # fmt: skip
+    request = engine.scheduler.requests["part5"]
+    print("\n== part 5: the same, under async scheduling: the runner proposes, the mask rejects what the grammar refuses")
+    print("step | drafts the runner ran      | refused | allowed per row | tokens kept")
+    print("-----+----------------------------+---------+-----------------+------------")
+    done, finish = 0, None
+    while engine.has_unfinished_requests():
+        before = len(observer.steps)
+        for out in engine.step():
+            finish = out.outputs[0].finish_reason
+        if len(observer.steps) == before:
+            continue  # a call that only launched: nothing read back yet
+        drafts, rows = observer.steps[-1]
+        if finish is not None and not rows:  # scheduled before the stop was read back (tutorial 10)
+            print(f"{len(observer.steps):4d} | (scheduled before step {len(observer.steps) - 1} was read back: thrown away)")
+            continue
+        ran = [t for t in drafts if t >= 0]  # the rest: placeholders the runner left unproposed
+        refused = observer.refused[-1] - (len(drafts) - len(ran))
+        kept = request.output_token_ids[done:]
+        done = len(request.output_token_ids)
+        shown = " ".join(show(tok, t) for t in ran) or "-"
+        counts = " / ".join(str(popcount(row)) for row in rows[: 1 + len(ran) - refused])  # the rows read
+        print(f"{len(observer.steps):4d} | {shown:26s} | {refused:7d} | {counts:15s} | {' '.join(show(tok, t) for t in kept)}")
+    engine.remove_observer(observer)
+    stats = engine.scheduler.spec_stats
+    text = tok.decode([t for t in request.output_token_ids if t != engine.input_processor.eos_token_id])
+    same = list(request.output_token_ids) == sync[0]
+    print(f"output {text!r}, finish_reason {finish!r}; same tokens as part 4: {'yes' if same else 'NO'}")
+    counts = (stats.num_draft_tokens, stats.num_accepted_tokens)
+    print(f"drafts verified {counts[0]}, kept {counts[1]}; the same as part 4: {'yes' if counts == sync[1] else 'NO'}")
 
 
 if __name__ == "__main__":
