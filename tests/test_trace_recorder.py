@@ -139,6 +139,27 @@ def test_a_failed_step_is_recorded_after_its_undo(llm):
     check_trace(t.trace)
 
 
+def test_a_constrained_request_that_waits_with_its_grammar_unclaimed_is_a_waiting_request(llm):
+    """A constrained request is ``WAITING_FOR_FSM`` from ``add_request`` until a ``schedule()``
+    reaches it (``core/scheduler.py`` NOTE 6); behind a prompt that takes the step's whole token
+    budget, it is still so when the step is recorded: a waiting request like any other."""
+    pytest.importorskip("xgrammar")
+    from tinyvllm.sampling_params import StructuredOutputsParams
+
+    grammar = StructuredOutputsParams(regex="[a-c]{3}")
+    llm.engine.structured_output_manager.compile(grammar).result(timeout=60)
+    with record(llm) as rec:
+        llm.engine.add_request("long", list(range(5, 17)), _greedy(2))  # 12 tokens: the 8-token budget, twice
+        llm.engine.add_request("constrained", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3,
+                                                                        structured_outputs=grammar))  # fmt: skip
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+    assert rec.error is None, rec.error
+    first = rec.trace.steps[0]
+    assert [x.request_id for x in first.scheduler.scheduled] == ["long"] and first.request("constrained").status == "WAITING_FOR_FSM"
+    check_trace(rec.trace)
+
+
 def test_record_refuses_what_it_cannot_draw():
     with pytest.raises(TypeError, match="record\\(\\) takes an LLM"):
         with record(object()):

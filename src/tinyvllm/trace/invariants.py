@@ -149,7 +149,9 @@ def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
         if r.request_id in d.running:
             assert r.status == "RUNNING", f"{where}: running request {r.request_id!r} has status {r.status}"
         else:
-            assert r.status in ("WAITING", "PREEMPTED"), f"{where}: waiting request {r.request_id!r} has status {r.status}"
+            assert r.status in ("WAITING", "WAITING_FOR_FSM", "PREEMPTED"), (  # FSM: a grammar no schedule() claimed yet
+                f"{where}: waiting request {r.request_id!r} has status {r.status}"
+            )
             assert not r.block_ids and r.num_computed_tokens == 0, (
                 f"{where}: waiting request {r.request_id!r} holds blocks {r.block_ids}, {r.num_computed_tokens} computed"
             )

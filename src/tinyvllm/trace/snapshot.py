@@ -215,7 +215,7 @@ class RequestState:
     """One unfinished request: its tokens, progress and block table."""
 
     request_id: str
-    status: str  # "WAITING", "RUNNING" or "PREEMPTED"
+    status: str  # "WAITING", "WAITING_FOR_FSM" (its grammar not claimed yet), "RUNNING" or "PREEMPTED"
     num_prompt_tokens: int
     num_computed_tokens: int
     token_ids: tuple[int, ...]  # prompt + outputs so far
