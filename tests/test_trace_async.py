@@ -210,3 +210,79 @@ def test_each_launch_after_idle_is_pictured_and_a_recording_begun_mid_flight_say
             engine.step()
     check_trace(late.trace)
     assert late.trace.steps[0].note == UNSEEN_LAUNCH_NOTE and not any(s.launched for s in late.trace.steps)
+
+
+@pytest.mark.slow
+def test_async_speculation_is_recorded_with_its_placeholder_drafts(tiny_model_dirs):
+    """``recorder.py`` NOTE 8, ``invariants.py`` NOTE 4: under async scheduling with n-gram
+    drafts, preemptions, chunked prefill, prefix hits and a grammar, every snapshot passes the
+    invariants (the runner's rows start earlier and run fewer drafts than scheduled, within
+    bounds), the tokens are the synchronous trace's, and the pictures call the drafts
+    placeholders and say that the runner verified those it proposed."""
+    from tinyvllm import LLM, SamplingParams
+    from tinyvllm.sampling_params import StructuredOutputsParams
+    from tinyvllm.trace import record
+
+    loop = [5, 6, 7, 8, 9, 10] * 3
+    prompts = [loop, list(range(20, 40)) * 2, [7, 300, 12, 44, 7, 300], loop[:9] + [99, 98, 97], list(range(3, 35))]
+    grammar = StructuredOutputsParams(regex="[a-c]{3}(-[0-9]{2})+")
+    params = [SamplingParams(temperature=0, max_tokens=14, ignore_eos=True, structured_outputs=grammar if i == 1 else None)
+              for i in range(len(prompts))]  # fmt: skip
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    traces, tokens = {}, {}
+    for async_scheduling in (False, True):
+        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, block_size=4, max_num_batched_tokens=16,
+                  max_num_seqs=4, num_gpu_blocks_override=24, speculative_config=spec, async_scheduling=async_scheduling)  # fmt: skip
+        llm.engine.structured_output_manager.compile(grammar).result(timeout=60)
+        with record(llm, title="async speculation") as rec:
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert rec.error is None, rec.error
+        check_trace(rec.trace)
+        traces[async_scheduling], tokens[async_scheduling] = rec.trace, [o.outputs[0].token_ids for o in outs]
+        assert llm.engine.scheduler.num_preemptions > 0 and llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    assert tokens[True] == tokens[False]
+    trace = traces[True]
+    assert any(x.num_draft_tokens for step in trace.steps for x in step.in_flight or ())
+    pictures = "".join(step_svg(trace, i) for i in range(len(trace.steps)))
+    assert "placeholder drafts" in pictures and "verified those it proposed" in pictures
+    assert "placeholder" not in "".join(step_svg(traces[False], i) for i in range(len(traces[False].steps)))
+    # the bounds still bite: a dispatch past what was scheduled, a step in flight past N's end
+    step = next(st for st in trace.steps if st.dispatch and st.scheduler and any(x.num_draft_tokens for x in st.in_flight or ()))
+    scheduled = sum(x.num_tokens for x in step.in_flight)
+    d = dataclasses.replace(step.dispatch, num_tokens=scheduled + 1, padded_num_tokens=scheduled + 1)  # eager: no padding
+    too_many = dataclasses.replace(step, dispatch=d, slots=())
+    with pytest.raises(AssertionError, match="dispatch of"):
+        check_snapshot(too_many, trace.block_size, trace.num_blocks)
+    x = next(x for x in step.scheduler.scheduled if any(y.request_id == x.request_id for y in step.in_flight))
+    moved = tuple(dataclasses.replace(y, start=x.start + x.num_tokens + 1) if y.request_id == x.request_id else y
+                  for y in step.in_flight)  # fmt: skip
+    with pytest.raises(AssertionError):
+        check_snapshot(dataclasses.replace(step, in_flight=moved), trace.block_size, trace.num_blocks)
+
+
+@pytest.mark.slow
+def test_a_request_preempted_while_its_last_token_is_in_flight_may_have_left_when_the_step_is_read_back(tiny_model_dirs):
+    """Step 3 is scheduled before step 2 is read back, and preempts ``4``, whose only token
+    (``max_tokens`` 1) step 2 computes; step 2's read-back then finishes ``4``. So when step 3
+    is read back, the request it preempted has left the engine (found by random traces)."""
+    from tinyvllm import LLM, SamplingParams
+    from tinyvllm.sampling_params import StructuredOutputsParams
+    from tinyvllm.trace import record
+
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 31, 85], [5, 6, 7, 8, 5, 6, 7, 131, 199, 283, 57], [5, 6, 115, 213, 148, 98, 204, 86],
+               [5, 6, 7, 8, 232, 69, 72, 5, 7], [5, 6, 7, 8, 5, 90, 153], [20, 21, 22, 23, 24, 109, 98, 105, 201, 157]]  # fmt: skip
+    grammar = StructuredOutputsParams(regex="[a-c]{3}(-[0-9]{2})+")
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, structured_outputs=grammar if i in (2, 5) else None)
+              for i, n in enumerate([1, 6, 9, 10, 1, 11])]  # fmt: skip
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=48, block_size=4, max_num_batched_tokens=64,
+              max_num_seqs=4, num_gpu_blocks_override=16, enable_prefix_caching=False, speculative_config=spec,
+              async_scheduling=True)  # fmt: skip
+    llm.engine.structured_output_manager.compile(grammar).result(timeout=60)
+    with record(llm, title="preempted, then finished") as rec:
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert rec.error is None, rec.error
+    check_trace(rec.trace)
+    left = [(s.index, rid) for s in rec.trace.steps if s.scheduler for rid in s.scheduler.preempted if s.request(rid) is None]
+    assert left, "no request was preempted after its last token was scheduled"
+

@@ -43,18 +43,20 @@ def test_a_bad_max_steps_is_a_value_error_naming_it(tmp_path):
     assert not (tmp_path / "t.html").exists()
 
 
-def test_async_scheduling_with_speculation_is_refused_before_any_engine_is_built(tmp_path, tiny_model_dirs):
-    """The runner runs the drafts it proposes, not the scheduler's placeholders, which no
-    snapshot tells apart (``recorder.py`` NOTE 8): the command refuses the pair up front, and
-    the recorder refuses such an engine."""
-    from tinyvllm import LLM
-    from tinyvllm.trace.recorder import Recorder
+def test_async_scheduling_with_speculation_is_recorded_with_its_placeholder_drafts(tmp_path):
+    """The runner runs the drafts it proposes in place of the scheduler's placeholders
+    (``recorder.py`` NOTE 8): the command records the pair, every snapshot passes
+    ``check_trace``, and a step in flight carries placeholder drafts."""
+    from tinyvllm.trace import check_trace
+    from tinyvllm.trace.snapshot import Trace
 
-    args = _args(tmp_path, "--async-scheduling", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
-    with pytest.raises(ValueError, match="--async-scheduling with --speculative-config"):
-        command.run(args, cli._check_engine_args, lambda a: pytest.fail("the engine was built"))
-    llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, async_scheduling=True,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 2})  # fmt: skip
-    with pytest.raises(ValueError, match="async_scheduling=True with speculative decoding"):
-        Recorder(llm)
-    assert not (tmp_path / "t.html").exists()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("import os\nimport sys\nimport os\nimport sys\n", encoding="utf-8")
+    args = _args(tmp_path, "--async-scheduling", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+                 "--max-tokens", "12")  # fmt: skip
+    args.prompts = str(prompts)
+    assert command.run(args, cli._check_engine_args, cli.llm_from_args) == 0
+    trace = Trace.from_json((tmp_path / "t.json").read_text(encoding="utf-8"))
+    check_trace(trace)
+    assert any(x.num_draft_tokens for step in trace.steps for x in step.in_flight or ()), "no placeholder drafts in flight"
+    assert (tmp_path / "t.html").exists()

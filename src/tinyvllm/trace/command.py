@@ -140,9 +140,6 @@ def run(args, check_engine_args, llm_from_args) -> int:
     else:
         read_prompts(args.prompts)  # a missing or empty file fails before torch is imported
         check_engine_args(args)
-        if args.async_scheduling and args.speculative is not None:  # recorder.py NOTE 8, before any weight loads
-            raise ValueError("a trace cannot record --async-scheduling with --speculative-config: the runner runs the "
-                             "drafts it proposes, not the scheduler's placeholders; drop one of the two")  # fmt: skip
         trace = record_prompts(args, llm_from_args)
     written = write_outputs(trace, args)
     print(f"[tinyvllm] {len(trace.steps)} steps of {trace.title!r}: wrote {', '.join(map(str, written[:3]))}"

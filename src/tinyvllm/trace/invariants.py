@@ -26,8 +26,15 @@ NOTE 3 (a step in flight, async scheduling): a snapshot taken at step N's read-b
 step N+1's advance (``in_flight.py``), and the checks account for it exactly: a request N+1
 runs has computed N+1's end, which starts at N's end, less the drafts N rejected; it holds
 ``1 + drafts`` placeholders when N+1 reaches the end of its known tokens, none otherwise;
-a request N+1 runs is running, or finished in step N (its N+1 token will be dropped); and
-the batch, the dispatch and the slots are compared with N+1, the newest step launched.
+a request N+1 runs is running, or finished in step N (its N+1 token will be dropped); a
+request step N preempted may have left already (step N-1's read-back, after N's schedule,
+gave it its last token); and the batch, the dispatch and the slots are compared with N+1.
+NOTE 4 (placeholder drafts, async scheduling with speculative decoding): the runner reads step
+N back before it launches N+1, so a row of N+1 starts where N's kept drafts end (up to N's
+drafts earlier than scheduled) and runs only the drafts the runner proposed (up to N+1's
+placeholders fewer): the dispatch and the slots are checked within those bounds. The
+scheduler's starts are optimistic too: N+1 starts at N's end less N-1's rejected drafts,
+which this snapshot does not hold, so with drafts in either step N+1 may start before N's end.
 """
 
 from __future__ import annotations
@@ -144,7 +151,9 @@ def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
     assert not set(d.preempted) & set(scheduled), f"{where}: preempted and scheduled: {set(d.preempted) & set(scheduled)}"
     later = {x.request_id: x for x in s.in_flight or ()}  # NOTE 3
     resumed = {rid for rid, x in later.items() if x.admitted}  # preempted in step N, admitted again by N+1
-    assert set(d.preempted) <= set(d.waiting) | set(d.finished) | resumed, f"{where}: preempted {d.preempted} are not waiting"
+    # NOTE 3: async, step N preempted it before step N-1 was read back, and that read-back finished it
+    left = {rid for rid in d.preempted if s.request(rid) is None and rid not in later and rid not in scheduled}
+    assert set(d.preempted) <= set(d.waiting) | set(d.finished) | resumed | left, f"{where}: preempted {d.preempted} are not waiting"
     for r in s.requests:
         if r.request_id in d.running:
             assert r.status == "RUNNING", f"{where}: running request {r.request_id!r} has status {r.status}"
@@ -155,14 +164,16 @@ def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
             assert not r.block_ids and r.num_computed_tokens == 0, (
                 f"{where}: waiting request {r.request_id!r} holds blocks {r.block_ids}, {r.num_computed_tokens} computed"
             )
+    drafts = any(y.num_draft_tokens for y in (*d.scheduled, *later.values()))  # NOTE 4
     for x in d.scheduled:
         label = f"{where}: scheduled {x.request_id!r}"
         _check_entry(x, block_size, label)
         request = s.request(x.request_id)
         if request is not None and x.request_id in d.running:  # rejected drafts are not computed
             end = x.start + x.num_tokens
-            if x.request_id in later:  # NOTE 3: N+1 computes on from N's end
-                assert later[x.request_id].start == end, f"{label}: ends at {end}, step N+1 starts at {later[x.request_id].start}"
+            if x.request_id in later:  # NOTE 3: N+1 computes on from N's end (NOTE 4: less N-1's rejected drafts)
+                start = later[x.request_id].start
+                assert start == end or (drafts and start < end), f"{label}: ends at {end}, step N+1 starts at {start}"
                 continue
             assert end - x.num_draft_tokens <= request.num_computed_tokens <= end, (
                 f"{label}: {request.num_computed_tokens} computed after a step of {x.num_tokens} from {x.start}"
@@ -223,6 +234,16 @@ def _runner_step(s: StepSnapshot) -> tuple[ScheduledRequest, ...]:
     return s.in_flight if s.in_flight is not None else s.scheduler.scheduled
 
 
+def _runner_slack(s: StepSnapshot, x: ScheduledRequest) -> tuple[int, int]:
+    """NOTE 4: how much earlier than ``x.start`` the runner may start ``x``'s row (the drafts
+    of the step read back, which it may have rejected) and how many fewer tokens it may run
+    (placeholder drafts it did not propose); (0, 0) but under async scheduling's drafts."""
+    if s.in_flight is None:
+        return 0, 0
+    before = s.scheduler.scheduled if s.scheduler is not None else ()
+    return max((y.num_draft_tokens for y in before if y.request_id == x.request_id), default=0), x.num_draft_tokens
+
+
 def _check_batch(s: StepSnapshot, where: str) -> None:
     b = s.batch
     assert len(set(b.rows)) == len(b.rows), f"{where}: a request holds two rows: {b.rows}"
@@ -253,10 +274,12 @@ def _check_dispatch(s: StepSnapshot, where: str) -> None:
         )
     if d.runtime_mode == "PIECEWISE":
         assert d.padded_num_reqs is None, f"{where}: a PIECEWISE key names {d.padded_num_reqs} requests"
+    assert not s.slots or len(s.slots) == d.num_tokens, f"{where}: {len(s.slots)} slots written by {d.num_tokens} tokens"
     if s.scheduler is not None:
         ran = _runner_step(s)
         num_tokens = sum(x.num_tokens for x in ran)
-        assert (d.num_tokens, d.num_reqs) == (num_tokens, len(ran)), (
+        fewest = num_tokens - sum(_runner_slack(s, x)[1] for x in ran)  # NOTE 4
+        assert fewest <= d.num_tokens <= num_tokens and d.num_reqs == len(ran), (
             f"{where}: dispatch of {d.num_tokens} tokens, {d.num_reqs} requests; the scheduler ran "
             f"{num_tokens} tokens of {len(ran)} requests"
         )
@@ -281,6 +304,11 @@ def _check_slots(s: StepSnapshot, block_size: int, num_blocks: int, where: str) 
     if s.scheduler is not None:
         for x in _runner_step(s):
             got = sorted(w.position for w in s.slots if w.request_id == x.request_id)
-            assert got == list(range(x.start, x.start + x.num_tokens)), (
+            earlier, fewer = _runner_slack(s, x)  # NOTE 4
+            start = got[0] if got else x.start
+            assert got == list(range(start, start + len(got))) and x.start - earlier <= start <= x.start, (
                 f"{where}: {x.request_id!r} wrote positions {got}, it was scheduled {x.start}..{x.start + x.num_tokens - 1}"
+            )
+            assert x.num_tokens - fewer <= len(got) <= x.num_tokens, (
+                f"{where}: {x.request_id!r} wrote {len(got)} positions, it was scheduled {x.num_tokens}"
             )

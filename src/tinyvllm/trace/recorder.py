@@ -49,8 +49,8 @@ cache (the start-up reports); the steps are N = 1's.
 NOTE 8 (async scheduling): a step is recorded at its read-back, the next in flight (``in_flight.py``);
 a step launched with no read-back in the same call (the first after idle) also at its launch
 (``on_launch``, labelled "step N: launched"), so every launch's runner parts reach a picture.
-With speculative decoding too it refuses the engine: the runner runs the drafts it proposes,
-not the scheduler's placeholders (``async_scheduler.py`` NOTE 6), which no snapshot tells apart.
+With speculative decoding too, a step's drafts are placeholders: the runner runs those it
+proposes, from where the drafts kept end (``async_scheduler.py`` NOTE 6; ``invariants.py`` NOTE 4).
 
 Left out: the draft token ids themselves (a snapshot counts a step's drafts, keeps the tokens
 kept). A served engine is recorded through its ``AsyncLLM``, read only in the engine's thread.
@@ -144,8 +144,6 @@ class Recorder:
             target = engine
         if hasattr(target, "scheduler") and hasattr(target, "model_executor"):  # an LLMEngine
             self.engine, self.scheduler, self.executor = target, target.scheduler, target.model_executor
-            if target.async_scheduling and self.scheduler.num_spec_tokens:  # NOTE 8
-                raise ValueError("a trace cannot record async_scheduling=True with speculative decoding: the runner runs its own drafts")
             self.kv = self.scheduler.kv_cache_manager
         elif isinstance(target, Scheduler):
             self.scheduler, self.kv = target, target.kv_cache_manager

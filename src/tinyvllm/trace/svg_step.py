@@ -36,6 +36,10 @@ dispatch and KV cache headings that they show the step in flight.
 NOTE 4 (structured outputs): a step with constrained requests draws, under the queues, one
 ``allowed-tokens`` box per constrained request: how many tokens each of its grammar bitmask
 rows allows (``snapshot.py`` NOTE 5); a step without them draws nothing more.
+NOTE 5 (async scheduling with speculative decoding): a step's drafts are the scheduler's
+placeholders, and the runner verifies those it proposed (``recorder.py`` NOTE 8): the bars
+and notes say "placeholder drafts", and a note leaves the rejected drafts' slots alone, since
+the KV cache panel shows the next step's writes.
 """
 
 from __future__ import annotations
@@ -138,8 +142,9 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
         c.rect(x, c.y + 4, w, 26, lighten(colours[r.request_id], 0.35), colours[r.request_id], rx=3,
                data_role="budget-segment", data_request=r.request_id, data_tokens=r.num_tokens)  # fmt: skip
         mark = {"chunk": " chunk (no token)", "prefill": " prefill", "decode": " decode"}[r.kind]
+        placeholders = any(step.in_flight is not None for step in trace.steps)  # async scheduling: NOTE 5
         if r.num_draft_tokens:
-            mark = f" = 1 + {r.num_draft_tokens} drafts"
+            mark = f" = 1 + {r.num_draft_tokens} {'placeholder drafts' if placeholders else 'drafts'}"
         for label in (f"{r.request_id}: {r.num_tokens}{mark}", f"{r.request_id}: {r.num_tokens}", r.request_id):
             if len(label) * 6.6 + 6 <= w:
                 c.text(x + w / 2, c.y + 21, label, 11, text_anchor="middle")
@@ -156,7 +161,7 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
     _grammar_rows(c, d, x0, colours)
     notes = [f"{x.request_id} admitted ({x.admitted}): {x.num_hit_tokens} tokens from the prefix cache"
              for x in d.scheduled if x.admitted]  # fmt: skip
-    notes += [_drafts_note(x) for x in d.scheduled if x.num_draft_tokens and x.new_token_ids]
+    notes += [_drafts_note(x, placeholders) for x in d.scheduled if x.num_draft_tokens and x.new_token_ids]
     where = "by its priority" if any(r.priority for r in s.requests) else "at the front"  # core/request_queue.py
     notes += [f"{rid} preempted: its blocks are freed, it waits {where}" for rid in d.preempted]
     reasons = {x.request_id: x.finish_reason for x in d.scheduled}
@@ -195,7 +200,9 @@ def _in_flight_bar(
         w = width * r.num_tokens / budget
         c.rect(x, c.y + 4, w, 26, lighten(colours[r.request_id], 0.7), colours[r.request_id], rx=3, stroke_dasharray="4 3",
                data_role="in-flight-segment", data_request=r.request_id, data_tokens=r.num_tokens)  # fmt: skip
-        for label in (f"{r.request_id}: {r.num_tokens} {r.kind}", f"{r.request_id}: {r.num_tokens}", r.request_id):
+        drafts = f" (1 + {r.num_draft_tokens} placeholder drafts)" if r.num_draft_tokens else ""  # NOTE 5
+        for label in (f"{r.request_id}: {r.num_tokens} {r.kind}{drafts}", f"{r.request_id}: {r.num_tokens} {r.kind}",
+                      f"{r.request_id}: {r.num_tokens}", r.request_id):  # fmt: skip
             if len(label) * 6.6 + 6 <= w:
                 c.text(x + w / 2, c.y + 21, label, 11, text_anchor="middle")
                 break
@@ -216,9 +223,12 @@ def _in_flight_bar(
     return note
 
 
-def _drafts_note(x) -> str:
-    """What a verification step did with one request's drafts (speculative decoding)."""
+def _drafts_note(x, placeholders: bool = False) -> str:
+    """What a verification step did with one request's drafts (speculative decoding; NOTE 5)."""
     kept = len(x.new_token_ids) - 1
+    if placeholders:  # the KV panel shows the next step's writes: no hatch for this one's rejected
+        return (f"{x.request_id} had {x.num_draft_tokens} placeholder drafts, and the runner verified those it proposed: "
+                f"kept {kept}, then 1 token of the target's")  # fmt: skip
     note = f"{x.request_id} verified {x.num_draft_tokens} drafts: kept {kept}, then 1 token of the target's"
     rejected = x.num_draft_tokens - kept
     if rejected:
