@@ -355,8 +355,8 @@ def test_the_engine_arguments_take_both(tiny_model_dirs):
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_async_speculation_gives_the_sync_tokens_and_cuda_waits_nowhere(tiny_model_dirs):
-    """On a GPU: the tokens of the synchronous speculative engine (a grammar's too), and CUDA's
-    own sync debug mode reports no synchronizing call in any async step; the waits are the read-backs' events
+    """On a GPU: the tokens of the synchronous speculative engine, and CUDA's own sync debug mode
+    reports no synchronizing call in any async step; the waits are the read-backs' events
     (``worker/async_output.py`` NOTE 1), which it does not count."""
     import dataclasses
 
@@ -365,13 +365,30 @@ def test_gpu_async_speculation_gives_the_sync_tokens_and_cuda_waits_nowhere(tiny
     from test_async_scheduling import async_steps_wait_nowhere_and_give_the_sync_tokens
     from test_device_syncs import ASKING_EVERYTHING, prompts_for
 
-    from tinyvllm.sampling_params import StructuredOutputsParams
-
-    grammar = StructuredOutputsParams(regex="[a-c]{3}(-[0-9]{2})+")  # its mask waits for the runner's drafts
     requests = [(p, q if q.seed is not None or q.temperature == 0 else dataclasses.replace(q, seed=11))
                 for p, q in prompts_for(ASKING_EVERYTHING) if q.min_p == 0] + [(LOOP, greedy(24))]  # fmt: skip
-    requests.append((PROMPTS[1], greedy(16, structured_outputs=grammar)))
     kw = dict(device=torch.device("cuda"), max_num_seqs=8, speculative_config=SPEC,
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]})  # fmt: skip
     llm = async_steps_wait_nowhere_and_give_the_sync_tokens(tiny_model_dirs["qwen3"], requests, **kw)
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_async_speculation_under_a_grammar_gives_the_sync_tokens_and_cuda_waits_nowhere(tiny_model_dirs):
+    """On a GPU, a constrained request beside plain ones: its mask waits for the runner's drafts
+    (``take_draft_token_ids``), not for the device, and the tokens are the synchronous engine's.
+    xgrammar comes to the GPU machine as carried wheels (``bench/fetch_gpu_wheels.sh``)."""
+    pytest.importorskip("xgrammar")
+    import torch
+
+    from test_async_scheduling import async_steps_wait_nowhere_and_give_the_sync_tokens
+    from tinyvllm.sampling_params import StructuredOutputsParams
+
+    grammar = StructuredOutputsParams(regex="[a-c]{3}(-[0-9]{2})+")
+    requests = [(LOOP, greedy(24)), (PROMPTS[1], greedy(16, structured_outputs=grammar)), (PROMPTS[3], greedy(16))]
+    kw = dict(device=torch.device("cuda"), max_num_seqs=8, speculative_config=SPEC,
+              compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]})  # fmt: skip
+    llm = async_steps_wait_nowhere_and_give_the_sync_tokens(tiny_model_dirs["qwen3"], requests, **kw)
+    assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
+
