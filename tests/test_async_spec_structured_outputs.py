@@ -110,34 +110,15 @@ def test_a_failure_while_the_drafts_are_taken_takes_the_steps_in_flight_down(whe
     """llm_engine.py NOTE 1 and NOTE 10: the runner's drafts cannot be taken, or not written
     into the step: every step in flight is aborted, every block freed, the runner emptied of
     requests and of the deferred forward; then the same requests get the same tokens."""
+    from test_structured_outputs import a_failure_in_a_deferred_step_leaves_it_serving
+
     llm = LLM(torch_threads=1, max_num_seqs=4, speculative_config=SPEC, async_scheduling=True)
-    engine, runner = llm.engine, llm.engine.model_runner
     try:
+        owner = llm.engine.model_runner if where == "take_draft_token_ids" else llm.engine.scheduler
         params = [greedy(SO(regex="(ab)+c"), 16), greedy(None, 12)]
-        prompts = ["abababab", "abababab"]
-        want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]  # compiled now
-        owner = runner if where == "take_draft_token_ids" else engine.scheduler
-        original, calls = getattr(owner, where), []
-
-        def failing(*args, **kwargs):
-            calls.append(where)
-            if len(calls) == 2:
-                raise RuntimeError("injected")
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, where, failing)
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            engine.add_request(f"doomed{i}", engine.tokenizer.encode(prompt), p)
-        with pytest.raises(RuntimeError, match="injected"):
-            while engine.has_unfinished_requests():
-                engine.step()
-        assert not engine.has_unfinished_requests() and not engine.steps_in_flight()
-        assert engine.scheduler.kv_cache_manager.usage == 0 and not runner.requests and runner._deferred is None
-        engine.check_invariants()
-        monkeypatch.setattr(owner, where, original)
-        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+        a_failure_in_a_deferred_step_leaves_it_serving(monkeypatch, llm, owner, where, 2, ["abababab"] * 2, params)
     finally:
-        engine.shutdown()
+        llm.engine.shutdown()
 
 
 # -- the parts: the scheduler writes the runner's drafts in, the mask stops at a refused one ---------------

@@ -385,33 +385,40 @@ def test_a_failure_between_a_deferred_forward_and_its_sampling_takes_the_steps_i
     async_llm = LLM(torch_threads=1, async_scheduling=True)
     try:
         engine, runner = async_llm.engine, async_llm.engine.model_runner
-        params = greedy(SO(regex=r"[a-z]{12}"), 10)
-        prompts = ["My name is", "Hello"]
-        want = [o.outputs[0].token_ids for o in async_llm.generate(prompts, params, use_tqdm=False)]  # compiled now
         owner, name = {"forward": (runner, "_forward"), "read_back": (runner, "_read_back"),
                        "mask": (engine.structured_output_manager, "grammar_bitmask"),
                        "sample": (runner, "sample_tokens")}[where]  # fmt: skip
-        original, calls = getattr(owner, name), []
-
-        def failing(*args, **kwargs):
-            calls.append(name)
-            if len(calls) == 4:  # a deferred step's (the first step samples at once)
-                raise RuntimeError("injected")
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, failing)
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"doomed{i}", engine.tokenizer.encode(prompt), params)
-        with pytest.raises(RuntimeError, match="injected"):
-            while engine.has_unfinished_requests():
-                engine.step()
-        assert not engine.has_unfinished_requests() and not engine.steps_in_flight()
-        assert engine.scheduler.kv_cache_manager.usage == 0 and not runner.requests and runner._deferred is None
-        engine.check_invariants()
-        monkeypatch.setattr(owner, name, original)
-        assert [o.outputs[0].token_ids for o in async_llm.generate(prompts, params, use_tqdm=False)] == want
+        params = greedy(SO(regex=r"[a-z]{12}"), 10)  # the 4th call: a deferred step's (the first step samples at once)
+        a_failure_in_a_deferred_step_leaves_it_serving(monkeypatch, async_llm, owner, name, 4, ["My name is", "Hello"], [params] * 2)
     finally:
         async_llm.engine.shutdown()
+
+
+def a_failure_in_a_deferred_step_leaves_it_serving(monkeypatch, llm: LLM, owner, name: str, nth: int, prompts, params) -> None:
+    """``owner.name`` raises at its ``nth`` call while ``prompts`` run (``params``: one each):
+    every step in flight is aborted, every block freed, the runner emptied of requests and of
+    the deferred forward; then the same requests get the tokens they got before it."""
+    engine, runner = llm.engine, llm.engine.model_runner
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]  # the grammars compiled now
+    original, calls = getattr(owner, name), []
+
+    def failing(*args, **kwargs):
+        calls.append(name)
+        if len(calls) == nth:
+            raise RuntimeError("injected")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, failing)
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(f"doomed{i}", engine.tokenizer.encode(prompt), p)
+    with pytest.raises(RuntimeError, match="injected"):
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert not engine.has_unfinished_requests() and not engine.steps_in_flight()
+    assert engine.scheduler.kv_cache_manager.usage == 0 and not runner.requests and runner._deferred is None
+    engine.check_invariants()
+    monkeypatch.setattr(owner, name, original)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
 
 
 def test_structured_outputs_config_is_checked():
