@@ -216,9 +216,9 @@ def test_each_launch_after_idle_is_pictured_and_a_recording_begun_mid_flight_say
 def test_async_speculation_is_recorded_with_its_placeholder_drafts(tiny_model_dirs):
     """``recorder.py`` NOTE 8, ``invariants.py`` NOTE 4: under async scheduling with n-gram
     drafts, preemptions, chunked prefill, prefix hits and a grammar, every snapshot passes the
-    invariants (the runner's rows start earlier and run fewer drafts than scheduled, within
-    bounds), the tokens are the synchronous trace's, and the pictures call the drafts
-    placeholders and say that the runner verified those it proposed."""
+    invariants, the tokens are the synchronous trace's, the runner says how many drafts each
+    row ran (fewer than its placeholders where the n-gram search found fewer), and the
+    pictures call the drafts placeholders and say how many the runner proposed."""
     from tinyvllm import LLM, SamplingParams
     from tinyvllm.sampling_params import StructuredOutputsParams
     from tinyvllm.trace import record
@@ -242,22 +242,44 @@ def test_async_speculation_is_recorded_with_its_placeholder_drafts(tiny_model_di
         assert llm.engine.scheduler.num_preemptions > 0 and llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
     assert tokens[True] == tokens[False]
     trace = traces[True]
-    assert any(x.num_draft_tokens for step in trace.steps for x in step.in_flight or ())
+    assert Trace.from_json(trace.to_json()) == trace and '"drafts_run"' not in traces[False].to_json()
+    placeholders = {(s.index, x.request_id): x.num_draft_tokens for s in trace.steps for x in s.in_flight or ()}
+    ran = {(s.index, rid): k for s in trace.steps for rid, k in s.drafts_run}
+    assert ran and ran.keys() == {key for key, k in placeholders.items() if k and key[0] in {i for i, _ in ran}}
+    assert any(k < placeholders[key] for key, k in ran.items()) and any(k == placeholders[key] for key, k in ran.items())
     pictures = "".join(step_svg(trace, i) for i in range(len(trace.steps)))
-    assert "placeholder drafts" in pictures and "verified those it proposed" in pictures
+    assert "placeholder drafts" in pictures and "runs its own drafts in place of the placeholders" in pictures
+    assert re.search(r"placeholder drafts, and the runner verified the \d it proposed: kept \d", pictures)
     assert "placeholder" not in "".join(step_svg(traces[False], i) for i in range(len(traces[False].steps)))
-    # the bounds still bite: a dispatch past what was scheduled, a step in flight past N's end
-    step = next(st for st in trace.steps if st.dispatch and st.scheduler and any(x.num_draft_tokens for x in st.in_flight or ()))
-    scheduled = sum(x.num_tokens for x in step.in_flight)
-    d = dataclasses.replace(step.dispatch, num_tokens=scheduled + 1, padded_num_tokens=scheduled + 1)  # eager: no padding
-    too_many = dataclasses.replace(step, dispatch=d, slots=())
-    with pytest.raises(AssertionError, match="dispatch of"):
-        check_snapshot(too_many, trace.block_size, trace.num_blocks)
-    x = next(x for x in step.scheduler.scheduled if any(y.request_id == x.request_id for y in step.in_flight))
-    moved = tuple(dataclasses.replace(y, start=x.start + x.num_tokens + 1) if y.request_id == x.request_id else y
-                  for y in step.in_flight)  # fmt: skip
-    with pytest.raises(AssertionError):
-        check_snapshot(dataclasses.replace(step, in_flight=moved), trace.block_size, trace.num_blocks)
+
+    # The runner's count checked, and two faults the bounds of the previous version let through
+    # (a dispatch between the tokens run and those scheduled, a row written at its scheduled
+    # start instead of where step N's kept tokens end): the checks are exact now.
+    def fails(step, match: str, **changes) -> None:
+        with pytest.raises(AssertionError, match=match):
+            check_snapshot(dataclasses.replace(step, **changes), trace.block_size, trace.num_blocks, trace.steps[step.index - 1])
+
+    step = next(st for st in trace.steps if st.dispatch and st.scheduler and any(k < placeholders[st.index, rid]
+                                                                                  for rid, k in st.drafts_run))  # fmt: skip
+    rid = next(rid for rid, k in step.drafts_run if k < placeholders[step.index, rid])
+    d = dataclasses.replace(step.dispatch, num_tokens=step.dispatch.num_tokens + 1, padded_num_tokens=step.dispatch.num_tokens + 1)
+    fails(step, "dispatch of", dispatch=d, slots=())  # a token more than the runner ran, fewer than scheduled
+    fails(step, "dispatch of", drafts_run=tuple((r, n + 1 if r == rid else n) for r, n in step.drafts_run))  # one it never ran
+    past = placeholders[step.index, rid] + 1  # more than its placeholders
+    fails(step, "drafts run", drafts_run=tuple((r, past if r == rid else n) for r, n in step.drafts_run))
+    fails(step, "the runner ran drafts", drafts_run=tuple((r, n) for r, n in step.drafts_run if r != rid))  # a row unsaid
+
+    def rejected(st, request_id):  # step N's drafts not kept, of a request that runs on
+        y = next((y for y in st.scheduler.scheduled if y.request_id == request_id), None)
+        return 0 if y is None or not y.num_draft_tokens else y.num_draft_tokens - len(y.new_token_ids) + 1
+
+    # a row written where it was scheduled, not where step N's kept tokens end (its slots as the table says)
+    step, x = next((st, x) for st in trace.steps if st.slots and st.in_flight for x in st.in_flight
+                   if st.request(x.request_id) and rejected(st, x.request_id))  # fmt: skip
+    table, bs = step.request(x.request_id).block_ids, trace.block_size
+    late = [dataclasses.replace(w, position=w.position + rejected(step, x.request_id)) for w in step.slots if w.request_id == x.request_id]
+    late = [dataclasses.replace(w, slot=table[w.position // bs] * bs + w.position % bs) for w in late]
+    fails(step, "wrote positions", slots=(*(w for w in step.slots if w.request_id != x.request_id), *late))
 
 
 @pytest.mark.slow

@@ -29,12 +29,14 @@ runs has computed N+1's end, which starts at N's end, less the drafts N rejected
 a request N+1 runs is running, or finished in step N (its N+1 token will be dropped); a
 request step N preempted may have left already (step N-1's read-back, after N's schedule,
 gave it its last token); and the batch, the dispatch and the slots are compared with N+1.
-NOTE 4 (placeholder drafts, async scheduling with speculative decoding): the runner reads step
-N back before it launches N+1, so a row of N+1 starts where N's kept drafts end (up to N's
-drafts earlier than scheduled) and runs only the drafts the runner proposed (up to N+1's
-placeholders fewer): the dispatch and the slots are checked within those bounds. The
-scheduler's starts are optimistic too: N+1 starts at N's end less N-1's rejected drafts,
-which this snapshot does not hold, so with drafts in either step N+1 may start before N's end.
+NOTE 4 (placeholder drafts, async scheduling with speculative decoding): the scheduler's starts
+are optimistic: it schedules N+1 before it reads N back, so N+1 starts at N's end less the
+drafts N-1 rejected (taken back between the two schedules; the snapshot before holds them).
+The runner reads N back before it launches N+1, so a row of N+1 starts where N's kept tokens
+end, N's rejected drafts earlier than scheduled, and runs the drafts the runner proposed
+(``drafts_run``, at most its placeholders): the dispatch and the slots are checked against
+those exactly. Only a request that step N finished is checked within bounds: a stop may have
+cut the tokens it kept, so its rejected drafts are not known.
 """
 
 from __future__ import annotations
@@ -48,17 +50,19 @@ def check_trace(trace: Trace) -> None:
     """Every snapshot's invariants, and step indices 0, 1, 2, ..."""
     for index, snapshot in enumerate(trace.steps):
         assert snapshot.index == index, f"step {index} carries index {snapshot.index}"
-        check_snapshot(snapshot, trace.block_size, trace.num_blocks)
+        check_snapshot(snapshot, trace.block_size, trace.num_blocks, trace.steps[index - 1] if index else None)
 
 
-def check_snapshot(snapshot: StepSnapshot, block_size: int, num_blocks: int) -> None:
-    """Assert the invariants of one snapshot (module header); AssertionError names the step."""
+def check_snapshot(snapshot: StepSnapshot, block_size: int, num_blocks: int, previous: StepSnapshot | None = None) -> None:
+    """Assert the invariants of one snapshot (module header); AssertionError names the step.
+    ``previous``: the snapshot taken just before it, if any (NOTE 4)."""
     where = f"step {snapshot.index} ({snapshot.label!r})"
     _check_pool(snapshot, block_size, num_blocks, where)
     _check_requests(snapshot, block_size, where)
     if snapshot.scheduler is not None:
-        _check_scheduler(snapshot, block_size, where)
+        _check_scheduler(snapshot, block_size, where, previous)
     _check_in_flight(snapshot, block_size, where)
+    _check_drafts_run(snapshot, where)
     if snapshot.batch is not None:
         _check_batch(snapshot, where)
     if snapshot.dispatch is not None:
@@ -138,7 +142,7 @@ def _check_requests(s: StepSnapshot, block_size: int, where: str) -> None:
             assert s.blocks[block_id].block_hash is not None, f"{label}: cached block {block_id} carries no hash"
 
 
-def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
+def _check_scheduler(s: StepSnapshot, block_size: int, where: str, previous: StepSnapshot | None) -> None:
     d = s.scheduler
     assert d.tokens_used <= d.token_budget, f"{where}: {d.tokens_used} tokens scheduled > budget {d.token_budget}"
     scheduled = [x.request_id for x in d.scheduled]
@@ -172,8 +176,10 @@ def _check_scheduler(s: StepSnapshot, block_size: int, where: str) -> None:
         if request is not None and x.request_id in d.running:  # rejected drafts are not computed
             end = x.start + x.num_tokens
             if x.request_id in later:  # NOTE 3: N+1 computes on from N's end (NOTE 4: less N-1's rejected drafts)
-                start = later[x.request_id].start
-                assert start == end or (drafts and start < end), f"{label}: ends at {end}, step N+1 starts at {start}"
+                start, back = later[x.request_id].start, None if previous is None else _rejected(previous, x.request_id)
+                assert start == end - back if back is not None else start == end or (drafts and start < end), (
+                    f"{label}: ends at {end}, step N+1 starts at {start} ({back} rejected in the step before)"
+                )
                 continue
             assert end - x.num_draft_tokens <= request.num_computed_tokens <= end, (
                 f"{label}: {request.num_computed_tokens} computed after a step of {x.num_tokens} from {x.start}"
@@ -217,10 +223,9 @@ def _check_in_flight(s: StepSnapshot, block_size: int, where: str) -> None:
         if x is None:
             assert r.num_output_placeholders == 0, f"{label}: {r.num_output_placeholders} placeholders, no step in flight runs it"
             continue
-        end, before = x.start + x.num_tokens, s.scheduler.scheduled if s.scheduler is not None else ()
-        rejected_before = max((y.num_draft_tokens for y in before if y.request_id == r.request_id), default=0)
-        assert end - rejected_before <= r.num_computed_tokens <= end, (  # NOTE 3: step N's rejected drafts taken back
-            f"{label}: {r.num_computed_tokens} computed, the step in flight ends at {end}"
+        end, back = x.start + x.num_tokens, _rejected(s, r.request_id)  # unfinished: known
+        assert r.num_computed_tokens == end - back, (  # NOTE 3: step N's rejected drafts taken back
+            f"{label}: {r.num_computed_tokens} computed, the step in flight ends at {end}, step N rejected {back}"
         )
         reaches_end = r.num_computed_tokens - x.num_draft_tokens == r.num_tokens  # it samples after its known ones
         assert r.num_output_placeholders == (1 + x.num_draft_tokens) * reaches_end and (x.kind == "chunk") != reaches_end, (
@@ -234,14 +239,41 @@ def _runner_step(s: StepSnapshot) -> tuple[ScheduledRequest, ...]:
     return s.in_flight if s.in_flight is not None else s.scheduler.scheduled
 
 
-def _runner_slack(s: StepSnapshot, x: ScheduledRequest) -> tuple[int, int]:
-    """NOTE 4: how much earlier than ``x.start`` the runner may start ``x``'s row (the drafts
-    of the step read back, which it may have rejected) and how many fewer tokens it may run
-    (placeholder drafts it did not propose); (0, 0) but under async scheduling's drafts."""
+def _rejected(s: StepSnapshot, request_id: str) -> int | None:
+    """NOTE 4: the drafts ``s``'s step scheduled for the request and did not keep (taken back
+    at its read-back); 0 when it had none there, None when that step finished it (unknown)."""
+    y = next((y for y in s.scheduler.scheduled if y.request_id == request_id), None) if s.scheduler else None
+    if y is None or not y.num_draft_tokens:
+        return 0
+    return None if y.finish_reason is not None else y.num_draft_tokens - (len(y.new_token_ids) - 1)
+
+
+def _runner_row(s: StepSnapshot, x: ScheduledRequest) -> tuple[int, int, int]:
+    """NOTE 4: the first and last position the runner's row of ``x`` may start at (one unless
+    step N finished the request) and the tokens it runs; ``x.start`` and ``x.num_tokens`` but
+    under async scheduling with drafts."""
+    ran = dict(s.drafts_run)
+    num_tokens = x.num_tokens - x.num_draft_tokens + ran[x.request_id] if x.request_id in ran else x.num_tokens
     if s.in_flight is None:
-        return 0, 0
-    before = s.scheduler.scheduled if s.scheduler is not None else ()
-    return max((y.num_draft_tokens for y in before if y.request_id == x.request_id), default=0), x.num_draft_tokens
+        return x.start, x.start, num_tokens
+    back = _rejected(s, x.request_id)
+    if back is not None:
+        return x.start - back, x.start - back, num_tokens
+    y = next(y for y in s.scheduler.scheduled if y.request_id == x.request_id)  # it kept 1 + at least len - 1 drafts
+    return x.start - y.num_draft_tokens + len(y.new_token_ids) - 1, x.start, num_tokens
+
+
+def _check_drafts_run(s: StepSnapshot, where: str) -> None:
+    """NOTE 4: the runner counts the drafts of each row it gave placeholders, at most as many."""
+    if s.dispatch is None or s.in_flight is None:
+        assert not s.drafts_run, f"{where}: drafts run {s.drafts_run} with no step in flight launched"
+        return
+    given = {x.request_id: x.num_draft_tokens for x in s.in_flight if x.num_draft_tokens}
+    ran = dict(s.drafts_run)
+    assert len(ran) == len(s.drafts_run) and ran.keys() == given.keys(), (
+        f"{where}: the runner ran drafts {s.drafts_run}, the step in flight has placeholders {given}"
+    )
+    assert all(0 <= ran[rid] <= k for rid, k in given.items() if rid in ran), f"{where}: drafts run {ran} of {given}"
 
 
 def _check_batch(s: StepSnapshot, where: str) -> None:
@@ -278,10 +310,10 @@ def _check_dispatch(s: StepSnapshot, where: str) -> None:
     if s.scheduler is not None:
         ran = _runner_step(s)
         num_tokens = sum(x.num_tokens for x in ran)
-        fewest = num_tokens - sum(_runner_slack(s, x)[1] for x in ran)  # NOTE 4
-        assert fewest <= d.num_tokens <= num_tokens and d.num_reqs == len(ran), (
+        runs = sum(_runner_row(s, x)[2] for x in ran)  # NOTE 4: the drafts the runner proposed
+        assert d.num_tokens == runs and d.num_reqs == len(ran), (
             f"{where}: dispatch of {d.num_tokens} tokens, {d.num_reqs} requests; the scheduler ran "
-            f"{num_tokens} tokens of {len(ran)} requests"
+            f"{num_tokens} tokens of {len(ran)} requests, the runner {runs}"
         )
 
 
@@ -304,11 +336,12 @@ def _check_slots(s: StepSnapshot, block_size: int, num_blocks: int, where: str) 
     if s.scheduler is not None:
         for x in _runner_step(s):
             got = sorted(w.position for w in s.slots if w.request_id == x.request_id)
-            earlier, fewer = _runner_slack(s, x)  # NOTE 4
-            start = got[0] if got else x.start
-            assert got == list(range(start, start + len(got))) and x.start - earlier <= start <= x.start, (
+            lo, hi, num_tokens = _runner_row(s, x)  # NOTE 4
+            start = got[0] if got else lo
+            assert got == list(range(start, start + len(got))) and lo <= start <= hi, (
                 f"{where}: {x.request_id!r} wrote positions {got}, it was scheduled {x.start}..{x.start + x.num_tokens - 1}"
+                f", the runner starts at {lo if lo == hi else (lo, hi)}"
             )
-            assert x.num_tokens - fewer <= len(got) <= x.num_tokens, (
-                f"{where}: {x.request_id!r} wrote {len(got)} positions, it was scheduled {x.num_tokens}"
+            assert len(got) == num_tokens, (
+                f"{where}: {x.request_id!r} wrote {len(got)} positions, it was scheduled {x.num_tokens}, the runner ran {num_tokens}"
             )

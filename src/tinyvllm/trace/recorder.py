@@ -49,8 +49,8 @@ cache (the start-up reports); the steps are N = 1's.
 NOTE 8 (async scheduling): a step is recorded at its read-back, the next in flight (``in_flight.py``);
 a step launched with no read-back in the same call (the first after idle) also at its launch
 (``on_launch``, labelled "step N: launched"), so every launch's runner parts reach a picture.
-With speculative decoding too, a step's drafts are placeholders: the runner runs those it
-proposes, from where the drafts kept end (``async_scheduler.py`` NOTE 6; ``invariants.py`` NOTE 4).
+With speculative decoding too, a step's drafts are placeholders: the runner runs those it proposes,
+from where the drafts kept end, and counts them (``runner_state.py`` NOTE 3; ``invariants.py`` NOTE 4).
 
 Left out: the draft token ids themselves (a snapshot counts a step's drafts, keeps the tokens
 kept). A served engine is recorded through its ``AsyncLLM``, read only in the engine's thread.
@@ -274,9 +274,11 @@ class Recorder:
             slots=self._slots(runner, scheduler_output, scheduled, computed, failed),
             in_flight=None if in_flight is None else in_flight_step(in_flight, self.scheduler.requests, self._prompt_lens),
             launched=launched is not None,
+            drafts_run=runner.drafts if runner is not None else (),
         )
-        if self.check:
-            check_snapshot(snapshot, self.kv.block_size if self.kv else 0, self.kv.num_gpu_blocks if self.kv else 0)
+        if self.check:  # with the snapshot before it (invariants.py NOTE 4)
+            kv = (self.kv.block_size, self.kv.num_gpu_blocks) if self.kv else (0, 0)
+            check_snapshot(snapshot, *kv, self.steps[-1] if self.steps else None)
         self.steps.append(snapshot)
         for rid in snapshot.scheduler.finished if scheduler_output is not None else ():
             self._tables.pop(rid, None)

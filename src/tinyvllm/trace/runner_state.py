@@ -22,6 +22,10 @@ the lookup happens here, in the worker, and the id travels back.
 NOTE 2 (every rank alike): every rank runs the same ``SchedulerOutput`` into the same
 batch, so their states must be equal; the recorder compares them (``check=True``) and
 pictures rank 0's, the rank whose output the engine keeps.
+NOTE 3 (the drafts a row ran): under async scheduling with speculative decoding a step's
+drafts are placeholders, and the runner runs those it proposes, at most as many
+(``model_runner.py`` NOTE 14); ``drafts`` counts them per request (the runner's
+``launched_drafts``), so the invariants check the step's rows exactly. Empty otherwise.
 """
 
 from __future__ import annotations
@@ -45,13 +49,15 @@ class BatchUpdateState:
 @dataclass(frozen=True)
 class RunnerState:
     """One rank's runner after a step: the batch's rows (holes left out), its last update
-    (None: no update since the batch was built), the dispatch and the slots written (None
-    and () when the step ran nothing, or when they were not asked for)."""
+    (None: no update since the batch was built), the dispatch, the slots written and the
+    drafts each row ran (NOTE 3) (None, () and () when the step ran nothing, or when they
+    were not asked for)."""
 
     rows: tuple[str, ...]
     update: BatchUpdateState | None
     dispatch: DispatchState | None
     slots: tuple[SlotWrite, ...]
+    drafts: tuple[tuple[str, int], ...] = ()
 
 
 def batch_state(batch: Any) -> tuple[tuple[str, ...], BatchUpdateState | None]:
@@ -101,5 +107,6 @@ def runner_state(worker: Any, ran: bool) -> RunnerState:
     rows, update = batch_state(runner.input_batch)
     if not ran:
         return RunnerState(rows, update, None, ())
-    return RunnerState(rows, update, dispatch_state(runner), slot_writes(runner, rows))
+    drafts = tuple(sorted(runner.launched_drafts().items()))  # NOTE 3
+    return RunnerState(rows, update, dispatch_state(runner), slot_writes(runner, rows), drafts)
 # --8<-- [end:runner_state]

@@ -47,8 +47,10 @@ NOTE 4 (async scheduling): a step is recorded when its output is read back, and 
 next step is on the device. ``StepSnapshot.in_flight`` lists that step's requests (None: no
 step in flight, always so without async scheduling) and ``RequestState.num_output_placeholders``
 the tokens each waits for; ``launched`` marks a snapshot taken when a step was launched with
-nothing read back (the first after idle: its ``in_flight`` is that step). The JSON leaves the
-three out at their defaults, so a synchronous trace is written as before (``recorder.py`` NOTE 8).
+nothing read back (the first after idle: its ``in_flight`` is that step). With speculative
+decoding too, ``drafts_run`` counts the drafts each row of the runner's step ran in place of its
+placeholders. The JSON leaves the four out at their defaults, so a synchronous trace is written
+as before (``recorder.py`` NOTE 8).
 NOTE 5 (structured outputs): ``ScheduledRequest.num_allowed_tokens`` counts the tokens each of
 the request's rows of the step's grammar bitmask allows (``grammar_rows.py``: the sampled
 position, and each draft position under speculation); None for an unconstrained request, and
@@ -352,6 +354,7 @@ class StepSnapshot:
     slots: tuple[SlotWrite, ...]
     in_flight: tuple[ScheduledRequest, ...] | None = None  # the next step, on the device (NOTE 4)
     launched: bool = False  # taken at a launch, nothing read back: in_flight is the step just launched (NOTE 4)
+    drafts_run: tuple[tuple[str, int], ...] = ()  # (request, drafts its row ran) of rows given placeholders (NOTE 4)
 
     def request(self, request_id: str) -> RequestState | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
@@ -411,7 +414,7 @@ _NESTED: dict[str, type] = {
     "slots": SlotWrite,
     "in_flight": ScheduledRequest,
 }
-_OMITTED_AT_DEFAULT = ("in_flight", "launched", "num_output_placeholders", "num_allowed_tokens", "priority")  # NOTE 4, 5
+_OMITTED_AT_DEFAULT = ("in_flight", "launched", "drafts_run", "num_output_placeholders", "num_allowed_tokens", "priority")  # NOTE 4, 5
 
 
 def step_kind(start: int, num_real: int, num_prompt: int, sampled: tuple[int, ...], pooled: bool = False) -> str:
@@ -460,6 +463,8 @@ def _step_dict(step: StepSnapshot) -> dict[str, Any]:
         del data["in_flight"]
     if not step.launched:
         del data["launched"]
+    if not step.drafts_run:
+        del data["drafts_run"]
     for scheduled in [*(data["scheduler"] or {}).get("scheduled", ()), *(data.get("in_flight") or ())]:
         if scheduled["num_allowed_tokens"] is None:  # NOTE 5
             del scheduled["num_allowed_tokens"]

@@ -37,14 +37,14 @@ NOTE 4 (structured outputs): a step with constrained requests draws, under the q
 ``allowed-tokens`` box per constrained request: how many tokens each of its grammar bitmask
 rows allows (``snapshot.py`` NOTE 5); a step without them draws nothing more.
 NOTE 5 (async scheduling with speculative decoding): a step's drafts are the scheduler's
-placeholders, and the runner verifies those it proposed (``recorder.py`` NOTE 8): the bars
-and notes say "placeholder drafts", and a note leaves the rejected drafts' slots alone, since
-the KV cache panel shows the next step's writes.
+placeholders; the runner verifies those it proposed (``recorder.py`` NOTE 8), as many as the
+picture of its launch says (``drafts_run``). The bars and notes say "placeholder drafts"; a note
+leaves the rejected drafts' slots alone, since the KV cache panel shows the next step's writes.
 """
 
 from __future__ import annotations
 
-from tinyvllm.trace.in_flight import in_flight_number
+from tinyvllm.trace.in_flight import in_flight_number, step_number
 from tinyvllm.trace.snapshot import StepSnapshot, Trace, kept_blocks
 from tinyvllm.trace.svg_parts import (
     BLOCK_TABLE_ORANGE,
@@ -161,7 +161,8 @@ def _scheduler(c: Canvas, trace: Trace, s: StepSnapshot, colours: dict[str, str]
     _grammar_rows(c, d, x0, colours)
     notes = [f"{x.request_id} admitted ({x.admitted}): {x.num_hit_tokens} tokens from the prefix cache"
              for x in d.scheduled if x.admitted]  # fmt: skip
-    notes += [_drafts_note(x, placeholders) for x in d.scheduled if x.num_draft_tokens and x.new_token_ids]
+    ran = _drafts_ran(trace, s)  # NOTE 5: the runner's count, from the picture that showed this step launched
+    notes += [_drafts_note(x, placeholders, ran.get(x.request_id)) for x in d.scheduled if x.num_draft_tokens and x.new_token_ids]
     where = "by its priority" if any(r.priority for r in s.requests) else "at the front"  # core/request_queue.py
     notes += [f"{rid} preempted: its blocks are freed, it waits {where}" for rid in d.preempted]
     reasons = {x.request_id: x.finish_reason for x in d.scheduled}
@@ -216,6 +217,9 @@ def _in_flight_bar(
     note = (f"step {n} {while_}; its tokens arrive with the next "
             f"picture. Placeholders (the token step {n} samples, known on the device only): "
             f"{', '.join(waiting) or 'none'}")  # fmt: skip
+    if s.drafts_run:  # NOTE 5
+        note += "; the runner runs its own drafts in place of the placeholders: " + ", ".join(
+            f"{rid} {k} of {next(r.num_draft_tokens for r in s.in_flight if r.request_id == rid)}" for rid, k in s.drafts_run)
     dropped = [r.request_id for r in s.in_flight if s.scheduler is not None and r.request_id in s.scheduler.finished]
     if dropped:
         whose = "its" if len(dropped) == 1 else "their"
@@ -223,11 +227,21 @@ def _in_flight_bar(
     return note
 
 
-def _drafts_note(x, placeholders: bool = False) -> str:
+def _drafts_ran(trace: Trace, s: StepSnapshot) -> dict[str, int]:
+    """NOTE 5: how many drafts the runner ran for each row of the step ``s`` reads back, as the
+    snapshot before (the one whose step in flight it was) says; empty when none did."""
+    before = s.index - 1
+    if before < 0 or in_flight_number(trace.steps, before) != step_number(trace.steps, s.index):
+        return {}
+    return dict(trace.steps[before].drafts_run)
+
+
+def _drafts_note(x, placeholders: bool = False, ran: int | None = None) -> str:
     """What a verification step did with one request's drafts (speculative decoding; NOTE 5)."""
     kept = len(x.new_token_ids) - 1
     if placeholders:  # the KV panel shows the next step's writes: no hatch for this one's rejected
-        return (f"{x.request_id} had {x.num_draft_tokens} placeholder drafts, and the runner verified those it proposed: "
+        proposed = "those it proposed" if ran is None else f"the {ran} it proposed"
+        return (f"{x.request_id} had {x.num_draft_tokens} placeholder drafts, and the runner verified {proposed}: "
                 f"kept {kept}, then 1 token of the target's")  # fmt: skip
     note = f"{x.request_id} verified {x.num_draft_tokens} drafts: kept {kept}, then 1 token of the target's"
     rejected = x.num_draft_tokens - kept

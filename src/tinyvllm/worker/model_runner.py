@@ -354,6 +354,14 @@ class ModelRunner:
         rows = [i for i, k in enumerate(step.scheduled_drafts) if k]
         return DraftTokenIds(tuple(step.req_ids[i] for i in rows), tuple(step.drafts[i] for i in rows))
 
+    def launched_drafts(self) -> dict[str, int]:
+        """NOTE 14: how many drafts each row of the newest launched step runs, for the rows
+        given placeholders (at most as many); empty when this runner proposes none. A trace reads it."""
+        step = self._deferred.step if self._deferred is not None else self._in_flight
+        if self.proposer is None or step is None:
+            return {}
+        return {r: len(d) for r, d, k in zip(step.req_ids, step.drafts, step.scheduled_drafts) if k}
+
     def _launch(self, scheduler_output: SchedulerOutput, read_later: bool) -> AsyncModelRunnerOutput:
         return self._handle(self._sample(self._launch_forward(scheduler_output), read_later))
 
