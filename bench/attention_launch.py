@@ -35,8 +35,10 @@ repeats, timings meaningless (the test suite runs it).
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/attention_launch.json)")
     args = parser.parse_args(argv)
     cfg = DRY if args.dry_run else FULL
-    baseline = load_module(args.baseline, Path(tempfile.mkdtemp())) if args.baseline else None
+    folder = tempfile.mkdtemp(prefix="attention-launch-")  # the baseline's source: kept until exit (Triton reads it)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    baseline = load_module(args.baseline, Path(folder)) if args.baseline else None
     for module in (triton_attention, baseline):
         if module is not None:  # the kernels never run: only the launcher's host work is timed
             module._paged_attention_kernel = module._merge_segments_kernel = NoLaunch()

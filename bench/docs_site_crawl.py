@@ -13,7 +13,9 @@ It needs what the test needs: Debian's Chromium and the browser extra.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +36,7 @@ def main() -> None:
     site_dir = args.site
     if site_dir is None:
         site_dir = Path(tempfile.mkdtemp(prefix="site-"))
+        atexit.register(shutil.rmtree, site_dir, ignore_errors=True)  # a built site is megabytes
         start = time.monotonic()
         subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site_dir)], cwd=ROOT,
                        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"), capture_output=True, check=True)

@@ -333,3 +333,20 @@ def test_traces_without_constraints_keep_their_json_and_pictures():
         assert not any('data-role="allowed-tokens"' in step_svg(trace, i) for i in range(len(trace.steps))), name
     with_counts = workload_trace("structured-outputs")
     assert Trace.from_json(with_counts.to_json()) == with_counts and '"num_allowed_tokens": [' in with_counts.to_json()
+
+
+@pytest.mark.slow
+def test_the_tiny_model_a_workload_builds_is_removed_when_the_process_exits(tmp_path):
+    """``tiny_model_folder`` builds its model in a temporary folder once per process; the
+    folder goes with the process (before, every docs build and test worker left one in /tmp)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "from tinyvllm.trace.workloads import tiny_model_folder; print(tiny_model_folder())"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True)
+    folder = Path(out.stdout.strip())
+    assert folder.parent.parent == tmp_path and folder.name == "qwen3", folder  # it was built there
+    assert folder.parent.exists() is False, f"left behind: {sorted(tmp_path.iterdir())}"  # (torch's own caches may stay)

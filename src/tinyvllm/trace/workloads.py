@@ -47,8 +47,10 @@ waits as ``WAITING_FOR_FSM`` would depend on the machine, and the trace would no
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -273,10 +275,13 @@ def seed001_condense() -> Trace:
 
 @functools.lru_cache(maxsize=1)
 def tiny_model_folder() -> str:
-    """A one-layer tiny random Qwen3, built once per process (a temporary folder)."""
+    """A one-layer tiny random Qwen3, built once per process in a temporary folder that is
+    removed when the process exits."""
     from tinyvllm.models.tiny import build_tiny_model
 
-    return str(build_tiny_model(Path(tempfile.mkdtemp(prefix="tinyvllm-trace-")) / "qwen3", "qwen3", num_hidden_layers=1))
+    folder = tempfile.mkdtemp(prefix="tinyvllm-trace-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return str(build_tiny_model(Path(folder) / "qwen3", "qwen3", num_hidden_layers=1))
 
 
 # --8<-- [start:engine_trace]
