@@ -3,7 +3,8 @@ cut into steps (chunked prefill, any number of rows a step, rows in any order, a
 restarted from position 0 as after a preemption), each prompt's vector equals pooling its
 whole hidden states at once, the one-line oracle ``oracle`` below, and is made exactly once;
 a classifier's label scores (a random ``score`` head, softmax or raw) and a ``token_embed``
-request's every row likewise.
+request's every row likewise, or with a step tag only the rows of the positions holding it
+(``pooling_params.py`` NOTE 6; prompts of tokens 0-2, tag 1).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from tinyvllm.worker.pooler import Pooler, PoolingState
 
 HIDDEN = 8
 SCORE = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(0))  # a classifier's head, 3 labels
+TAG = 1  # a step tag among prompt tokens 0-2
 
 
-def oracle(states: torch.Tensor, pooling_type: str, params: PoolingParams) -> torch.Tensor:
-    if params.task == "token_embed":  # every position, whatever the pooling type
+def oracle(states: torch.Tensor, pooling_type: str, params: PoolingParams, prompt: list[int]) -> torch.Tensor:
+    if params.task == "token_embed":  # every position, whatever the pooling type (or the tagged ones)
+        if params.step_tag_id is not None:
+            states = states[[p for p, t in enumerate(prompt) if t == params.step_tag_id]]
         return torch.nn.functional.normalize(states, dim=-1) if params.normalize else states
     vector = {"LAST": states[-1], "MEAN": states.mean(dim=0), "CLS": states[0]}[pooling_type]
     if params.task == "classify":
@@ -49,14 +53,17 @@ def workloads(draw):
         task = draw(st.sampled_from(["embed", "classify", "token_embed"]))
         if task == "classify":
             params.append(PoolingParams(None, None, on, "classify"))
+        elif task == "token_embed":
+            params.append(PoolingParams(None, on, on, task, step_tag_id=draw(st.sampled_from([None, TAG]))))
         else:
-            params.append(PoolingParams(None if task == "token_embed" else draw(st.sampled_from([None, 3])), on, on, task))
-    return lengths, chunks, restarts, params, draw(st.randoms(use_true_random=False))
+            params.append(PoolingParams(draw(st.sampled_from([None, 3])), on, on, task))
+    prompts = [draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)) for n in lengths]
+    return lengths, chunks, restarts, params, prompts, draw(st.randoms(use_true_random=False))
 
 
 @given(workload=workloads(), pooling_type=st.sampled_from(["LAST", "MEAN", "CLS"]))
 def test_chunked_pooling_equals_pooling_the_whole_prompt(workload, pooling_type):
-    lengths, chunks, restarts, params, rng = workload
+    lengths, chunks, restarts, params, prompts, rng = workload
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     states_of = [torch.randn(n, HIDDEN, generator=gen) for n in lengths]  # each prompt's final hidden states
     pooler = Pooler(PoolerConfig(pooling_type, True), lambda rows: rows @ SCORE.T, {"classify": "softmax"})
@@ -81,11 +88,12 @@ def test_chunked_pooling_equals_pooling_the_whole_prompt(workload, pooling_type)
             position[i] += n
             cursor[i] += 1
         out = pooler.pool(torch.cat(hidden), [params[i] for i in rows], [pool_states[i] for i in rows],
-                          computed, scheduled, complete)  # fmt: skip
+                          computed, scheduled, complete, [prompts[i] for i in rows])  # fmt: skip
         for i, vector, done in zip(rows, out, complete):
             assert (vector is not None) is done
             if vector is not None:
                 made[i].append(vector)
     for i, vectors in made.items():
         assert len(vectors) == 1, f"prompt {i}: {len(vectors)} vectors"
-        assert torch.allclose(vectors[0], oracle(states_of[i], pooling_type, params[i]), atol=1e-5)
+        want = oracle(states_of[i], pooling_type, params[i], prompts[i])
+        assert vectors[0].shape == want.shape and torch.allclose(vectors[0], want, atol=1e-5)

@@ -120,6 +120,46 @@ def test_reward_is_each_tokens_label_distribution(classifier, folders):
     assert all(close(c.outputs.probs, r.outputs.data[-1]) for c, r in zip(last, outputs))  # LAST: the last row
 
 
+def test_step_tag_id_keeps_the_rows_of_the_tagged_prompt_positions(classifier, folders):
+    """``PoolingParams.step_tag_id`` (``pooling_params.py`` NOTE 6, vLLM's ``STEP`` pooling): a
+    process reward model's scores at each step's tag, the full ``reward``'s rows at exactly the
+    positions holding the tag, in order; through chunks of 8 tokens (the tags split across them),
+    with none (``[0, 3]``), and as the engine's ``pooler_config`` default, which a request's own
+    overrides and which ``classify`` does not read."""
+    tag = 7
+    prompts = [[5, 9, tag, 11, 12, 13, tag, 20, 21, 22, 23, 24, tag, 30, 31, 32, 33, 34, tag],  # tags in 3 chunks
+               [tag, 40, 41], [50, 51, 52, 53]]  # fmt: skip
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    whole = classifier.reward(inputs, use_tqdm=False)
+    tagged = classifier.reward(inputs, PoolingParams(step_tag_id=tag), use_tqdm=False)
+    for prompt, full, out in zip(prompts, whole, tagged):
+        at = [i for i, t in enumerate(prompt) if t == tag]
+        assert out.outputs.data.shape == (len(at), 3)
+        assert torch.allclose(out.outputs.data, full.outputs.data[at], atol=1e-6, rtol=0)
+    assert tagged[0].outputs.data.shape[0] == 4 and tagged[2].outputs.data.shape == (0, 3)
+
+    engine = LLM(str(folders["three"]), max_num_batched_tokens=8, pooler_config={"step_tag_id": tag})
+    by_default = engine.reward(inputs, use_tqdm=False)
+    assert all(torch.equal(a.outputs.data, b.outputs.data) for a, b in zip(by_default, tagged))
+    [other] = engine.reward(inputs[:1], PoolingParams(step_tag_id=11), use_tqdm=False)  # the request's own
+    assert torch.allclose(other.outputs.data, whole[0].outputs.data[[3]], atol=1e-6, rtol=0)
+    assert all(close(a.outputs.probs, torch.tensor(b.outputs.probs)) for a, b in
+               zip(engine.classify(inputs, use_tqdm=False), classifier.classify(inputs, use_tqdm=False)))  # fmt: skip
+
+
+def test_a_bad_step_tag_id_is_refused_by_name(classifier, folders):
+    with pytest.raises(ValueError, match=r"step_tag_id=7 is for the token tasks \('token_embed', 'token_classify'\), not task='classify'"):
+        classifier.classify(PROMPTS[0], PoolingParams(step_tag_id=7), use_tqdm=False)
+    with pytest.raises(ValueError, match="step_tag_id must be an int >= 0, got -1"):
+        PoolingParams(step_tag_id=-1)
+    with pytest.raises(TypeError, match="step_tag_id must be an int"):
+        PoolingParams(step_tag_id=True)
+    with pytest.raises(TypeError, match="pooler_config step_tag_id must be an int"):
+        LLM(str(folders["three"]), pooler_config={"step_tag_id": "7"})
+    with pytest.raises(ValueError, match="unknown"):
+        LLM(str(folders["three"]), pooler_config={"returned_token_ids": [1, 2]})
+
+
 # -- what a classifier cannot do, refused by name --------------------------------------
 
 

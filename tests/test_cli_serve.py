@@ -76,7 +76,7 @@ def test_serve_refuses_a_missing_folder(tmp_path):
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice and --tool-call-parser go together"),
         (["--tool-call-parser", "hermes"], "--enable-auto-tool-choice and --tool-call-parser go together"),
         (["--runner", "pooling", "--pooler-config", "{oops"], "--pooler-config must be a JSON object, got '{oops'"),
-        (["--pooler-config", '{"pooling_type": "MEAN"}'], "--pooler-config: pooler_config="),
+        (["--pooler-config", '{"pooling_type": "MEAN"}'], "needs runner='pooling': runner='auto' chose 'generate' for Qwen3ForCausalLM"),
         (["--runner", "pooling", "--pooler-config", '{"pooling_type": "SUM"}'], "--pooler-config: pooler_config pooling_type"),
         (["--runner", "pooling", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
          "--runner: runner='pooling' cannot be combined with speculative_config"),

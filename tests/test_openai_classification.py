@@ -6,6 +6,9 @@ on the same folder; and the refusals of a server whose model cannot do the route
 
 from __future__ import annotations
 
+import base64
+import struct
+
 import pytest
 import torch
 from serve_fixtures import require_serve_extra, running_server
@@ -104,3 +107,30 @@ def test_pooling_answers_any_task_the_model_does_as_llm_encode(classifier):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "task"
     bad = httpx.post(url + "/pooling", json={"input": "x", "dimensions": 2}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "dimensions"
+    bad = httpx.post(url + "/pooling", json={"input": "x", "encoding_format": "hex"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "encoding_format"
+
+
+def test_pooling_in_base64_is_the_same_floats_in_row_order(classifier):
+    """``encoding_format: "base64"`` (``pooling.py`` NOTE 2): float32 little-endian bytes of the
+    flattened tensor, a pooled task's vector or a token task's rows one after another."""
+    url, offline = classifier
+    for task in ("classify", "token_classify"):
+        [want] = offline.encode(TEXTS[1], use_tqdm=False, pooling_task=task)
+        body = {"input": TEXTS[1], "task": task, "encoding_format": "base64"}
+        [item] = httpx.post(url + "/pooling", json=body, timeout=60).json()["data"]
+        raw = base64.b64decode(item["data"])
+        values = struct.unpack(f"<{len(raw) // 4}f", raw)
+        assert torch.allclose(torch.tensor(values).reshape(want.outputs.data.shape), want.outputs.data, atol=1e-5)
+
+
+def test_a_step_tag_reward_server_answers_the_tagged_rows(folders):
+    """A server started with ``pooler_config={"step_tag_id": t}`` answers ``token_classify``
+    with the rows of the prompt positions holding ``t`` (``pooling_params.py`` NOTE 6), as the
+    offline engine does; ``classify`` is as before."""
+    llm = LLM(str(folders["three"]), pooler_config={"step_tag_id": 7}, **ENGINE)
+    prompt = [5, 7, 9, 11, 7, 13]
+    with running_server(llm, "prm") as (url, _):
+        out = httpx.post(url + "/pooling", json={"input": prompt, "task": "token_classify"}, timeout=60).json()
+    [whole] = LLM(str(folders["three"]), **ENGINE).reward({"prompt_token_ids": prompt}, use_tqdm=False)
+    assert torch.allclose(torch.tensor(out["data"][0]["data"]), whole.outputs.data[[1, 4]], atol=1e-5)

@@ -260,6 +260,7 @@ def test_dimensions_need_a_matryoshka_model(last_llm, tmp_path):
     [
         ({"runner": "embed"}, "runner must be one of"),
         ({"runner": "generate", "pooler_config": {"pooling_type": "MEAN"}}, "needs runner='pooling'"),
+        ({"runner": "auto", "pooler_config": {"pooling_type": "MEAN"}}, "needs runner='pooling': runner='auto' chose 'generate'"),
         ({"pooler_config": {"pooling_type": "MAX"}}, "pooling_type must be one of"),
         ({"pooler_config": {"pooling": "MEAN"}}, "unknown keys"),
         ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "cannot be combined with speculative_config"),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from tinyvllm.core.request_queue import check_policy
 from tinyvllm.sampling_params import MAX_LOGPROBS
-from tinyvllm.validation import check_token_ids
+from tinyvllm.validation import check_optional_int, check_token_ids
 
 if TYPE_CHECKING:
     from tinyvllm.models.loader import ModelSpec
@@ -308,23 +308,29 @@ class PoolerConfig:
         normalize: L2-normalise each vector (a request's ``PoolingParams.normalize`` may
             override it). None: whether the folder's sentence-transformers modules end in
             ``Normalize``, else True (vLLM's default for embeddings).
+        step_tag_id: a token task keeps only the rows of the prompt positions holding this
+            token id (vLLM's step pooling: a process reward model scores each step at the tag
+            that ends it); a request's ``PoolingParams.step_tag_id`` may override it. None:
+            every row.
     """
 
     pooling_type: str | None = None
     normalize: bool | None = None
+    step_tag_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooler_config pooling_type must be one of {POOLING_TYPES} or None, got {self.pooling_type!r}")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise TypeError(f"pooler_config normalize must be a bool or None, got {self.normalize!r}")
+        object.__setattr__(self, "step_tag_id", check_optional_int("pooler_config step_tag_id", self.step_tag_id, 0))
 
     @classmethod
     def from_dict(cls, config: Mapping[str, object]) -> "PoolerConfig":
         """Build from a dict like vLLM's ``--pooler-config``; unknown keys are a ValueError."""
         if not isinstance(config, Mapping):
             raise TypeError(f"pooler_config must be a dict, got {config!r}")
-        check_known_keys("pooler_config", config, {"pooling_type", "normalize"})
+        check_known_keys("pooler_config", config, {"pooling_type", "normalize", "step_tag_id"})
         return cls(**config)
 # --8<-- [end:pooler_config]
 

@@ -13,8 +13,9 @@ Fields: ``task`` (NOTE 3; None: the entry point's, ``embed`` / ``classify`` / ``
 ``dimensions`` (embed only; None: the whole hidden size; k: the first k values, vLLM's
 matryoshka truncation, NOTE 1), ``use_activation`` (None: on; embed: L2-normalise after
 truncation, NOTE 2; classify and score: the model's activation, ``pooling_spec.py`` NOTE 1),
-``normalize`` (embed's older name for it, vLLM's), ``truncate_prompt_tokens`` (NOTE 5);
-``skip_reading_prefix_cache`` is the engine's, set when it resolves the params (NOTE 4).
+``normalize`` (embed's older name for it, vLLM's), ``truncate_prompt_tokens`` (NOTE 5),
+``step_tag_id`` (the token tasks, NOTE 6); ``skip_reading_prefix_cache`` is the engine's,
+set when it resolves the params (NOTE 4).
 
 Invariants: an instance is frozen; ``dimensions`` is None or an int >= 1; ``normalize`` and
 ``use_activation`` are None or bools and do not contradict each other. Whether the task and
@@ -46,6 +47,11 @@ NOTE 5 (truncation, vLLM's ``truncate_prompt_tokens``): k >= 1 keeps a prompt's 
 last ``max_model_len``; the input processor cuts before it checks the length, so a document
 longer than the context is embedded from its end instead of refused. A k over
 ``max_model_len`` is a ValueError naming it.
+NOTE 6 (step tags, vLLM's ``STEP`` pooling): a process reward model is given a solution whose
+steps each end in a tag token, and its score of a step is its row at that tag. With
+``step_tag_id`` a token task keeps only the rows of the prompt positions holding that id, in
+order (none: a ``[0, C]`` result); the engine's ``PoolerConfig.step_tag_id`` is the default of
+a token task's request. Another task given one is a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ class PoolingModel:
     score_activation: str = "sigmoid"
     use_pad_token: bool = True
     labels: tuple[str, ...] | None = None  # a classifier's label names by id
+    step_tag_id: int | None = None  # the engine's PoolerConfig's: a token task's default (NOTE 6)
 
 
 @dataclass(frozen=True)
@@ -93,9 +100,11 @@ class PoolingParams:
     task: str | None = None  # NOTE 3; None: the entry point's
     truncate_prompt_tokens: int | None = None  # NOTE 5: None, -1 or k >= 1
     skip_reading_prefix_cache: bool = False  # NOTE 4: the engine's, from its pooling type
+    step_tag_id: int | None = None  # NOTE 6: a token task's rows at this prompt token only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dimensions", check_optional_int("dimensions", self.dimensions, 1))
+        object.__setattr__(self, "step_tag_id", check_optional_int("step_tag_id", self.step_tag_id, 0))
         check_bool("skip_reading_prefix_cache", self.skip_reading_prefix_cache)
         for name in ("normalize", "use_activation"):
             if getattr(self, name) is not None:
@@ -146,5 +155,8 @@ def resolve_pooling_params(label: str, params: PoolingParams, model: PoolingMode
     embeds = task in ("embed", "token_embed")
     activation = (model.normalize if embeds else True) if chosen is None else chosen
     normalize = activation if embeds else None
+    if params.step_tag_id is not None and task not in TOKEN_TASKS:  # NOTE 6
+        raise ValueError(f"{label}: step_tag_id={params.step_tag_id} is for the token tasks {TOKEN_TASKS}, not task={task!r}")
+    step_tag_id = params.step_tag_id if params.step_tag_id is not None or task not in TOKEN_TASKS else model.step_tag_id
     skip = model.pooling_type != "LAST" or task in TOKEN_TASKS  # NOTE 4
-    return PoolingParams(dimensions, normalize, activation, task, params.truncate_prompt_tokens, skip)
+    return PoolingParams(dimensions, normalize, activation, task, params.truncate_prompt_tokens, skip, step_tag_id)

@@ -54,9 +54,9 @@ schedule a step while the last one runs (``core/async_scheduler.py``); with spec
 decoding the runner proposes the drafts (its NOTE 6). ``scheduling_policy`` ("fcfs",
 "priority": ``core/request_queue.py``) is vLLM's ``--scheduling-policy``.
 NOTE 12 (pooling, ``docs/pooling.md``): ``runner`` "auto" is "pooling" for a classifier (no LM
-head: "generate" is refused), else "generate"; "pooling" refuses drafts and custom logits
-processors (seed 001 ch. 11); ``pooler_config``'s unset fields come from the folder
-(``models/pooling_spec.py``); ``hf_overrides`` is laid over config.json (``loader.py`` NOTE 8).
+head: "generate" is refused), else "generate" (a ``pooler_config`` is then refused); "pooling"
+refuses drafts and custom logits processors (seed 001 ch. 11); ``pooler_config``'s unset fields
+come from the folder (``models/pooling_spec.py``); ``hf_overrides`` over config.json (``loader.py`` NOTE 8).
 """
 
 from __future__ import annotations
@@ -292,7 +292,8 @@ class EngineArgs:
         spec = load_model_spec(model, hf_overrides)
         runner, pooler_config = check_runner(runner, pooler_config, speculative_config, logits_processors, spec)
         pooling = None if pooler_config is None else resolve_pooling_model(
-            pooler_config.pooling_type, pooler_config.normalize, model, spec.hidden_size, spec.labels, hf_overrides)  # fmt: skip
+            pooler_config.pooling_type, pooler_config.normalize, model, spec.hidden_size, spec.labels, hf_overrides,
+            pooler_config.step_tag_id)  # fmt: skip
         torch_dtype = resolve_dtype(dtype, spec, device.type)
         check_tensor_parallel_size(
             tensor_parallel_size, spec.num_attention_heads, spec.num_key_value_heads, spec.intermediate_size
@@ -330,7 +331,8 @@ class EngineArgs:
             ModelConfig(
                 model, spec, str(torch_dtype).removeprefix("torch."), attention_backend, seed,
                 logits_processors, max_logprobs, generation_config, runner,
-                None if pooling is None else PoolerConfig(pooling.pooling_type, pooling.normalize), pooling, hf_overrides,
+                None if pooling is None else PoolerConfig(pooling.pooling_type, pooling.normalize, pooling.step_tag_id),
+                pooling, hf_overrides,
             ),
             DeviceConfig(str(device), gpu_memory_utilization, num_gpu_blocks_override, torch_threads),
             ParallelConfig(tensor_parallel_size, executor_backend),
@@ -352,13 +354,16 @@ def check_runner(
         pooler_config = PoolerConfig.from_dict(pooler_config)
     elif pooler_config is not None and not isinstance(pooler_config, PoolerConfig):
         raise TypeError(f"pooler_config must be a dict, a PoolerConfig or None, got {pooler_config!r}")
-    if pooler_config is not None and runner != "pooling":
+    if pooler_config is not None and runner == "generate":
         raise ValueError(f"pooler_config={pooler_config!r} needs runner='pooling', got runner={runner!r}")
     classifier = spec is not None and spec.labels is not None
     if runner == "auto":
         if spec is None:
-            return runner, None
+            return runner, pooler_config
         runner = "pooling" if classifier else "generate"
+        if runner == "generate" and pooler_config is not None:  # a causal LM: it generates unless told to pool
+            raise ValueError(f"pooler_config={pooler_config!r} needs runner='pooling': runner='auto' chose 'generate' "
+                             f"for {spec.architecture}, which has an LM head")  # fmt: skip
     if runner == "generate":
         if classifier:
             raise ValueError(f"runner='generate': {spec.architecture} has a score head and no LM head, so it cannot "

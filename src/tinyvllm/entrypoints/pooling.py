@@ -16,8 +16,12 @@ model (``resolve_pooling_params``) before any engine request exists, a 400 namin
 
 NOTE 1 (fields): ``PoolingInputRequest``'s (``input`` as for embeddings, ``truncate_prompt_tokens``,
 ``add_special_tokens``, ``request_id``, ``priority``) with ``task``, ``dimensions``,
-``normalize`` and ``use_activation``; the data are JSON floats (``encoding_format`` is not
-taken: a 400 naming it, as any unknown field).
+``normalize``, ``use_activation`` and ``encoding_format``. A step-tag reward model's
+``step_tag_id`` is the server's (``--pooler-config``), as in vLLM.
+NOTE 2 (``encoding_format: "base64"``, vLLM's): the tensor flattened in row order, float32
+little-endian, base64-encoded (``embeddings.py`` NOTE 1), so a token task's ``[T, C]`` comes
+back as ``T * C`` floats; the client knows ``C`` (the model's labels or hidden size).
+vLLM's ``embed_dtype`` and ``endianness`` options are left out.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from tinyvllm.entrypoints.embeddings import pool_inputs, pooling_answer
+from tinyvllm.entrypoints.embeddings import encoded, pool_inputs, pooling_answer
 from tinyvllm.entrypoints.protocol import PoolingRequest, RequestError
 from tinyvllm.entrypoints.serving import OpenAIServing
 from tinyvllm.pooling_params import POOLING_TASKS, PoolingParams, resolve_pooling_params
@@ -42,6 +46,11 @@ def _params(serving: OpenAIServing, body: PoolingRequest) -> PoolingParams:
     return params
 
 
+def _data(tensor, encoding_format: str | None) -> list | str:
+    """One result as the body asks: nested JSON floats, or base64 of its values in row order (NOTE 2)."""
+    return encoded(tensor.flatten().tolist(), "base64") if encoding_format == "base64" else tensor.tolist()
+
+
 # --8<-- [start:create_pooling]
 async def create_pooling(serving: OpenAIServing, body: PoolingRequest, raw_request: Request, request_id: str,
                          arrival: float):  # fmt: skip
@@ -51,6 +60,6 @@ async def create_pooling(serving: OpenAIServing, body: PoolingRequest, raw_reque
                                 "Pooling API", POOLING_TASKS)  # fmt: skip
     if isinstance(outputs, Response):
         return outputs  # the client left
-    data = [{"index": i, "object": "pooling", "data": out.outputs.data.tolist()} for i, out in enumerate(outputs)]
+    data = [{"index": i, "object": "pooling", "data": _data(out.outputs.data, body.encoding_format)} for i, out in enumerate(outputs)]
     return pooling_answer(serving, response_id, data, outputs)
 # --8<-- [end:create_pooling]

@@ -495,4 +495,5 @@ class PoolingRequest(PoolingInputRequest):
     dimensions: int | None = None
     normalize: bool | None = None
     use_activation: bool | None = None
+    encoding_format: Literal["float", "base64"] | None = None  # None: "float"; base64: pooling.py NOTE 2
 # --8<-- [end:embedding_request]

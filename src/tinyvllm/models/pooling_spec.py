@@ -145,7 +145,7 @@ def read_pooling_spec(folder: str | Path, overrides: Mapping[str, Any] | None = 
 
 def resolve_pooling_model(
     pooling_type: str | None, normalize: bool | None, folder: str | Path, hidden_size: int,
-    labels: tuple[str, ...] | None, overrides: Mapping[str, Any] | None = None,
+    labels: tuple[str, ...] | None, overrides: Mapping[str, Any] | None = None, step_tag_id: int | None = None,
 ) -> PoolingModel:
     """What a pooling engine's model does (``PoolingModel``): the user's ``pooling_type`` and
     ``normalize`` where given, else the folder's, else vLLM's defaults (LAST, normalised), and
@@ -156,5 +156,5 @@ def resolve_pooling_model(
     normalize = next(v for v in (normalize, found.normalize, True) if v is not None)
     return PoolingModel(
         hidden_size, pooling_tasks(None if labels is None else len(labels)), pooling_type, normalize,
-        found.matryoshka, found.classify_activation, found.score_activation, found.use_pad_token, labels,
+        found.matryoshka, found.classify_activation, found.score_activation, found.use_pad_token, labels, step_tag_id,
     )  # fmt: skip

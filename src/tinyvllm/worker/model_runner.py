@@ -422,7 +422,8 @@ class ModelRunner:
         step.pending_prompt_logprobs = pending
         if self.pooler is not None:  # NOTE 13: vectors, no token, nothing for the sampler
             step.pooled = self.pooler.pool(
-                hidden, [s.pooling_params for s in states], [s.pooling_state for s in states], computed, num_sched, step.complete
+                hidden, [s.pooling_params for s in states], [s.pooling_state for s in states], computed, num_sched, step.complete,
+                [s.prompt_token_ids for s in states],
             )  # fmt: skip
             step.tokens = [[] for _ in req_ids]
         elif self.speculative:  # NOTE 9: decided when read back

@@ -37,6 +37,9 @@ NOTE 5 (token tasks): ``token_embed`` and ``token_classify`` pool nothing (vLLM'
 whatever the engine's pooling type: the state keeps a copy of each chunk's rows and the
 step that ends the prompt finishes all of them at once, ``[T, dims]`` or ``[T, num_labels]``
 (the activation per row: softmax over a row's labels).
+NOTE 6 (step tags, ``pooling_params.py`` NOTE 6): with ``step_tag_id`` a token task keeps, of
+each chunk, only the rows of the positions whose prompt token is the tag (``tagged_rows``), so
+its state holds those rows alone and the finish sees ``[K, hidden]``, K the tags in the prompt.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class PoolingState:
 
     total: torch.Tensor | None = None  # MEAN: [hidden] float32, the sum of the positions so far
     first: torch.Tensor | None = None  # CLS: [hidden] float32, position 0's hidden state
-    rows: list[torch.Tensor] | None = None  # a token task's: each chunk's [n, hidden], copies (NOTE 5)
+    rows: list[torch.Tensor] | None = None  # a token task's: each chunk's [n, hidden], copies (NOTE 5, 6)
 
 
 # --8<-- [start:head]
@@ -70,6 +73,14 @@ def embedding_head(vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
         vector = torch.nn.functional.normalize(vector, p=2.0, dim=-1)
     return vector
 # --8<-- [end:head]
+
+# --8<-- [start:tagged_rows]
+def tagged_rows(prompt_token_ids: Sequence[int], start: int, num_tokens: int, step_tag_id: int) -> list[int]:
+    """NOTE 6: the rows of a chunk of positions ``start .. start + num_tokens - 1`` whose prompt
+    token is ``step_tag_id``, counted from the chunk's first."""
+    return [i for i, t in enumerate(prompt_token_ids[start : start + num_tokens]) if t == step_tag_id]
+# --8<-- [end:tagged_rows]
+
 
 # NOTE 3: the activations a classifier's folder may ask for, over [num_labels] float32 logits
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -105,7 +116,8 @@ class Pooler:
             return embedding_head(vector.to(torch.float32, copy=True), params)  # NOTE 4
         if self.classifier is None:
             raise ValueError(f"task={params.task!r} needs a classifier's score head; this model embeds")
-        logits = self.classifier(vector.reshape(-1, vector.shape[-1])).reshape(*vector.shape[:-1], -1)  # NOTE 3
+        logits = self.classifier(vector.reshape(-1, vector.shape[-1]))  # NOTE 3: [R, num_labels]
+        logits = logits.reshape(*vector.shape[:-1], logits.shape[-1])  # (a [0, hidden] step-tag result: [0, num_labels])
         activation = self.activations["classify" if params.task == "token_classify" else params.task]
         return ACTIVATIONS[activation](logits) if params.use_activation else logits
     # --8<-- [end:finish]
@@ -119,15 +131,18 @@ class Pooler:
         computed: Sequence[int],  # each row's first position this step
         num_scheduled: Sequence[int],
         complete: Sequence[bool],  # the step reaches the end of the row's prompt
+        prompts: Sequence[Sequence[int]] = (),  # each row's prompt token ids (read for step tags, NOTE 6)
     ) -> list[torch.Tensor | None]:
         """Fold each row's chunk into its state; a finished row's vector ([dims] float32)."""
         out: list[torch.Tensor | None] = []
         start = 0
-        for p, state, c, n, done in zip(params, states, computed, num_scheduled, complete):
+        for i, (p, state, c, n, done) in enumerate(zip(params, states, computed, num_scheduled, complete)):
             chunk = hidden[start : start + n]  # [n, hidden]: positions c .. c + n - 1
             start += n
-            if p.task in TOKEN_TASKS:  # NOTE 5: every position
-                rows = [chunk.clone()] if c == 0 or state.rows is None else [*state.rows, chunk.clone()]
+            if p.task in TOKEN_TASKS:  # NOTE 5: every position (NOTE 6: or its step tags')
+                keep = None if p.step_tag_id is None else tagged_rows(prompts[i], c, n, p.step_tag_id)
+                part = chunk.clone() if keep is None else chunk[torch.tensor(keep, dtype=torch.long, device=chunk.device)]  # a copy
+                rows = [part] if c == 0 or state.rows is None else [*state.rows, part]
                 state.rows = rows
                 out.append(self.finish(torch.cat(rows), p) if done else None)
                 continue
