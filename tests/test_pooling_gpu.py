@@ -82,3 +82,33 @@ def test_cls_pooling_on_cuda_graphs_keeps_its_first_row(tiny_model_dirs):
             assert (output.outputs.data - ref).abs().max().item() < 1e-4
     finally:
         llm.shutdown()
+
+
+def test_token_tasks_on_cuda_graphs_keep_every_row_or_the_tagged_ones(tmp_path):
+    """``reward`` (``token_classify``) on CUDA under the default PIECEWISE graphs, prompts longer
+    than the token budget: every row equals transformers' head on its decoder's hidden states,
+    and with a step tag (``pooling_params.py`` NOTE 6) the rows kept are those at the tag, copied
+    out of the graph's buffer before the next replay rewrites it (``pooler.py`` NOTE 4, 6)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tinyvllm import PoolingParams
+    from tinyvllm.models.tiny import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "prm", "qwen3", num_labels=2)
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32).cuda().eval()
+    tag = PROMPTS[2][5]  # a token of the 40-token prompt; wherever it occurs, a step ends
+    with torch.no_grad():
+        reference = [torch.softmax(model.score(model.model(torch.tensor([ids], device="cuda")).last_hidden_state[0]), -1).cpu()
+                     for ids in PROMPTS]  # fmt: skip
+    llm = LLM(str(folder), device="cuda", dtype="float32", max_num_batched_tokens=16, max_num_seqs=8)
+    try:
+        inputs = [{"prompt_token_ids": p} for p in PROMPTS]
+        every = llm.reward(inputs, use_tqdm=False)
+        tagged = llm.reward(inputs, PoolingParams(step_tag_id=tag), use_tqdm=False)
+        for prompt, whole, out, ref in zip(PROMPTS, every, tagged, reference):
+            at = [i for i, t in enumerate(prompt) if t == tag]
+            assert (whole.outputs.data - ref).abs().max().item() < 1e-4
+            assert out.outputs.data.shape == (len(at), 2) and torch.allclose(out.outputs.data, ref[at], atol=1e-4)
+        assert tagged[2].outputs.data.shape[0] >= 1
+    finally:
+        llm.shutdown()
