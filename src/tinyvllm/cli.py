@@ -9,7 +9,7 @@
 (seconds running requests may go on after SIGTERM), ``--enable-auto-tool-choice
 --tool-call-parser hermes`` (vLLM's pair, for ``tool_choice: "auto"``), ``--reasoning-parser NAME``
 (chat's ``reasoning``, ``entrypoints/reasoning.py``), ``--runner pooling [--pooler-config JSON]``
-(``/v1/embeddings``, ``/score``, ``/rerank``: ``entrypoints/``); a bad value is one line, exit status 2.
+(``/v1/embeddings``, ``/score``, ``/rerank``, ``/pooling``, a classifier's ``/classify``); a bad value is one line, exit status 2.
 ``tinyvllm generate --prompt TEXT [--model DIR|ID] [--revision R] [...]`` prints the
 completion, then one line of figures: prompt and generated tokens, seconds, generated
 tokens per second, and prompt tokens served from the prefix cache. With ``--chat`` the
@@ -171,7 +171,7 @@ def _add_serve(sub) -> None:
         help="split chat answers into reasoning and content at the think end token: qwen3 or deepseek_r1",
     )  # fmt: skip
     p.add_argument("--runner", default="auto", choices=RUNNERS, help="pooling: serve /v1/embeddings, /score and /rerank (default auto: pooling for a *ForSequenceClassification model, /classify too; else generate)")
-    p.add_argument("--pooler-config", default=None, metavar="JSON", help='with --runner pooling, e.g. \'{"pooling_type": "MEAN"}\'')
+    p.add_argument("--pooler-config", default=None, metavar="JSON", help='with --runner pooling (or auto on a classifier), e.g. \'{"pooling_type": "MEAN"}\'')
     # --8<-- [end:serve_args]
     add_engine_args(p)
 

@@ -19,7 +19,8 @@ anything runs"):
 
 This module is the bottom layer: it imports nothing of tinyvllm (``SamplingParams`` builds on it).
 
-Left out: vLLM's structured-output, LoRA and multimodal checks (none of those exist here).
+Left out: vLLM's LoRA and multimodal checks (neither exists here); a structured-output
+request is checked by the input processor (``engine/input_processor.py`` NOTE 6).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ waiting for outputs that will never come.
 NOTE 3 (child seeds): ``seed + i``, as vLLM, wrapped into the int64 range that
 ``SamplingParams.seed`` accepts (``child_seed``), so every accepted seed works with any n:
 ``2**63 - 1`` gives its second child ``-2**63``.
-Left out: ``best_of`` (gone from vLLM V1), beam search.
+Left out: ``best_of`` (gone from vLLM V1); beam search is ``beam_search.py``'s.
 """
 
 from __future__ import annotations

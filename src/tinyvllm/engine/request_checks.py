@@ -10,7 +10,8 @@ model's own sampling defaults.
 
 Mirrors: ``vllm/v1/engine/processor.py`` (``Processor._validate_params``,
 ``_validate_logprobs``, the token-id checks of ``_validate_model_inputs``).
-Left out: structured outputs, LoRA, multimodal inputs.
+Left out: LoRA and multimodal inputs; structured outputs are checked by the input processor
+(``input_processor.py`` NOTE 6).
 """
 
 from __future__ import annotations
