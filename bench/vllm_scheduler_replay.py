@@ -299,8 +299,8 @@ KNOWN = {
     "step (later vLLM gives them back, as tinyvllm does)",
     "lone_prefill_uncapped": "vLLM after the documents: the long-prefill threshold does not cap a request that is "
     "the only one running or waiting (tinyvllm caps every prefill, as the documents)",
-    "goes_on_after_its_own_preemption": "vLLM after the documents: when the request being scheduled is itself the "
-    "victim, the running requests after it are still scheduled (tinyvllm stops the step there, as the documents)",
+    "stops_at_its_own_preemption": "vLLM 0.11: when the request being scheduled is itself the priority victim, the "
+    "step stops there (later vLLM, and tinyvllm, still schedule the running requests after it)",
     "skips_an_unfitting_prompt": "vLLM 0.11, chunked prefill off: a waiting request whose prompt exceeds the budget "
     "is passed over and those behind it admitted, which also reorders the queue (later vLLM stops there, as tinyvllm)",
 }
@@ -337,9 +337,8 @@ def known_difference(a: Step, b: Step, w: Workload) -> str | None:
     """Which of ``KNOWN`` explains the first differing step ``a`` (tinyvllm) and ``b`` (vLLM); None: none does."""
     if set(dict(b.scheduled)) & set(b.preempted) and not set(dict(a.scheduled)) & set(a.preempted):
         return "victim_keeps_its_tokens"
-    if a.preempted and a.preempted == b.preempted and len(b.scheduled) > len(a.scheduled) == len(
-            [x for x in a.scheduled if x in b.scheduled]) and b.scheduled[: len(a.scheduled)] == a.scheduled:
-        return "goes_on_after_its_own_preemption"  # vLLM's step is tinyvllm's, then more running requests
+    if a.preempted and a.preempted == b.preempted and len(a.scheduled) > len(b.scheduled) and a.scheduled[: len(b.scheduled)] == b.scheduled:
+        return "stops_at_its_own_preemption"  # tinyvllm's step is vLLM's, then more running requests
     running = [x for x in a.scheduled if x[0] not in {r for r, *_ in a.admitted}]
     if not w.enable_chunked_prefill and running == [x for x in b.scheduled if x[0] not in {r for r, *_ in b.admitted}]:
         return "skips_an_unfitting_prompt"  # the running requests' part agrees; the admissions do not

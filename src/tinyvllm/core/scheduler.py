@@ -22,10 +22,9 @@ One step (``schedule``):
 3. advance every scheduled request's ``num_computed_tokens`` at once, so the runner and
    ``update_from_output`` see the step's end state.
 
-Invariants (``check_invariants``): every unfinished request is in exactly one of
-``waiting`` and ``running``; running requests have status RUNNING; a request in
-``waiting`` holds no blocks and has no computed tokens; ``len(running) <= max_num_seqs``;
-the KV cache manager's invariants hold.
+Invariants (``check_invariants``): every unfinished request is in exactly one of ``waiting`` and
+``running``; running requests have status RUNNING; a waiting request holds no blocks and has no
+computed tokens; ``len(running) <= max_num_seqs``; the KV cache manager's invariants hold.
 
 NOTE 1 (preemption is recompute): a preempted request frees all its blocks, drops to
 ``num_computed_tokens = 0`` and goes to the front of the waiting queue. Its block
@@ -54,8 +53,9 @@ token this step, rather than a token it banned.
 NOTE 6 (structured outputs): a request whose grammar still compiles (``WAITING_FOR_FSM``) is passed
 over and keeps its place; the engine adds the step's bitmask (``structured_output/manager.py``).
 NOTE 7 (``policy="priority"``, ``core/request_queue.py``): waiting requests go by (priority, arrival);
-the victim is the running request of the largest key. One scheduled earlier in this step gives
-its tokens back, and the blocks it cached this step leave the prefix cache (no KV).
+the victim is the running request of the largest key: one scheduled earlier in this step gives its
+tokens back and the blocks it cached this step leave the prefix cache (no KV); if it is the request
+being scheduled, the requests after it, which rank higher, are still scheduled (today's vLLM).
 NOTE 8 (pooling, ``request.py``): the step that ends a pooling request's prompt brings its vector
 (``pooler_output``), not a token, and it finishes there. Left out: encoder inputs, KV transfer.
 """
@@ -284,8 +284,8 @@ class Scheduler:
                     token_budget += num_scheduled.pop(victim.request_id)
                     for book in (new_block_ids, start_tokens, spec_tokens):
                         book.pop(victim.request_id, None)
-            if new_blocks is None:
-                break
+            if new_blocks is None:  # NOTE 7: it preempted itself; the cursor is on the next one
+                continue
             running_reqs.append(request)
             new_block_ids[request.request_id] = tuple(b.block_id for b in new_blocks) if new_blocks else ()
             num_scheduled[request.request_id] = num_new + len(drafts)
