@@ -44,7 +44,7 @@ from tinyvllm.core.scheduler import Scheduler as TinyScheduler  # noqa: E402
 from tinyvllm.outputs import ModelRunnerOutput as TinyModelRunnerOutput  # noqa: E402
 from tinyvllm.request import Request as TinyRequest  # noqa: E402
 from tinyvllm.sampling_params import SamplingParams as TinySamplingParams  # noqa: E402
-from tinyvllm.trace.workloads import fake_next_token  # noqa: E402
+from tinyvllm.trace.workloads import fake_samples  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,7 @@ def run_tinyvllm(w: Workload, max_steps: int = 2000) -> list[Step]:
         record.new_blocks = [(d.req_id, tuple(d.new_block_ids)) for d in out.scheduled_cached_reqs if not d.resumed_from_preemption]
         record.preempted = sorted(out.preempted_req_ids)
         ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            r = scheduler.requests[rid]
-            sampled.append([fake_next_token(r.all_token_ids)] if r.num_computed_tokens == r.num_tokens else [])
+        sampled = fake_samples(scheduler.requests, ids)
         outputs = scheduler.update_from_output(out, TinyModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)}, sampled))
         record.finished = sorted(o.request_id for o in outputs if o.finish_reason is not None)
         steps.append(record)
@@ -228,11 +225,7 @@ class VllmSide:
                     record.new_blocks.append((rid, ids))
             record.admitted = sorted(admitted)
             ids = list(out.num_scheduled_tokens)
-            sampled = []
-            for rid in ids:
-                r = scheduler.requests[rid]
-                sampled.append([fake_next_token(list(r.all_token_ids))] if r.num_computed_tokens == r.num_tokens else [])
-            runner_output = self._runner_output(ids, sampled)
+            runner_output = self._runner_output(ids, fake_samples(scheduler.requests, ids))
             engine_outputs = scheduler.update_from_output(out, runner_output)
             record.finished = sorted(o.request_id for outs in engine_outputs.values() for o in outs.outputs
                                      if o.finish_reason is not None)  # fmt: skip
@@ -400,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                "known_differences": counts, "known": KNOWN, "unexplained": unexplained,
                "steps_compared": sum(r["first_difference"]["step"] if not r["same"] else r["steps"] for r in results),
                "seconds": round(time.perf_counter() - start, 1), "results": results}  # fmt: skip
-    out.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    head = json.dumps({k: v for k, v in summary.items() if k != "results"}, indent=1)
+    lines = ",\n".join("  " + json.dumps(r) for r in results)  # one workload a line
+    out.write_text(f'{head[:-2]},\n "results": [\n{lines}\n ]\n}}\n', encoding="utf-8")
     print(f"vLLM {vllm.__version__}: {summary['same']} of {summary['workloads']} workloads decided alike, step for step; "
           f"known differences {counts}; unexplained {len(unexplained)}")  # fmt: skip
     return 0 if not unexplained else 1

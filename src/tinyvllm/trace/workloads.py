@@ -53,7 +53,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,13 @@ def fake_next_token(token_ids: list[int]) -> int:
     return h % 1000
 
 
+def fake_samples(requests: Mapping[str, Any], request_ids: Iterable[str]) -> list[list[int]]:
+    """What the fake model samples for each request a step ran: its next token when the step
+    reached the end of the request's tokens, else nothing (a partial prefill)."""
+    return [[fake_next_token(list(r.all_token_ids))] if (r := requests[rid]).num_computed_tokens == r.num_tokens else []
+            for rid in request_ids]  # fmt: skip
+
+
 def run_scheduler(
     rec: Recorder, scheduler: Scheduler, arrivals: dict[int, list[Request]], labels: dict[int, tuple[str, str]] | None = None
 ) -> Trace:
@@ -155,10 +162,7 @@ def run_scheduler(
             scheduler.add_request(request)
         out = scheduler.schedule()
         ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            r = scheduler.requests[rid]
-            sampled.append([fake_next_token(r.all_token_ids)] if r.num_computed_tokens == r.num_tokens else [])
+        sampled = fake_samples(scheduler.requests, ids)
         core = scheduler.update_from_output(out, ModelRunnerOutput(ids, {rid: i for i, rid in enumerate(ids)}, sampled))
         label, note = (labels or {}).get(step, (f"step {step}", ""))
         rec.capture(label, note, scheduler_output=out, core_outputs=core)
