@@ -62,3 +62,32 @@ def test_without_vllm_the_script_says_so_in_one_line(tmp_path):
                              "--out", str(tmp_path / "r.json")], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert result.returncode == 2 and not (tmp_path / "r.json").exists()
     assert result.stderr.count("\n") == 1 and "vLLM's Python source is not importable" in result.stderr
+
+
+def test_the_fake_proposer_is_right_up_to_the_position_the_tokens_choose():
+    """``fake_drafts`` guesses the fake model's next k tokens and gets them wrong from a position
+    the tokens choose; ``verified`` keeps exactly the right ones, then the target's own token."""
+    kept_counts = set()
+    for start in range(40):
+        tokens = [start, start + 3, 7]
+        drafts = replay.fake_drafts(tokens, 4, room=10)
+        out = replay.verified(tokens, drafts)
+        seq = list(tokens)
+        for t in out:  # every token the target returns is the fake model's own next one
+            assert t == replay.fake_next_token(seq)
+            seq.append(t)
+        kept = len(out) - 1
+        assert drafts[:kept] == out[:kept] and (kept == 4 or drafts[kept] != out[kept])
+        kept_counts.add(kept)
+    assert kept_counts == {0, 1, 2, 3, 4}  # every acceptance length occurs
+    assert replay.fake_drafts([1, 2], 4, room=2) == replay.fake_drafts([1, 2], 4, room=10)[:2]
+
+
+def test_the_tinyvllm_side_verifies_drafts_within_the_budget():
+    [workload] = [w for w in replay.hand_written() if w.name == "drafts in the budget"]
+    steps = replay.run_tinyvllm(workload)
+    drafted = [(i, rid, n) for i, s in enumerate(steps) for rid, n in s.drafts]
+    assert drafted and all(n <= 3 for *_, n in drafted)
+    for s in steps:
+        assert sum(n for _, n in s.scheduled) <= workload.max_num_batched_tokens
+        assert all(dict(s.scheduled)[rid] == 1 + n for rid, n in s.drafts)  # one real token and its drafts

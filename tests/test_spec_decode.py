@@ -589,3 +589,28 @@ def test_a_seeded_stream_does_not_depend_on_how_many_drafts_the_budget_leaves(ti
     assert run(spec, [LOOP], seeded(16))[0] == without
     assert spec.engine.scheduler.spec_stats.num_draft_tokens > 0
 # --8<-- [end:seeded_streams]
+
+
+def test_a_request_the_step_did_not_run_keeps_its_drafts(tiny_model_dirs):
+    """The drafts of a request the budget left out of a step stay for the step that runs it: its
+    tokens did not move, so they still guess its next ones. vLLM's runner proposes for the
+    requests of its batch only, so theirs stay too (found by ``bench/vllm_scheduler_replay.py``);
+    tinyvllm cleared every running request's drafts after each step. A proposer that always
+    guesses three tokens makes the case: budget 8, three prompts of 3, 3 and 2 tokens all
+    sample in step 0; in step 1 requests 0 and 1 take 1 + 3 tokens each, and 2 waits."""
+    spec = make_llm(tiny_model_dirs["qwen3"], max_num_batched_tokens=8, max_num_seqs=3)
+    engine, scheduler = spec.engine, spec.engine.scheduler
+    engine.proposer.propose_batch = lambda requests: [[5, 6, 7] for _ in requests]
+    for i, prompt in enumerate([[11, 12, 13], [21, 22, 23], [31, 32]]):
+        engine.add_request(str(i), prompt, greedy(6))
+    scheduled = []
+    real_schedule = scheduler.schedule
+    scheduler.schedule = lambda: scheduled.append(out := real_schedule()) or out
+    engine.step()
+    assert [scheduler.requests[str(i)].spec_token_ids for i in range(3)] == [[5, 6, 7]] * 3
+    engine.step()
+    assert dict(scheduled[1].num_scheduled_tokens) == {"0": 4, "1": 4}  # request 2 left out
+    assert scheduler.requests["2"].spec_token_ids == [5, 6, 7]
+    while "2" not in scheduled[-1].num_scheduled_tokens:
+        engine.step()
+    assert scheduled[-1].scheduled_spec_decode_tokens["2"] == (5, 6, 7)  # verified when it runs at last

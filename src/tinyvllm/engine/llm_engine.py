@@ -311,7 +311,7 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
                     if (request := self.scheduler.requests.get(out.request_id)) is not None and request.use_structured_output:
                         self.structured_output_manager.advance(request, out.new_token_ids)
             if self.proposer is not None:
-                self._propose_drafts(core_outputs)  # NOTE 7: the next step verifies them
+                self._propose_drafts(core_outputs, scheduler_output)  # NOTE 7: the next step verifies them
             outputs, stopped = self.output_processor.process_outputs(core_outputs)
             if stopped:  # NOTE 2: a stop string finished them
                 self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
@@ -391,13 +391,15 @@ class LLMEngine(StepObservers):  # NOTE 8: add_observer, remove_observer
                    for rid in scheduler_output.num_scheduled_tokens)  # fmt: skip
 
     # --8<-- [start:propose]
-    def _propose_drafts(self, core_outputs: list[EngineCoreOutput]) -> None:
+    def _propose_drafts(self, core_outputs: list[EngineCoreOutput], scheduler_output: SchedulerOutput) -> None:
         """NOTE 7: drafts for every request that sampled a token this step and runs on,
         searched for all of them at once (``ngram_proposer.py`` NOTE 2). A request that only
-        computed a chunk of its prompt sampled nothing and gets none, as in vLLM."""
-        for request in self.scheduler.running:
-            request.spec_token_ids = []
+        computed a chunk of its prompt sampled nothing and gets none, as in vLLM; one the step
+        did not run keeps its own, as its tokens did not move (vLLM: the batch's requests only)."""
         requests = self.scheduler.requests
+        for rid in scheduler_output.num_scheduled_tokens:
+            if (request := requests.get(rid)) is not None:
+                request.spec_token_ids = []
         decoding = [requests[out.request_id] for out in core_outputs if out.new_token_ids and out.finish_reason is None]
         for request, drafts in zip(decoding, self.proposer.propose_batch(decoding)):
             request.spec_token_ids = self.structured_output_manager.trim_drafts(request, drafts)
