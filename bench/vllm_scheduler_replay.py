@@ -366,10 +366,10 @@ KNOWN = {
     "step stops there (later vLLM, and tinyvllm, still schedule the running requests after it)",
     "pads_an_admitted_decode": "vLLM after the documents: a request admitted with one token left to compute (after "
     "a prefix hit, or resumed) is scheduled with k placeholder drafts, so that a decode step stays uniform for full "
-    "CUDA graphs (tinyvllm schedules its one token; its drafts come after it samples)",
-    "caches_accepted_drafts": "vLLM after the documents caches the blocks that accepted drafts filled when it reads "
-    "the step back, so a request preempted right after finds them on re-admission (tinyvllm, as the documents and "
-    "vLLM 0.11, caches a block when a step's allocation covers it, here never)",
+    "CUDA graphs, or waits when their slots do not fit (tinyvllm schedules its one token; drafts come after it samples)",
+    "caches_accepted_drafts": "vLLM 0.11 caches a block that accepted drafts filled only when a later allocation "
+    "covers it, so a request preempted right after finds it uncached on re-admission (later vLLM, and tinyvllm, "
+    "cache it when the step is read back)",
     "skips_an_unfitting_prompt": "vLLM 0.11, chunked prefill off: a waiting request whose prompt exceeds the budget "
     "is passed over and those behind it admitted, which also reorders the queue (later vLLM stops there, as tinyvllm)",
 }
@@ -409,12 +409,15 @@ def known_difference(a: Step, b: Step, w: Workload) -> str | None:
     k, ours, theirs, drafts = w.num_speculative_tokens, dict(a.scheduled), dict(b.scheduled), dict(b.drafts)
     if k and any(ours.get(r) == 1 and theirs.get(r) == 1 + k and drafts.get(r) == k for r, *_ in b.admitted):
         return "pads_an_admitted_decode"
+    waits = [r for r, *_ in a.admitted if ours.get(r) == 1 and r not in theirs]  # its padded drafts' slots did not fit
+    if k and waits and [x for x in a.scheduled if x[0] not in waits] == b.scheduled:
+        return "pads_an_admitted_decode"
     if a.preempted and a.preempted == b.preempted and len(a.scheduled) > len(b.scheduled) and a.scheduled[: len(b.scheduled)] == b.scheduled:
         return "stops_at_its_own_preemption"  # tinyvllm's step is vLLM's, then more running requests
     ours_in, theirs_in = {r for r, *_ in a.admitted}, {r for r, *_ in b.admitted}
     hits = {r: c for r, c, _, resumed in a.admitted if resumed}
-    if k and ours_in == theirs_in and any(r in hits and 0 < c - hits[r] <= k for r, c, _, resumed in b.admitted if resumed):
-        return "caches_accepted_drafts"  # a resumed request finds up to k more tokens cached
+    if k and ours_in == theirs_in and any(r in hits and 0 < abs(c - hits[r]) <= k for r, c, _, resumed in b.admitted if resumed):
+        return "caches_accepted_drafts"  # a resumed request finds up to k tokens more, or fewer, cached
     running = [x for x in a.scheduled if x[0] not in ours_in]
     if not w.enable_chunked_prefill and ours_in != theirs_in and running == [x for x in b.scheduled if x[0] not in theirs_in]:
         return "skips_an_unfitting_prompt"  # the running requests' part agrees; who is admitted does not

@@ -363,3 +363,31 @@ def test_long_prefill_threshold_caps_a_decoding_requests_token_plus_drafts(thres
     out = s.schedule()
     assert out.scheduled_spec_decode_tokens["r"] == (7, 8, 9)[:want]
     assert out.num_scheduled_tokens["r"] == 1 + want
+
+
+def test_the_blocks_kept_drafts_fill_are_cached_when_the_step_is_read_back():
+    """Block size 4, a prompt of 3 tokens: its first token lands at position 3, and three drafts
+    at 4-6. When the target keeps all three, positions 0-6 hold computed tokens and block 1
+    (positions 4-7) is not full yet, but block 0 was already cached at allocation; keeping two
+    of three with a prompt of 5 fills block 1 (positions 4-7) with the token at 5 and the kept
+    drafts at 6-7. That block is cached at the read-back, as vLLM does since it caches the
+    blocks of accepted drafts when it reads a step back, not at the request's next allocation:
+    a request preempted (or finished) right after would otherwise leave it uncached."""
+    s = make_scheduler(block_size=4)
+    req = make_req("r", [1, 2, 3, 4, 5], max_tokens=20)
+    s.add_request(req)
+    out = s.schedule()  # the prompt: positions 0-4
+    s.update_from_output(out, ModelRunnerOutput(["r"], {"r": 0}, [[50]]))
+    req.spec_token_ids = [60, 61, 62]
+    out = s.schedule()  # position 5 (token 50) and drafts at 6, 7, 8
+    assert out.scheduled_spec_decode_tokens["r"] == (60, 61, 62)
+    kv = s.kv_cache_manager
+    assert kv.num_cached_block["r"] == 1  # only block 0 (positions 0-3) at allocation
+    s.update_from_output(out, ModelRunnerOutput(["r"], {"r": 0}, [[60, 61, 99]]))  # two kept, then 99
+    assert req.num_computed_tokens == 8 and req.all_token_ids[4:8] == [5, 50, 60, 61]
+    assert kv.num_cached_block["r"] == 2  # block 1: positions 4-7, token 5, 50 and the kept drafts
+    s.check_invariants()
+    # the proof: a newcomer with the same eight tokens hits both blocks
+    other = make_req("o", [1, 2, 3, 4, 5, 50, 60, 61, 7], max_tokens=2)
+    s.add_request(other)
+    assert s.kv_cache_manager.get_computed_blocks(other)[1] == 8

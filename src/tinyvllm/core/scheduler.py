@@ -36,14 +36,14 @@ blocks (their KV is now written). If the forward raises instead, ``abort_failed_
 aborts the step's requests and rolls the prefix cache back, so the engine can serve on
 (the offline counterpart of vLLM's engine-dead handling, which stops the engine).
 
-NOTE 4 (speculative decoding): a decoding request may carry drafts
-(``Request.spec_token_ids``, proposed after the previous step). They are scheduled with its
-one real token, count against the token budget (as many as it leaves), and get lookahead
-slots (``allocate_slots(num_draft_tokens=...)``); the long-prefill threshold caps the real
-token plus its drafts, as in vLLM; ``num_computed_tokens`` advances past
-them like any scheduled token. ``update_from_output`` then takes back the drafts the
-target did not keep: the runner returns the kept drafts plus one token, so
-``len(drafts) + 1 - len(sampled)`` were rejected. A preempted request drops its drafts.
+NOTE 4 (speculative decoding): a decoding request may carry drafts (``Request.spec_token_ids``,
+proposed after the previous step). They are scheduled with its one real token, count against the
+budget (as many as it leaves), and get lookahead slots (``allocate_slots(num_draft_tokens=...)``);
+the long-prefill threshold caps the real token plus its drafts, as in vLLM; ``num_computed_tokens``
+advances past them like any scheduled token. ``update_from_output`` then takes back the drafts the
+target did not keep (the runner returns the kept drafts plus one token, so ``len(drafts) + 1 -
+len(sampled)`` were rejected) and caches the blocks the kept ones filled, as today's vLLM does at
+the read-back. A preempted request drops its drafts.
 
 NOTE 5 (no token to sample): a request whose parameters leave its row nothing to pick
 (``sample/sampler.py`` NOTE 7) is named in ``ModelRunnerOutput.no_token_req_ids``; it ends
@@ -413,17 +413,13 @@ class Scheduler:
                     self.waiting.remove_request(request)
                 self._free_request(request)
             if new_token_ids or finished:
-                outputs.append(
-                    EngineCoreOutput(
-                        request_id=rid,
-                        new_token_ids=new_token_ids,
-                        finish_reason=RequestStatus.get_finished_reason(request.status) if finished else None,
-                        stop_reason=request.stop_reason,
-                        num_cached_tokens=max(request.num_cached_tokens, 0),
-                        new_logprobs=logprobs[: len(new_token_ids)] if logprobs is not None else None,
-                        prompt_logprobs=model_runner_output.prompt_logprobs.get(rid),
-                    )
-                )
+                outputs.append(EngineCoreOutput(
+                    request_id=rid, new_token_ids=new_token_ids,
+                    finish_reason=RequestStatus.get_finished_reason(request.status) if finished else None,
+                    stop_reason=request.stop_reason, num_cached_tokens=max(request.num_cached_tokens, 0),
+                    new_logprobs=logprobs[: len(new_token_ids)] if logprobs is not None else None,
+                    prompt_logprobs=model_runner_output.prompt_logprobs.get(rid),
+                ))  # fmt: skip
         return outputs
     # --8<-- [end:update_from_output]
 
@@ -449,7 +445,10 @@ class Scheduler:
 
     def _after_tokens_arrived(self, request: Request, num_scheduled_to_sample: int, status_before: RequestStatus) -> None:
         """After ``update_from_output`` appended a request's sampled tokens; the step had scheduled
-        ``num_scheduled_to_sample`` positions that sample (its drafts and its one token; 0 if none)."""
+        ``num_scheduled_to_sample`` positions that sample (its drafts and its one token; 0 if none).
+        The blocks its kept drafts filled are cached now: the finished step wrote their KV (NOTE 4)."""
+        if num_scheduled_to_sample > 1 and status_before == RequestStatus.RUNNING:
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
 
     def _finish_without_token(self, request: Request, outputs: list[EngineCoreOutput], pooled=None) -> None:
         """NOTE 5: the request's row had no token to sample: it ends with an error, and no token.
