@@ -347,7 +347,7 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
                         continue
                     case["us"][key] = device_timer(call, **timing) * 1e6
             longest = cases[-1]["us"]
-            if mode == "grid" or not longest:
+            if mode == "grid" or not longest or stage == 1:  # the second stage's winner needs no lookup
                 break
             best_key = min(longest, key=longest.get)
             best_first = next(c for c in sweep_stages(sweep, default, None, mode) if config_key(c) == best_key)

@@ -86,3 +86,18 @@ def test_a_sweep_past_its_time_limit_starts_no_config_and_says_so():
     assert sweep["complete"] is False and sweep["not_timed"] == ["tiny:m64-n16-w4-s3", "tiny:m64-n32-w4-s3"]
     row = sweep["rows"][0]
     assert row["triton_us_by_config"] == {} and row["best_config"] is None and row["sdpa_us"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
+def test_a_staged_sweep_whose_best_config_comes_from_the_second_stage_finishes(monkeypatch):
+    """Stage 2 times launch options at stage 1's winner; when one of them is the fastest of all,
+    the sweep must end there, not look it up among stage 1's configs (the H200 run of
+    2026-11-30 failed with StopIteration). Every config timed is made faster than the last."""
+    bench = _bench()
+    sweep = dict(bench.SWEEP_DRY, num_warps=[4, 2])  # stage 2: the winner at 2 warps as well
+    times = iter([1.0 / (i + 1) for i in range(100)])  # SDPA first, then each config faster
+    monkeypatch.setattr(bench, "device_timer", lambda fn, **_: (fn(), next(times))[1])
+    result = bench.prefill_sweep(sweep, "cpu")
+    row = result["rows"][0]
+    assert result["complete"] is True and row["best_config"] == "m64-n32-w2-s3"  # stage 2's, the last timed
+    assert set(row["triton_us_by_config"]) == {"m64-n16-w4-s3", "m64-n32-w4-s3", "m64-n32-w2-s3"}
