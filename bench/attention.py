@@ -298,6 +298,21 @@ def sweep_stages(sweep: dict, default: dict, best_first: dict | None, mode: str)
     return [dict(best_first, num_warps=w, num_stages=st) for w in sweep["num_warps"] for st in sweep["num_stages"]]
 
 
+def time_cache_only(paged, rows, expected, cfg, default, timing, atol) -> float | None:
+    """The default config reading every key from the cache (``step_kv=False``, the kernel before
+    the step's own rows, triton_kernels.py NOTE 1): device microseconds, None if it disagrees."""
+    from tinyvllm.attention import triton_attention
+
+    out = torch.empty_like(paged[0])
+    call = lambda: triton_attention.paged_attention(  # noqa: E731
+        *paged, cfg["head_size"] ** -0.5, out=out, **rows, step_kv=False, **default
+    )  # fmt: skip
+    call()
+    if not (out.float() - expected.float()).abs().max().item() <= atol:
+        return None
+    return device_timer(call, **timing) * 1e6
+
+
 def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: float | None = None) -> dict:
     """Prefill attention (one request of each length) for each config of ``sweep_stages``, as
     device time, against SDPA in the same run: TFLOP/s, the ratio to SDPA, and the best config
@@ -319,8 +334,10 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
             expected = sdpa(q4, k, v, causal=True).transpose(1, 2).reshape_as(paged[0])  # [N, H, D]
             sdpa_us = device_timer(lambda q4=q4, k=k, v=v: sdpa(q4, k, v, causal=True), **timing) * 1e6
             flops = 2 * 2 * num_heads * cfg["head_size"] * length * (length + 1) / 2  # QK^T and PV, causal half
-            cases.append(dict(length=length, paged=paged, expected=expected, sdpa_us=sdpa_us, flops=flops,
-                              us={}, errors={}, max_abs_diff={}))  # fmt: skip
+            own = dict(key=k[0].transpose(0, 1).contiguous(), value=v[0].transpose(0, 1).contiguous())  # [L, Hkv, D]
+            cache_only = time_cache_only(paged, own, expected, cfg, default, timing, sweep["atol"])
+            cases.append(dict(length=length, paged=paged, rows=own, expected=expected, sdpa_us=sdpa_us, flops=flops,
+                              us={}, errors={}, max_abs_diff={}, cache_only_default_us=cache_only))  # fmt: skip
         best_first = None
         for stage in (0, 1):
             for config in sweep_stages(sweep, default, best_first, mode):
@@ -333,7 +350,7 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
                 for case in cases:
                     out = torch.empty_like(case["paged"][0])
                     call = lambda case=case, out=out: triton_attention.paged_attention(  # noqa: E731
-                        *case["paged"], cfg["head_size"] ** -0.5, out=out, **config
+                        *case["paged"], cfg["head_size"] ** -0.5, out=out, **case["rows"], **config
                     )  # fmt: skip
                     try:
                         call()
@@ -362,6 +379,9 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
                 default_ratio_to_sdpa=case["sdpa_us"] / us[default_key] if default_key in us else None,
                 best_config=best, best_us=us.get(best), best_TFLOPs=tflops(us[best]) if best else None,
                 best_ratio_to_sdpa=case["sdpa_us"] / us[best] if best else None,
+                cache_only_default_us=case["cache_only_default_us"],
+                cache_only_default_ratio_to_sdpa=case["sdpa_us"] / case["cache_only_default_us"]
+                if case["cache_only_default_us"] else None,
                 triton_us_by_config=us, errors=case["errors"], max_abs_diff_by_config=case["max_abs_diff"],
             ))  # fmt: skip
         del cases
@@ -370,11 +390,13 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
 
 def print_sweep(sweep: dict) -> None:
     print(f"prefill sweep ({sweep['mode']}, {sweep['seconds']:.0f} s{'' if sweep['complete'] else ', cut short'}): "
-          "shape length | sdpa TFLOP/s | default config TFLOP/s x sdpa | best config TFLOP/s x sdpa | configs")  # fmt: skip
+          "shape length | sdpa TFLOP/s | cache only, default x sdpa | default config TFLOP/s x sdpa | "
+          "best config TFLOP/s x sdpa | configs")  # fmt: skip
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for r in sweep["rows"]:
         print(
-            f"  {r['shape']:10s} {r['length']:5d} | {r['sdpa_TFLOPs']:7.1f} | {r['default_config']} "
+            f"  {r['shape']:10s} {r['length']:5d} | {r['sdpa_TFLOPs']:7.1f} | "
+            f"{fmt(r['cache_only_default_ratio_to_sdpa'], '5.2f')} | {r['default_config']} "
             f"{fmt(r['default_TFLOPs'], '7.1f')} {fmt(r['default_ratio_to_sdpa'], '5.2f')} | {r['best_config']} "
             f"{fmt(r['best_TFLOPs'], '7.1f')} {fmt(r['best_ratio_to_sdpa'], '5.2f')} | "
             f"{len(r['triton_us_by_config'])} timed, {len(r['errors'])} failed"

@@ -63,3 +63,20 @@ def make_shared_prefix_case(
     table = torch.tensor([ids + [0] * (width - len(ids)) for ids in block_ids], dtype=torch.int32)
     qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     return query, key_cache, value_cache, qsl, torch.tensor(seq_lens, dtype=torch.int32), table, block_ids
+
+
+def step_rows(key_cache, value_cache, query_start_loc, seq_lens, block_table, num_tokens):
+    """The step's own key and value rows ``[N, Hkv, D]`` (what a layer writes into the cache
+    before attending, triton_kernels.py NOTE 1), read back from the cache: request r's query
+    rows hold the keys at its last ``query_len`` positions; padding rows hold NaN."""
+    qsl, sl, bt = query_start_loc.tolist(), seq_lens.tolist(), block_table.long()
+    block_size = key_cache.shape[1]
+    rows = [torch.full((num_tokens, *key_cache.shape[2:]), float("nan"), dtype=key_cache.dtype, device=key_cache.device)
+            for _ in range(2)]  # fmt: skip
+    for r, seq_len in enumerate(sl):
+        begin, end = qsl[r], qsl[r + 1]
+        positions = torch.arange(seq_len - (end - begin), seq_len, device=key_cache.device)
+        blocks, slots = bt[r, positions // block_size], positions % block_size
+        for out, cache in zip(rows, (key_cache, value_cache)):
+            out[begin:end] = cache[blocks, slots]
+    return rows[0], rows[1]

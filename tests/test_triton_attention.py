@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paged_cases import make_case
+from paged_cases import make_case, step_rows
 
 from tinyvllm.attention import reference, triton_attention
 from tinyvllm.attention.metadata import AttentionLayout
@@ -35,10 +35,11 @@ TOLERANCES = {
 
 def check_against_reference(
     query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
-    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0, kv_tile=None, **launch,
+    dtype=torch.float32, num_segments=None, pad_tokens=0, device=DEVICE, seed=0, kv_tile=None, rows=False, **launch,
 ):  # fmt: skip
     """Run both backends on one case and compare; padding rows must come back zero.
-    ``launch``: the launcher's tile and launch overrides (``block_m``, ``num_warps``, ``num_stages``)."""
+    ``launch``: the launcher's tile and launch overrides (``block_m``, ``num_warps``, ``num_stages``).
+    ``rows``: pass the step's own key and value rows as the engine does (triton_kernels.py NOTE 1)."""
     q, kc, vc, qsl, sl, bt, _ = make_case(
         query_lens, seq_lens, num_heads, num_kv_heads, head_size, block_size,
         seed=seed, dtype=dtype, device=device, pad_tokens=pad_tokens,
@@ -46,8 +47,9 @@ def check_against_reference(
     scale = head_size**-0.5
     expected = reference.paged_attention(q, kc, vc, qsl, sl, bt, scale)
     out = torch.full_like(q, float("nan"))
+    k, v = step_rows(kc, vc, qsl, sl, bt, q.shape[0]) if rows else (None, None)
     result = triton_attention.paged_attention(
-        q, kc, vc, qsl, sl, bt, scale, out=out, num_segments=num_segments, kv_tile=kv_tile, **launch
+        q, kc, vc, qsl, sl, bt, scale, out=out, key=k, value=v, num_segments=num_segments, kv_tile=kv_tile, **launch
     )
     assert result is out and out.dtype == dtype
     assert not out.isnan().any(), f"unwritten or NaN rows: {out.isnan().any(-1).any(-1).nonzero().flatten().tolist()}"
@@ -259,10 +261,11 @@ def test_a_step_plan_gives_the_same_result_in_every_layer(case):
     q, kc, vc, qsl, sl, bt = args
     for layer in range(3):
         kc_l, vc_l = kc * (layer + 1), vc - layer
-        alone = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, num_segments=case.get("num_segments"),
-                                                 kv_tile=case.get("kv_tile"))  # fmt: skip
+        k, v = step_rows(kc_l, vc_l, qsl, sl, bt, q.shape[0])  # read when the plan says step_kv (the mixed case)
+        alone = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, key=k, value=v,
+                                                 num_segments=case.get("num_segments"), kv_tile=case.get("kv_tile"))  # fmt: skip
         out = torch.full_like(q, float("nan"))
-        assert triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, out=out, plan=plan) is out
+        assert triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25, out=out, key=k, value=v, plan=plan) is out
         assert torch.equal(out, alone)
         torch.testing.assert_close(out, reference.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.25), **TOLERANCES[q.dtype])
 
@@ -288,11 +291,18 @@ def test_a_step_plan_holds_the_choices_of_the_step():
         (lambda a: a.update(seq_lens=a["seq_lens"].clone()), "must be the tensors the plan was made from"),
         (lambda a: a.update(query=torch.zeros(28, 16, 8).transpose(1, 2)), "query must have unit stride along D"),
         (lambda a: a.update(kv_tile=64), "kv_tile 64: give them to plan_step"),
+        (lambda a: a.update(key=None, value=None), "pass key= and value="),
+        (lambda a: a.update(value=None), "key and value: give both"),
+        (lambda a: a.update(key=a["key"][:, :1]), "key \\(28, 1, 16\\) .*: the plan is for \\(28, 2, 16\\)"),
+        (lambda a: a.update(value=a["value"].double()), "value \\(28, 2, 16\\) torch.float64"),
     ],
 )
 def test_a_layer_that_disagrees_with_the_plan_is_refused(change, message):
     (q, kc, vc, qsl, sl, bt), plan = _planned()
-    args = dict(query=q, key_cache=kc, value_cache=vc, query_start_loc=qsl, seq_lens=sl, block_table=bt, scale=1.0)
+    assert plan.step_kv  # a batch with prompt rows reads the step's keys from their rows
+    k, v = step_rows(kc, vc, qsl, sl, bt, q.shape[0])
+    args = dict(query=q, key_cache=kc, value_cache=vc, query_start_loc=qsl, seq_lens=sl, block_table=bt, scale=1.0,
+                key=k, value=v)  # fmt: skip
     change(args)
     with pytest.raises(ValueError, match=message):
         triton_attention.paged_attention(**args, plan=plan)
@@ -317,9 +327,10 @@ def test_the_prebound_launch_falls_back_to_the_jit_off_cuda(monkeypatch):
     monkeypatch.setenv(triton_attention.LAUNCH_ENV, "prebound")
     (q, kc, vc, qsl, sl, bt), plan = _planned()
     assert plan.launchers is None
-    out = triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, plan=plan)
+    k, v = step_rows(kc, vc, qsl, sl, bt, q.shape[0])
+    out = triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, key=k, value=v, plan=plan)
     monkeypatch.delenv(triton_attention.LAUNCH_ENV)
-    assert torch.equal(out, triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25))
+    assert torch.equal(out, triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, key=k, value=v))
     monkeypatch.setenv(triton_attention.LAUNCH_ENV, "fast")
     with pytest.raises(ValueError, match="TINYVLLM_TRITON_LAUNCH='fast'"):
         _planned()
@@ -327,10 +338,10 @@ def test_the_prebound_launch_falls_back_to_the_jit_off_cuda(monkeypatch):
 
 def test_the_plans_constexprs_are_the_kernels_last_parameters_in_order():
     """NOTE 5's launch passes every parameter by position: the plan's constexprs must be the
-    kernel's parameters after its 25 runtime arguments, in the same order."""
+    kernel's parameters after its 31 runtime arguments, in the same order."""
     _, plan = _planned()
     names = triton_attention._paged_attention_kernel.arg_names
-    assert len(names) == 25 + len(plan.constexprs) and names[25:] == list(plan.constexprs)
+    assert len(names) == 31 + len(plan.constexprs) and names[31:] == list(plan.constexprs)
 
 
 # ---- GPU: wide and many (run with `python3 -m pytest -m gpu` on a CUDA machine) ----

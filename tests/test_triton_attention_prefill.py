@@ -66,13 +66,16 @@ BOUNDARY_CASES = {
 }
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["cache", "step-rows"])
 @pytest.mark.parametrize("kv_tile, block_m", [(16, 16), (16, 64), (32, 64), (32, 128), (64, 128), (64, 16)])
 @pytest.mark.parametrize("case", BOUNDARY_CASES, ids=lambda name: name.replace(" ", "-"))
-def test_full_and_diagonal_tiles_match_reference(case, kv_tile, block_m):
+def test_full_and_diagonal_tiles_match_reference(case, kv_tile, block_m, rows):
+    """Every key from the cache, or (``rows``, triton_kernels.py NOTE 1) the context's from the
+    cache and the step's from its own rows: the same boundaries cut both walks."""
     query_lens, seq_lens, pad_tokens, num_segments = BOUNDARY_CASES[case]
     check_against_reference(
         query_lens, seq_lens, 4, 2, 16, 16, kv_tile=kv_tile, block_m=block_m, pad_tokens=pad_tokens,
-        num_segments=num_segments,
+        num_segments=num_segments, rows=rows,
     )  # fmt: skip
 
 
@@ -100,12 +103,12 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
-    "block_m, kv_tile, num_warps, num_stages", [(64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 4)]
+    "block_m, kv_tile, num_warps, num_stages", [(64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 4)]
 )  # fmt: skip
 def test_gpu_prefill_configs(block_m, kv_tile, num_warps, num_stages):
     """Corners of bench/attention.py's prefill sweep on real tensor cores, bf16, Llama-3-8B's
     heads (GQA 4, head size 128): a long prompt, a chunk after a long context, decodes."""
     launch = dict(block_m=block_m, kv_tile=kv_tile, num_warps=num_warps, num_stages=num_stages)
     check_against_reference(
-        [1024, 300, 1, 77], [1024, 2300, 700, 77 + 128], 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", **launch
+        [1024, 300, 1, 77], [1024, 2300, 700, 77 + 128], 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", rows=True, **launch
     )  # fmt: skip

@@ -27,7 +27,7 @@ TINY_SHAPE = {"group": 2, "kv_heads": 2, "head": 16, "block": 16}
 
 
 def attention_cases() -> list[dict]:
-    from tinyvllm.attention.triton_attention import SPLIT_KV_SEGMENTS, choose_kv_tile, choose_query_tile
+    from tinyvllm.attention.triton_attention import SPLIT_KV_SEGMENTS, choose_kv_tile, choose_query_tile, choose_step_kv
 
     cases = []
 
@@ -35,7 +35,8 @@ def attention_cases() -> list[dict]:
         block_q, block_m = choose_query_tile(group, decode_only=decode)
         fp32 = dtype == "float32"
         consts = dict(QUERIES_PER_KV=group, BLOCK_SIZE=block, TILE_N=choose_kv_tile(decode), HEAD_SIZE=head,
-                      BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=segments, DOT_FP32=fp32, INPUT_PRECISION="ieee" if fp32 else "tf32")  # fmt: skip
+                      BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=segments, DOT_FP32=fp32, INPUT_PRECISION="ieee" if fp32 else "tf32",
+                      STEP_KV=choose_step_kv(decode, segments))  # fmt: skip
         tile = "decode" if decode else "prefill"
         cases.append(dict(id=f"attention-sm{cc}-{dtype}-g{group}-{tile}-seg{segments}-d{head}-s{block}",
                           kernel="attention", cc=cc, dtype=dtype, consts=consts))  # fmt: skip
@@ -67,23 +68,27 @@ ATTENTION_DIVISIBLE_BY_16 = (
     "out_ptr", "part_acc_ptr", "part_max_ptr", "part_sum_ptr", "query_ptr", "key_cache_ptr", "value_cache_ptr",
     "query_start_loc_ptr", "seq_lens_ptr", "block_table_ptr", "stride_q_n", "stride_q_h", "stride_o_n", "stride_o_h",
     "stride_k_b", "stride_k_s", "stride_k_h", "stride_v_b", "stride_v_s", "stride_v_h", "stride_bt_r",
+    "key_ptr", "value_ptr", "stride_kn_n", "stride_kn_h", "stride_vn_n", "stride_vn_h",
 )  # fmt: skip
 
 
 def prefill_sweep_cases() -> list[dict]:
-    """Corners of bench/attention.py's prefill sweep (the most shared memory: 128 keys a tile,
-    4 stages) as launched on an H100 (``ATTENTION_DIVISIBLE_BY_16``), Llama-3-8B's heads, bf16,
-    and the default prefill config for comparison: each must fit sm_90's shared memory."""
+    """Corners of bench/attention.py's prefill sweep (the most shared memory that fits: 128 keys
+    a tile at 3 stages, 64 at 4; 128 at 4 needs more than sm_90 has) as launched on an H100 (``ATTENTION_DIVISIBLE_BY_16``), Llama-3-8B's heads, bf16,
+    reading the step's own rows as the engine's prefill does (triton_kernels.py NOTE 1), and the
+    default prefill config for comparison: each must fit sm_90's shared memory. The default
+    config once more reading every key from the cache: the control of the pipelining test."""
     from tinyvllm.attention.triton_attention import choose_query_tile
 
     cases = []
-    for block_m, tile_n, warps, stages in ((64, 32, 4, 3), (128, 128, 8, 4), (64, 128, 4, 4), (128, 64, 8, 2)):
+    configs = ((64, 32, 4, 3, True), (128, 128, 8, 3, True), (64, 64, 4, 4, True), (128, 64, 8, 2, True), (64, 32, 4, 3, False))
+    for block_m, tile_n, warps, stages, step_kv in configs:
         block_q, rows = choose_query_tile(4, decode_only=False, rows=block_m)
         consts = dict(QUERIES_PER_KV=4, BLOCK_SIZE=16, TILE_N=tile_n, HEAD_SIZE=128, BLOCK_Q=block_q, BLOCK_M=rows,
-                      NUM_SEGMENTS=1, DOT_FP32=False, INPUT_PRECISION="tf32")  # fmt: skip
-        cases.append(dict(id=f"attention-sm90-bfloat16-g4-sweep-m{block_m}-n{tile_n}-w{warps}-s{stages}", kernel="attention",
-                          cc=90, dtype="bfloat16", consts=consts, options=dict(num_warps=warps, num_stages=stages),
-                          divisible_by_16=ATTENTION_DIVISIBLE_BY_16))  # fmt: skip
+                      NUM_SEGMENTS=1, DOT_FP32=False, INPUT_PRECISION="tf32", STEP_KV=step_kv)  # fmt: skip
+        name = f"attention-sm90-bfloat16-g4-sweep-m{block_m}-n{tile_n}-w{warps}-s{stages}" + ("" if step_kv else "-cache-only")
+        cases.append(dict(id=name, kernel="attention", cc=90, dtype="bfloat16", consts=consts,
+                          options=dict(num_warps=warps, num_stages=stages), divisible_by_16=ATTENTION_DIVISIBLE_BY_16))  # fmt: skip
     return cases
 
 
@@ -182,8 +187,8 @@ def _kernel_and_types(case: dict):
     if case["kernel"] == "attention":
         fn = triton_attention._paged_attention_kernel
         types = dict(out_ptr=t, part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32", query_ptr=t,
-                     key_cache_ptr=t, value_cache_ptr=t, query_start_loc_ptr="*i32", seq_lens_ptr="*i32",
-                     block_table_ptr="*i32", scale="fp32")  # fmt: skip
+                     key_cache_ptr=t, value_cache_ptr=t, key_ptr=t, value_ptr=t, query_start_loc_ptr="*i32",
+                     seq_lens_ptr="*i32", block_table_ptr="*i32", scale="fp32")  # fmt: skip
     elif case["kernel"] == "merge":
         fn = triton_attention._merge_segments_kernel
         types = dict(out_ptr=t, part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32")
@@ -249,7 +254,13 @@ def compile_case(case: dict) -> dict:
     target = next((line for line in ptx.splitlines() if line.startswith(".target")), "")
     return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")),
                 shared_bytes=kernel.metadata.shared, fused_multiply_adds=contracted_fmas(ptx),
-                async_copies=ptx.count("cp.async."))  # fmt: skip
+                async_copies=ptx.count("cp.async."), copies_left_in_flight=copies_left_in_flight(ptx))  # fmt: skip
+
+
+def copies_left_in_flight(ptx: str) -> int:
+    """The most asynchronous copy groups any ``cp.async.wait_group N`` lets stay in flight: 0 when
+    every wait drains them all, so no load overlaps the math of the tile before it."""
+    return max((int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)), default=0)
 
 
 def main() -> None:

@@ -132,6 +132,12 @@ def choose_launch_options(decode_only: bool) -> tuple[int, int]:
     return DECODE_LAUNCH if decode_only else PREFILL_LAUNCH
 
 
+def choose_step_kv(decode_only: bool, num_segments: int) -> bool:
+    """Read the step's own keys from its rows (``triton_kernels.py`` NOTE 1): for every batch with
+    prompt rows; a pure decode batch has one new key a request, and the split path none."""
+    return not decode_only and num_segments == 1
+
+
 def choose_kv_tile(decode_only: bool) -> int:
     """Keys per KV tile (NOTE 3): a power of two >= 16, whatever the cache's block size."""
     return DECODE_KV_TILE if decode_only else PREFILL_KV_TILE
@@ -224,6 +230,10 @@ class LaunchPlan:
     def num_segments(self) -> int:
         return self.grid[2]
 
+    @property
+    def step_kv(self) -> bool:
+        return self.constexprs["STEP_KV"]
+
 
 def plan_step(
     query_start_loc: torch.Tensor,  # [R + 1] int32
@@ -237,6 +247,7 @@ def plan_step(
     block_m: int | None = None,  # rows per query tile (target); None: choose_query_tile (NOTE 7)
     num_warps: int | None = None,  # None: choose_launch_options (NOTE 7)
     num_stages: int | None = None,  # None: choose_launch_options (NOTE 7)
+    step_kv: bool | None = None,  # the step's keys from key/value; None: choose_step_kv; False: the cache only
 ) -> LaunchPlan:
     """Check the step's metadata and layout, choose the tiles and the split, size the grid and
     allocate the partial results: all that depends on the step, not the layer (NOTE 4)."""
@@ -248,6 +259,9 @@ def plan_step(
     if num_segments < 1 or num_segments & (num_segments - 1):
         raise ValueError(f"num_segments {num_segments} must be a power of two >= 1")
     decode_only = num_tokens == num_reqs
+    step_kv = choose_step_kv(decode_only, num_segments) if step_kv is None else step_kv
+    if step_kv and num_segments > 1:
+        raise ValueError(f"step_kv with num_segments {num_segments}: the split path reads the cache only")
     kv_tile = choose_kv_tile(decode_only) if kv_tile is None else kv_tile
     if kv_tile < 16 or kv_tile & (kv_tile - 1):
         raise ValueError(f"kv_tile {kv_tile} must be a power of two >= 16")
@@ -259,7 +273,7 @@ def plan_step(
     constexprs = dict(
         QUERIES_PER_KV=group, BLOCK_SIZE=block_size, TILE_N=kv_tile, HEAD_SIZE=layout.head_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
-        DOT_FP32=layout.device.type != "cuda" or fp32, INPUT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_FP32=layout.device.type != "cuda" or fp32, INPUT_PRECISION="ieee" if fp32 else "tf32", STEP_KV=step_kv,
     )  # fmt: skip
     launch = os.environ.get(LAUNCH_ENV, "jit")
     if launch not in ("jit", "prebound"):
@@ -302,6 +316,18 @@ def _check_against_plan(plan: LaunchPlan, query, key_cache, value_cache, query_s
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache), ("out", out)):
         if t is not None and t.stride()[-1] != 1:
             raise ValueError(f"{name} must have unit stride along D, got strides {t.stride()}")
+
+
+def _check_step_rows(plan: LaunchPlan, key, value) -> None:
+    """The step's own key and value rows a ``step_kv`` plan reads (``triton_kernels.py`` NOTE 1)."""
+    layout = plan.layout
+    want = (plan.num_tokens, layout.num_kv_heads, layout.head_size)
+    if key is None:
+        raise ValueError("the plan reads this step's keys from their rows (step_kv): pass key= and value=")
+    for name, t in (("key", key), ("value", value)):
+        if t.shape != want or t.dtype != layout.dtype or t.device != layout.device or t.stride()[-1] != 1:
+            raise ValueError(f"{name} {tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}: the plan is for "
+                             f"{want} {layout.dtype} on {layout.device}, unit stride along D")  # fmt: skip
 # --8<-- [end:plan]
 
 
@@ -339,45 +365,56 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [N, H, D]
     *,
+    key: torch.Tensor | None = None,  # [N, Hkv, D]: this step's keys, already in the cache (triton_kernels.py NOTE 1)
+    value: torch.Tensor | None = None,  # [N, Hkv, D]: this step's values, already in the cache
     num_segments: int | None = None,  # None: choose_num_segments; 1: no split (without a plan)
     kv_tile: int | None = None,  # keys per KV tile; None: choose_kv_tile (without a plan)
     block_m: int | None = None,  # rows per query tile (target); None: choose_query_tile (without a plan)
     num_warps: int | None = None,  # None: choose_launch_options (without a plan)
     num_stages: int | None = None,  # software-pipelining depth; None: choose_launch_options (without a plan)
+    step_kv: bool | None = None,  # None: choose_step_kv when key is given (without a plan)
     plan: LaunchPlan | None = None,  # the step's (NOTE 4); made here when not given
 ) -> torch.Tensor:
-    """Causal paged attention with the Triton kernel; same contract as the reference. The
-    keyword overrides exist so that ``bench/attention.py`` can sweep tile shapes (NOTE 7)."""
+    """Causal paged attention with the Triton kernel; same contract as the reference. Given the
+    step's ``key`` and ``value``, a plan with ``step_kv`` reads those keys from them, not the
+    cache. The keyword overrides exist so that ``bench/attention.py`` can sweep (NOTE 7)."""
     overrides = dict(num_segments=num_segments, kv_tile=kv_tile, block_m=block_m, num_warps=num_warps,
-                     num_stages=num_stages)  # fmt: skip
+                     num_stages=num_stages, step_kv=step_kv)  # fmt: skip
     given = {name: value for name, value in overrides.items() if value is not None}
+    if (key is None) != (value is None):
+        raise ValueError("key and value: give both (this step's rows) or neither")
     if plan is None:
         layout = _check_layer_tensors(query, key_cache, value_cache, out)
+        overrides["step_kv"] = False if key is None else step_kv  # without the rows, the cache alone
         plan = plan_step(query_start_loc, seq_lens, block_table, query.shape[0], layout, **overrides)
     elif given:
         raise ValueError(", ".join(f"{name} {value}" for name, value in given.items()) + ": give them to plan_step, not with a plan")
     else:
         _check_against_plan(plan, query, key_cache, value_cache, query_start_loc, seq_lens, block_table, out)
+    if plan.step_kv:
+        _check_step_rows(plan, key, value)
     out = torch.empty_like(query) if out is None else out
     if plan.num_tokens == 0:
         return out
     layout, q_stride, o_stride = plan.layout, query.stride(), out.stride()
     k_stride, v_stride = key_cache.stride(), value_cache.stride()  # one call each: stride(i) is slower
+    key, value = (key, value) if plan.step_kv else (key_cache, value_cache)  # the cache: never read as rows
+    kn_stride, vn_stride = key.stride(), value.stride()
     args = (
-        out, plan.part_acc, plan.part_max, plan.part_sum, query, key_cache, value_cache,
+        out, plan.part_acc, plan.part_max, plan.part_sum, query, key_cache, value_cache, key, value,
         plan.query_start_loc, plan.seq_lens, plan.block_table, scale, plan.num_tokens, plan.seq_lens.shape[0],
         layout.num_heads, q_stride[0], q_stride[1], o_stride[0], o_stride[1],
         k_stride[0], k_stride[1], k_stride[2], v_stride[0], v_stride[1], v_stride[2],
-        plan.block_table.stride()[0],
+        plan.block_table.stride()[0], kn_stride[0], kn_stride[1], vn_stride[0], vn_stride[1],
     )  # fmt: skip
     if plan.launchers is None:
         _paged_attention_kernel[plan.grid](*args, **plan.constexprs, **plan.options)  # the JIT: binds, keys, finds
     else:
-        aligned = tuple(t.data_ptr() % 16 for t in (out, query, key_cache, value_cache))
-        key = (q_stride, o_stride, k_stride, v_stride, aligned)
-        launch = plan.launchers.get(key)
+        aligned = tuple(t.data_ptr() % 16 for t in (out, query, key_cache, value_cache, key, value))
+        launch_key = (q_stride, o_stride, k_stride, v_stride, kn_stride, vn_stride, aligned)
+        launch = plan.launchers.get(launch_key)
         if launch is None:  # NOTE 5: the same arguments Triton would specialize on, compiled once a step
-            launch = plan.launchers[key] = prebound_launcher(plan, args)
+            launch = plan.launchers[launch_key] = prebound_launcher(plan, args)
         launch(*args, *plan.constexprs.values())
     if plan.num_segments > 1:
         _merge_segments_kernel[(plan.num_tokens, layout.num_heads)](

@@ -4,9 +4,11 @@ Concept: the device code alone, as ``@triton.jit`` functions; ``triton_attention
 the tiles, plans each step's launch and launches them (its header has the mechanism: query
 tiles of ``BLOCK_Q`` tokens times ``G`` heads, KV tiles of ``TILE_N`` keys gathered through
 the block table, the online softmax, the split-KV path and its merge, full and diagonal KV
-tiles). ``_paged_attention_kernel`` computes one (query tile, KV head, segment);
-``_merge_segments_kernel`` combines a split request's segments; ``_num_full_kv_tiles`` and
-``_attend_kv_tile`` are the kernel's pieces.
+tiles, the step's own keys read from its rows). ``_paged_attention_kernel`` computes one
+(query tile, KV head, segment); ``_merge_segments_kernel`` combines a split request's
+segments; ``_cached_kv_tile`` and ``_step_kv_tile`` load a KV tile from the cache or from the
+step's rows, ``_attend_kv_tile`` folds one into the online softmax, ``_attend_cached_keys``
+and ``_attend_step_keys`` walk the full tiles then the diagonal ones.
 
 Mirrors: ``vllm/attention/ops/triton_unified_attention.py`` (``kernel_unified_attention_2d``,
 ``_3d`` and ``reduce_segments``).
@@ -15,6 +17,20 @@ Invariants: what ``triton_attention.py`` states for the kernel (identical result
 reference within the dtype's tolerance, every output row written, a grid that depends on
 shapes only); every parameter after the tensors' strides is a ``tl.constexpr``, in the order
 the launch plan passes them (``triton_attention.py`` NOTE 5).
+
+NOTE 1 (the step's own keys): a request's keys this step are rows ``q_begin .. q_end - 1``
+of the ``key``/``value`` the layer just wrote into the cache, so with ``STEP_KV`` the kernel
+reads only the context (positions before ``context_len``, visible to every row) through the
+block table, and the step's keys from those rows: key ``u`` of the step is visible to row
+``t`` when ``u <= t``. Why: a key's address in the cache needs its block id, loaded in the
+same loop; Triton's software pipeliner then waits for every copy in flight before each tile
+(``cp.async.wait_group 0``), so nothing overlaps. Rows at a fixed stride need no id and are
+prefetched tiles ahead. A fresh prompt's prefill reads the cache not at all (FlashInfer's
+ragged prefill; vLLM's MLA backends split the context and the new tokens the same way). Not
+on the split-KV path: it serves decode, whose one new key is not worth a second walk.
+NOTE 2 (base-2 units): scores are scaled by ``scale * log2(e)`` and exponentiated with
+``exp2``, the hardware's own exponential: ``exp(x) == exp2(x * log2(e))``, one multiply per
+score fewer. The running maxima (and the split path's stored ones) are in those units.
 """
 
 from __future__ import annotations
@@ -51,23 +67,19 @@ def _num_full_kv_tiles(first_pos, kv_len, TILE_N: tl.constexpr):
 
 
 @triton.jit
-def _attend_kv_tile(
-    q, m, l, acc,  # [M, D] the query tile; [M], [M], [M, D] the running max, denominator, numerator
-    j, kv_len, q_pos,  # the KV tile's index; keys the query tile may see; [M] each row's position
-    scale, block_table_row_ptr, key_head_ptr, value_head_ptr,  # the request's block ids; caches at the KV head
+def _cached_kv_tile(
+    j, kv_len,  # the KV tile's index (keys ``j*TILE_N ..``); keys the query tile may see
+    block_table_row_ptr, key_head_ptr, value_head_ptr,  # the request's block ids; caches at the KV head
     stride_k_b, stride_k_s, stride_v_b, stride_v_s,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr,
-    MASKED: tl.constexpr,  # False: every key of the tile is visible to every row (``triton_attention.py`` NOTE 6)
-    DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """One step of the online softmax over KV tile ``j`` (keys ``j*TILE_N ..``): returns the
-    updated ``(m, l, acc)``. ``MASKED`` tiles mask keys past ``kv_len`` and keys after a
-    row's position to ``-inf``; full tiles skip both masks and the ``-inf`` guard."""
+    """KV tile ``j`` gathered from the paged cache through the block table: ``(k [D, T],
+    v [T, D], k_pos [T], k_valid [T])``. ``MASKED`` tiles read no key past ``kv_len``."""
     keys = tl.arange(0, TILE_N)  # [T]
     dims = tl.arange(0, HEAD_SIZE)  # [D]
     k_pos = j * TILE_N + keys  # [T]
+    k_valid = k_pos < kv_len  # [T]
     if MASKED:
-        k_valid = k_pos < kv_len  # [T]
         block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [T]
     else:
         block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE)  # [T]
@@ -80,23 +92,112 @@ def _attend_kv_tile(
     else:
         k = tl.load(k_ptrs)  # [D, T]
         v = tl.load(v_ptrs)  # [T, D]
+    return k, v, k_pos, k_valid
+
+
+# --8<-- [start:step_tile]
+@triton.jit
+def _step_kv_tile(
+    j, num_new,  # the tile's index among the step's keys; the request's keys this step
+    key_rows_ptr, value_rows_ptr,  # the request's first row of this step's keys / values, at the KV head
+    stride_kn_n, stride_vn_n,  # between rows (tokens) of key / value
+    TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr, MASKED: tl.constexpr,
+):
+    """KV tile ``j`` of the keys this step computed (NOTE 1), read from
+    the step's own key and value rows: consecutive rows, so the addresses advance by a fixed
+    stride from tile to tile and the loads can be software-pipelined. Returns ``(k [D, T],
+    v [T, D], u [T], u_valid [T])``, ``u`` the keys' indices among the step's keys."""
+    keys = tl.arange(0, TILE_N)  # [T]
+    dims = tl.arange(0, HEAD_SIZE)  # [D]
+    u = j * TILE_N + keys  # [T]
+    u_valid = u < num_new  # [T]
+    k_ptrs = key_rows_ptr + (u.to(tl.int64) * stride_kn_n)[None, :] + dims[:, None]
+    v_ptrs = value_rows_ptr + (u.to(tl.int64) * stride_vn_n)[:, None] + dims[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=u_valid[None, :], other=0.0)  # [D, T]
+        v = tl.load(v_ptrs, mask=u_valid[:, None], other=0.0)  # [T, D]
+    else:
+        k = tl.load(k_ptrs)  # [D, T]
+        v = tl.load(v_ptrs)  # [T, D]
+    return k, v, u, u_valid
+# --8<-- [end:step_tile]
+
+
+@triton.jit
+def _attend_kv_tile(
+    q, m, l, acc,  # [M, D] the query tile; [M], [M], [M, D] the running max, denominator, numerator
+    k, v, visible,  # [D, T] keys, [T, D] values; [M, T] which keys each row sees (MASKED only)
+    qk_scale,  # the softmax scale times log2(e): scores in base-2 units (NOTE 2)
+    MASKED: tl.constexpr,  # False: every key of the tile is visible to every row (``triton_attention.py`` NOTE 6)
+    DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One step of the online softmax over one KV tile: returns the updated ``(m, l, acc)``.
+    ``MASKED`` tiles set invisible scores to ``-inf``; full tiles skip the mask and the
+    ``-inf`` guard."""
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    s = tl.dot(q, k, input_precision=INPUT_PRECISION) * scale  # [M, T]
+    s = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale  # [M, T]
     if MASKED:
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M]: a row with no key yet
     else:
         m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]: finite, every key is visible
         m_safe = m_new
-    p = tl.exp(s - m_safe[:, None])  # [M, T]
-    alpha = tl.exp(m - m_safe)  # [M]
+    p = tl.exp2(s - m_safe[:, None])  # [M, T]
+    alpha = tl.exp2(m - m_safe)  # [M]
     l = l * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return m_new, l, acc
+
+
+# --8<-- [start:full_diagonal]
+@triton.jit
+def _attend_cached_keys(
+    q, m, l, acc, tile_lo, tile_hi, num_full, kv_len, q_pos, qk_scale,
+    block_table_row_ptr, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """The KV tiles ``tile_lo .. tile_hi - 1`` from the paged cache: the full tiles before
+    ``num_full`` unmasked, the diagonal ones after it masked (``triton_attention.py`` NOTE 6)."""
+    for j in range(tile_lo, tl.minimum(tile_hi, num_full)):
+        k, v, k_pos, k_valid = _cached_kv_tile(
+            j, kv_len, block_table_row_ptr, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, False,
+        )  # fmt: skip
+        m, l, acc = _attend_kv_tile(q, m, l, acc, k, v, None, qk_scale, False, DOT_FP32, INPUT_PRECISION)
+    for j in range(tl.maximum(tile_lo, num_full), tile_hi):
+        k, v, k_pos, k_valid = _cached_kv_tile(
+            j, kv_len, block_table_row_ptr, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, True,
+        )  # fmt: skip
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
+        m, l, acc = _attend_kv_tile(q, m, l, acc, k, v, visible, qk_scale, True, DOT_FP32, INPUT_PRECISION)
+    return m, l, acc
+
+
+@triton.jit
+def _attend_step_keys(
+    q, m, l, acc, t_first, t_end, num_new, t, qk_scale,  # t: [M] each row's index among the step's tokens
+    key_rows_ptr, value_rows_ptr, stride_kn_n, stride_vn_n,
+    TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """NOTE 1: the step's own keys, for query rows ``t_first .. t_end - 1``
+    of the step's ``num_new``: the tiles of keys before row ``t_first`` unmasked, the diagonal
+    ones (up to row ``t_end - 1``) masked. A spare tile (``t_end <= t_first``) sees none."""
+    num_tiles = tl.where(t_end > t_first, tl.cdiv(t_end, TILE_N), 0)
+    num_full = tl.minimum(tl.maximum(t_first + 1, 0) // TILE_N, num_tiles)
+    for j in range(0, num_full):
+        k, v, u, u_valid = _step_kv_tile(j, num_new, key_rows_ptr, value_rows_ptr, stride_kn_n, stride_vn_n, TILE_N, HEAD_SIZE, False)
+        m, l, acc = _attend_kv_tile(q, m, l, acc, k, v, None, qk_scale, False, DOT_FP32, INPUT_PRECISION)
+    for j in range(num_full, num_tiles):
+        k, v, u, u_valid = _step_kv_tile(j, num_new, key_rows_ptr, value_rows_ptr, stride_kn_n, stride_vn_n, TILE_N, HEAD_SIZE, True)
+        visible = u_valid[None, :] & (u[None, :] <= t[:, None])  # [M, T]
+        m, l, acc = _attend_kv_tile(q, m, l, acc, k, v, visible, qk_scale, True, DOT_FP32, INPUT_PRECISION)
+    return m, l, acc
+# --8<-- [end:full_diagonal]
 
 
 @triton.jit
@@ -108,6 +209,8 @@ def _paged_attention_kernel(
     query_ptr,  # *T, [N, H, D]: this step's queries, requests back to back
     key_cache_ptr,  # *T, [B, S, Hkv, D]: the layer's key cache
     value_cache_ptr,  # *T, [B, S, Hkv, D]: the layer's value cache
+    key_ptr,  # *T, [N, Hkv, D]: this step's keys, as written to the cache (read when STEP_KV)
+    value_ptr,  # *T, [N, Hkv, D]: this step's values (read when STEP_KV)
     query_start_loc_ptr,  # *int32, [R + 1]: first query row of each request, then N_actual
     seq_lens_ptr,  # *int32, [R]: tokens in the cache per request, this step's included
     block_table_ptr,  # *int32, [R, max_blocks]: each request's block ids in token order
@@ -120,6 +223,7 @@ def _paged_attention_kernel(
     stride_k_b, stride_k_s, stride_k_h,  # key_cache strides: block, slot, head
     stride_v_b, stride_v_s, stride_v_h,  # value_cache strides: block, slot, head
     stride_bt_r,  # block_table stride between requests
+    stride_kn_n, stride_kn_h, stride_vn_n, stride_vn_h,  # key / value strides: between tokens, between heads
     QUERIES_PER_KV: tl.constexpr,  # G = H // Hkv, query heads packed into one tile
     BLOCK_SIZE: tl.constexpr,  # S: tokens per cache block
     TILE_N: tl.constexpr,  # keys per KV tile (``triton_attention.py`` NOTE 3), a power of two >= 16
@@ -129,25 +233,28 @@ def _paged_attention_kernel(
     NUM_SEGMENTS: tl.constexpr,  # 1: write out directly; > 1: write partials for the merge
     DOT_FP32: tl.constexpr,  # upcast operands to fp32 before tl.dot (interpreter, fp32 input)
     INPUT_PRECISION: tl.constexpr,  # tl.dot precision for fp32 operands ("ieee" or "tf32")
+    STEP_KV: tl.constexpr,  # the step's keys from key/value, the context's from the cache (NOTE 1)
 ):
     """Causal attention for one (query tile, KV head, segment) of a paged batch.
 
     Row i of the tile is query token ``t = i // G`` with head ``kv_head * G + i % G``, at
     position ``pos[i] = context_len + t`` (``context_len = seq_len - query_len``). For each
     KV tile j (keys at positions ``j*TILE_N .. j*TILE_N + TILE_N - 1``) the scores
-    ``s = scale * q @ K_j^T`` are masked to ``-inf`` where ``key_pos > pos[i]`` or
-    ``key_pos >= seq_len``, and the online softmax updates, in float32,
+    ``s = scale * log2(e) * q @ K_j^T`` (base-2 units, NOTE 2) are masked to ``-inf`` where
+    ``key_pos > pos[i]`` or ``key_pos >= seq_len``, and the online softmax updates, in float32,
 
         m_new = max(m, rowmax(s))
-        p     = exp(s - m_new)
-        l     = l * exp(m - m_new) + rowsum(p)
-        acc   = acc * exp(m - m_new) + p @ V_j
+        p     = exp2(s - m_new)
+        l     = l * exp2(m - m_new) + rowsum(p)
+        acc   = acc * exp2(m - m_new) + p @ V_j
         m     = m_new
 
     starting from ``m = -inf, l = 0, acc = 0``; the output is ``acc / l``. A fully masked
     tile leaves ``m = -inf``; ``m_new`` is then replaced by 0 in the exponents so that no
-    ``-inf - -inf`` appears. The leading full tiles (``triton_attention.py`` NOTE 6) skip the masks. Split path: the program covers only the tiles of its segment
-    and stores ``(acc, m, l)``; ``_merge_segments_kernel`` combines the segments.
+    ``-inf - -inf`` appears. The leading full tiles (``triton_attention.py`` NOTE 6) skip the
+    masks. ``STEP_KV`` (NOTE 1) reads the keys this step computed from ``key``/``value`` and
+    only the context's from the cache. Split path: the program covers only the tiles of its
+    segment and stores ``(acc, m, l)``; ``_merge_segments_kernel`` combines the segments.
     """
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -184,29 +291,33 @@ def _paged_attention_kernel(
     tile_lo = segment * tiles_per_segment
     tile_hi = tl.minimum(tile_lo + tiles_per_segment, num_tiles)
 
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [M] running max
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [M] running max, base-2 units (NOTE 2)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # [M] running denominator
     acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)  # [M, D] running numerator
     if DOT_FP32:
         q = q.to(tl.float32)
-    # --8<-- [start:full_diagonal]
-    # triton_attention.py NOTE 6: full tiles first (no key can be masked), then the diagonal ones (masked).
-    num_full = _num_full_kv_tiles(first_pos, kv_len, TILE_N)
-    for j in range(tile_lo, tl.minimum(tile_hi, num_full)):
-        m, l, acc = _attend_kv_tile(
-            q, m, l, acc, j, kv_len, q_pos, scale, block_table_ptr + r * stride_bt_r,
-            key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h,
-            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
-            BLOCK_SIZE, TILE_N, HEAD_SIZE, False, DOT_FP32, INPUT_PRECISION,
+    qk_scale = scale * 1.4426950408889634  # log2(e): exp(x) == exp2(x * log2(e))
+    table_row = block_table_ptr + r * stride_bt_r  # the request's block ids
+    key_head, value_head = key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h
+    if STEP_KV:  # NOTE 1: the context from the cache, the step's keys from its own rows
+        tl.static_assert(NUM_SEGMENTS == 1, "STEP_KV needs one segment")
+        context = tl.where(tile_start < q_end, tl.maximum(context_len, 0), 0)  # every row sees all of it
+        m, l, acc = _attend_cached_keys(
+            q, m, l, acc, 0, tl.cdiv(context, TILE_N), context // TILE_N, context, q_pos, qk_scale, table_row, key_head, value_head,
+            stride_k_b, stride_k_s, stride_v_b, stride_v_s, BLOCK_SIZE, TILE_N, HEAD_SIZE, DOT_FP32, INPUT_PRECISION,
         )  # fmt: skip
-    for j in range(tl.maximum(tile_lo, num_full), tile_hi):
-        m, l, acc = _attend_kv_tile(
-            q, m, l, acc, j, kv_len, q_pos, scale, block_table_ptr + r * stride_bt_r,
-            key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h,
-            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
-            BLOCK_SIZE, TILE_N, HEAD_SIZE, True, DOT_FP32, INPUT_PRECISION,
+        m, l, acc = _attend_step_keys(
+            q, m, l, acc, tile_start - q_begin, tl.where(is_request, tile_end - q_begin, 0), q_end - q_begin, token - q_begin, qk_scale,
+            key_ptr + q_begin.to(tl.int64) * stride_kn_n + kv_head * stride_kn_h,
+            value_ptr + q_begin.to(tl.int64) * stride_vn_n + kv_head * stride_vn_h,
+            stride_kn_n, stride_vn_n, TILE_N, HEAD_SIZE, DOT_FP32, INPUT_PRECISION,
         )  # fmt: skip
-    # --8<-- [end:full_diagonal]
+    else:
+        num_full = _num_full_kv_tiles(first_pos, kv_len, TILE_N)
+        m, l, acc = _attend_cached_keys(
+            q, m, l, acc, tile_lo, tile_hi, num_full, kv_len, q_pos, qk_scale, table_row, key_head, value_head,
+            stride_k_b, stride_k_s, stride_v_b, stride_v_s, BLOCK_SIZE, TILE_N, HEAD_SIZE, DOT_FP32, INPUT_PRECISION,
+        )  # fmt: skip
 
     if NUM_SEGMENTS == 1:
         o = acc / tl.where(l == 0.0, 1.0, l)[:, None]  # padding rows: 0 / 1
@@ -232,7 +343,8 @@ def _merge_segments_kernel(
     NUM_SEGMENTS: tl.constexpr,  # segments per request (a power of two)
     HEAD_SIZE: tl.constexpr,  # D
 ):
-    """One program per (token, head): with ``M = max_s m_s`` and ``w_s = exp(m_s - M)``,
+    """One program per (token, head): with ``M = max_s m_s`` and ``w_s = exp2(m_s - M)`` (the
+    maxima are in base-2 units, NOTE 2),
     ``out = sum_s w_s * acc_s / sum_s w_s * l_s``. Empty segments have ``m_s = -inf`` and
     weigh 0; a row with no keys at all (padding) gets 0."""
     token = tl.program_id(0)
@@ -244,7 +356,7 @@ def _merge_segments_kernel(
     l = tl.load(part_sum_ptr + base + segs)  # [NSEG]
     acc = tl.load(part_acc_ptr + (base + segs[:, None]) * HEAD_SIZE + dims[None, :])  # [NSEG, D]
     m_all = tl.max(m, axis=0)
-    w = tl.exp(m - tl.where(m_all == float("-inf"), 0.0, m_all))  # [NSEG]
+    w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all))  # [NSEG]
     total = tl.sum(w * l, axis=0)
     o = tl.sum(w[:, None] * acc, axis=0) / tl.where(total == 0.0, 1.0, total)  # [D]
     tl.store(out_ptr + token * stride_o_n + head * stride_o_h + dims, o.to(out_ptr.dtype.element_ty))

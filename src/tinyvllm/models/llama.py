@@ -113,6 +113,7 @@ class AttentionBackend:
     # Host-side work done once per step and passed to every layer as ``plan=`` (NOTE 8);
     # None for backends that need none.
     plan_step: Callable[[AttentionMetadata, AttentionLayout], object] | None = None
+    step_rows: bool = False  # attention also takes the step's own k, v rows (triton_kernels.py NOTE 1)
 
 
 # The reference and the batched torch backend write with a boolean mask and read lengths
@@ -125,7 +126,7 @@ ATTENTION_BACKENDS = {
     ),
     "triton": AttentionBackend(
         write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT,
-        triton_attention.plan_from_metadata,
+        triton_attention.plan_from_metadata, step_rows=True,
     ),
 }
 
@@ -244,8 +245,7 @@ class Attention(nn.Module):
     def attention_op(
         self,
         q: torch.Tensor,  # [N, H, D]
-        k: torch.Tensor,  # [N, Hkv, D]
-        v: torch.Tensor,  # [N, Hkv, D]
+        k: torch.Tensor, v: torch.Tensor,  # [N, Hkv, D] each: this step's keys and values
         kv_cache: torch.Tensor,  # [2, B, S, Hkv, D]
         meta: AttentionMetadata,
         out: torch.Tensor,  # [N, H, D], written in place
@@ -254,7 +254,7 @@ class Attention(nn.Module):
         """The split point (NOTE 5): write this step's K/V into the cache, attend over it."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [B, S, Hkv, D] each
         self.backend.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)  # padding slots skipped
-        extra = {} if plan is None else {"plan": plan}
+        extra = ({} if plan is None else {"plan": plan}) | ({"key": k, "value": v} if self.backend.step_rows else {})
         return self.backend.paged_attention(
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale, out=out, **extra
         )  # [N, H, D]; padding rows zero
