@@ -29,8 +29,10 @@ prefetched tiles ahead. A fresh prompt's prefill reads the cache not at all (Fla
 ragged prefill; vLLM's MLA backends split the context and the new tokens the same way). Not
 on the split-KV path: it serves decode, whose one new key is not worth a second walk.
 NOTE 2 (base-2 units): scores are scaled by ``scale * log2(e)`` and exponentiated with
-``exp2``, the hardware's own exponential: ``exp(x) == exp2(x * log2(e))``, one multiply per
-score fewer. The running maxima (and the split path's stored ones) are in those units.
+``exp2``, the hardware's own exponential: ``exp(x) == exp2(x * log2(e))``. The scale is taken
+into the exponent's argument, ``exp2(s * c - m)``, one fused multiply-add a score, and into the
+row max as ``max(s) * c`` (the same value for ``c > 0``), as Triton's fused-attention tutorial
+does. The running maxima (and the split path's stored ones) are in base-2 units.
 """
 
 from __future__ import annotations
@@ -137,15 +139,15 @@ def _attend_kv_tile(
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    s = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale  # [M, T]
+    s = tl.dot(q, k, input_precision=INPUT_PRECISION)  # [M, T] unscaled: the scale goes into one fma below
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]
+        m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)  # [M]; scale > 0 keeps the max the max
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M]: a row with no key yet
     else:
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # [M]: finite, every key is visible
+        m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)  # [M]: finite, every key is visible
         m_safe = m_new
-    p = tl.exp2(s - m_safe[:, None])  # [M, T]
+    p = tl.exp2(s * qk_scale - m_safe[:, None])  # [M, T]: a multiply-add a score
     alpha = tl.exp2(m - m_safe)  # [M]
     l = l * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
