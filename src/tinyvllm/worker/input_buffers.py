@@ -20,8 +20,14 @@ nothing reads (every view ends where the step's padded shape ends).
 
 NOTE 1 (padding rows): input id ``PAD_TOKEN_ID`` (any valid id: its output is discarded),
 position 0, slot ``PAD_SLOT_ID``; see ``worker/attention_metadata.py`` NOTE 1.
-NOTE 2 (no race on the host twin): a step's host values are overwritten only by the next
-step, after this step's sampled tokens came back to the host, which waits for every copy.
+NOTE 2 (no race on the host twin): a ``non_blocking`` copy reads the pinned twin when the
+device reaches it, not when it is queued. Synchronously, the next step writes the twins after
+this step's sampled ids came back, so after every copy. With async scheduling the host
+prepares step N+1 while step N may still be queued, copies included: ``fill`` records an event
+behind its copies (and the block table's, queued just before), and the runner calls
+``wait_for_copies`` before it writes any twin for the next step (vLLM's
+``prepare_inputs_event``). The device reaches those copies first in its step, so the wait is
+almost always already over; without it, a late device would run step N on step N+1's inputs.
 
 Left out: M-RoPE positions, input embeddings (multimodal), speculative-decoding buffers.
 """
@@ -75,6 +81,12 @@ class InputBuffers:
         self.query_start_loc = PersistentBuffer(max_num_reqs + 1, torch.int32, device)  # [R_max + 1]
         self.seq_lens = PersistentBuffer(max_num_reqs, torch.int32, device)  # [R_max]
         self.logits_indices = PersistentBuffer(max_num_reqs, torch.int64, device)  # [R_max]
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None  # NOTE 2: behind the last fill's copies
+
+    def wait_for_copies(self) -> None:
+        """NOTE 2: return once the last step's copies up have read the host twins."""
+        if self.copied is not None:
+            self.copied.synchronize()
 
     # --8<-- [start:fill]
     def fill(
@@ -105,5 +117,7 @@ class InputBuffers:
             max_seq_len=max_seq_len,
             block_size=block_size,
         )
+        if self.copied is not None:
+            self.copied.record()  # NOTE 2
         return input_ids, metadata
     # --8<-- [end:fill]

@@ -371,6 +371,7 @@ class ModelRunner:
         return step.handle
 
     def _launch_forward(self, scheduler_output: SchedulerOutput) -> ForwardInFlight:
+        self.buffers.wait_for_copies()  # input_buffers.py NOTE 2: the last step's copies read the host twins
         self._update_states(scheduler_output)  # (a)
         batch = self.input_batch
         req_ids: list[str] = list(batch.req_ids)  # row order
