@@ -25,7 +25,10 @@ so no mode is downgraded) and measured twice:
   where the host waits for the device, ``update_from_output``, the engine's rest), and
   the forward's own parts (``forward_parts_ms``: the step's index lists, the block
   table's commit, the buffers' fill and upload, and the rest, the model's or the
-  graph's launch).
+  graph's launch). With async scheduling (``--async-ab``) the host waits for the device
+  inside the next step, which that clock cannot split; those steps run under ``cProfile``
+  instead (``host_profile``): the 25 functions with the most host time of their own, per
+  step (``host_top_functions_async``), the profile to read when the device idles.
 - **The mixed-step A/B** (FULL_AND_PIECEWISE, which replays a mixed batch PIECEWISE, and
   FULL, which replays it in a FULL graph; the Triton backend allows both): at each batch B
   where B + 32 tokens fit the largest capture size, with the B requests still in decode,
@@ -217,6 +220,35 @@ def host_phases(llm, steps: int) -> dict:
 # --8<-- [end:profile]
 
 
+def host_profile(engine, steps: int, top: int = 25) -> dict:
+    """``steps`` more steps under ``cProfile``: the host's functions that take most of its own
+    time (``tottime``), per step, with their cumulative time and calls. For async scheduling,
+    whose steps ``host_phases`` cannot clock (the device is waited for inside the next step):
+    when the device idles part of a step, this is where the host spends it. cProfile slows
+    the host (every Python call is timed), so the figures are shares, not the step's time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    sync()
+    profiler.enable()
+    for _ in range(steps):
+        engine.step()
+    sync()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive, tottime, cumtime, callers)}
+    total = sum(entry[2] for entry in stats.values())
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return dict(
+        host_profile_steps=steps, host_profile_us_per_step=total / steps * 1e6,
+        host_top_functions=[
+            dict(function=f"{Path(file).name}:{line}({name})" if line else name, calls_per_step=calls / steps,
+                 tottime_us_per_step=tottime / steps * 1e6, cumtime_us_per_step=cumtime / steps * 1e6)
+            for (file, line, name), (_, calls, tottime, cumtime, _) in rows
+        ],
+    )  # fmt: skip
+
+
 def timed_step(engine) -> float:
     """Seconds one ``engine.step()`` took, the device synchronised on both sides."""
     sync()
@@ -337,6 +369,8 @@ def decode_latency(
         profile = profile_steps(engine, cfg["profile_steps"], median)
         if host_clock:  # the step's host phases (bookkeeping.py's clock follows the synchronous step)
             profile |= host_phases(llm, cfg["profile_steps"])
+        else:  # async scheduling: the host is the step's critical path when the device waits; where it goes
+            profile |= host_profile(engine, cfg["profile_steps"])
     # the mixed-step A/B, on the same requests, where a mixed batch of this size has a graph
     mixed_ab = mixed_steps(llm, batch, cfg, mixed) if mixed and has_mixed_graph(batch, cfg) else None
     engine.abort_request(ids)
@@ -451,6 +485,7 @@ def async_ab(folder: Path, cfg: dict, device: str, sync_run: dict) -> dict:
         speedup_of_async={str(r["batch"]): sync_ms[r["batch"]] / r["median_step_s"] for r in run["latency"]},
         device_busy_share_async=busy_share,
         device_busy_share_sync={str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in sync_run["latency"]},
+        host_top_functions_async={str(r["batch"]): (r["profile"] or {}).get("host_top_functions") for r in run["latency"]},
         stats_ok=run["stats_ok"],
     )
 

@@ -148,6 +148,31 @@ def test_a_prefill_chunk_padded_to_a_full_graph_key_matches_reference():
     assert (out[3:] == 0).all(), "the padding row must come back zero"
 
 
+def test_a_mixed_full_graph_key_with_padded_requests_reads_the_steps_rows():
+    """triton_kernels.py NOTE 1 under a FULL graph's mixed key (8 token rows, 4 requests): two
+    real requests (3 tokens after 20 cached, 1 after 40), 2 padded requests and 4 padding rows
+    whose key and value rows hold NaN. The plan reads the step's rows; no padded request nor
+    padding row may read one, and the padding rows come back zero."""
+    from tinyvllm.worker.attention_metadata import build_attention_metadata
+
+    torch.manual_seed(1)
+    num_kv_heads, group, head_size, block_size = 2, 2, 16, 16
+    key_cache = torch.randn(16, block_size, num_kv_heads, head_size, device=DEVICE)  # [B, S, Hkv, D]
+    value_cache = torch.randn_like(key_cache)
+    md = build_attention_metadata(
+        [20, 40], [3, 1], [[0, 1], [2, 3, 4]], block_size, num_padded_tokens=8, num_padded_reqs=4,
+        max_num_blocks=16, device=DEVICE,
+    )  # fmt: skip
+    q = torch.randn(8, num_kv_heads * group, head_size, device=DEVICE)  # [N_pad, H, D]
+    args = (q, key_cache, value_cache, md.query_start_loc, md.seq_lens, md.block_table, head_size**-0.5)
+    k, v = step_rows(key_cache, value_cache, md.query_start_loc, md.seq_lens, md.block_table, 8)
+    assert k[4:].isnan().all() and not k[:4].isnan().any()  # the padding rows' keys: NaN
+    expected = reference.paged_attention(*args)
+    out = triton_attention.paged_attention(*args, out=torch.full_like(q, float("nan")), key=k, value=v)
+    torch.testing.assert_close(out[:4], expected[:4], **TOLERANCES[torch.float32])
+    assert (out[4:] == 0).all(), "the padding rows must come back zero"
+
+
 @st.composite
 def tiny_batches(draw):
     num_reqs = draw(st.integers(1, 3))
@@ -161,7 +186,7 @@ def tiny_batches(draw):
         dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])),
         num_segments=draw(st.sampled_from([None, None, 1, 4])), pad_tokens=draw(st.sampled_from([0, 0, 3])),
         seed=draw(st.integers(0, 2**16)), kv_tile=draw(st.sampled_from([None, None, 16, 32, 64])),
-        block_m=draw(st.sampled_from([None, None, 16, 128])),
+        block_m=draw(st.sampled_from([None, None, 16, 128])), rows=draw(st.booleans()),
     )  # fmt: skip
 
 
