@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib.util
+import inspect
 import os
 import shutil
 import statistics
@@ -98,8 +99,9 @@ def make_step(cfg: dict, query_lens: list[int], seq_lens: list[int]) -> dict:
     n = sum(query_lens)
     qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)  # [R + 1]
     table = torch.arange(len(seq_lens) * max_blocks, dtype=torch.int32).view(len(seq_lens), max_blocks)
+    rows = {name: torch.zeros(n, hkv, d, dtype=dtype) for name in ("key", "value")}  # the step's own rows [N, Hkv, D]
     return dict(query=torch.zeros(n, cfg["num_heads"], d, dtype=dtype), caches=caches, query_start_loc=qsl,
-                seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=table)  # fmt: skip
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=table, rows=rows)  # fmt: skip
 
 
 def ways(cfg: dict, step: dict, baseline=None) -> dict:
@@ -109,15 +111,17 @@ def ways(cfg: dict, step: dict, baseline=None) -> dict:
     scale = cfg["head_size"] ** -0.5
 
     def per_layer(module=triton_attention):
+        # the step's own key and value rows, as the model passes them, where the launcher takes them
+        rows = step["rows"] if "key" in inspect.signature(module.paged_attention).parameters else {}
         for kv in caches:
-            module.paged_attention(q, kv[0], kv[1], qsl, sl, bt, scale, out=out)
+            module.paged_attention(q, kv[0], kv[1], qsl, sl, bt, scale, out=out, **rows)
 
     def planned():
         kv = caches[0]
         layout = AttentionLayout(q.shape[1], kv.shape[3], kv.shape[4], kv.shape[2], kv.dtype, kv.device)
         plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout)
         for kv in caches:
-            triton_attention.paged_attention(q, kv[0], kv[1], qsl, sl, bt, scale, out=out, plan=plan)
+            triton_attention.paged_attention(q, kv[0], kv[1], qsl, sl, bt, scale, out=out, plan=plan, **step["rows"])
 
     found = {"per_layer": per_layer, "planned": planned}
     if baseline is not None:
