@@ -153,8 +153,8 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     async_ab = figures["cudagraph_latency"]["async_ab"]  # FULL_AND_PIECEWISE with async scheduling, same run
     assert set(async_ab["speedup_of_async"]) == {"1", "2"} and async_ab["stats_ok"] is True
     top = async_ab["host_top_functions_async"]["2"]  # cProfile of the async steps: where the host's time goes
-    assert len(top) == 25 and top[0]["tottime_us_per_step"] >= top[-1]["tottime_us_per_step"] > 0
-    assert any("model_runner.py" in f["function"] for f in top) and all(f["calls_per_step"] > 0 for f in top)
+    assert len(top) == 25 and top[0]["tottime_us_per_step"] >= top[-1]["tottime_us_per_step"] > 0  # the most first
+    assert all(f["calls_per_step"] > 0 and f["cumtime_us_per_step"] >= f["tottime_us_per_step"] for f in top)
     assert figures["throughput"]["async_speedup"] > 0 and figures["throughput"]["tinyvllm_async_tok_per_s"] > 0
     assert figures["cudagraph_latency"]["stats_check"] is True
     assert set(figures["cudagraph_latency"]["mixed_ab"]) == {"1"}  # B + the prompt fit the dry run's graphs at 1
