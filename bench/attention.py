@@ -299,8 +299,9 @@ def sweep_stages(sweep: dict, default: dict, best_first: dict | None, mode: str)
 
 
 def time_cache_only(paged, rows, expected, cfg, default, timing, atol) -> float | None:
-    """The default config reading every key from the cache (``step_kv=False``, the kernel before
-    the step's own rows, triton_kernels.py NOTE 1): device microseconds, None if it disagrees."""
+    """The default config reading every key from the cache (``step_kv=False``: the block-table
+    walk of triton_kernels.py NOTE 3, not the step's own rows of NOTE 1): device microseconds,
+    None if it disagrees."""
     from tinyvllm.attention import triton_attention
 
     out = torch.empty_like(paged[0])

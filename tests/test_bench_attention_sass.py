@@ -19,11 +19,18 @@ def test_attention_sass_quick_counts_the_kv_tile_loops_both_ways(tmp_path):
     record = json.loads(out.read_text())
     cache, rows = record["rows"]
     assert (cache["step_kv"], rows["step_kv"]) == (False, True) and record["target"] == "sm_90"
-    # the cache walk: full then diagonal tiles; with the step's rows, the context's two loops and the step's two
-    assert len(cache["kv_tile_loops"]) == 2 and len(rows["kv_tile_loops"]) == 4
-    for loop in cache["kv_tile_loops"] + rows["kv_tile_loops"]:
-        # 64 rows x 64 keys, head size 128: Q K^T in 8 HGMMAs of k=16, P V in 4; one exp2 per score a thread
-        assert loop["opcodes"]["HGMMA"] == 12 and loop["opcodes"]["MUFU"] >= 32
-    # the step's full tiles need no block id: fewer instructions a tile than the cache's full tiles
-    assert rows["kv_tile_loops"][2]["instructions"] < cache["kv_tile_loops"][0]["instructions"]
-    assert "LDG" in cache["kv_tile_loops"][0]["opcodes"] and "LDG" not in rows["kv_tile_loops"][2]["opcodes"]
+    assert (cache["block_m"], cache["kv_tile"], cache["num_stages"]) == (64, 32, 3)  # the default prefill config
+    # the cache walk: the full tiles' loop nested in the loop over groups of block ids (NOTE 3), then the
+    # diagonal tiles; with the step's rows, the context's walk the same way, then the step's two loops
+    assert len(cache["kv_tile_loops"]) == 3 and len(rows["kv_tile_loops"]) == 5
+    full_cache, groups, diagonal = cache["kv_tile_loops"]
+    for loop in (full_cache, diagonal, rows["kv_tile_loops"][3]):
+        # 64 rows x 32 keys, head size 128: Q K^T in 8 HGMMAs of k=16, P V in 2; an exp2 per score a thread
+        assert loop["opcodes"]["HGMMA"] == 10 and loop["opcodes"]["MUFU"] >= 16
+    assert groups["instructions"] > full_cache["instructions"]  # the group loop holds the tile loop
+    # NOTE 3: the full tiles' loop copies K and V and nothing else, as the step's rows do; the
+    # diagonal tiles' loop copies their block ids too
+    step_full = rows["kv_tile_loops"][3]
+    assert "LDG" not in full_cache["opcodes"]
+    assert full_cache["opcodes"]["LDGSTS"] == step_full["opcodes"]["LDGSTS"] < diagonal["opcodes"]["LDGSTS"]
+    assert max(cache["copy_waits"]) == max(rows["copy_waits"]) == 2  # 3 stages: two copy groups in flight

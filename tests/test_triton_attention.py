@@ -118,6 +118,21 @@ def test_choose_kv_tile_is_a_power_of_two_of_at_least_16():
         assert tile >= 16 and tile & (tile - 1) == 0
 
 
+@pytest.mark.parametrize(
+    "query_lens, seq_lens, block_size, kv_tile, num_segments",
+    [
+        ([1, 5], [2000, 1300], 16, 16, 1),  # 125 and 81 full tiles: 8 and 6 groups of block ids
+        ([1], [720], 32, 16, 16),  # 3 tiles a segment: segments start inside a block of 32
+        ([1, 1], [1100, 530], 16, 64, 4),  # 4 blocks a tile: a group's ids are 64
+    ],
+)
+def test_full_tiles_read_their_block_ids_in_groups(query_lens, seq_lens, block_size, kv_tile, num_segments):
+    """triton_kernels.py NOTE 3: the full tiles' block ids come in groups of ID_GROUP tiles,
+    each tile gathering its own from registers; groups that end mid-walk, segments that start
+    inside a block and tiles of several blocks all read the right keys (unused slots hold NaN)."""
+    check_against_reference(query_lens, seq_lens, 4, 2, 16, block_size, kv_tile=kv_tile, num_segments=num_segments)
+
+
 def test_split_kv_with_prefill_rows_and_padding():
     # the split path is chosen for decode, but it is correct for any batch
     check_against_reference([4, 1], [40, 70], 4, 2, 64, 16, num_segments=4, pad_tokens=3)

@@ -77,7 +77,7 @@ def prefill_sweep_cases() -> list[dict]:
     a tile at 3 stages, 64 at 4; 128 at 4 needs more than sm_90 has) as launched on an H100 (``ATTENTION_DIVISIBLE_BY_16``), Llama-3-8B's heads, bf16,
     reading the step's own rows as the engine's prefill does (triton_kernels.py NOTE 1), and the
     default prefill config for comparison: each must fit sm_90's shared memory. The default
-    config once more reading every key from the cache: the control of the pipelining test."""
+    config once more reading every key from the cache (NOTE 3's walk)."""
     from tinyvllm.attention.triton_attention import choose_query_tile
 
     cases = []

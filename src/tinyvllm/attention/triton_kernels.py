@@ -22,23 +22,33 @@ NOTE 1 (the step's own keys): a request's keys this step are rows ``q_begin .. q
 of the ``key``/``value`` the layer just wrote into the cache, so with ``STEP_KV`` the kernel
 reads only the context (positions before ``context_len``, visible to every row) through the
 block table, and the step's keys from those rows: key ``u`` of the step is visible to row
-``t`` when ``u <= t``. Why: a key's address in the cache needs its block id, loaded in the
-same loop; Triton's software pipeliner then waits for every copy in flight before each tile
-(``cp.async.wait_group 0``), so nothing overlaps. Rows at a fixed stride need no id and are
-prefetched tiles ahead. A fresh prompt's prefill reads the cache not at all (FlashInfer's
-ragged prefill; vLLM's MLA backends split the context and the new tokens the same way). Not
-on the split-KV path: it serves decode, whose one new key is not worth a second walk.
+``t`` when ``u <= t``. Why: rows at a fixed stride need no block id, so the step's whole walk
+is one software pipeline with no id to gather (NOTE 3) and fewer instructions a tile, and a
+fresh prompt's prefill reads the cache not at all (FlashInfer's ragged prefill; vLLM's MLA
+backends split the context and the new tokens the same way). Not on the split-KV path: it
+serves decode, whose one new key is not worth a second walk.
 NOTE 2 (base-2 units): scores are scaled by ``scale * log2(e)`` and exponentiated with
 ``exp2``, the hardware's own exponential: ``exp(x) == exp2(x * log2(e))``. The scale is taken
 into the exponent's argument, ``exp2(s * c - m)``, one fused multiply-add a score, and into the
 row max as ``max(s) * c`` (the same value for ``c > 0``), as Triton's fused-attention tutorial
 does. The running maxima (and the split path's stored ones) are in base-2 units.
+NOTE 3 (block ids outside the copies' pipeline): in the cache walk a key's address needs its
+block id; loaded in the tile's own iteration, it is a load the K/V loads wait on, and Triton's
+pipeliner then drains every copy in flight before each tile (``cp.async.wait_group 0``):
+no load overlaps the tile before it. So the full tiles go in groups of
+``ID_GROUP``: one load brings the group's block ids into registers before the group's loop,
+and each tile picks its keys' ids with ``tl.gather``, arithmetic on registers. The loop over
+the group's tiles loads nothing but K and V, and keeps copies in flight; each group starts its
+pipeline anew. ``ID_GROUP * cdiv(TILE_N, BLOCK_SIZE)`` ids cover a group even when its first
+tile starts inside a block. The few diagonal tiles still load their ids.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+ID_GROUP = tl.constexpr(16)  # full KV tiles whose block ids one load brings (NOTE 3)
 
 
 @triton.jit
@@ -70,21 +80,17 @@ def _num_full_kv_tiles(first_pos, kv_len, TILE_N: tl.constexpr):
 
 @triton.jit
 def _cached_kv_tile(
-    j, kv_len,  # the KV tile's index (keys ``j*TILE_N ..``); keys the query tile may see
-    block_table_row_ptr, key_head_ptr, value_head_ptr,  # the request's block ids; caches at the KV head
+    j, kv_len, block_id,  # the KV tile's index (keys ``j*TILE_N ..``); keys the query tile may see; [T] their blocks
+    key_head_ptr, value_head_ptr,  # the caches at the KV head
     stride_k_b, stride_k_s, stride_v_b, stride_v_s,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """KV tile ``j`` gathered from the paged cache through the block table: ``(k [D, T],
-    v [T, D], k_pos [T], k_valid [T])``. ``MASKED`` tiles read no key past ``kv_len``."""
+    """KV tile ``j`` gathered from the paged cache, each key from its block ``block_id``:
+    ``(k [D, T], v [T, D], k_pos [T], k_valid [T])``. ``MASKED`` tiles read no key past ``kv_len``."""
     keys = tl.arange(0, TILE_N)  # [T]
     dims = tl.arange(0, HEAD_SIZE)  # [D]
     k_pos = j * TILE_N + keys  # [T]
     k_valid = k_pos < kv_len  # [T]
-    if MASKED:
-        block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0)  # [T]
-    else:
-        block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE)  # [T]
     slot = k_pos % BLOCK_SIZE  # [T]
     k_ptrs = key_head_ptr + (block_id.to(tl.int64) * stride_k_b + slot * stride_k_s)[None, :] + dims[:, None]
     v_ptrs = value_head_ptr + (block_id.to(tl.int64) * stride_v_b + slot * stride_v_s)[:, None] + dims[None, :]
@@ -163,16 +169,28 @@ def _attend_cached_keys(
     DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """The KV tiles ``tile_lo .. tile_hi - 1`` from the paged cache: the full tiles before
-    ``num_full`` unmasked, the diagonal ones after it masked (``triton_attention.py`` NOTE 6)."""
-    for j in range(tile_lo, tl.minimum(tile_hi, num_full)):
-        k, v, k_pos, k_valid = _cached_kv_tile(
-            j, kv_len, block_table_row_ptr, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
-            BLOCK_SIZE, TILE_N, HEAD_SIZE, False,
-        )  # fmt: skip
-        m, l, acc = _attend_kv_tile(q, m, l, acc, k, v, None, qk_scale, False, DOT_FP32, INPUT_PRECISION)
+    ``num_full`` unmasked, the diagonal ones after it masked (``triton_attention.py`` NOTE 6).
+    The full tiles go in groups of ``ID_GROUP`` whose block ids are loaded before the group's
+    loop, each tile taking its own with ``tl.gather`` (NOTE 3)."""
+    keys = tl.arange(0, TILE_N)  # [T]
+    hi = tl.minimum(tile_hi, num_full)
+    num_blocks = tl.cdiv(hi * TILE_N, BLOCK_SIZE)  # the blocks the full tiles read
+    for group in range(tile_lo, hi, ID_GROUP):
+        first_block = group * TILE_N // BLOCK_SIZE
+        index = first_block + tl.arange(0, ID_GROUP * ((TILE_N + BLOCK_SIZE - 1) // BLOCK_SIZE))  # [I] table columns
+        ids = tl.load(block_table_row_ptr + index, mask=index < num_blocks, other=0)  # [I]: the group's block ids
+        for j in range(group, tl.minimum(group + ID_GROUP, hi)):
+            block_id = tl.gather(ids, (j * TILE_N + keys) // BLOCK_SIZE - first_block, 0)  # [T]: no load
+            k, v, k_pos, k_valid = _cached_kv_tile(
+                j, kv_len, block_id, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+                BLOCK_SIZE, TILE_N, HEAD_SIZE, False,
+            )  # fmt: skip
+            m, l, acc = _attend_kv_tile(q, m, l, acc, k, v, None, qk_scale, False, DOT_FP32, INPUT_PRECISION)
     for j in range(tl.maximum(tile_lo, num_full), tile_hi):
+        k_pos = j * TILE_N + keys  # [T]
+        block_id = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_pos < kv_len, other=0)  # [T]
         k, v, k_pos, k_valid = _cached_kv_tile(
-            j, kv_len, block_table_row_ptr, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            j, kv_len, block_id, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
             BLOCK_SIZE, TILE_N, HEAD_SIZE, True,
         )  # fmt: skip
         visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])  # [M, T]
