@@ -79,6 +79,14 @@ def _num_full_kv_tiles(first_pos, kv_len, TILE_N: tl.constexpr):
 
 
 @triton.jit
+def _load_kv(k_ptrs, v_ptrs, valid, MASKED: tl.constexpr):
+    """A KV tile's keys ``[D, T]`` and values ``[T, D]``; ``MASKED``: zeros where not ``valid`` [T]."""
+    if MASKED:
+        return tl.load(k_ptrs, mask=valid[None, :], other=0.0), tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+    return tl.load(k_ptrs), tl.load(v_ptrs)
+
+
+@triton.jit
 def _cached_kv_tile(
     j, kv_len, block_id,  # the KV tile's index (keys ``j*TILE_N ..``); keys the query tile may see; [T] their blocks
     key_head_ptr, value_head_ptr,  # the caches at the KV head
@@ -94,12 +102,7 @@ def _cached_kv_tile(
     slot = k_pos % BLOCK_SIZE  # [T]
     k_ptrs = key_head_ptr + (block_id.to(tl.int64) * stride_k_b + slot * stride_k_s)[None, :] + dims[:, None]
     v_ptrs = value_head_ptr + (block_id.to(tl.int64) * stride_v_b + slot * stride_v_s)[:, None] + dims[None, :]
-    if MASKED:
-        k = tl.load(k_ptrs, mask=k_valid[None, :], other=0.0)  # [D, T]
-        v = tl.load(v_ptrs, mask=k_valid[:, None], other=0.0)  # [T, D]
-    else:
-        k = tl.load(k_ptrs)  # [D, T]
-        v = tl.load(v_ptrs)  # [T, D]
+    k, v = _load_kv(k_ptrs, v_ptrs, k_valid, MASKED)
     return k, v, k_pos, k_valid
 
 
@@ -121,12 +124,7 @@ def _step_kv_tile(
     u_valid = u < num_new  # [T]
     k_ptrs = key_rows_ptr + (u.to(tl.int64) * stride_kn_n)[None, :] + dims[:, None]
     v_ptrs = value_rows_ptr + (u.to(tl.int64) * stride_vn_n)[:, None] + dims[None, :]
-    if MASKED:
-        k = tl.load(k_ptrs, mask=u_valid[None, :], other=0.0)  # [D, T]
-        v = tl.load(v_ptrs, mask=u_valid[:, None], other=0.0)  # [T, D]
-    else:
-        k = tl.load(k_ptrs)  # [D, T]
-        v = tl.load(v_ptrs)  # [T, D]
+    k, v = _load_kv(k_ptrs, v_ptrs, u_valid, MASKED)
     return k, v, u, u_valid
 # --8<-- [end:step_tile]
 
