@@ -269,3 +269,45 @@ def test_cudagraph_release_unwraps_the_pieces(tiny_model_dirs):
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     llm.generate({"prompt_token_ids": [5, 6]}, params, use_tqdm=False)
     assert set(runner.cudagraph_stats) == {M.NONE}
+
+
+@pytest.mark.seed("000:capture")
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_full_step_takes_its_logits_from_the_graph(tiny_model_dirs, monkeypatch, async_scheduling):
+    """The LM head is part of what a FULL graph runs (``cudagraph_capture.py`` NOTE 4): a step
+    that replays one launches no LM head of its own. Every other step runs it once, eagerly;
+    the tokens are eager's."""
+    from tinyvllm.worker.cuda_graph import CUDAGraphWrapper
+
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS[:3]]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    llm = LLM(str(tiny_model_dirs["qwen3"]), attention_backend="triton", async_scheduling=async_scheduling,
+              compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]},
+              **ENGINE)  # fmt: skip
+    runner = llm.engine.model_runner
+    calls = {"in_graph": 0, "outside": 0}
+    replaying = []
+    replay = CUDAGraphWrapper._replay
+
+    def traced_replay(self, entry):
+        replaying.append(self.runtime_mode)
+        try:
+            return replay(self, entry)
+        finally:
+            replaying.pop()
+
+    compute_logits = runner.model.compute_logits
+
+    def counted(hidden):
+        calls["in_graph" if M.FULL in replaying else "outside"] += 1
+        return compute_logits(hidden)
+
+    monkeypatch.setattr(CUDAGraphWrapper, "_replay", traced_replay)
+    monkeypatch.setattr(runner.model, "compute_logits", counted)
+    tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    stats = runner.cudagraph_stats
+    assert stats[M.FULL] >= 4, dict(stats)
+    assert calls == {"in_graph": stats[M.FULL], "outside": sum(stats.values()) - stats[M.FULL]}
+    eager = LLM(str(tiny_model_dirs["qwen3"]), attention_backend="triton",
+                compilation_config={"cudagraph_mode": "NONE"}, **ENGINE)  # fmt: skip
+    assert tokens == [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]

@@ -174,6 +174,13 @@ def sites(syncs: list[Sync]) -> list[str]:
     return [f"{s.file}:{s.line} {s.function}" for s in syncs]
 
 
+def tensors_in(value) -> list[torch.Tensor]:
+    """Every tensor in ``value``, a tensor or a tuple or list of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for item in value for t in tensors_in(item)] if isinstance(value, (tuple, list)) else []
+
+
 # --8<-- [start:counted_steps]
 def counted_steps(folder, requests: list[tuple[list[int], SamplingParams]], device: torch.device = DEV,
                   cuda_waits: list[list[str]] | None = None, counter: DeviceSyncCounter | None = None, **kw):
@@ -191,6 +198,9 @@ def counted_steps(folder, requests: list[tuple[list[int], SamplingParams]], devi
         # One tensor on the CPU, the device's twin of a pinned buffer on a GPU (NOTE 1).
         counter.mark([buf.device for buf in vars(runner.buffers).values() if hasattr(buf, "device")])
         counter.mark([runner.input_batch.block_table.table])
+        # What a captured graph returns lives in its pool on a GPU; made at start-up, before the marks.
+        wrappers = [w for w in (runner.full_graph, *runner.model.pieces) if hasattr(w, "entries")]
+        counter.mark([t for w in wrappers for e in w.entries.values() for t in tensors_in(e.output)])
         for i, (prompt, params) in enumerate(requests):
             llm.engine.add_request(f"r{i}", prompt, params)
         counter.counting = True

@@ -32,7 +32,7 @@ tinyvllm passes the runner's ``torch.device`` for device tensors and makes host 
 with no device or with the string ``"cpu"`` (``torch.tensor(data, device="cpu",
 pin_memory=...)``). ``Tensor.to("cpu")`` and ``Tensor.cpu()`` move to the host. Buffers
 that are one tensor on the CPU but two on a GPU (the persistent input buffers, the block
-table) are marked device by the caller.
+table) are marked device by the caller, with every view of them (a graph's, made earlier).
 NOTE 2 (what synchronises), following PyTorch's CUDA copy and indexing code:
   read:  a value to the host: ``tolist``, ``item``, ``bool``/``int``/``float``/``index``
          of a tensor, ``numpy``, ``cpu``, ``to("cpu")``, ``torch.equal``/``allclose``, and
@@ -159,6 +159,7 @@ class DeviceSyncCounter(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self._device: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> True
+        self._marked_memory: set[int] = set()  # the storage addresses of marked tensors (NOTE 1)
         self.syncs: list[Sync] = []
         self.counting = False
 
@@ -168,9 +169,12 @@ class DeviceSyncCounter(TorchFunctionMode):
         """These tensors live on the device (NOTE 1)."""
         for t in tensors:
             self._device[t] = True
+            self._marked_memory.add(t.untyped_storage().data_ptr())
 
     def is_device(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and t in self._device
+        if not isinstance(t, torch.Tensor):
+            return False
+        return t in self._device or (bool(self._marked_memory) and t.untyped_storage().data_ptr() in self._marked_memory)
 
     def check_invariants(self) -> None:
         for sync in self.syncs:

@@ -71,7 +71,7 @@ from tinyvllm.device_syncs import upload
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.bad_words import apply_bad_words
 from tinyvllm.sample.metadata import SamplingMetadata
-from tinyvllm.sample.ops.random_sample import random_sample, rows_without_a_token
+from tinyvllm.sample.ops.random_sample import no_token_from_max, random_sample, rows_without_a_token
 from tinyvllm.sample.top_k_top_p import apply_top_k_top_p
 
 
@@ -110,9 +110,10 @@ class Sampler:
         logits = self.apply_logits_processors(logits.to(torch.float32, copy=True), md)  # [R, V]
         if md.thinking_budget is not None:
             logits = md.thinking_budget.apply_to_rows(logits, md.rows_per_request)
-        no_token = rows_without_a_token(logits)  # [R]: a greedy row's verdict
         if md.all_greedy:
-            return logits.argmax(dim=-1), no_token  # [R], [R]
+            row_max, tokens = logits.max(dim=-1)  # [R], [R]: the argmax and its logit, one reduction
+            return tokens, no_token_from_max(row_max)
+        no_token = rows_without_a_token(logits)  # [R]: a greedy row's verdict
         greedy_tokens = None if md.all_random else logits.argmax(dim=-1)  # [R]
         temperature = md.temperature.to(logits.device)  # [R]
         is_greedy = temperature == 0  # [R]
@@ -150,7 +151,19 @@ class Sampler:
 # --8<-- [end:sampler]
 
 
+NO_TOKEN = -1  # a row's id on its way to the host when it has no token (NOTE 7): no token id is negative
+
+
+def ids_for_host(tokens: torch.Tensor, no_token: torch.Tensor) -> torch.Tensor:
+    """``[R]`` int64: each row's token, ``NO_TOKEN`` where it has none; one tensor to read (NOTE 6)."""
+    return torch.where(no_token, NO_TOKEN, tokens)
+
+
+def split_host_ids(host: list[int]) -> tuple[list[int], list[bool]]:
+    """``ids_for_host``'s values, read: each row's token and its no-token verdict."""
+    return host, [t == NO_TOKEN for t in host]
+
+
 def sampled_to_host(tokens: torch.Tensor, no_token: torch.Tensor) -> tuple[list[int], list[bool]]:
     """Each row's token and its no-token verdict on the host, in one transfer (NOTE 6)."""
-    host = torch.cat([tokens, no_token.to(tokens.dtype)]).tolist()
-    return host[: tokens.shape[0]], [bool(v) for v in host[tokens.shape[0] :]]
+    return split_host_ids(ids_for_host(tokens, no_token).tolist())

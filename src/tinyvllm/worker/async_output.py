@@ -45,7 +45,7 @@ import torch
 
 from tinyvllm.outputs import LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample.logprobs import LogprobsTensors
-from tinyvllm.sample.sampler import SamplerOutput, sampled_to_host
+from tinyvllm.sample.sampler import SamplerOutput, ids_for_host, sampled_to_host, split_host_ids
 
 if TYPE_CHECKING:
     from tinyvllm.attention.metadata import AttentionMetadata
@@ -114,7 +114,7 @@ class HostIds:
         self._host: torch.Tensor | None = None
         self._event = None
         if early and tokens.device.type == "cuda":
-            self._host = pinned_copy(torch.cat([tokens, no_token.to(tokens.dtype)]))  # [2R]
+            self._host = pinned_copy(ids_for_host(tokens, no_token))  # [R]
             self._event = torch.cuda.Event()
             self._event.record()
 
@@ -123,9 +123,7 @@ class HostIds:
         if self._host is None:
             return sampled_to_host(self.tokens, self.no_token)
         self._event.synchronize()
-        host = self._host.tolist()
-        n = self.tokens.shape[0]
-        return host[:n], [bool(v) for v in host[n:]]
+        return split_host_ids(self._host.tolist())
 
 
 class AsyncModelRunnerOutput:
@@ -180,3 +178,4 @@ class ForwardInFlight:
     metadata: AttentionMetadata | None
     computed: list[int]  # each row's computed tokens before the step
     scheduler_output: SchedulerOutput
+    logits: torch.Tensor | None = None  # [R_pad, V] when the forward ran the LM head (cudagraph_capture.py NOTE 4)

@@ -29,6 +29,14 @@ max_num_seqs)``) empty requests, KV writes to ``PAD_SLOT_ID``, block rows ``PAD_
 NOTE 3 (tensor parallelism): the pieces hold the row-parallel layers' all-reduces. NCCL's
 can be captured in a CUDA graph; gloo's cannot (it copies through the host), so ranks over
 gloo on CUDA (two sharing one GPU) run eager. Emulated graphs on the CPU keep gloo's.
+NOTE 4 (the LM head in the FULL graph): launched from the host, the LM head and its cast to
+float32 cost a decode step host time of their own, while the device could already be busy.
+For a generating engine without drafts the FULL wrapper runs ``ForwardAndLogits``: the
+forward, then ``compute_logits`` on each request's logits row, so a FULL step's logits come
+out of the graph (SGLang's decode graphs hold the LM head too; vLLM's do not). Steps that
+pass through run the same callable eagerly, so the runner reads the logits of every step
+from the forward. With drafts the rows to verify are the rejection sampler's, and a pooling
+engine has no LM head: both wrap the plain model.
 """
 
 from __future__ import annotations
@@ -110,7 +118,24 @@ class CUDAGraphSetup:
     dispatcher: CudagraphDispatcher  # its keys initialised for ``mode``
     emulate: bool  # True off CUDA: emulated graphs (cuda_graph.py NOTE 2)
     pieces: list  # the model's pieces, each in a PIECEWISE wrapper when the mode has piecewise graphs
-    full_graph: CUDAGraphWrapper | None  # the FULL wrapper around the whole forward, if the mode has one
+    full_graph: CUDAGraphWrapper | None  # the FULL wrapper around the whole forward (NOTE 4), if the mode has one
+
+
+# --8<-- [start:forward_and_logits]
+class ForwardAndLogits:
+    """What the FULL wrapper runs for a generating engine without drafts (NOTE 4)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The hidden states ``[N_pad, hidden]`` and each request's logits ``[R_pad, V]`` float32."""
+        hidden = self.model(input_ids, positions, kv_caches, attn_metadata)  # [N_pad, hidden]
+        return hidden, self.model.compute_logits(hidden[attn_metadata.logits_indices])  # [R_pad, V]
+
+    __call__ = forward
+# --8<-- [end:forward_and_logits]
 
 
 def eager_pieces(model: torch.nn.Module) -> list:
@@ -176,7 +201,10 @@ def init_cudagraphs(
     pieces = eager_pieces(model)
     if mode.has_piecewise_cudagraphs():
         pieces = [CUDAGraphWrapper(p, CUDAGraphMode.PIECEWISE, emulate, pool=pool) for p in pieces]
-    full_graph = CUDAGraphWrapper(model, CUDAGraphMode.FULL, emulate, pool=pool) if mode.has_full_cudagraphs() else None
+    full_graph = None
+    if mode.has_full_cudagraphs():  # NOTE 4: the LM head inside, unless drafts or pooling
+        runnable = model if pooling or uniform_decode_query_len > 1 else ForwardAndLogits(model)
+        full_graph = CUDAGraphWrapper(runnable, CUDAGraphMode.FULL, emulate, pool=pool)
     return CUDAGraphSetup(mode, dispatcher, emulate, pieces, full_graph)
 # --8<-- [end:init_cudagraphs]
 

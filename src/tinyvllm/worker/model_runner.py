@@ -224,8 +224,9 @@ class ModelRunner:
         dispatch: tuple[CUDAGraphMode, BatchDescriptor] | None = None,
         dummy: bool = False,
         feed: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, AttentionMetadata]:
-        """One forward over the persistent buffers; returns hidden states [N_pad, hidden]."""
+    ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor | None]:
+        """One forward over the persistent buffers: hidden states [N_pad, hidden], the metadata,
+        and the logits [R_pad, V] when the forward computes them (``cudagraph_capture.py`` NOTE 4)."""
         num_tokens, num_reqs = sum(num_scheduled), len(num_scheduled)
         # a decode step is uniform at 1 + k (every request verifies k drafts) or at 1 (no drafts
         # this step): each length has its own FULL keys (cudagraph_dispatcher.py NOTE 4)
@@ -254,11 +255,12 @@ class ModelRunner:
             input_ids.index_copy_(0, positions, values.to(input_ids.dtype))
         run = self.full_graph if self.full_graph is not None else self.model
         with set_forward_context(mode, desc):
-            hidden = run(input_ids, metadata.positions, self.kv_caches, metadata)  # [N_pad, hidden]
+            out = run(input_ids, metadata.positions, self.kv_caches, metadata)  # hidden, or (hidden, logits)
         if not dummy:
             self.cudagraph_stats[mode] += 1
             self.last_dispatch = StepDispatch(num_tokens, num_reqs, uniform, mode, desc)
-        return hidden, metadata
+        hidden, logits = out if isinstance(out, tuple) else (out, None)  # [N_pad, hidden], [R_pad, V]
+        return hidden, metadata, logits
     # --8<-- [end:forward]
 
     # --8<-- [start:recover]
@@ -396,18 +398,18 @@ class ModelRunner:
             token_ids.insert(position, 0)  # a placeholder: the forward reads the device's id
 
         # (b)-(d): dispatch, pad into the persistent buffers, run (graph replay or eager).
-        hidden = metadata = None
+        hidden = metadata = logits = None
         if req_ids:
             feed_tensors = None if feed is None else (
                 upload(feed.positions, torch.int64, self.device),
                 prev.host_ids.tokens[upload(feed.prev_rows, torch.int64, self.device)],
             )  # fmt: skip
-            hidden, metadata = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states], feed=feed_tensors)
+            hidden, metadata, logits = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states], feed=feed_tensors)
         if prev is not None and prev.handle is not None:
             prev.handle.get_output()  # NOTE 12: its tokens join the output lists before the processors read them
         batch.refresh(spec_token_ids=drafts if spec else None)
         step = StepInFlight(req_ids, states, num_sched, drafts, dict(batch.req_id_to_index), scheduled_drafts)
-        return ForwardInFlight(step, hidden, metadata, computed, scheduler_output)
+        return ForwardInFlight(step, hidden, metadata, computed, scheduler_output, logits)
 
     def _sample(self, forward: ForwardInFlight, read_later: bool) -> StepInFlight:
         """(e) sample; only rows that reached the end of their tokens keep theirs (NOTE 2)."""
@@ -434,7 +436,9 @@ class ModelRunner:
             )  # fmt: skip
         else:
             sampling_metadata = self.input_batch.make_sampling_metadata()
-            logits = self.model.compute_logits(hidden[forward.metadata.logits_indices[: len(req_ids)]])  # [R, V]
+            logits = forward.logits  # [R_pad, V]: from the forward, or the LM head runs now
+            logits = self.model.compute_logits(hidden[forward.metadata.logits_indices]) if logits is None else logits
+            logits = logits[: len(req_ids)]  # [R, V]
             apply_grammar_bitmask(scheduler_output, req_ids, logits)  # structured outputs: before the sampler
             sampler_output = self.sampler(logits, sampling_metadata)
             if read_later:

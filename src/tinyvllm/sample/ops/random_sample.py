@@ -35,7 +35,14 @@ def rows_without_a_token(scores: torch.Tensor) -> torch.Tensor:
     """``[R]`` bool: the rows of ``scores`` ``[R, V]`` (logits or probabilities) with nothing
     to pick: every entry ``-inf``, or a NaN anywhere (``sample/sampler.py`` NOTE 7). One
     reduction over V."""
-    return ~(scores.amax(dim=-1) > float("-inf"))  # NaN > -inf is False
+    return no_token_from_max(scores.amax(dim=-1))
+
+
+def no_token_from_max(row_max: torch.Tensor) -> torch.Tensor:
+    """``[R]`` bool from each row's maximum ``[R]`` (NaN if the row holds one, as ``amax`` and
+    ``max`` give it): the row has nothing to pick. A greedy batch takes the maximum with its
+    argmax in one reduction (``torch.max``) and reads its verdict here."""
+    return ~(row_max > float("-inf"))  # NaN > -inf is False
 
 
 def random_sample(probs: torch.Tensor, draw_keys: Mapping[int, int]) -> torch.Tensor:
