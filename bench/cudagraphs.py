@@ -23,9 +23,9 @@ so no mode is downgraded) and measured twice:
   host's clock on each phase (``host_phases``: scheduling, the runner's state, the
   inputs and the graph's launch, the LM head, the sampler, the rest of ``execute_model``
   where the host waits for the device, ``update_from_output``, the engine's rest), and
-  the forward's own parts (``forward_parts_ms``: the step's index lists, the block
-  table's commit, the buffers' fill and upload, and the rest, the model's or the
-  graph's launch). With async scheduling (``--async-ab``) the host waits for the device
+  the forward's own parts (``forward_parts_ms``: the step's index lists, the input
+  buffers' fill and their one copy up, block table rows included, and the rest, the
+  model's or the graph's launch). With async scheduling (``--async-ab``) the host waits for the device
   inside the next step, which that clock cannot split; those steps run under ``cProfile``
   instead (``host_profile``): the 25 functions with the most host time of their own, per
   step (``host_top_functions_async``), the profile to read when the device idles.
@@ -187,11 +187,10 @@ def host_phases(llm, steps: int) -> dict:
              "update_states": (runner, "_update_states"), "forward": (runner, "_forward"),
              "logits": (runner.model, "compute_logits"), "sample": (runner, "sampler"),
              "update_from_output": (engine.scheduler, "update_from_output"),
-             # inside forward: the inputs, in three parts; the rest of it is the model or graph's launch
+             # inside forward: the inputs, in two parts; the rest of it is the model or graph's launch
              "step_inputs": (runner_module, "build_step_inputs"),
-             "block_table_commit": (runner.input_batch.block_table, "commit"),
              "buffers_fill": (runner.buffers, "fill")}  # fmt: skip
-    forward_parts = ("step_inputs", "block_table_commit", "buffers_fill")
+    forward_parts = ("step_inputs", "buffers_fill")
     clock = StepClock()
     own = {name: vars(owner).get(attr) for name, (owner, attr) in hooks.items()}  # None: a method of the class
     for name, (owner, attr) in hooks.items():

@@ -334,36 +334,30 @@ def test_no_wait_between_sampling_a_step_and_scheduling_the_next(tiny_model_dirs
         assert waits_before_next_schedule == [1] * len(gaps), between
 
 
-def test_the_host_twins_are_rewritten_only_after_the_last_steps_copies_ran(tiny_model_dirs, monkeypatch):
+def test_the_host_twin_is_rewritten_only_after_the_last_steps_copy_ran(tiny_model_dirs, monkeypatch):
     """input_buffers.py NOTE 2: a ``non_blocking`` copy reads its pinned host twin when the device
     reaches it. With async scheduling the host prepares step N+1 while step N may still be
-    queued, so every write to a twin (the persistent buffers', the block table's) must come after
-    a wait for the event that ``fill`` records behind its copies. On the CPU the event is a
-    stand-in that writes into the timeline; the engine's tokens stay the synchronous ones."""
-    from tinyvllm.worker.block_table import BlockTable
-    from tinyvllm.worker.input_buffers import PersistentBuffer
+    queued, so every write to the twin must come after a wait for the event that ``fill``
+    records behind its copy. On the CPU the event is a stand-in that writes into the timeline;
+    the engine's tokens stay the synchronous ones."""
+    from tinyvllm.worker.input_buffers import InputBuffers
 
     timeline: list[str] = []
 
-    class Event:  # what torch.cuda.Event does for the runner, as marks
+    class Event:  # what torch.cuda.Event does for the buffers, as marks
         def record(self) -> None:
             timeline.append("record")
 
         def synchronize(self) -> None:
             timeline.append("wait")
 
-    def marked(cls, name):
-        original = getattr(cls, name)
+    write_host = InputBuffers._write_host
 
-        def write(self, *args, **kwargs):
-            timeline.append("write")
-            return original(self, *args, **kwargs)
+    def marked(*args):
+        timeline.append("write")
+        return write_host(*args)
 
-        monkeypatch.setattr(cls, name, write)
-
-    for name in ("add_row", "append_row", "clear_row", "move_row", "swap_rows"):
-        marked(BlockTable, name)
-    marked(PersistentBuffer, "write")
+    monkeypatch.setattr(InputBuffers, "_write_host", staticmethod(marked))
     folder = tiny_model_dirs["qwen3"]
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     expected = make_llm(folder, False).generate(prompts, greedy(8), use_tqdm=False)
@@ -373,10 +367,10 @@ def test_the_host_twins_are_rewritten_only_after_the_last_steps_copies_ran(tiny_
     got = llm.generate(prompts, greedy(8), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     fills = llm.engine.model_runner.cudagraph_stats.total()
-    assert timeline.count("record") == fills > 8, timeline  # one event behind every step's copies
-    queued = False  # copies queued and not yet waited for
+    assert timeline.count("record") == timeline.count("write") == fills > 8, timeline  # one event behind every copy
+    queued = False  # a copy queued and not yet waited for
     for i, mark in enumerate(timeline):
-        assert not (mark == "write" and queued), f"a twin written before the last step's copies ran: {timeline[: i + 1]}"
+        assert not (mark == "write" and queued), f"the twin written before the last step's copy ran: {timeline[: i + 1]}"
         queued = mark == "record" or (queued and mark != "wait")
 
 

@@ -16,7 +16,6 @@ from tinyvllm.worker.input_buffers import PAD_TOKEN_ID, InputBuffers
 
 def test_block_table_rows_add_append_move_swap_clear():
     table = BlockTable(4, 5)
-    address = table.table.data_ptr()
     table.add_row(0, [7, 3])
     table.append_row(0, [9])
     table.add_row(2, [1])
@@ -28,8 +27,7 @@ def test_block_table_rows_add_append_move_swap_clear():
     table.add_row(1, [4])  # a resumed request: the row is replaced, not extended
     assert table.cpu[1].tolist() == [4, PAD_BLOCK_ID, PAD_BLOCK_ID, PAD_BLOCK_ID, PAD_BLOCK_ID]
     table.clear_row(0)
-    assert table.commit(2).tolist() == [[PAD_BLOCK_ID] * 5, [4] + [PAD_BLOCK_ID] * 4]
-    assert table.commit(2).data_ptr() == address  # the same storage every step
+    assert table.rows_for_step(2).tolist() == [[PAD_BLOCK_ID] * 5, [4] + [PAD_BLOCK_ID] * 4]
     table.check_invariants()
     with pytest.raises(ValueError, match="row 1 would hold 6 blocks, more than 5"):
         table.append_row(1, [1, 2, 3, 4, 5])
@@ -52,14 +50,16 @@ def test_block_table_follows_the_input_batch_rows():
 
 
 def test_input_buffers_write_prefixes_and_keep_their_address():
-    buffers = InputBuffers(max_num_tokens=16, max_num_reqs=4, device="cpu")
+    buffers = InputBuffers(max_num_tokens=16, max_num_reqs=4, blocks_per_req=2, device="cpu")
     table = BlockTable(4, 2)
     table.add_row(0, [3])
     table.add_row(1, [1])
     views = []
     for computed, scheduled, tokens in (([0, 0], [3, 2], [11, 12, 13, 21, 22]), ([3, 2], [1, 1], [14, 23])):
         step = build_step_inputs(computed, scheduled, [[3], [1]], 4, num_padded_tokens=8, num_padded_reqs=3)
-        input_ids, md = buffers.fill(tokens, step, table.commit(3), 4, max_query_len=8, max_seq_len=8)
+        input_ids, md, fed = buffers.fill(tokens, step, table.rows_for_step(3), 4, max_query_len=8, max_seq_len=8,
+                                          fed_positions=[1], fed_rows=[0])  # fmt: skip
+        assert [t.tolist() for t in fed] == [[1], [0]]
         expected = build_attention_metadata(computed, scheduled, [[3], [1]], 4, num_padded_tokens=8,
                                             num_padded_reqs=3, max_num_blocks=2)  # fmt: skip
         for name in ("positions", "query_start_loc", "seq_lens", "slot_mapping", "block_table", "logits_indices"):
@@ -70,7 +70,11 @@ def test_input_buffers_write_prefixes_and_keep_their_address():
     assert views[0] == views[1], "a step of the same padded shape must reuse the same addresses"
     with pytest.raises(ValueError, match="2 token ids for a step of 5 tokens"):
         step = build_step_inputs([0, 0], [3, 2], [[3], [1]], 4)
-        buffers.fill([1, 2], step, table.commit(2), 4, max_query_len=3, max_seq_len=3)
-    with pytest.raises(ValueError, match="17 values do not fit a persistent buffer of 16"):
+        buffers.fill([1, 2], step, table.rows_for_step(2), 4, max_query_len=3, max_seq_len=3)
+    with pytest.raises(ValueError, match="a step of 17 tokens and 1 requests does not fit input buffers of 16 tokens"):
         step = build_step_inputs([0], [17], [[3, 1, 2, 4, 5]], 4)
-        buffers.fill([1] * 17, step, table.commit(1), 4, max_query_len=17, max_seq_len=17)
+        buffers.fill([1] * 17, step, table.rows_for_step(1), 4, max_query_len=17, max_seq_len=17)
+    with pytest.raises(ValueError, match=r"block table rows of shape \(1, 2\) for 2 requests"):
+        step = build_step_inputs([0, 0], [3, 2], [[3], [1]], 4)
+        buffers.fill([1] * 5, step, table.rows_for_step(1), 4, max_query_len=3, max_seq_len=3)
+    assert views[0] == [t.data_ptr() for t in (input_ids, md.positions, md.slot_mapping, md.seq_lens, md.block_table)]

@@ -150,8 +150,8 @@ def test_cudagraph_replay_catches_a_runner_that_builds_fresh_tensors(tiny_model_
     fill = InputBuffers.fill
 
     def fresh(self, *args, **kwargs):
-        input_ids, metadata = fill(self, *args, **kwargs)
-        return input_ids.clone(), metadata
+        input_ids, metadata, fed = fill(self, *args, **kwargs)
+        return input_ids.clone(), metadata, fed
 
     monkeypatch.setattr(InputBuffers, "fill", fresh)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
@@ -311,3 +311,60 @@ def test_a_full_step_takes_its_logits_from_the_graph(tiny_model_dirs, monkeypatc
     eager = LLM(str(tiny_model_dirs["qwen3"]), attention_backend="triton",
                 compilation_config={"cudagraph_mode": "NONE"}, **ENGINE)  # fmt: skip
     assert tokens == [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_full_decode_step_dispatches_few_ops_besides_its_graph(tiny_model_dirs, async_scheduling):
+    """What the host dispatches in a greedy decode step that replays a FULL graph, besides the
+    replay itself: on a GPU each op is a launch or a call the host pays for while the device
+    may idle. No LM head (``cudagraph_capture.py`` NOTE 4), no upload of indices, and the
+    step's inputs in one copy (``input_buffers.py`` NOTE 3; on the CPU the buffer is the
+    device's, so not even that): the last step's ids fed in (async only), the sampler's one
+    reduction and its verdict, the ids for the host."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tinyvllm.worker.cuda_graph import CUDAGraphWrapper
+
+    llm = LLM(str(tiny_model_dirs["qwen3"]), attention_backend="triton", async_scheduling=async_scheduling,
+              compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]},
+              **(ENGINE | {"num_gpu_blocks_override": 32}))  # fmt: skip
+    engine, runner = llm.engine, llm.engine.model_runner
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.add_request(f"r{i}", prompt, params)
+    while runner.last_dispatch is None or not runner.last_dispatch.uniform_decode or engine.scheduler.waiting:
+        engine.step()
+    engine.step()  # the first decode step after a prefill feeds nothing from the device yet
+    ops: Counter = Counter()
+    replaying = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not replaying:
+                ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    replay = CUDAGraphWrapper._replay
+
+    def traced_replay(self, entry):
+        replaying.append(entry)
+        try:
+            return replay(self, entry)
+        finally:
+            replaying.pop()
+
+    CUDAGraphWrapper._replay = traced_replay
+    try:
+        with Count():
+            for _ in range(3):
+                engine.step()
+                assert runner.last_dispatch.runtime_mode == M.FULL and runner.last_dispatch.num_reqs == 4
+    finally:
+        CUDAGraphWrapper._replay = replay
+    per_step = {name: n / 3 for name, n in ops.items()}
+    expected = {"slice": 1, "to": 1, "max": 1, "gt": 1, "bitwise_not": 1, "where": 1, "resolve_conj": 1, "resolve_neg": 1}
+    if async_scheduling:
+        expected |= {"index": 1, "index_copy_": 1}  # the last step's ids, fed in on the device
+    assert per_step == expected

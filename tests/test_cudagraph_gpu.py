@@ -95,7 +95,7 @@ def test_gpu_cudagraph_replay_refuses_fresh_tensors(tiny_model_dirs, monkeypatch
               attention_backend="triton", gpu_memory_utilization=0.3, max_num_seqs=4,
               compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
     fill = InputBuffers.fill
-    monkeypatch.setattr(InputBuffers, "fill", lambda self, *a, **k: (lambda ids, md: (ids.clone(), md))(*fill(self, *a, **k)))
+    monkeypatch.setattr(InputBuffers, "fill", lambda self, *a, **k: (lambda ids, md, fed: (ids.clone(), md, fed))(*fill(self, *a, **k)))
     with pytest.raises(RuntimeError, match="argument input_ids changed since capture"):
         llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
 

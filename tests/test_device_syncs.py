@@ -196,8 +196,7 @@ def counted_steps(folder, requests: list[tuple[list[int], SamplingParams]], devi
             if proposer is not None:
                 proposer.min_batch_tokens = 0  # the batched n-gram search, as on a big batch
         # One tensor on the CPU, the device's twin of a pinned buffer on a GPU (NOTE 1).
-        counter.mark([buf.device for buf in vars(runner.buffers).values() if hasattr(buf, "device")])
-        counter.mark([runner.input_batch.block_table.table])
+        counter.mark([runner.buffers.device])
         # What a captured graph returns lives in its pool on a GPU; made at start-up, before the marks.
         wrappers = [w for w in (runner.full_graph, *runner.model.pieces) if hasattr(w, "entries")]
         counter.mark([t for w in wrappers for e in w.entries.values() for t in tensors_in(e.output)])

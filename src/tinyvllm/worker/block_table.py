@@ -5,8 +5,9 @@ table is a fixed ``[R_max, B_max]`` int32 tensor that lives as long as the runne
 ``B_max = cdiv(max_model_len, block_size)``. It is updated the way the batch changes,
 never rebuilt: a request entering row r writes its ids into row r, a running request
 appends only the blocks it got this step, ``condense`` moves a row, a departing request
-clears its row. Once per step ``commit`` copies the used rows to the device, so the
-device tensor keeps one address for the whole run (a CUDA graph reads it at that address).
+clears its row. Once per step the runner's input buffers copy the rows the step uses up
+with the step's other inputs (``input_buffers.py`` NOTE 3), at an address fixed per padded
+shape (a CUDA graph reads them there).
 
 Follows: seed 003 "KV cache物理内存分配" (attention reads block ids from the metadata);
 seed 000 "完整 CUDA 图捕获" (a captured graph replays on fixed input buffers).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 # Fills a row past the request's own blocks. Never read by the kernels (they stop at
@@ -35,21 +37,17 @@ PAD_BLOCK_ID = 0
 class BlockTable:
     """Persistent ``[max_num_reqs, max_num_blocks_per_req]`` block ids (module header)."""
 
-    def __init__(self, max_num_reqs: int, max_num_blocks_per_req: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, max_num_reqs: int, max_num_blocks_per_req: int) -> None:
         if max_num_reqs < 1 or max_num_blocks_per_req < 1:
             raise ValueError(
                 f"max_num_reqs = {max_num_reqs} and max_num_blocks_per_req = {max_num_blocks_per_req} must be >= 1"
             )
-        self.device = torch.device(device)
         self.max_num_blocks_per_req = max_num_blocks_per_req
         shape = (max_num_reqs, max_num_blocks_per_req)
-        pin = self.device.type == "cuda"
-        self.cpu = torch.full(shape, PAD_BLOCK_ID, dtype=torch.int32, pin_memory=pin)  # [R_max, B_max]
+        self.cpu = torch.full(shape, PAD_BLOCK_ID, dtype=torch.int32)  # [R_max, B_max], on the host
         # The row edits go through a numpy view of the same memory: writing a few ids there
         # costs well under a microsecond, against several for torch indexing and a new tensor.
         self.np = self.cpu.numpy()
-        # On the CPU the host table is the device table: nothing to copy.
-        self.table = self.cpu if self.device.type == "cpu" else self.cpu.to(self.device)  # [R_max, B_max]
         self.num_blocks = [0] * max_num_reqs  # row -> ids in use
 
     # --8<-- [start:rows]
@@ -83,11 +81,9 @@ class BlockTable:
         self.np[[a, b]] = self.np[[b, a]]
         self.num_blocks[a], self.num_blocks[b] = self.num_blocks[b], self.num_blocks[a]
 
-    def commit(self, num_rows: int) -> torch.Tensor:
-        """Copy rows ``0 .. num_rows-1`` to the device; returns that view of the device table."""
-        if self.table is not self.cpu:
-            self.table[:num_rows].copy_(self.cpu[:num_rows], non_blocking=True)
-        return self.table[:num_rows]  # [R, B_max]
+    def rows_for_step(self, num_rows: int) -> np.ndarray:
+        """Rows ``0 .. num_rows-1``, a view: the input buffers copy them up with the step."""
+        return self.np[:num_rows]  # [R, B_max]
     # --8<-- [end:rows]
 
     def row(self, row: int) -> list[int]:

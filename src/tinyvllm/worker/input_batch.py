@@ -149,7 +149,7 @@ class InputBatch:
         self.bad_words_token_ids: dict[int, BadWordsTokenIds] = {}  # row -> its bad words' token ids (NOTE 7)
         self.penalties = PenaltyState(max_num_reqs, vocab_size, self.device) if vocab_size else None  # NOTE 7
         self.block_table = (  # NOTE 3
-            BlockTable(max_num_reqs, max_num_blocks_per_req, self.device) if max_num_blocks_per_req else None
+            BlockTable(max_num_reqs, max_num_blocks_per_req) if max_num_blocks_per_req else None
         )
         self._sampling_metadata: SamplingMetadata | None = None  # NOTE 5: valid until the batch changes
         self.last_batch_update: BatchUpdate | None = None  # what the last refresh() handed out (tinyvllm.trace reads it)

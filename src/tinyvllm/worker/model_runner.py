@@ -72,7 +72,6 @@ from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
 from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.arith import cdiv, spec_row_starts
 from tinyvllm.core.sched_output import GrammarOutput, SchedulerOutput
-from tinyvllm.device_syncs import upload
 from tinyvllm.outputs import DraftTokenIds, LogprobEntry, ModelRunnerOutput
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.sampler import Sampler
@@ -147,7 +146,9 @@ class ModelRunner:
         self.pooler = pooler  # NOTE 13: None for a generating engine
         self.proposer = proposer  # NOTE 14: drafts proposed here (async scheduling); else None
         self.requests: dict[str, RunnerRequestState] = {}
-        self.buffers = InputBuffers(max_num_batched_tokens, input_batch.max_num_reqs, self.device)
+        self.buffers = InputBuffers(
+            max_num_batched_tokens, input_batch.max_num_reqs, input_batch.block_table.max_num_blocks_per_req, self.device
+        )
         self.cudagraph_stats: Counter[CUDAGraphMode] = Counter()
         self.last_dispatch: StepDispatch | None = None
         # NOTE 9: with speculative decoding every step samples through the rejection
@@ -223,7 +224,7 @@ class ModelRunner:
         block_ids: list[list[int]],
         dispatch: tuple[CUDAGraphMode, BatchDescriptor] | None = None,
         dummy: bool = False,
-        feed: tuple[torch.Tensor, torch.Tensor] | None = None,
+        feed: tuple[PlaceholderFeed, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor | None]:
         """One forward over the persistent buffers: hidden states [N_pad, hidden], the metadata,
         and the logits [R_pad, V] when the forward computes them (``cudagraph_capture.py`` NOTE 4)."""
@@ -246,13 +247,13 @@ class ModelRunner:
         if mode == CUDAGraphMode.FULL:  # frozen into the graph: the descriptor's bounds
             max_query_len = desc.uniform_query_len if desc.uniform else desc.num_tokens
             max_seq_len = self.max_model_len
-        table = self.input_batch.block_table.commit(num_padded_reqs)  # [R_pad, B_max]
-        input_ids, metadata = self.buffers.fill(
-            token_ids, step, table, self.block_size, max_query_len=max_query_len, max_seq_len=max_seq_len
-        )
-        if feed is not None:  # NOTE 12: tokens the host does not know yet, from the last step's ids
-            positions, values = feed
-            input_ids.index_copy_(0, positions, values.to(input_ids.dtype))
+        fed = feed[0] if feed is not None else PlaceholderFeed((), ())
+        input_ids, metadata, (fed_positions, fed_rows) = self.buffers.fill(
+            token_ids, step, self.input_batch.block_table.rows_for_step(num_padded_reqs), self.block_size,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, fed_positions=fed.positions, fed_rows=fed.prev_rows,
+        )  # fmt: skip
+        if feed is not None:  # NOTE 12: tokens the host does not know yet, from the last step's ids [R_prev]
+            input_ids.index_copy_(0, fed_positions, feed[1][fed_rows])
         run = self.full_graph if self.full_graph is not None else self.model
         with set_forward_context(mode, desc):
             out = run(input_ids, metadata.positions, self.kv_caches, metadata)  # hidden, or (hidden, logits)
@@ -373,7 +374,6 @@ class ModelRunner:
         return step.handle
 
     def _launch_forward(self, scheduler_output: SchedulerOutput) -> ForwardInFlight:
-        self.buffers.wait_for_copies()  # input_buffers.py NOTE 2: the last step's copies read the host twins
         self._update_states(scheduler_output)  # (a)
         batch = self.input_batch
         req_ids: list[str] = list(batch.req_ids)  # row order
@@ -400,11 +400,8 @@ class ModelRunner:
         # (b)-(d): dispatch, pad into the persistent buffers, run (graph replay or eager).
         hidden = metadata = logits = None
         if req_ids:
-            feed_tensors = None if feed is None else (
-                upload(feed.positions, torch.int64, self.device),
-                prev.host_ids.tokens[upload(feed.prev_rows, torch.int64, self.device)],
-            )  # fmt: skip
-            hidden, metadata, logits = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states], feed=feed_tensors)
+            fed = None if feed is None else (feed, prev.host_ids.tokens)
+            hidden, metadata, logits = self._forward(token_ids, computed, num_sched, [s.block_ids for s in states], feed=fed)
         if prev is not None and prev.handle is not None:
             prev.handle.get_output()  # NOTE 12: its tokens join the output lists before the processors read them
         batch.refresh(spec_token_ids=drafts if spec else None)
