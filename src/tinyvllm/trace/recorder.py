@@ -23,8 +23,8 @@ every snapshot with the live engine); an engine records only inside ``record``'s
 
 NOTE 1 (what the engine pays): a loop over its tuple of observers, empty when nothing records
 (``engine/step_observers.py``; the docs page "Tracing" measures it and a recorded step's copy).
-NOTE 2 (slots): for an engine the slots are read from what the runner wrote (its
-persistent ``slot_mapping``, ``positions`` and ``query_start_loc`` buffers), so the
+NOTE 2 (slots): for an engine the slots are read from what the runner wrote (the
+``slot_mapping``, ``positions`` and ``query_start_loc`` of its input buffers), so the
 picture shows the real writes; for a scheduler or a manager driven by hand they are
 computed from the block tables, as the runner would (``slot_for_position``).
 NOTE 3 (sizes): a snapshot holds every unfinished request's tokens and the blocks in use

@@ -91,9 +91,9 @@ def dispatch_state(runner: Any) -> DispatchState | None:
 def slot_writes(runner: Any, rows: tuple[str, ...]) -> tuple[SlotWrite, ...]:
     """The slots the step wrote, from the runner's persistent buffers (``recorder.py`` NOTE 2)."""
     buffers = runner.buffers
-    starts = buffers.query_start_loc.np[: len(rows) + 1].tolist()
-    positions = buffers.positions.np[: starts[-1]].tolist()
-    slots = buffers.slot_mapping.np[: starts[-1]].tolist()
+    starts = buffers.last_step("query_start_loc")[: len(rows) + 1].tolist()
+    positions = buffers.last_step("positions")[: starts[-1]].tolist()
+    slots = buffers.last_step("slot_mapping")[: starts[-1]].tolist()
     return tuple(
         SlotWrite(rid, positions[i], slots[i]) for r, rid in enumerate(rows) for i in range(starts[r], starts[r + 1])
     )

@@ -103,6 +103,12 @@ class InputBuffers:
         if self.copied is not None:
             self.copied.synchronize()
 
+    def last_step(self, name: str) -> np.ndarray:
+        """The host's copy of field ``name`` as the last ``fill`` wrote it (a view; ``FIELDS``)."""
+        if self._views is None:
+            raise ValueError("no step was written into the input buffers yet")
+        return self._views[1][name]
+
     def _views_of(self, key: tuple[int, int, int]) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor], int]:
         """The host (numpy) and device views of every field for a step of shape ``key``, and the
         bytes to copy; kept for the last shape (slicing costs microseconds; steps in a row
