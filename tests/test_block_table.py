@@ -68,6 +68,7 @@ def test_input_buffers_write_prefixes_and_keep_their_address():
         assert md.slot_mapping.tolist()[len(tokens):] == [PAD_SLOT_ID] * (8 - len(tokens))
         views.append([t.data_ptr() for t in (input_ids, md.positions, md.slot_mapping, md.seq_lens, md.block_table)])
     assert views[0] == views[1], "a step of the same padded shape must reuse the same addresses"
+    assert all(address % 16 == 0 for address in views[0]), "every field 16-byte aligned (input_buffers.py)"
     with pytest.raises(ValueError, match="2 token ids for a step of 5 tokens"):
         step = build_step_inputs([0, 0], [3, 2], [[3], [1]], 4)
         buffers.fill([1, 2], step, table.rows_for_step(2), 4, max_query_len=3, max_seq_len=3)
@@ -78,3 +79,21 @@ def test_input_buffers_write_prefixes_and_keep_their_address():
         step = build_step_inputs([0, 0], [3, 2], [[3], [1]], 4)
         buffers.fill([1] * 5, step, table.rows_for_step(1), 4, max_query_len=3, max_seq_len=3)
     assert views[0] == [t.data_ptr() for t in (input_ids, md.positions, md.slot_mapping, md.seq_lens, md.block_table)]
+
+
+def test_input_layout_puts_fields_back_to_back_aligned_and_the_feed_last():
+    from tinyvllm.worker.input_buffers import ALIGN, FIELDS, input_layout, layout_bytes
+
+    for n, r, b, f in ((1, 1, 1, 0), (5, 3, 7, 2), (8, 8, 64, 8), (37, 5, 3, 5)):
+        layout = input_layout(n, r, b, f)
+        assert [name for name, _, _ in FIELDS] == list(layout)
+        assert [layout[k][1] for k in layout] == [n, n, n, r, r + 1, r, r * b, f, f]
+        end = 0
+        for name, dtype, _ in FIELDS:
+            offset, length = layout[name]
+            assert offset % ALIGN == 0 and end <= offset < end + ALIGN, (name, offset, end)
+            end = offset + dtype.itemsize * length
+        assert layout_bytes(layout) == end
+        without_feed = input_layout(n, r, b, 0)
+        graph_inputs = [name for name, _, _ in FIELDS if not name.startswith("fed_")]
+        assert [layout[k] for k in graph_inputs] == [without_feed[k] for k in graph_inputs]  # the feed moves nothing

@@ -302,15 +302,26 @@ def test_a_full_step_takes_its_logits_from_the_graph(tiny_model_dirs, monkeypatc
         calls["in_graph" if M.FULL in replaying else "outside"] += 1
         return compute_logits(hidden)
 
+    def recording(engine_llm):  # the logits each step's sampler gets, copied: a graph's are overwritten
+        runner, logits = engine_llm.engine.model_runner, []
+        sampler = runner.sampler
+        runner.sampler = lambda rows, metadata: (logits.append(rows.clone()), sampler(rows, metadata))[1]
+        return logits
+
     monkeypatch.setattr(CUDAGraphWrapper, "_replay", traced_replay)
     monkeypatch.setattr(runner.model, "compute_logits", counted)
+    logits = recording(llm)
     tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     stats = runner.cudagraph_stats
     assert stats[M.FULL] >= 4, dict(stats)
     assert calls == {"in_graph": stats[M.FULL], "outside": sum(stats.values()) - stats[M.FULL]}
     eager = LLM(str(tiny_model_dirs["qwen3"]), attention_backend="triton",
                 compilation_config={"cudagraph_mode": "NONE"}, **ENGINE)  # fmt: skip
+    eager_logits = recording(eager)
     assert tokens == [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert len(logits) == len(eager_logits)
+    for a, b in zip(logits, eager_logits):  # the real requests' rows, not the padded ones
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -35,14 +35,14 @@ def run_recording_logits(folder, mode, dtype, **kw):
               compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
               **kw)  # fmt: skip
     logits_per_step = []
-    compute_logits = llm.model.compute_logits
+    runner = llm.engine.model_runner
+    sampler = runner.sampler  # what it gets: a FULL graph's logits come out of the graph (cudagraph_capture.py NOTE 4)
 
-    def recording(hidden):
-        logits = compute_logits(hidden)
-        logits_per_step.append(logits.detach().float().cpu())
-        return logits
+    def recording(logits, metadata):
+        logits_per_step.append(logits.detach().float().cpu())  # [R, V]
+        return sampler(logits, metadata)
 
-    llm.model.compute_logits = recording
+    runner.sampler = recording
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     return llm, [o.outputs[0].token_ids for o in outs], logits_per_step
@@ -174,3 +174,37 @@ def test_gpu_cudagraph_capture_sizes_share_the_pool_and_replays_stay_right():
         with set_forward_context(M.PIECEWISE, BatchDescriptor(size)):
             replayed = forward(inputs[:size])
         torch.testing.assert_close(replayed, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_gpu_a_full_decode_step_sends_its_inputs_up_in_one_copy(tiny_model_dirs, async_scheduling):
+    """The twin of ``test_a_full_decode_step_dispatches_few_ops_besides_its_graph``, counted by
+    the profiler: a greedy decode step that replays a FULL graph launches the graph once, copies
+    its inputs up once (``input_buffers.py`` NOTE 3) and launches no LM head (``cudagraph_capture.py``
+    NOTE 4): besides the graph, only the sampler's few kernels and the feed of the last ids."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    llm = LLM(str(tiny_model_dirs["qwen3"]), dtype="float32", device="cuda", max_model_len=256,
+              attention_backend="triton", gpu_memory_utilization=0.3, max_num_seqs=4,
+              async_scheduling=async_scheduling,
+              compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]})  # fmt: skip
+    engine, runner = llm.engine, llm.engine.model_runner
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.add_request(f"r{i}", prompt, params)
+    for _ in range(4):  # past the prefill and the first decode step (it feeds nothing yet)
+        engine.step()
+    steps = 5
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+            assert runner.last_dispatch.runtime_mode == M.FULL and runner.last_dispatch.num_reqs == 4
+        torch.cuda.synchronize()
+    names = Counter(e.name for e in prof.events())
+    assert names["cudaGraphLaunch"] == steps, names
+    assert sum(n for name, n in names.items() if name.startswith("Memcpy HtoD")) == steps, names
+    launches = sum(n for name, n in names.items() if "LaunchKernel" in name)
+    assert launches <= 8 * steps, names

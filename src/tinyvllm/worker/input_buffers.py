@@ -16,9 +16,10 @@ Mirrors: ``vllm/v1/worker/gpu_model_runner.py`` (``self.input_ids``, ``self.posi
 ``vllm/v1/worker/block_table.py`` (``commit_block_table``), in one buffer here.
 
 Invariants: a step's fields lie back to back from the buffer's first byte, each at an
-offset that is a multiple of its element size; a step writes every byte it hands out (the
-rest keeps stale values that nothing reads); the feed's fields come last, so their length
-never moves a graph's inputs.
+offset that is a multiple of ``ALIGN`` bytes (Triton compiles a kernel for 16-byte aligned
+pointers and another for the rest: aligned, every step runs the first); a step writes every
+byte it hands out (the rest keeps stale values that nothing reads); the feed's fields come
+last, so their length never moves a graph's inputs.
 
 NOTE 1 (padding rows): input id ``PAD_TOKEN_ID`` (any valid id: its output is discarded),
 position 0, slot ``PAD_SLOT_ID``; see ``worker/attention_metadata.py`` NOTE 1.
@@ -48,6 +49,7 @@ from tinyvllm.attention.metadata import AttentionMetadata
 from tinyvllm.worker.attention_metadata import StepInputs
 
 PAD_TOKEN_ID = 0  # NOTE 1
+ALIGN = 16  # bytes: where each field may start (the invariant)
 
 # --8<-- [start:layout]
 # (name, dtype, length): the inputs of a step of N_pad tokens, R_pad requests, B block ids a
@@ -61,14 +63,13 @@ FIELDS = (
 
 def input_layout(num_tokens: int, num_reqs: int, blocks_per_req: int, num_fed: int = 0) -> dict[str, tuple[int, int]]:
     """Each field's ``(byte offset, length)`` for a step of this padded shape: back to back,
-    each offset rounded up to a multiple of the field's element size (the invariant)."""
+    each offset rounded up to a multiple of ``ALIGN`` (the invariant)."""
     lengths = {"N": num_tokens, "R": num_reqs, "R+1": num_reqs + 1, "R*B": num_reqs * blocks_per_req, "F": num_fed}
     layout, end = {}, 0
     for name, dtype, length in FIELDS:
-        size = dtype.itemsize
-        offset = -(-end // size) * size
+        offset = -(-end // ALIGN) * ALIGN
         layout[name] = (offset, lengths[length])
-        end = offset + size * lengths[length]
+        end = offset + dtype.itemsize * lengths[length]
     return layout
 
 
