@@ -36,7 +36,8 @@ forward, then ``compute_logits`` on each request's logits row, so a FULL step's 
 out of the graph (SGLang's decode graphs hold the LM head too; vLLM's do not). Steps that
 pass through run the same callable eagerly, so the runner reads the logits of every step
 from the forward. With drafts the rows to verify are the rejection sampler's, and a pooling
-engine has no LM head: both wrap the plain model.
+engine has no LM head: both wrap the plain model. The logits of the largest capture size
+stay in the graphs' pool, whose size the worker takes off the KV budget (``worker.py`` NOTE 1).
 """
 
 from __future__ import annotations
