@@ -132,6 +132,22 @@ def test_cudagraph_wrapper_checks_inside_lists_and_dicts():
             wrapper(caches[:1], opts)
 
 
+def test_cudagraph_replay_takes_a_new_view_of_the_same_memory_and_keywords_for_positions():
+    """The fast comparison (``cuda_graph.py`` NOTE 1) accepts what a real graph would read
+    the same way: another tensor object at the captured address, shape, stride and dtype, and
+    the same arguments passed by keyword; what it refuses, the named check names."""
+    wrapper = CUDAGraphWrapper(Counting(), M.FULL, emulate=True)
+    buffer = torch.arange(8.0)
+    params = Params(torch.ones(4), 1.0)
+    with set_forward_context(M.FULL, D4):
+        wrapper(buffer[:4], params)
+        assert wrapper(buffer[:4], Params(params.weight[:], 1.0)).tolist() == [1.0, 2.0, 3.0, 4.0]
+        assert wrapper(x=buffer[:4], params=params).tolist() == [1.0, 2.0, 3.0, 4.0]
+        with pytest.raises(RuntimeError, match="argument x changed since capture"):
+            wrapper(buffer[4:], params)
+    assert wrapper.entries[D4].num_replays == 2
+
+
 def test_cudagraph_describe_arguments_flattens_structures():
     t = torch.zeros(2, 3)
     sig = describe_arguments({"a": [t, 3]}, "arg")

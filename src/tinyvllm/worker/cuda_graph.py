@@ -22,7 +22,10 @@ captured with and bakes every Python value into its kernels. Passing a new tenso
 tensor of another shape, or a changed Python number silently computes with stale data.
 So every replay compares each argument with the captured one: tensors (also inside
 lists, tuples, dicts and dataclasses) by storage address, shape, stride and dtype, all
-other values by equality, and raises ``RuntimeError`` naming the argument.
+other values by equality, and raises ``RuntimeError`` naming the argument. It costs each
+replay host time, so it compares flat leaves (``flat_leaves``), takes the very tensor object
+captured as unchanged (only ``set_`` or ``resize_`` could move it; nothing calls them on an
+input), and names the argument (``describe_arguments``) only when something differs.
 NOTE 2 (emulation): ``emulate=True`` stands in for a graph on a machine without CUDA.
 Capture runs the callable and keeps its arguments and outputs; replay runs it again on
 the *captured* arguments and copies the results into the captured outputs. Both run under
@@ -31,10 +34,8 @@ the *captured* arguments and copies the results into the captured outputs. Both 
 Together with NOTE 1 this makes the rules a real graph imposes visible in a CPU test.
 NOTE 3 (capture then replay): on CUDA, kernels recorded during capture do not run, so
 the wrapper replays once right after capturing: the first call returns real results too.
-NOTE 4 (one memory pool): all graphs allocate from one pool (``torch.cuda.graph_pool_handle``)
-so that graphs of different sizes share memory; only one graph runs at a time. The runner
-passes the pool; without one, a wrapper creates its own.
-
+NOTE 4 (one memory pool): all graphs allocate from one pool (``torch.cuda.graph_pool_handle``,
+the runner's, or a wrapper's own), so graphs of different sizes share memory.
 NOTE 5 (outputs the wrapper does not own): on CUDA an entry keeps only *weak* references
 to the capture's outputs (``weak_ref_tensors``: tensors at the same addresses that do not
 own the memory), as vLLM's wrapper does. The capture call itself returns the owning
@@ -55,8 +56,7 @@ another shape (another runtime mode or descriptor) captures or replays, every ou
 the other shapes is overwritten with NaN (the lowest value for integers), so code that
 keeps a graph's output past the next forward of another shape fails in a CPU test.
 
-Left out: garbage-collection tricks during capture, debug-mode address logging, graphs on
-several streams.
+Left out: garbage-collection tricks during capture, debug-mode address logging, streams.
 """
 
 from __future__ import annotations
@@ -134,6 +134,45 @@ def describe_arguments(value: Any, name: str, out: dict[str, tuple] | None = Non
     else:
         out[name] = ("value", value)
     return out
+
+
+def flat_leaves(value: Any, out: list) -> list:
+    """An argument's leaves in ``describe_arguments``' order, without names: each tensor
+    itself, each container's type and size, every other value (NaN as ``"nan"``). Appended
+    to ``out``, which is returned."""
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        out.append((type(value), len(value)))
+        for item in value:
+            flat_leaves(item, out)
+    elif isinstance(value, dict):
+        out.append(tuple(value))
+        for item in value.values():
+            flat_leaves(item, out)
+    elif hasattr(type(value), "__dataclass_fields__"):
+        out.append(type(value))
+        for name in type(value).__dataclass_fields__:
+            flat_leaves(getattr(value, name), out)
+    else:
+        out.append("nan" if isinstance(value, float) and value != value else value)
+    return out
+
+
+def leaf_fact(leaf: Any) -> Any:
+    """What a replay compares of a leaf: a tensor's (storage address, shape, stride, dtype), else the leaf."""
+    return (leaf.data_ptr(), leaf.shape, leaf.stride(), leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
+
+
+def leaves_unchanged(captured: tuple, facts: tuple, now: list) -> bool:
+    """NOTE 1, the fast comparison: each leaf of ``now`` is the very object captured, or has
+    the captured leaf's fact."""
+    if len(now) != len(captured):
+        return False
+    for then, fact, leaf in zip(captured, facts, now):
+        if leaf is not then and leaf_fact(leaf) != fact:
+            return False
+    return True
 
 
 def first_difference(captured: dict[str, tuple], now: dict[str, tuple]) -> str | None:
@@ -300,6 +339,8 @@ class CUDAGraphEntry:
     args: tuple = ()  # emulated: the captured arguments (NOTE 2)
     kwargs: dict = dataclasses.field(default_factory=dict)
     num_replays: int = 0
+    leaves: tuple = ()  # NOTE 1: the captured arguments' leaves (flat_leaves), and each one's fact
+    facts: tuple = ()
 
 
 class CUDAGraphWrapper:
@@ -335,18 +376,20 @@ class CUDAGraphWrapper:
         if context is None or context.runtime_mode != self.runtime_mode:
             return self.runnable(*args, **kwargs)  # NONE, or the other wrapper's step: pass through
         key = context.batch_descriptor
-        signature = self._signature(args, kwargs)
+        leaves = flat_leaves((args, kwargs), [])  # NOTE 1
         if self.emulate:
             self.pool.enter((self.runtime_mode, key))  # other shapes' outputs are gone (NOTE 5)
         entry = self.entries.get(key)
         if entry is None:
-            entry, owned = self._capture(key, signature, args, kwargs)
+            entry, owned = self._capture(key, self._signature(args, kwargs), args, kwargs)
+            entry.leaves, entry.facts = tuple(leaves), tuple(map(leaf_fact, leaves))
             self.entries[key] = entry
             self._replay(entry)  # NOTE 3
             return owned  # the caller owns the capture's outputs; the entry does not (NOTE 5)
-        problem = first_difference(entry.signature, signature)
-        if problem is not None:
-            raise RuntimeError(f"{self.runtime_mode.name} graph for {key}: {problem}")
+        if not leaves_unchanged(entry.leaves, entry.facts, leaves):  # NOTE 1: a difference is named
+            problem = first_difference(entry.signature, self._signature(args, kwargs))
+            if problem is not None:
+                raise RuntimeError(f"{self.runtime_mode.name} graph for {key}: {problem}")
         self._replay(entry)
         return entry.output
     # --8<-- [end:call]
