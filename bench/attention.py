@@ -59,8 +59,8 @@ DRY = dict(
 # The prefill sweep (triton_attention.py NOTE 5): rows per query tile, keys per KV tile, warps and
 # pipelining stages, the kinds of choice Triton's fused-attention tutorial autotunes its forward over,
 # at the attention shapes of Llama-3-8B (32 query heads) and Qwen3-0.6B (16), 8 KV heads of 128.
-# "staged": every (block_m, kv_tile) at the default launch, then every (num_warps, num_stages)
-# at the best of those at the longest length: 11 configs a shape instead of the grid's 36, since
+# "staged": every (block_m, kv_tile) at the default launch (a warp per 16 rows: warps_for_rows),
+# then every (num_warps, num_stages) at the best of those at the longest length: 11 configs a shape instead of the grid's 36, since
 # each config is one more compile (about 1.5 s for sm_90) and gpu.sh's step has 42 s for all.
 SWEEP_FULL = dict(
     shapes=[("Llama-3-8B", 32, 8), ("Qwen3-0.6B", 16, 8)], head_size=128, block_size=16, dtype="bfloat16",
@@ -286,15 +286,26 @@ def default_prefill_config(num_heads: int, num_kv_heads: int) -> dict:
     return dict(block_m=block_m, kv_tile=ta.choose_kv_tile(decode_only=False), num_warps=num_warps, num_stages=num_stages)
 
 
+def warps_for_rows(block_m: int, default_warps: int) -> int:
+    """Stage 1's warps for a query tile of ``block_m`` rows: one warp per 16 rows, never fewer
+    than the default's. On sm_90 a warpgroup (4 warps) computes 64 rows of a ``tl.dot``, so 128
+    rows at 4 warps make one warpgroup do two tiles' work: timed that way, a 128-row tile loses
+    to a 64-row one for its warps, not for its rows (the H200 sweep of 2026-11-30 timed
+    128 rows at 8 warps only where stage 1 had already picked 128 rows at 4)."""
+    return max(default_warps, block_m // 16)
+
+
 def sweep_stages(sweep: dict, default: dict, best_first: dict | None, mode: str) -> list[dict]:
     """The configs to time: the whole grid, or (``staged``) stage 1, every (block_m, kv_tile) at
-    the default launch, then with ``best_first`` (stage 1's winner) every (num_warps, num_stages)."""
+    the default launch with ``warps_for_rows`` warps, then with ``best_first`` (stage 1's winner)
+    every (num_warps, num_stages)."""
     grid = [dict(block_m=m, kv_tile=n, num_warps=w, num_stages=st) for m in sweep["block_m"] for n in sweep["kv_tile"]
             for w in sweep["num_warps"] for st in sweep["num_stages"]]  # fmt: skip
     if mode == "grid":
         return grid if best_first is None else []
     if best_first is None:
-        return [dict(default, block_m=m, kv_tile=n) for m in sweep["block_m"] for n in sweep["kv_tile"]]
+        return [dict(default, block_m=m, kv_tile=n, num_warps=warps_for_rows(m, default["num_warps"]))
+                for m in sweep["block_m"] for n in sweep["kv_tile"]]  # fmt: skip
     return [dict(best_first, num_warps=w, num_stages=st) for w in sweep["num_warps"] for st in sweep["num_stages"]]
 
 

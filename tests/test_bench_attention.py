@@ -71,8 +71,11 @@ def test_the_staged_sweep_times_tiles_first_then_launch_options_at_the_winner():
     sweep, default = bench.SWEEP_FULL, bench.default_prefill_config(32, 8)
     assert bench.config_key(default) == "m64-n32-w4-s3"  # the launcher's prefill choice today
     first = [bench.config_key(c) for c in bench.sweep_stages(sweep, default, None, "staged")]
-    assert first == ["m64-n32-w4-s3", "m64-n64-w4-s3", "m64-n128-w4-s3", "m128-n32-w4-s3", "m128-n64-w4-s3", "m128-n128-w4-s3"]
-    winner = dict(default, block_m=128, kv_tile=64)
+    # 128 rows get 8 warps, two warpgroups of 64 rows (warps_for_rows), not 4 doing both halves
+    assert first == ["m64-n32-w4-s3", "m64-n64-w4-s3", "m64-n128-w4-s3", "m128-n32-w8-s3", "m128-n64-w8-s3", "m128-n128-w8-s3"]
+    assert [bench.warps_for_rows(m, 4) for m in (16, 64, 128, 256)] == [4, 4, 8, 16]
+    assert bench.warps_for_rows(64, 8) == 8  # never fewer than the default's
+    winner = dict(default, block_m=128, kv_tile=64, num_warps=8)
     second = [bench.config_key(c) for c in bench.sweep_stages(sweep, default, winner, "staged")]
     assert second == [f"m128-n64-w{w}-s{s}" for w in (4, 8) for s in (2, 3, 4)]  # one of them stage 1 timed
     grid = bench.sweep_stages(sweep, default, None, "grid")
