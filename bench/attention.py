@@ -59,17 +59,21 @@ DRY = dict(
 # The prefill sweep (triton_attention.py NOTE 5): rows per query tile, keys per KV tile, warps and
 # pipelining stages, the kinds of choice Triton's fused-attention tutorial autotunes its forward over,
 # at the attention shapes of Llama-3-8B (32 query heads) and Qwen3-0.6B (16), 8 KV heads of 128.
-# "staged": every (block_m, kv_tile) at the default launch (a warp per 16 rows: warps_for_rows),
-# then every (num_warps, num_stages) at the best of those at the longest length: 11 configs a shape instead of the grid's 36, since
-# each config is one more compile (about 1.5 s for sm_90) and gpu.sh's step has 42 s for all.
+# "staged" (sweep_stages): the default and the default with the other K/V loads (kv_desc), every
+# (block_m, kv_tile) at the default launch (a warp per 16 rows: warps_for_rows), every (num_warps,
+# num_stages) at the best so far at the longest length, and that best with the other loads: 12
+# configs a shape instead of the grid's 48, since each config is one more compile (about 1.5 s for
+# sm_90) and gpu.sh's step starts none after ATTENTION_SWEEP_LIMIT_S. 32 keys a tile, the default's,
+# is timed as the default; in the H200 sweep of 2026-11-30 it was at best 3% faster than 64 (and
+# slower at 4,096 tokens for both shapes), so stage 0 tries 64 and 128.
 SWEEP_FULL = dict(
     shapes=[("Llama-3-8B", 32, 8), ("Qwen3-0.6B", 16, 8)], head_size=128, block_size=16, dtype="bfloat16",
-    lengths=[512, 1024, 2048, 4096], block_m=[64, 128], kv_tile=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3, 4],
-    iters=10, warmup=3, graph_reps=10, atol=3e-2,
+    lengths=[512, 1024, 2048, 4096], block_m=[64, 128], kv_tile=[64, 128], num_warps=[4, 8], num_stages=[2, 3, 4],
+    kv_desc=[False, True], iters=10, warmup=3, graph_reps=10, atol=3e-2,
 )  # fmt: skip
 SWEEP_DRY = dict(
     shapes=[("tiny", 4, 2)], head_size=16, block_size=16, dtype="float32", lengths=[16],
-    block_m=[64], kv_tile=[16, 32], num_warps=[4], num_stages=[3], iters=1, warmup=0, graph_reps=1, atol=1e-4,
+    block_m=[64], kv_tile=[16, 32], num_warps=[4], num_stages=[3], kv_desc=[False, True], iters=1, warmup=0, graph_reps=1, atol=1e-4,
 )  # fmt: skip
 
 
@@ -274,7 +278,7 @@ def run(cfg: dict, device: str) -> dict:
 
 
 def config_key(c: dict) -> str:
-    return f"m{c['block_m']}-n{c['kv_tile']}-w{c['num_warps']}-s{c['num_stages']}"
+    return f"m{c['block_m']}-n{c['kv_tile']}-w{c['num_warps']}-s{c['num_stages']}" + ("-desc" if c["kv_desc"] else "")
 
 
 def default_prefill_config(num_heads: int, num_kv_heads: int) -> dict:
@@ -283,7 +287,8 @@ def default_prefill_config(num_heads: int, num_kv_heads: int) -> dict:
 
     _, block_m = ta.choose_query_tile(num_heads // num_kv_heads, decode_only=False)
     num_warps, num_stages = ta.choose_launch_options(decode_only=False)
-    return dict(block_m=block_m, kv_tile=ta.choose_kv_tile(decode_only=False), num_warps=num_warps, num_stages=num_stages)
+    return dict(block_m=block_m, kv_tile=ta.choose_kv_tile(decode_only=False), num_warps=num_warps, num_stages=num_stages,
+                kv_desc=ta.KV_DESC)  # fmt: skip
 
 
 def warps_for_rows(block_m: int, default_warps: int) -> int:
@@ -295,18 +300,29 @@ def warps_for_rows(block_m: int, default_warps: int) -> int:
     return max(default_warps, block_m // 16)
 
 
-def sweep_stages(sweep: dict, default: dict, best_first: dict | None, mode: str) -> list[dict]:
-    """The configs to time: the whole grid, or (``staged``) stage 1, every (block_m, kv_tile) at
-    the default launch with ``warps_for_rows`` warps, then with ``best_first`` (stage 1's winner)
-    every (num_warps, num_stages)."""
-    grid = [dict(block_m=m, kv_tile=n, num_warps=w, num_stages=st) for m in sweep["block_m"] for n in sweep["kv_tile"]
-            for w in sweep["num_warps"] for st in sweep["num_stages"]]  # fmt: skip
+SWEEP_STAGES = 3
+
+
+def sweep_stages(sweep: dict, default: dict, best: dict | None, mode: str, stage: int) -> list[dict]:
+    """The configs ``stage`` times, ``best`` being the fastest so far at the longest length: the
+    whole grid at stage 0, or (``staged``) stage 0 the default, the default with its K/V loads
+    the other way (``kv_desc``, triton_kernels.py NOTE 4: early, since gpu.sh's step may cut
+    the sweep short), then every (block_m, kv_tile) at the default launch with
+    ``warps_for_rows`` warps; stage 1 every (num_warps, num_stages) at ``best``; stage 2
+    ``best`` with its loads the other way. No config twice."""
     if mode == "grid":
-        return grid if best_first is None else []
-    if best_first is None:
-        return [dict(default, block_m=m, kv_tile=n, num_warps=warps_for_rows(m, default["num_warps"]))
-                for m in sweep["block_m"] for n in sweep["kv_tile"]]  # fmt: skip
-    return [dict(best_first, num_warps=w, num_stages=st) for w in sweep["num_warps"] for st in sweep["num_stages"]]
+        return [dict(block_m=m, kv_tile=n, num_warps=w, num_stages=st, kv_desc=d) for m in sweep["block_m"]
+                for n in sweep["kv_tile"] for w in sweep["num_warps"] for st in sweep["num_stages"]
+                for d in sweep["kv_desc"]] if stage == 0 else []  # fmt: skip
+    if stage == 0:
+        tiles = [dict(default, block_m=m, kv_tile=n, num_warps=warps_for_rows(m, default["num_warps"]))
+                 for m in sweep["block_m"] for n in sweep["kv_tile"]]  # fmt: skip
+        configs = [default, dict(default, kv_desc=not default["kv_desc"]), *tiles]
+    elif stage == 1:
+        configs = [dict(best, num_warps=w, num_stages=st) for w in sweep["num_warps"] for st in sweep["num_stages"]]
+    else:
+        configs = [dict(best, kv_desc=not best["kv_desc"])]
+    return list({config_key(c): c for c in configs}.values())
 
 
 def time_cache_only(paged, rows, expected, cfg, default, timing, atol) -> float | None:
@@ -350,15 +366,16 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
             cache_only = time_cache_only(paged, own, expected, cfg, default, timing, sweep["atol"])
             cases.append(dict(length=length, paged=paged, rows=own, expected=expected, sdpa_us=sdpa_us, flops=flops,
                               us={}, errors={}, max_abs_diff={}, cache_only_default_us=cache_only))  # fmt: skip
-        best_first = None
-        for stage in (0, 1):
-            for config in sweep_stages(sweep, default, best_first, mode):
+        best, timed = None, {}  # the fastest at the longest length so far; every config started, by key
+        for stage in range(SWEEP_STAGES):
+            for config in sweep_stages(sweep, default, best, mode, stage):
                 key = config_key(config)
-                if key in cases[0]["us"] or key in cases[0]["errors"]:
+                if key in timed:
                     continue
                 if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
                     skipped.append(f"{name}:{key}")
                     continue
+                timed[key] = config
                 for case in cases:
                     out = torch.empty_like(case["paged"][0])
                     call = lambda case=case, out=out: triton_attention.paged_attention(  # noqa: E731
@@ -376,10 +393,9 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
                         continue
                     case["us"][key] = device_timer(call, **timing) * 1e6
             longest = cases[-1]["us"]
-            if mode == "grid" or not longest or stage == 1:  # the second stage's winner needs no lookup
+            if not longest:
                 break
-            best_key = min(longest, key=longest.get)
-            best_first = next(c for c in sweep_stages(sweep, default, None, mode) if config_key(c) == best_key)
+            best = timed[min(longest, key=longest.get)]
         for case in cases:
             us, default_key = case["us"], config_key(default)
             best = min(us, key=us.get) if us else None
@@ -456,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes; on the CPU under the Triton interpreter")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/attention-<time>.json)")
     parser.add_argument("--prefill-sweep", action="store_true", help="only the prefill sweep (what bench/gpu.sh runs)")
-    parser.add_argument("--sweep-mode", choices=("staged", "grid"), default="staged", help="staged: 11 configs a shape; grid: 36")
+    parser.add_argument("--sweep-mode", choices=("staged", "grid"), default="staged", help="staged: 12 configs a shape; grid: 48")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds after which the sweep starts no config")
     args = parser.parse_args(argv)
     has_cuda = torch.cuda.is_available()

@@ -41,7 +41,8 @@ def test_dry_run_writes_json_with_every_section(tmp_path):
     sweep = record["results"]["prefill_sweep"]  # two configs at the smallest shape, against SDPA
     assert sweep["complete"] is True and [(r["shape"], r["length"]) for r in sweep["rows"]] == [("tiny", 16)]
     row = sweep["rows"][0]
-    assert set(row["triton_us_by_config"]) == {"m64-n16-w4-s3", "m64-n32-w4-s3"} and not row["errors"]
+    plain = {"m64-n16-w4-s3", "m64-n32-w4-s3", "m64-n32-w4-s3-desc"}  # the default both ways, the other tile
+    assert plain <= set(row["triton_us_by_config"]) <= plain | {"m64-n16-w4-s3-desc"} and not row["errors"]
     assert row["default_config"] == "m64-n32-w4-s3" and row["best_config"] in row["triton_us_by_config"]
     assert row["best_ratio_to_sdpa"] > 0 and all(d < 1e-4 for d in row["max_abs_diff_by_config"].values())
     assert "prefill sweep (staged" in result.stdout
@@ -66,41 +67,48 @@ def _bench():
     return attention
 
 
-def test_the_staged_sweep_times_tiles_first_then_launch_options_at_the_winner():
+def test_the_staged_sweep_times_the_loads_tiles_then_launch_options_at_the_winner():
     bench = _bench()
     sweep, default = bench.SWEEP_FULL, bench.default_prefill_config(32, 8)
-    assert bench.config_key(default) == "m64-n32-w4-s3"  # the launcher's prefill choice today
-    first = [bench.config_key(c) for c in bench.sweep_stages(sweep, default, None, "staged")]
-    # 128 rows get 8 warps, two warpgroups of 64 rows (warps_for_rows), not 4 doing both halves
-    assert first == ["m64-n32-w4-s3", "m64-n64-w4-s3", "m64-n128-w4-s3", "m128-n32-w8-s3", "m128-n64-w8-s3", "m128-n128-w8-s3"]
+    assert bench.config_key(default) == "m64-n32-w4-s3"  # the launcher's prefill choice today (kv_desc off)
+    keys = lambda stage, best: [bench.config_key(c) for c in bench.sweep_stages(sweep, default, best, "staged", stage)]  # noqa: E731
+    # the default both ways first (the descriptor A/B), then the tiles, 128 rows at 8 warps
+    # (two warpgroups of 64 rows, warps_for_rows), not 4 doing both halves
+    assert keys(0, None) == ["m64-n32-w4-s3", "m64-n32-w4-s3-desc", "m64-n64-w4-s3", "m64-n128-w4-s3", "m128-n64-w8-s3",
+                             "m128-n128-w8-s3"]  # fmt: skip
     assert [bench.warps_for_rows(m, 4) for m in (16, 64, 128, 256)] == [4, 4, 8, 16]
     assert bench.warps_for_rows(64, 8) == 8  # never fewer than the default's
     winner = dict(default, block_m=128, kv_tile=64, num_warps=8)
-    second = [bench.config_key(c) for c in bench.sweep_stages(sweep, default, winner, "staged")]
-    assert second == [f"m128-n64-w{w}-s{s}" for w in (4, 8) for s in (2, 3, 4)]  # one of them stage 1 timed
-    grid = bench.sweep_stages(sweep, default, None, "grid")
-    assert len({bench.config_key(c) for c in grid}) == 36 and bench.sweep_stages(sweep, default, winner, "grid") == []
+    assert keys(1, winner) == [f"m128-n64-w{w}-s{s}" for w in (4, 8) for s in (2, 3, 4)]  # one of them stage 0 timed
+    assert keys(2, dict(winner, num_stages=2)) == ["m128-n64-w8-s2-desc"]  # the best, its loads the other way
+    assert keys(2, dict(winner, kv_desc=True)) == ["m128-n64-w8-s3"]
+    grid = bench.sweep_stages(sweep, default, None, "grid", 0)
+    assert len({bench.config_key(c) for c in grid}) == len(grid) == 48 and bench.sweep_stages(sweep, default, winner, "grid", 1) == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
 def test_a_sweep_past_its_time_limit_starts_no_config_and_says_so():
     bench = _bench()
     sweep = bench.prefill_sweep(bench.SWEEP_DRY, "cpu", time_limit_s=0.0)
-    assert sweep["complete"] is False and sweep["not_timed"] == ["tiny:m64-n16-w4-s3", "tiny:m64-n32-w4-s3"]
+    assert sweep["complete"] is False and sweep["not_timed"] == ["tiny:m64-n32-w4-s3", "tiny:m64-n32-w4-s3-desc", "tiny:m64-n16-w4-s3"]
     row = sweep["rows"][0]
     assert row["triton_us_by_config"] == {} and row["best_config"] is None and row["sdpa_us"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
-def test_a_staged_sweep_whose_best_config_comes_from_the_second_stage_finishes(monkeypatch):
-    """Stage 2 times launch options at stage 1's winner; when one of them is the fastest of all,
-    the sweep must end there, not look it up among stage 1's configs (the H200 run of
-    2026-11-30 failed with StopIteration). Every config timed is made faster than the last."""
+def test_a_staged_sweep_looks_each_stages_best_up_among_every_config_it_timed(monkeypatch):
+    """Each stage starts from the fastest config so far, whichever stage timed it (the H200
+    run of 2026-11-30 failed with StopIteration looking stage 2's winner up among stage 1's
+    configs). Every config timed is made faster than the last, so each stage's own wins."""
     bench = _bench()
-    sweep = dict(bench.SWEEP_DRY, num_warps=[4, 2])  # stage 2: the winner at 2 warps as well
+    sweep = dict(bench.SWEEP_DRY, num_warps=[4, 2])  # stage 1: the winner at 2 warps as well
     times = iter([1.0 / (i + 1) for i in range(100)])  # SDPA first, then each config faster
     monkeypatch.setattr(bench, "device_timer", lambda fn, **_: (fn(), next(times))[1])
     result = bench.prefill_sweep(sweep, "cpu")
     row = result["rows"][0]
-    assert result["complete"] is True and row["best_config"] == "m64-n32-w2-s3"  # stage 2's, the last timed
-    assert set(row["triton_us_by_config"]) == {"m64-n16-w4-s3", "m64-n32-w4-s3", "m64-n32-w2-s3"}
+    assert result["complete"] is True and row["best_config"] == "m64-n16-w2-s3-desc"  # stage 2's, the last timed
+    assert list(row["triton_us_by_config"]) == [
+        "m64-n32-w4-s3", "m64-n32-w4-s3-desc", "m64-n16-w4-s3",  # stage 0: the default both ways, the other tile
+        "m64-n16-w2-s3",  # stage 1: stage 0's best (the last) at 2 warps; at 4 it was timed already
+        "m64-n16-w2-s3-desc",  # stage 2: stage 1's best with descriptors
+    ]  # fmt: skip

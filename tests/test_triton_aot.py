@@ -101,6 +101,15 @@ def test_prefill_configs_keep_copies_in_flight_from_3_stages(compiled, case):
     assert left >= stages - 1 if stages > 2 else left == 0, (case["id"], left)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if "-sweep-" in c["id"]], ids=lambda c: c["id"])
+def test_only_descriptor_configs_copy_with_tma_and_only_on_sm_90(compiled, case):
+    """triton_kernels.py NOTE 4: with ``KV_DESC`` the step's full tiles are TMA copies
+    (``cp.async.bulk.tensor``) on sm_90; sm_80 has no TMA and gets ordinary loads; without it,
+    none."""
+    tma = compiled[case["id"]]["tma_copies"]
+    assert (tma > 0) == (case["consts"]["KV_DESC"] and case["cc"] == 90), (case["id"], tma)
+
+
 @pytest.mark.parametrize(
     "case", [c for c in CASES if c["kernel"] in ("rotary", "qk_norm_rotary") and not c.get("control")],
     ids=lambda c: c["id"],

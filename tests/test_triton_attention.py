@@ -378,10 +378,10 @@ def test_the_prebound_launch_falls_back_to_the_jit_off_cuda(monkeypatch):
 
 def test_the_plans_constexprs_are_the_kernels_last_parameters_in_order():
     """NOTE 5's launch passes every parameter by position: the plan's constexprs must be the
-    kernel's parameters after its 31 runtime arguments, in the same order."""
+    kernel's parameters after its 33 runtime arguments (the two descriptors among them), in the same order."""
     _, plan = _planned()
     names = triton_attention._paged_attention_kernel.arg_names
-    assert len(names) == 31 + len(plan.constexprs) and names[31:] == list(plan.constexprs)
+    assert len(names) == 33 + len(plan.constexprs) and names[33:] == list(plan.constexprs)
 
 
 # ---- GPU: wide and many (run with `python3 -m pytest -m gpu` on a CUDA machine) ----

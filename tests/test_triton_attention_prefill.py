@@ -11,9 +11,11 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from test_triton_attention import DEVICE, check_against_reference
+from paged_cases import make_case, step_rows
+from test_triton_attention import DEVICE, TOLERANCES, check_against_reference
 
-from tinyvllm.attention import triton_attention
+from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention.metadata import AttentionLayout
 from tinyvllm.attention.triton_attention import (
     PREFILL_LAUNCH,
     PREFILL_QUERY_ROWS,
@@ -93,6 +95,72 @@ def test_prefill_defaults_are_todays_tiles_and_tritons_launch_defaults():
 def test_launch_overrides_keep_the_result(num_warps, num_stages):
     """On a GPU these change the compiled kernel; under the interpreter they only pass through."""
     check_against_reference([40, 1], [72, 30], 4, 2, 16, 16, num_warps=num_warps, num_stages=num_stages, block_m=128)
+
+
+# ---- the step's full tiles through tensor descriptors (triton_kernels.py NOTE 4) ----
+
+
+def _rows_in_a_fused_buffer(key, value, num_heads):
+    """``key`` and ``value`` [N, Hkv, D] copied into column slices of one ``[N, (H + 2 Hkv) D]``
+    buffer, as the engine's q/k/v projection leaves them: rows ``(H + 2 Hkv) D`` apart. The
+    buffer's other columns hold NaN, so a box that strayed past its head's ``D`` columns, or
+    a row of padding read unmasked, would show."""
+    n, hkv, d = key.shape
+    fused = torch.full((n, (num_heads + 2 * hkv) * d), float("nan"), dtype=key.dtype, device=key.device)
+    views = [fused[:, (num_heads + i * hkv) * d : (num_heads + (i + 1) * hkv) * d].view(n, hkv, d) for i in (0, 1)]
+    for view, rows in zip(views, (key, value)):
+        view.copy_(rows)
+    return views
+
+
+def _layout(query, key_cache) -> AttentionLayout:
+    (_, num_heads, head_size), (_, block_size, num_kv_heads, _) = query.shape, key_cache.shape
+    return AttentionLayout(num_heads, num_kv_heads, head_size, block_size, query.dtype, query.device)
+
+
+@pytest.mark.parametrize("kv_tile, block_m", [(16, 16), (16, 64), (32, 128)])
+@pytest.mark.parametrize(
+    "case", ["one key before the boundary", "prompts of a multiple of TILE_N and not", "chunked prefill, long context",
+             "mixed batch with padding"], ids=lambda name: name.replace(" ", "-"),
+)  # fmt: skip
+def test_full_tiles_through_tensor_descriptors_give_the_pointer_loads_result(case, kv_tile, block_m):
+    """``kv_desc``: the same numbers, bit for bit, as the masked pointer loads of the same
+    tiles (the loads differ, the arithmetic does not), from rows strided as the engine's."""
+    query_lens, seq_lens, pad_tokens, _ = BOUNDARY_CASES[case]
+    q, kc, vc, qsl, sl, bt, _ = make_case(query_lens, seq_lens, 4, 2, 16, 16, seed=1, device=DEVICE, pad_tokens=pad_tokens)
+    key, value = _rows_in_a_fused_buffer(*step_rows(kc, vc, qsl, sl, bt, q.shape[0]), num_heads=4)
+    assert key.stride() == (8 * 16, 16, 1)
+    outs = {}
+    for kv_desc in (False, True):
+        plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], _layout(q, kc), kv_tile=kv_tile,
+                                          block_m=block_m, kv_desc=kv_desc)  # fmt: skip
+        assert plan.step_kv and plan.kv_desc is kv_desc
+        outs[kv_desc] = triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, key=key, value=value, plan=plan)
+    assert torch.equal(outs[True], outs[False])
+    expected = reference.paged_attention(q, kc, vc, qsl, sl, bt, 0.25)
+    torch.testing.assert_close(outs[True], expected, **TOLERANCES[torch.float32])
+
+
+def test_kv_desc_is_refused_where_it_cannot_load_the_rows():
+    """A ValueError naming the reason, before any launch: without the step's rows (the cache
+    alone, or the split path), or with rows whose heads are not packed along a row."""
+    q, kc, vc, qsl, sl, bt, _ = make_case([20, 1], [52, 300], 4, 2, 16, 16, device=DEVICE)
+    key, value = step_rows(kc, vc, qsl, sl, bt, q.shape[0])
+    layout = _layout(q, kc)
+    with pytest.raises(ValueError, match="kv_desc without step_kv"):
+        triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout, step_kv=False, kv_desc=True)
+    with pytest.raises(ValueError, match="kv_desc without step_kv"):
+        triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, kv_desc=True)  # no rows: the cache alone
+    with pytest.raises(ValueError, match="split path"):
+        triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout, num_segments=4, step_kv=True, kv_desc=True)
+    heads_apart = torch.zeros(q.shape[0], 2, 32, dtype=key.dtype)[:, :, :16]  # [N, Hkv, D]: head stride 2 D
+    heads_apart.copy_(key)
+    plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout, kv_desc=True)
+    out = torch.zeros_like(q)
+    with pytest.raises(ValueError, match=r"key strides \(64, 32, 1\).*head stride 16"):
+        triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, out=out, key=heads_apart, value=value, plan=plan)
+    assert (out == 0).all()  # refused before the launch
+    assert triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout).kv_desc is triton_attention.KV_DESC is False
 
 
 # ---- GPU ----

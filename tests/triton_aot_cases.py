@@ -36,7 +36,7 @@ def attention_cases() -> list[dict]:
         fp32 = dtype == "float32"
         consts = dict(QUERIES_PER_KV=group, BLOCK_SIZE=block, TILE_N=choose_kv_tile(decode), HEAD_SIZE=head,
                       BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=segments, DOT_FP32=fp32, INPUT_PRECISION="ieee" if fp32 else "tf32",
-                      STEP_KV=choose_step_kv(decode, segments))  # fmt: skip
+                      STEP_KV=choose_step_kv(decode, segments), KV_DESC=False, key_desc=None, value_desc=None)  # fmt: skip
         tile = "decode" if decode else "prefill"
         cases.append(dict(id=f"attention-sm{cc}-{dtype}-g{group}-{tile}-seg{segments}-d{head}-s{block}",
                           kernel="attention", cc=cc, dtype=dtype, consts=consts))  # fmt: skip
@@ -77,18 +77,26 @@ def prefill_sweep_cases() -> list[dict]:
     a tile at 3 stages, 64 at 4; 128 at 4 needs more than sm_90 has) as launched on an H100 (``ATTENTION_DIVISIBLE_BY_16``), Llama-3-8B's heads, bf16,
     reading the step's own rows as the engine's prefill does (triton_kernels.py NOTE 1), and the
     default prefill config for comparison: each must fit sm_90's shared memory. The default
-    config once more reading every key from the cache (NOTE 3's walk)."""
+    config once more reading every key from the cache (NOTE 3's walk). Three configs once more
+    with the step's full tiles through tensor descriptors (NOTE 4, ``-desc``): on sm_90 TMA
+    copies, on sm_80 (no TMA) ordinary loads."""
     from tinyvllm.attention.triton_attention import choose_query_tile
 
     cases = []
-    configs = ((64, 32, 4, 3, True), (128, 128, 8, 3, True), (64, 64, 4, 4, True), (128, 64, 8, 2, True), (64, 32, 4, 3, False))
-    for block_m, tile_n, warps, stages, step_kv in configs:
-        block_q, rows = choose_query_tile(4, decode_only=False, rows=block_m)
-        consts = dict(QUERIES_PER_KV=4, BLOCK_SIZE=16, TILE_N=tile_n, HEAD_SIZE=128, BLOCK_Q=block_q, BLOCK_M=rows,
-                      NUM_SEGMENTS=1, DOT_FP32=False, INPUT_PRECISION="tf32", STEP_KV=step_kv)  # fmt: skip
-        name = f"attention-sm90-bfloat16-g4-sweep-m{block_m}-n{tile_n}-w{warps}-s{stages}" + ("" if step_kv else "-cache-only")
-        cases.append(dict(id=name, kernel="attention", cc=90, dtype="bfloat16", consts=consts,
-                          options=dict(num_warps=warps, num_stages=stages), divisible_by_16=ATTENTION_DIVISIBLE_BY_16))  # fmt: skip
+    configs = ((64, 32, 4, 3, True, False), (128, 128, 8, 3, True, False), (64, 64, 4, 4, True, False),
+               (128, 64, 8, 2, True, False), (64, 32, 4, 3, False, False), (64, 32, 4, 3, True, True),
+               (64, 64, 4, 2, True, True), (128, 64, 8, 3, True, True))  # fmt: skip
+    for cc in (90, 80):
+        for block_m, tile_n, warps, stages, step_kv, desc in configs if cc == 90 else configs[5:6]:
+            block_q, rows = choose_query_tile(4, decode_only=False, rows=block_m)
+            consts = dict(QUERIES_PER_KV=4, BLOCK_SIZE=16, TILE_N=tile_n, HEAD_SIZE=128, BLOCK_Q=block_q, BLOCK_M=rows,
+                          NUM_SEGMENTS=1, DOT_FP32=False, INPUT_PRECISION="tf32", STEP_KV=step_kv, KV_DESC=desc)  # fmt: skip
+            consts |= {} if desc else dict(key_desc=None, value_desc=None)
+            name = f"attention-sm{cc}-bfloat16-g4-sweep-m{block_m}-n{tile_n}-w{warps}-s{stages}"
+            name += ("" if step_kv else "-cache-only") + ("-desc" if desc else "")
+            types = {n: f"tensordesc<bf16[{tile_n},128]>" for n in ("key_desc", "value_desc")} if desc else {}
+            cases.append(dict(id=name, kernel="attention", cc=cc, dtype="bfloat16", consts=consts, types=types,
+                              options=dict(num_warps=warps, num_stages=stages), divisible_by_16=ATTENTION_DIVISIBLE_BY_16))  # fmt: skip
     return cases
 
 
@@ -236,6 +244,7 @@ def compile_case(case: dict) -> dict:
     from triton.compiler import ASTSource
 
     fn, types = _kernel_and_types(case)
+    types |= case.get("types", {})  # a case's own: the attention kernel's tensor descriptors
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in case["consts"]:
@@ -254,7 +263,8 @@ def compile_case(case: dict) -> dict:
     target = next((line for line in ptx.splitlines() if line.startswith(".target")), "")
     return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")),
                 shared_bytes=kernel.metadata.shared, fused_multiply_adds=contracted_fmas(ptx),
-                async_copies=ptx.count("cp.async."), copies_left_in_flight=copies_left_in_flight(ptx))  # fmt: skip
+                async_copies=ptx.count("cp.async."), copies_left_in_flight=copies_left_in_flight(ptx),
+                tma_copies=ptx.count("cp.async.bulk.tensor"))  # fmt: skip
 
 
 def copies_left_in_flight(ptx: str) -> int:

@@ -106,6 +106,9 @@ PREFILL_QUERY_ROWS = 64
 # launch options vLLM's unified attention kernel uses (it passes none); not yet measured here.
 DECODE_LAUNCH = (4, 3)
 PREFILL_LAUNCH = (4, 3)
+# The step's full KV tiles through tensor descriptors (triton_kernels.py NOTE 4): off until a GPU
+# sweep (bench/attention.py) times it against the pointer loads; plan_step(kv_desc=True) asks for it.
+KV_DESC = False
 NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)  # Triton needs a power of two; 16 warps = 512 threads
 
 
@@ -234,6 +237,10 @@ class LaunchPlan:
     def step_kv(self) -> bool:
         return self.constexprs["STEP_KV"]
 
+    @property
+    def kv_desc(self) -> bool:
+        return self.constexprs["KV_DESC"]
+
 
 def plan_step(
     query_start_loc: torch.Tensor,  # [R + 1] int32
@@ -248,6 +255,7 @@ def plan_step(
     num_warps: int | None = None,  # None: choose_launch_options (NOTE 7)
     num_stages: int | None = None,  # None: choose_launch_options (NOTE 7)
     step_kv: bool | None = None,  # the step's keys from key/value; None: choose_step_kv; False: the cache only
+    kv_desc: bool | None = None,  # the step's full tiles through tensor descriptors (triton_kernels.py NOTE 4); None: KV_DESC
 ) -> LaunchPlan:
     """Check the step's metadata and layout, choose the tiles and the split, size the grid and
     allocate the partial results: all that depends on the step, not the layer (NOTE 4)."""
@@ -262,6 +270,9 @@ def plan_step(
     step_kv = choose_step_kv(decode_only, num_segments) if step_kv is None else step_kv
     if step_kv and num_segments > 1:
         raise ValueError(f"step_kv with num_segments {num_segments}: the split path reads the cache only")
+    kv_desc = KV_DESC and step_kv if kv_desc is None else kv_desc
+    if kv_desc and not step_kv:
+        raise ValueError("kv_desc without step_kv: the descriptors load the step's own rows (triton_kernels.py NOTE 4)")
     kv_tile = choose_kv_tile(decode_only) if kv_tile is None else kv_tile
     if kv_tile < 16 or kv_tile & (kv_tile - 1):
         raise ValueError(f"kv_tile {kv_tile} must be a power of two >= 16")
@@ -274,10 +285,13 @@ def plan_step(
         QUERIES_PER_KV=group, BLOCK_SIZE=block_size, TILE_N=kv_tile, HEAD_SIZE=layout.head_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
         DOT_FP32=layout.device.type != "cuda" or fp32, INPUT_PRECISION="ieee" if fp32 else "tf32", STEP_KV=step_kv,
+        KV_DESC=kv_desc,
     )  # fmt: skip
     launch = os.environ.get(LAUNCH_ENV, "jit")
     if launch not in ("jit", "prebound"):
         raise ValueError(f"{LAUNCH_ENV}={launch!r}: must be 'jit' or 'prebound'")
+    if kv_desc and launch == "prebound" and layout.device.type == "cuda":
+        raise ValueError(f"kv_desc with {LAUNCH_ENV}=prebound: descriptors go through Triton's own launch only")
     part_shape = (num_tokens, layout.num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
     new = dict(dtype=torch.float32, device=layout.device)
     return LaunchPlan(
@@ -319,7 +333,8 @@ def _check_against_plan(plan: LaunchPlan, query, key_cache, value_cache, query_s
 
 
 def _check_step_rows(plan: LaunchPlan, key, value) -> None:
-    """The step's own key and value rows a ``step_kv`` plan reads (``triton_kernels.py`` NOTE 1)."""
+    """The step's own key and value rows a ``step_kv`` plan reads (``triton_kernels.py`` NOTE 1);
+    for ``kv_desc`` (NOTE 4), also what a descriptor of ``[N, Hkv * D]`` needs."""
     layout = plan.layout
     want = (plan.num_tokens, layout.num_kv_heads, layout.head_size)
     if key is None:
@@ -328,6 +343,21 @@ def _check_step_rows(plan: LaunchPlan, key, value) -> None:
         if t.shape != want or t.dtype != layout.dtype or t.device != layout.device or t.stride()[-1] != 1:
             raise ValueError(f"{name} {tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}: the plan is for "
                              f"{want} {layout.dtype} on {layout.device}, unit stride along D")  # fmt: skip
+        row, head = t.stride()[:2]
+        if plan.kv_desc and (head != layout.head_size or row * t.element_size() % 16 or t.data_ptr() % 16):
+            raise ValueError(f"{name} strides {t.stride()}, address {t.data_ptr():#x}: kv_desc reads each row as "
+                             f"Hkv * D packed values (head stride {layout.head_size}), rows and address 16-byte aligned")  # fmt: skip
+
+
+# --8<-- [start:kv_descriptors]
+def kv_descriptors(plan: LaunchPlan, key: torch.Tensor, value: torch.Tensor) -> tuple:
+    """``key`` and ``value`` [N, Hkv, D] as tensor descriptors of ``[N, Hkv * D]`` whose boxes are
+    one KV tile of one head, ``[TILE_N, D]`` (``triton_kernels.py`` NOTE 4)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    box = [plan.constexprs["TILE_N"], plan.layout.head_size]
+    return tuple(TensorDescriptor(t, [t.shape[0], t.shape[1] * t.shape[2]], [t.stride()[0], 1], box) for t in (key, value))
+# --8<-- [end:kv_descriptors]
 # --8<-- [end:plan]
 
 
@@ -373,13 +403,14 @@ def paged_attention(
     num_warps: int | None = None,  # None: choose_launch_options (without a plan)
     num_stages: int | None = None,  # software-pipelining depth; None: choose_launch_options (without a plan)
     step_kv: bool | None = None,  # None: choose_step_kv when key is given (without a plan)
+    kv_desc: bool | None = None,  # full tiles through tensor descriptors; None: KV_DESC (without a plan)
     plan: LaunchPlan | None = None,  # the step's (NOTE 4); made here when not given
 ) -> torch.Tensor:
     """Causal paged attention with the Triton kernel; same contract as the reference. Given the
     step's ``key`` and ``value``, a plan with ``step_kv`` reads those keys from them, not the
     cache. The keyword overrides exist so that ``bench/attention.py`` can sweep (NOTE 7)."""
     overrides = dict(num_segments=num_segments, kv_tile=kv_tile, block_m=block_m, num_warps=num_warps,
-                     num_stages=num_stages, step_kv=step_kv)  # fmt: skip
+                     num_stages=num_stages, step_kv=step_kv, kv_desc=kv_desc)  # fmt: skip
     given = {name: value for name, value in overrides.items() if value is not None}
     if (key is None) != (value is None):
         raise ValueError("key and value: give both (this step's rows) or neither")
@@ -400,8 +431,9 @@ def paged_attention(
     k_stride, v_stride = key_cache.stride(), value_cache.stride()  # one call each: stride(i) is slower
     key, value = (key, value) if plan.step_kv else (key_cache, value_cache)  # the cache: never read as rows
     kn_stride, vn_stride = key.stride(), value.stride()
+    descs = kv_descriptors(plan, key, value) if plan.kv_desc else (None, None)
     args = (
-        out, plan.part_acc, plan.part_max, plan.part_sum, query, key_cache, value_cache, key, value,
+        out, plan.part_acc, plan.part_max, plan.part_sum, query, key_cache, value_cache, key, value, *descs,
         plan.query_start_loc, plan.seq_lens, plan.block_table, scale, plan.num_tokens, plan.seq_lens.shape[0],
         layout.num_heads, q_stride[0], q_stride[1], o_stride[0], o_stride[1],
         k_stride[0], k_stride[1], k_stride[2], v_stride[0], v_stride[1], v_stride[2],

@@ -41,6 +41,15 @@ and each tile picks its keys' ids with ``tl.gather``, arithmetic on registers. T
 the group's tiles loads nothing but K and V, and keeps copies in flight; each group starts its
 pipeline anew. ``ID_GROUP * cdiv(TILE_N, BLOCK_SIZE)`` ids cover a group even when its first
 tile starts inside a block. The few diagonal tiles still load their ids.
+NOTE 4 (tensor descriptors, ``KV_DESC``): the step's full tiles (NOTE 1) can be loaded through
+host-made tensor descriptors of ``key``/``value`` seen as ``[N, Hkv * D]``: the tile of rows
+``q_begin + j * TILE_N ..`` at column ``kv_head * D``, one ``[TILE_N, D]`` box. On sm_90 a
+descriptor load is one TMA copy that a single thread issues and an mbarrier completes: no
+thread computes an address, no register holds one, and Triton pipelines the copies over
+mbarriers rather than ``cp.async`` groups (Triton's fused-attention tutorial loads its K and V
+this way on Hopper). Before sm_90 Triton lowers it to ordinary loads. Only full tiles: a box
+reads whole rows, so the diagonal tiles, whose rows past the request may be another
+request's or padding (NaN, say, which ``0 * NaN`` would spread), keep their masked loads.
 """
 
 from __future__ import annotations
@@ -200,15 +209,24 @@ def _attend_cached_keys(
 def _attend_step_keys(
     q, m, l, acc, t_first, t_end, num_new, t, qk_scale,  # t: [M] each row's index among the step's tokens
     key_rows_ptr, value_rows_ptr, stride_kn_n, stride_vn_n,
+    key_desc, value_desc, desc_row, desc_col,  # NOTE 4 (KV_DESC): descriptors, the request's first row, the head's column
     TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    KV_DESC: tl.constexpr,
 ):
     """NOTE 1: the step's own keys, for query rows ``t_first .. t_end - 1``
     of the step's ``num_new``: the tiles of keys before row ``t_first`` unmasked, the diagonal
-    ones (up to row ``t_end - 1``) masked. A spare tile (``t_end <= t_first``) sees none."""
+    ones (up to row ``t_end - 1``) masked. A spare tile (``t_end <= t_first``) sees none.
+    ``KV_DESC``: the full tiles come through the tensor descriptors (NOTE 4)."""
     num_tiles = tl.where(t_end > t_first, tl.cdiv(t_end, TILE_N), 0)
     num_full = tl.minimum(tl.maximum(t_first + 1, 0) // TILE_N, num_tiles)
     for j in range(0, num_full):
-        k, v, u, u_valid = _step_kv_tile(j, num_new, key_rows_ptr, value_rows_ptr, stride_kn_n, stride_vn_n, TILE_N, HEAD_SIZE, False)
+        # --8<-- [start:kv_desc_load]
+        if KV_DESC:
+            k = tl.trans(key_desc.load([desc_row + j * TILE_N, desc_col]))  # [D, T]
+            v = value_desc.load([desc_row + j * TILE_N, desc_col])  # [T, D]
+        # --8<-- [end:kv_desc_load]
+        else:
+            k, v, u, u_valid = _step_kv_tile(j, num_new, key_rows_ptr, value_rows_ptr, stride_kn_n, stride_vn_n, TILE_N, HEAD_SIZE, False)
         m, l, acc = _attend_kv_tile(q, m, l, acc, k, v, None, qk_scale, False, DOT_FP32, INPUT_PRECISION)
     for j in range(num_full, num_tiles):
         k, v, u, u_valid = _step_kv_tile(j, num_new, key_rows_ptr, value_rows_ptr, stride_kn_n, stride_vn_n, TILE_N, HEAD_SIZE, True)
@@ -229,6 +247,8 @@ def _paged_attention_kernel(
     value_cache_ptr,  # *T, [B, S, Hkv, D]: the layer's value cache
     key_ptr,  # *T, [N, Hkv, D]: this step's keys, as written to the cache (read when STEP_KV)
     value_ptr,  # *T, [N, Hkv, D]: this step's values (read when STEP_KV)
+    key_desc,  # tensor descriptor of key as [N, Hkv * D], boxes [TILE_N, D] (KV_DESC, NOTE 4), else None
+    value_desc,  # the same of value
     query_start_loc_ptr,  # *int32, [R + 1]: first query row of each request, then N_actual
     seq_lens_ptr,  # *int32, [R]: tokens in the cache per request, this step's included
     block_table_ptr,  # *int32, [R, max_blocks]: each request's block ids in token order
@@ -252,6 +272,7 @@ def _paged_attention_kernel(
     DOT_FP32: tl.constexpr,  # upcast operands to fp32 before tl.dot (interpreter, fp32 input)
     INPUT_PRECISION: tl.constexpr,  # tl.dot precision for fp32 operands ("ieee" or "tf32")
     STEP_KV: tl.constexpr,  # the step's keys from key/value, the context's from the cache (NOTE 1)
+    KV_DESC: tl.constexpr,  # the step's full tiles through key_desc/value_desc (NOTE 4); needs STEP_KV
 ):
     """Causal attention for one (query tile, KV head, segment) of a paged batch.
 
@@ -317,6 +338,7 @@ def _paged_attention_kernel(
     qk_scale = scale * 1.4426950408889634  # log2(e): exp(x) == exp2(x * log2(e))
     table_row = block_table_ptr + r * stride_bt_r  # the request's block ids
     key_head, value_head = key_cache_ptr + kv_head * stride_k_h, value_cache_ptr + kv_head * stride_v_h
+    tl.static_assert(STEP_KV or not KV_DESC, "KV_DESC loads the step's rows: it needs STEP_KV")
     if STEP_KV:  # NOTE 1: the context from the cache, the step's keys from its own rows
         tl.static_assert(NUM_SEGMENTS == 1, "STEP_KV needs one segment")
         context = tl.where(tile_start < q_end, tl.maximum(context_len, 0), 0)  # every row sees all of it
@@ -328,7 +350,8 @@ def _paged_attention_kernel(
             q, m, l, acc, tile_start - q_begin, tl.where(is_request, tile_end - q_begin, 0), q_end - q_begin, token - q_begin, qk_scale,
             key_ptr + q_begin.to(tl.int64) * stride_kn_n + kv_head * stride_kn_h,
             value_ptr + q_begin.to(tl.int64) * stride_vn_n + kv_head * stride_vn_h,
-            stride_kn_n, stride_vn_n, TILE_N, HEAD_SIZE, DOT_FP32, INPUT_PRECISION,
+            stride_kn_n, stride_vn_n, key_desc, value_desc, q_begin, kv_head * HEAD_SIZE,
+            TILE_N, HEAD_SIZE, DOT_FP32, INPUT_PRECISION, KV_DESC,
         )  # fmt: skip
     else:
         num_full = _num_full_kv_tiles(first_pos, kv_len, TILE_N)
