@@ -171,12 +171,15 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(
-    "block_m, kv_tile, num_warps, num_stages", [(64, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 4)]
+    "block_m, kv_tile, num_warps, num_stages, kv_desc",
+    [(64, 32, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False), (64, 64, 4, 4, False),
+     (64, 64, 4, 2, True), (128, 64, 8, 3, True)],
 )  # fmt: skip
-def test_gpu_prefill_configs(block_m, kv_tile, num_warps, num_stages):
+def test_gpu_prefill_configs(block_m, kv_tile, num_warps, num_stages, kv_desc):
     """Corners of bench/attention.py's prefill sweep on real tensor cores, bf16, Llama-3-8B's
-    heads (GQA 4, head size 128): a long prompt, a chunk after a long context, decodes."""
-    launch = dict(block_m=block_m, kv_tile=kv_tile, num_warps=num_warps, num_stages=num_stages)
+    heads (GQA 4, head size 128): a long prompt, a chunk after a long context, decodes; two
+    with the step's full tiles as TMA copies (``kv_desc``, triton_kernels.py NOTE 4)."""
+    launch = dict(block_m=block_m, kv_tile=kv_tile, num_warps=num_warps, num_stages=num_stages, kv_desc=kv_desc)
     check_against_reference(
         [1024, 300, 1, 77], [1024, 2300, 700, 77 + 128], 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", rows=True, **launch
     )  # fmt: skip
