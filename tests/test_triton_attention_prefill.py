@@ -11,9 +11,11 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from engine_compare import assert_same_tokens_and_logprobs
 from paged_cases import make_case, step_rows
 from test_triton_attention import DEVICE, TOLERANCES, check_against_reference
 
+from tinyvllm import LLM, SamplingParams
 from tinyvllm.attention import reference, triton_attention
 from tinyvllm.attention.metadata import AttentionLayout
 from tinyvllm.attention.triton_attention import (
@@ -161,6 +163,42 @@ def test_kv_desc_is_refused_where_it_cannot_load_the_rows():
         triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, out=out, key=heads_apart, value=value, plan=plan)
     assert (out == 0).all()  # refused before the launch
     assert triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout).kv_desc is triton_attention.KV_DESC is False
+
+
+def test_the_environment_turns_descriptors_on_for_every_prefill_plan(monkeypatch):
+    """``TINYVLLM_TRITON_KV_DESC=1``: every plan that reads the step's rows loads its full tiles
+    through descriptors (an engine-wide A/B); a decode plan, which reads the cache only, does not."""
+    q, kc, vc, qsl, sl, bt, _ = make_case([20, 1], [52, 300], 4, 2, 16, 16, device=DEVICE)
+    layout = _layout(q, kc)
+    monkeypatch.setenv(triton_attention.KV_DESC_ENV, "1")
+    assert triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout).kv_desc is True
+    assert triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout, kv_desc=False).kv_desc is False  # the argument wins
+    decode = make_case([1, 1], [52, 300], 4, 2, 16, 16, device=DEVICE)
+    assert triton_attention.plan_step(*decode[3:6], 2, layout).kv_desc is False
+    monkeypatch.setenv(triton_attention.KV_DESC_ENV, "yes")
+    with pytest.raises(ValueError, match="TINYVLLM_TRITON_KV_DESC='yes'"):
+        triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout)
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL"])
+@pytest.mark.slow
+def test_an_engine_with_descriptors_gives_the_same_tokens_and_logprobs(tiny_model_dirs, monkeypatch, mode):
+    """``TINYVLLM_TRITON_KV_DESC=1`` in a whole engine (the tiny Qwen3, Triton attention), eager
+    and with FULL graphs for the mixed steps: prompts long enough for full tiles of their own
+    keys (64 and 70 tokens, 32-key tiles) give the greedy tokens and logprobs of the pointer
+    loads, bit for bit, and the descriptors really were made."""
+    prompts = [list(range(3, 67)), [(7 * i) % 50 + 1 for i in range(70)]]
+    params = SamplingParams(temperature=0, max_tokens=5, logprobs=1, ignore_eos=True)
+    made = []
+    monkeypatch.setattr(triton_attention, "kv_descriptors", lambda *a, f=triton_attention.kv_descriptors: made.append(1) or f(*a))
+    runs = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv(triton_attention.KV_DESC_ENV, env)
+        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=128, attention_backend="triton",
+                  compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+        runs[env] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert (len(made) > 0) == (env == "1")
+    assert_same_tokens_and_logprobs(runs["0"], runs["1"])  # bit for bit: no tolerance
 
 
 # ---- GPU ----

@@ -107,8 +107,10 @@ PREFILL_QUERY_ROWS = 64
 DECODE_LAUNCH = (4, 3)
 PREFILL_LAUNCH = (4, 3)
 # The step's full KV tiles through tensor descriptors (triton_kernels.py NOTE 4): off until a GPU
-# sweep (bench/attention.py) times it against the pointer loads; plan_step(kv_desc=True) asks for it.
+# sweep (bench/attention.py) times it against the pointer loads; plan_step(kv_desc=True) asks for it,
+# and TINYVLLM_TRITON_KV_DESC=1 for every step of an engine (an A/B of a whole workload).
 KV_DESC = False
+KV_DESC_ENV = "TINYVLLM_TRITON_KV_DESC"
 NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)  # Triton needs a power of two; 16 warps = 512 threads
 
 
@@ -270,7 +272,11 @@ def plan_step(
     step_kv = choose_step_kv(decode_only, num_segments) if step_kv is None else step_kv
     if step_kv and num_segments > 1:
         raise ValueError(f"step_kv with num_segments {num_segments}: the split path reads the cache only")
-    kv_desc = KV_DESC and step_kv if kv_desc is None else kv_desc
+    if kv_desc is None:
+        env = os.environ.get(KV_DESC_ENV)
+        if env not in (None, "0", "1"):
+            raise ValueError(f"{KV_DESC_ENV}={env!r}: must be '0' or '1'")
+        kv_desc = (KV_DESC if env is None else env == "1") and step_kv
     if kv_desc and not step_kv:
         raise ValueError("kv_desc without step_kv: the descriptors load the step's own rows (triton_kernels.py NOTE 4)")
     kv_tile = choose_kv_tile(decode_only) if kv_tile is None else kv_tile
