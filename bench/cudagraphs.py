@@ -452,7 +452,8 @@ def measure_mode(
 
 
 # The one-kernel forms an A/B can switch back to torch ops: record key -> environment variable.
-KERNEL_AB = {"rms_norm_ab": "TINYVLLM_RMS_NORM", "rotary_ab": "TINYVLLM_ROTARY"}
+KERNEL_AB = {"rms_norm_ab": "TINYVLLM_RMS_NORM", "rotary_ab": "TINYVLLM_ROTARY", "silu_and_mul_ab": "TINYVLLM_SILU_AND_MUL"}
+KERNEL_AB_WHAT = {"rms_norm_ab": "norms", "rotary_ab": "rotary", "silu_and_mul_ab": "the MLP's silu and multiply"}
 
 
 def kernel_ab(folder: Path, cfg: dict, device: str, with_kernel: dict, env: str) -> dict:
@@ -578,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="then FULL_AND_PIECEWISE again with the norms as torch ops (TINYVLLM_RMS_NORM=torch)")
     parser.add_argument("--rotary-ab", action="store_true",
                         help="then FULL_AND_PIECEWISE again with rotary as torch ops (TINYVLLM_ROTARY=torch)")  # fmt: skip
+    parser.add_argument("--silu-and-mul-ab", action="store_true",
+                        help="then FULL_AND_PIECEWISE again with silu and mul as torch ops (TINYVLLM_SILU_AND_MUL=torch)")
     parser.add_argument("--async-ab", action="store_true",
                         help="FULL_AND_PIECEWISE once more with async_scheduling=True (step time, device busy share)")
     parser.add_argument("--quick", action="store_true", help="half the timed repeats")
@@ -618,8 +621,8 @@ def main(argv: list[str] | None = None) -> int:
             record["stats_check"] = all(m["stats_ok"] for m in record["modes"].values())
             record["total_s"] = time.perf_counter() - wall
             out.write_text(json.dumps(record, indent=2))  # partial results survive a timeout
-        for key, wanted in (("rms_norm_ab", args.rms_norm_ab), ("rotary_ab", args.rotary_ab)):
-            if wanted:
+        for key in KERNEL_AB:  # each --<kernel>-ab flag: the same mode with that kernel's torch ops
+            if getattr(args, key):
                 record[key] = kernel_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"], KERNEL_AB[key])
                 record["total_s"] = time.perf_counter() - wall
                 out.write_text(json.dumps(record, indent=2))
@@ -631,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     record["total_s"] = time.perf_counter() - wall
     out.write_text(json.dumps(record, indent=2))
     print_table(record)
-    for key, what in (("rms_norm_ab", "norms"), ("rotary_ab", "rotary")):
+    for key, what in KERNEL_AB_WHAT.items():
         if key in record:
             ab = record[key]
             print(f"FULL_AND_PIECEWISE, {what} as torch ops: " + "  ".join(

@@ -3,7 +3,27 @@ equal or within a bound (for the one-kernel tests: a kernel against the torch op
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+
+from tinyvllm import LLM, SamplingParams
+
+
+def generate_each_way(model_dir, monkeypatch, env: str, mode: str, check: Callable[[LLM, str], None]) -> dict:
+    """For each of ``env``'s values "torch" and "triton": the tiny model at ``model_dir``, Triton
+    attention, ``mode``'s emulated CUDA graphs, two prompts greedily with logprobs; ``check(llm,
+    impl)`` first says the engine uses what ``env`` asked. Returns {impl: the outputs}."""
+    prompts = [[5, 6, 7, 8, 9], [11, 3, 7]]
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True)
+    runs = {}
+    for impl in ("torch", "triton"):
+        monkeypatch.setenv(env, impl)
+        llm = LLM(str(model_dir), device="cpu", max_model_len=64, attention_backend="triton",
+                  compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+        check(llm, impl)
+        runs[impl] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return runs
 
 
 def assert_same_tokens_and_logprobs(runs_a: list, runs_b: list, abs_tol: float | None = None) -> None:

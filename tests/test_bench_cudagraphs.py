@@ -90,3 +90,16 @@ def test_union_length_counts_overlapping_intervals_once():
     assert union_length([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0  # [0, 3] and [5, 6]
     assert union_length([(4.0, 5.0), (0.0, 10.0), (2.0, 3.0)]) == 10.0  # nested, out of order
     assert union_length([(0.0, 1.0), (1.0, 2.0)]) == 2.0  # touching
+
+
+def test_each_kernel_ab_flag_switches_the_variable_its_kernel_reads():
+    """``--rms-norm-ab``, ``--rotary-ab`` and ``--silu-and-mul-ab`` each rebuild the engine with
+    one variable set to "torch": the one its module reads, so the A/B changes that kernel only."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import cudagraphs
+
+    from tinyvllm.models import activation, rms_norm, rotary
+
+    assert cudagraphs.KERNEL_AB == {"rms_norm_ab": rms_norm.IMPL_ENV, "rotary_ab": rotary.IMPL_ENV,
+                                    "silu_and_mul_ab": activation.IMPL_ENV}  # fmt: skip
+    assert set(cudagraphs.KERNEL_AB_WHAT) == set(cudagraphs.KERNEL_AB)

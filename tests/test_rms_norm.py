@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from engine_compare import assert_same_tokens_and_logprobs
+from engine_compare import assert_same_tokens_and_logprobs, generate_each_way
 from kernel_counting import CountKernels, Launches
 
 from tinyvllm import LLM, SamplingParams
@@ -200,16 +200,12 @@ def test_the_engine_gives_the_same_tokens_with_the_kernel_as_with_the_torch_ops(
     """Every norm of the tiny Qwen3 (before and after attention, q and k per head, the final
     one) through the kernel, eager and in emulated graphs: the same greedy tokens, logprobs
     within float32 rounding."""
-    prompts = [[5, 6, 7, 8, 9], [11, 3, 7]]
-    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True)
-    runs = {}
-    for impl in ("torch", "triton"):
-        monkeypatch.setenv("TINYVLLM_RMS_NORM", impl)
-        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, attention_backend="triton",
-                  compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+
+    def check(llm, impl):
         norms = [m for m in llm.engine.model_runner.model.modules() if isinstance(m, RMSNorm)]
         assert len(norms) == 2 * 4 + 1 and {m.impl for m in norms} == {impl}
-        runs[impl] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    runs = generate_each_way(tiny_model_dirs["qwen3"], monkeypatch, "TINYVLLM_RMS_NORM", mode, check)
     assert_same_tokens_and_logprobs(runs["torch"], runs["triton"], abs_tol=1e-4)
 
 

@@ -8,10 +8,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from engine_compare import assert_same_tokens_and_logprobs
+from engine_compare import assert_same_tokens_and_logprobs, generate_each_way
 from kernel_counting import CountKernels, Launches
 
-from tinyvllm import LLM, SamplingParams
 from tinyvllm.models import rotary as rot
 from tinyvllm.models.loader import load_model_spec
 from tinyvllm.models.llama import Attention
@@ -121,16 +120,12 @@ def test_the_engine_gives_the_same_tokens_and_logprobs_with_the_kernel(tiny_mode
     """Every layer's q and k through the kernel, eager and in emulated graphs: in place on the
     q/k norms' outputs (Qwen3) and on views of the fused projection (Llama). The same
     greedy tokens and the same logprobs, bit for bit (module NOTE 2)."""
-    prompts = [[5, 6, 7, 8, 9], [11, 3, 7]]
-    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True)
-    runs = {}
-    for impl in ("torch", "triton"):
-        monkeypatch.setenv("TINYVLLM_ROTARY", impl)
-        llm = LLM(str(tiny_model_dirs[family]), device="cpu", max_model_len=64, attention_backend="triton",
-                  compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+
+    def check(llm, impl):
         layers = [m for m in llm.engine.model_runner.model.modules() if isinstance(m, Attention)]
         assert len(layers) == 2 and {m.rotary_impl for m in layers} == {impl}
-        runs[impl] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    runs = generate_each_way(tiny_model_dirs[family], monkeypatch, "TINYVLLM_ROTARY", mode, check)
     assert_same_tokens_and_logprobs(runs["torch"], runs["triton"])  # bit for bit: no tolerance
 
 

@@ -77,7 +77,7 @@ def test_triton_aot_kernel_compiles_to_cubin(compiled, case):
 
 def test_triton_aot_matrix_covers_every_kernel_and_target():
     kinds = {(c["kernel"], c["cc"]) for c in CASES}
-    kernels = ("attention", "merge", "kv_write", "rms_norm", "add_rms_norm", "rotary", "qk_norm_rotary")
+    kernels = ("attention", "merge", "kv_write", "rms_norm", "add_rms_norm", "rotary", "qk_norm_rotary", "silu_and_mul")
     assert kinds == {(k, cc) for k in kernels for cc in (80, 90)}
     configs = {(c["dtype"], c["consts"]["QUERIES_PER_KV"], c["consts"]["NUM_SEGMENTS"]) for c in CASES
                if c["kernel"] == "attention" and c["cc"] == 90}  # fmt: skip
@@ -108,6 +108,15 @@ def test_only_descriptor_configs_copy_with_tma_and_only_on_sm_90(compiled, case)
     none."""
     tma = compiled[case["id"]]["tma_copies"]
     assert (tma > 0) == (case["consts"]["KV_DESC"] and case["cc"] == 90), (case["id"], tma)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["kernel"] == "silu_and_mul"], ids=lambda c: c["id"])
+def test_silu_and_mul_calls_libdevices_expf_and_divides_correctly_rounded(compiled, case):
+    """activation.py NOTE 1: torch's CUDA silu calls ``expf`` and divides with IEEE rounding;
+    the kernel as compiled has libdevice's ``expf`` inlined (its ``ex2.approx.ftz`` core, not
+    the plain ``ex2.approx`` of Triton's own ``tl.exp``) and ``div.rn``, no approximate division."""
+    r = compiled[case["id"]]
+    assert r["div_rn"] > 0 and r["div_approx"] == 0 and r["ex2_ftz"] > 0 and r["ex2_plain"] == 0, r
 
 
 @pytest.mark.parametrize(

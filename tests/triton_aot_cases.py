@@ -182,14 +182,27 @@ def qk_norm_rotary_cases() -> list[dict]:
     ]
 
 
+def silu_and_mul_cases() -> list[dict]:
+    """The MLP's activation: Qwen3-0.6B's intermediate size (3072, three blocks of 1024) and the
+    tiny models' (128, one block), with libdevice's expf as the launcher compiles it on CUDA."""
+    from tinyvllm.models.activation import BLOCK
+
+    sizes = {80: (3072,), 90: (3072, 128)}
+    return [
+        dict(id=f"silu_and_mul-sm{cc}-{dtype}-i{size}", kernel="silu_and_mul", cc=cc, dtype=dtype,
+             consts=dict(SIZE=size, BLOCK=min(BLOCK, size), LIBDEVICE=True))  # fmt: skip
+        for cc in (80, 90) for dtype in DTYPES for size in sizes[cc]
+    ]
+
+
 def all_cases() -> list[dict]:
     return (attention_cases() + prefill_sweep_cases() + merge_cases() + write_cases() + rms_norm_cases() + add_rms_norm_cases()
-            + rotary_cases() + qk_norm_rotary_cases())  # fmt: skip
+            + rotary_cases() + qk_norm_rotary_cases() + silu_and_mul_cases())  # fmt: skip
 
 
 def _kernel_and_types(case: dict):
     from tinyvllm.attention import kv_cache_write, triton_attention
-    from tinyvllm.models import qk_norm_rotary, rms_norm, rotary
+    from tinyvllm.models import activation, qk_norm_rotary, rms_norm, rotary
 
     t = DTYPES[case["dtype"]]
     if case["kernel"] == "attention":
@@ -209,6 +222,9 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "add_rms_norm":
         fn = rms_norm._add_rms_norm_kernel
         types = dict(x_ptr=t, delta_ptr=t, weight_ptr=t, out_ptr=t, sum_ptr=t, eps="fp32")
+    elif case["kernel"] == "silu_and_mul":
+        fn = activation._silu_and_mul_kernel
+        types = dict(x_ptr=t)
     elif case["kernel"] == "rms_norm":
         fn = rms_norm._rms_norm_kernel
         types = dict(x_ptr=t, weight_ptr=t, out_ptr=t, eps="fp32")
@@ -264,7 +280,9 @@ def compile_case(case: dict) -> dict:
     return dict(id=case["id"], stages=sorted(kernel.asm), target=target, cubin_bytes=len(kernel.asm.get("cubin", b"")),
                 shared_bytes=kernel.metadata.shared, fused_multiply_adds=contracted_fmas(ptx),
                 async_copies=ptx.count("cp.async."), copies_left_in_flight=copies_left_in_flight(ptx),
-                tma_copies=ptx.count("cp.async.bulk.tensor"))  # fmt: skip
+                tma_copies=ptx.count("cp.async.bulk.tensor"), div_rn=ptx.count("div.rn.f32"),
+                div_approx=ptx.count("div.full.f32") + ptx.count("div.approx.f32"),
+                ex2_ftz=ptx.count("ex2.approx.ftz.f32"), ex2_plain=ptx.count("ex2.approx.f32"))  # fmt: skip
 
 
 def copies_left_in_flight(ptx: str) -> int:

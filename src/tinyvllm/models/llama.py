@@ -41,7 +41,7 @@ rows; figures in docs/model_runner.md), so on the CPU ``compute_logits`` keeps t
 (remade if the weight changes) for up to ``SMALL_LM_HEAD_ROWS`` rows, unless the weight is
 over ``SMALL_LM_HEAD_MAX_BYTES`` (the copy doubles its memory); logits differ by rounding.
 NOTE 7 (the MLP in place): ``silu`` and the product with ``up`` overwrite the gate half of
-the gate/up output instead of allocating two ``[N, I]`` tensors, with transformers' rounding.
+the gate/up output (one kernel on CUDA, ``activation.py``), with transformers' rounding.
 NOTE 8 (a backend's plan per step): host work that depends only on the step and the
 ``AttentionLayout`` (torch's gather indices and masks; Triton's checks, tiles, grid, buffers)
 is the backend's ``plan_step``, called once per forward outside any piece and passed on by
@@ -76,6 +76,7 @@ from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cac
 from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
 from tinyvllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
+from tinyvllm.models.activation import silu_and_mul, silu_and_mul_impl
 from tinyvllm.models.loader import (
     ModelSpec,
     TensorInfo,
@@ -110,8 +111,7 @@ class AttentionBackend:
     write_kv_cache: Callable[..., None]
     paged_attention: Callable[..., torch.Tensor]
     cudagraph_support: AttentionCGSupport
-    # Host-side work done once per step and passed to every layer as ``plan=`` (NOTE 8);
-    # None for backends that need none.
+    # Host-side work done once per step, passed to every layer as ``plan=`` (NOTE 8); None: none needed.
     plan_step: Callable[[AttentionMetadata, AttentionLayout], object] | None = None
     step_rows: bool = False  # attention also takes the step's own k, v rows (triton_kernels.py NOTE 1)
 
@@ -270,10 +270,10 @@ class MLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [spec.intermediate_size] * 2, bias=False)
         self.intermediate_size = self.gate_up_proj.output_size_per_partition // 2  # this rank's I / N (NOTE 10)
         self.down_proj = RowParallelLinear(spec.intermediate_size, spec.hidden_size, bias=False)
+        self.act_impl = silu_and_mul_impl()  # "auto" unless TINYVLLM_SILU_AND_MUL says otherwise
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [N, I / tp] views
-        return self.down_proj(nn.functional.silu(gate, inplace=True).mul_(up))  # NOTE 7
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.intermediate_size, self.act_impl))  # NOTE 7
 
 
 class DecoderLayer(nn.Module):
