@@ -272,13 +272,19 @@ def plan_step(
     step_kv = choose_step_kv(decode_only, num_segments) if step_kv is None else step_kv
     if step_kv and num_segments > 1:
         raise ValueError(f"step_kv with num_segments {num_segments}: the split path reads the cache only")
-    if kv_desc is None:
+    launch = os.environ.get(LAUNCH_ENV, "jit")
+    if launch not in ("jit", "prebound"):
+        raise ValueError(f"{LAUNCH_ENV}={launch!r}: must be 'jit' or 'prebound'")
+    prebound = launch == "prebound" and layout.device.type == "cuda"
+    if kv_desc is None:  # descriptors go through Triton's own launch: a prebound one keeps the pointer loads
         env = os.environ.get(KV_DESC_ENV)
         if env not in (None, "0", "1"):
             raise ValueError(f"{KV_DESC_ENV}={env!r}: must be '0' or '1'")
-        kv_desc = (KV_DESC if env is None else env == "1") and step_kv
+        kv_desc = (KV_DESC if env is None else env == "1") and step_kv and not prebound
     if kv_desc and not step_kv:
         raise ValueError("kv_desc without step_kv: the descriptors load the step's own rows (triton_kernels.py NOTE 4)")
+    if kv_desc and prebound:
+        raise ValueError(f"kv_desc with {LAUNCH_ENV}=prebound: descriptors go through Triton's own launch only")
     kv_tile = choose_kv_tile(decode_only) if kv_tile is None else kv_tile
     if kv_tile < 16 or kv_tile & (kv_tile - 1):
         raise ValueError(f"kv_tile {kv_tile} must be a power of two >= 16")
@@ -293,11 +299,6 @@ def plan_step(
         DOT_FP32=layout.device.type != "cuda" or fp32, INPUT_PRECISION="ieee" if fp32 else "tf32", STEP_KV=step_kv,
         KV_DESC=kv_desc,
     )  # fmt: skip
-    launch = os.environ.get(LAUNCH_ENV, "jit")
-    if launch not in ("jit", "prebound"):
-        raise ValueError(f"{LAUNCH_ENV}={launch!r}: must be 'jit' or 'prebound'")
-    if kv_desc and launch == "prebound" and layout.device.type == "cuda":
-        raise ValueError(f"kv_desc with {LAUNCH_ENV}=prebound: descriptors go through Triton's own launch only")
     part_shape = (num_tokens, layout.num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
     new = dict(dtype=torch.float32, device=layout.device)
     return LaunchPlan(
@@ -305,7 +306,7 @@ def plan_step(
         grid=(cdiv(num_tokens, block_q) + num_reqs, num_kv_heads, num_segments),  # NOTE 1
         constexprs=constexprs, part_acc=torch.empty((*part_shape, layout.head_size), **new),
         part_max=torch.empty(part_shape, **new), part_sum=torch.empty(part_shape, **new),
-        launchers={} if launch == "prebound" and layout.device.type == "cuda" else None, options=options,
+        launchers={} if prebound else None, options=options,
     )  # fmt: skip
 
 
