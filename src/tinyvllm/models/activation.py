@@ -27,7 +27,7 @@ compiled without fast math), not with Triton's faster approximations: so on CUDA
 are the same. The interpreter on the CPU has no libdevice: there ``tl.exp`` (numpy's) stands in,
 and may differ from torch's in the last bit of a float32 (the tests allow that in float32).
 NOTE 2 (the grid): one program per (row, block of ``BLOCK`` columns): a decode batch has
-few rows, and a block per program keeps every SM busy at ``I`` of a few thousand.
+few rows, and blocks of columns give each row several programs (three at ``I`` = 3,072).
 Left out: other gated activations (GELU-tanh and friends), quantised outputs.
 """
 
