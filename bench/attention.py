@@ -292,11 +292,11 @@ def default_prefill_config(num_heads: int, num_kv_heads: int) -> dict:
 
 
 def warps_for_rows(block_m: int, default_warps: int) -> int:
-    """Stage 1's warps for a query tile of ``block_m`` rows: one warp per 16 rows, never fewer
+    """Stage 0's warps for a query tile of ``block_m`` rows: one warp per 16 rows, never fewer
     than the default's. On sm_90 a warpgroup (4 warps) computes 64 rows of a ``tl.dot``, so 128
     rows at 4 warps make one warpgroup do two tiles' work: timed that way, a 128-row tile loses
-    to a 64-row one for its warps, not for its rows (the H200 sweep of 2026-11-30 timed
-    128 rows at 8 warps only where stage 1 had already picked 128 rows at 4)."""
+    to a 64-row one for its warps, not for its rows (the H200 sweep of 2026-11-30, staged before
+    this rule, timed 128 rows at 8 warps only where 128 rows at 4 had already won)."""
     return max(default_warps, block_m // 16)
 
 
