@@ -17,7 +17,9 @@ so no mode is downgraded) and measured twice:
   default, at every batch): ``profile_steps`` more steps under ``torch.profiler``; the
   device's busy time per step (kernels and copies, overlaps counted once), its share of
   the median step (``device_busy_share``: below 1, the device waits for the host for the
-  rest), and the eight operations that take most of it. The profiler slows the host, so
+  rest), the idle gaps between its ops binned by length (``device_idle_gaps``: a FULL
+  graph's kernels back to back leave µs-long gaps, a host-bound step one long gap), and
+  the eight operations that take most of it. The profiler slows the host, so
   the share is read against the unprofiled median. Measured on a GPU only: on the CPU the
   same code runs with nothing on a device to count. Then as many steps again with the
   host's clock on each phase (``host_phases``: scheduling, the runner's state, the
@@ -146,11 +148,39 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+# The idle gaps between the device's ops, binned by length (µs): a graph's kernels back to back
+# leave gaps of a few µs each, the host's launches one by one ~5-20 µs, a host-bound step
+# one long gap. Binned, the histogram says which of these the idle share of a step is.
+GAP_BINS_US = (2.0, 5.0, 20.0, 100.0)
+
+
+def _gap_labels() -> list[str]:
+    edges = ["0", *(f"{b:g}" for b in GAP_BINS_US)]
+    return [f"<{edges[1]}us", *(f"{a}-{b}us" for a, b in zip(edges[1:], edges[2:])), f">={edges[-1]}us"]
+
+
+def idle_gaps(intervals: list[tuple[float, float]], steps: int) -> dict[str, dict[str, float]]:
+    """The gaps between the device's busy intervals (µs; overlaps merged first, as in
+    ``union_length``), binned by ``GAP_BINS_US``: per step, how many gaps and their µs."""
+    labels = _gap_labels()
+    bins = {label: {"count": 0.0, "us": 0.0} for label in labels}
+    reached = None
+    for start, end in sorted(intervals):
+        if reached is not None and start > reached:
+            gap = start - reached
+            label = labels[sum(gap >= edge for edge in GAP_BINS_US)]
+            bins[label]["count"] += 1 / steps
+            bins[label]["us"] += gap / steps
+        reached = end if reached is None else max(reached, end)
+    return bins
+
+
 def profile_steps(engine, steps: int, median_step_s: float) -> dict:
     """Where a decode step's time goes: ``steps`` more ``engine.step()`` calls under
     ``torch.profiler``. On a GPU: the device's busy time per step (its kernels and copies,
     overlaps counted once), that time's share of the unprofiled median step (the rest of
-    the step the device waits for the host), and the operations that take most of it."""
+    the step the device waits for the host), the idle gaps between its ops by length
+    (``idle_gaps``: a graph's own gaps or the host's), and the operations that take most of it."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = torch.cuda.is_available()
@@ -160,7 +190,8 @@ def profile_steps(engine, steps: int, median_step_s: float) -> dict:
             engine.step()
         sync()
     device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy = union_length([(e.time_range.start, e.time_range.end) for e in device]) / 1e6 / steps
+    intervals = [(e.time_range.start, e.time_range.end) for e in device]  # µs
+    busy = union_length(intervals) / 1e6 / steps
     by_name: dict[str, float] = {}
     for e in device:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
@@ -169,6 +200,7 @@ def profile_steps(engine, steps: int, median_step_s: float) -> dict:
         steps=steps, device_ops_per_step=len(device) / steps,
         device_busy_s_per_step=busy if on_gpu else None,
         device_busy_share=busy / median_step_s if on_gpu else None,
+        device_idle_gaps=idle_gaps(intervals, steps) if on_gpu else None,
         top_device_ops=[dict(name=name[:160], us_per_step=us / steps) for name, us in top],
     )  # fmt: skip
 
@@ -485,6 +517,8 @@ def async_ab(folder: Path, cfg: dict, device: str, sync_run: dict) -> dict:
         speedup_of_async={str(r["batch"]): sync_ms[r["batch"]] / r["median_step_s"] for r in run["latency"]},
         device_busy_share_async=busy_share,
         device_busy_share_sync={str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in sync_run["latency"]},
+        device_ops_per_step_async={str(r["batch"]): (r["profile"] or {}).get("device_ops_per_step") for r in run["latency"]},
+        device_idle_gaps_async={str(r["batch"]): (r["profile"] or {}).get("device_idle_gaps") for r in run["latency"]},
         host_top_functions_async={str(r["batch"]): (r["profile"] or {}).get("host_top_functions") for r in run["latency"]},
         stats_ok=run["stats_ok"],
     )

@@ -277,6 +277,8 @@ def cudagraph_figures(record: dict) -> dict:
         profiled = {str(r["batch"]): r["profile"] for r in mode["latency"] if r.get("profile")}
         if profiled:  # where the step's time goes (cudagraphs.py's profile_steps)
             modes[name]["device_busy_share"] = {b: p["device_busy_share"] for b, p in profiled.items()}
+            modes[name]["device_ops_per_step"] = {b: p.get("device_ops_per_step") for b, p in profiled.items()}
+            modes[name]["device_idle_gaps"] = {b: p.get("device_idle_gaps") for b, p in profiled.items()}
             modes[name]["top_device_ops"] = {b: p["top_device_ops"][:4] for b, p in profiled.items()}
             modes[name]["host_phases_ms"] = {b: {k: round(v, 3) for k, v in p["phases_ms"].items()}
                                              for b, p in profiled.items()}  # fmt: skip

@@ -39,6 +39,7 @@ def test_cudagraphs_bench_dry_run(tmp_path):
         for r in m["latency"]:  # the profile runs on the CPU too, with no device time to count
             if mode in ("NONE", "FULL_AND_PIECEWISE"):
                 assert r["profile"]["steps"] == 2 and r["profile"]["device_busy_share"] is None
+                assert r["profile"]["device_idle_gaps"] is None
                 phases = r["profile"]["phases_ms"]
                 assert set(phases) == {"schedule", "update_states", "forward", "logits", "sample",
                                        "execute_model_rest", "update_from_output", "engine_rest"}  # fmt: skip
@@ -90,6 +91,26 @@ def test_union_length_counts_overlapping_intervals_once():
     assert union_length([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0  # [0, 3] and [5, 6]
     assert union_length([(4.0, 5.0), (0.0, 10.0), (2.0, 3.0)]) == 10.0  # nested, out of order
     assert union_length([(0.0, 1.0), (1.0, 2.0)]) == 2.0  # touching
+
+
+def test_idle_gaps_bins_the_device_idle_between_ops_by_length():
+    """The idle time between the device's ops, binned by gap length and averaged per step:
+    a graph's back-to-back kernels leave gaps of a few µs, a host-bound step one long gap."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from cudagraphs import GAP_BINS_US, idle_gaps
+
+    assert GAP_BINS_US == (2.0, 5.0, 20.0, 100.0)
+    # two steps: kernels [0, 10] [11, 20] (1 µs gap) [15, 18] (inside) [23, 30] (3 µs gap),
+    # then 150 µs idle (the host), then [180, 190] [200, 210] (10 µs) [260, 261] (50 µs)
+    intervals = [(11.0, 20.0), (0.0, 10.0), (15.0, 18.0), (23.0, 30.0), (180.0, 190.0), (200.0, 210.0), (260.0, 261.0)]
+    gaps = idle_gaps(intervals, steps=2)
+    assert gaps == {
+        "<2us": {"count": 0.5, "us": 0.5}, "2-5us": {"count": 0.5, "us": 1.5},
+        "5-20us": {"count": 0.5, "us": 5.0}, "20-100us": {"count": 0.5, "us": 25.0},
+        ">=100us": {"count": 0.5, "us": 75.0},
+    }  # fmt: skip
+    assert idle_gaps([(0.0, 1.0), (1.0, 2.0)], steps=1) == {label: {"count": 0.0, "us": 0.0} for label in gaps}
+    assert idle_gaps([], steps=1) == {label: {"count": 0.0, "us": 0.0} for label in gaps}
 
 
 def test_each_kernel_ab_flag_switches_the_variable_its_kernel_reads():

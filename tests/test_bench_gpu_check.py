@@ -144,6 +144,7 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert all(set(m["step_ms"]) == {"1", "2"} for m in modes.values())
     assert {name for name, m in modes.items() if "device_busy_share" in m} == {"NONE", "FULL_AND_PIECEWISE"}
     assert modes["NONE"]["device_busy_share"] == {"1": None, "2": None}  # nothing on a device to count
+    assert modes["NONE"]["device_idle_gaps"] == {"1": None, "2": None}  # the gaps too (idle_gaps)
     assert set(modes["FULL_AND_PIECEWISE"]["host_phases_ms"]["1"]) >= {"schedule", "forward", "execute_model_rest"}
     parts = set(modes["FULL_AND_PIECEWISE"]["forward_parts_ms"]["1"])
     assert parts == {"step_inputs", "buffers_fill", "launch"}
@@ -152,6 +153,7 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
         assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
     async_ab = figures["cudagraph_latency"]["async_ab"]  # FULL_AND_PIECEWISE with async scheduling, same run
     assert set(async_ab["speedup_of_async"]) == {"1", "2"} and async_ab["stats_ok"] is True
+    assert async_ab["device_idle_gaps_async"] == {"1": None, "2": None}
     top = async_ab["host_top_functions_async"]["2"]  # cProfile of the async steps: where the host's time goes
     assert len(top) == 25 and top[0]["tottime_us_per_step"] >= top[-1]["tottime_us_per_step"] > 0  # the most first
     assert all(f["calls_per_step"] > 0 and f["cumtime_us_per_step"] >= f["tottime_us_per_step"] for f in top)
