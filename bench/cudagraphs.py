@@ -483,17 +483,22 @@ def measure_mode(
     )  # fmt: skip
 
 
-# The one-kernel forms an A/B can switch back to torch ops: record key -> environment variable.
-KERNEL_AB = {"rms_norm_ab": "TINYVLLM_RMS_NORM", "rotary_ab": "TINYVLLM_ROTARY", "silu_and_mul_ab": "TINYVLLM_SILU_AND_MUL"}
-KERNEL_AB_WHAT = {"rms_norm_ab": "norms", "rotary_ab": "rotary", "silu_and_mul_ab": "the MLP's silu and multiply"}
+# The one-kernel forms an A/B can switch back: record key -> (environment variable, the value
+# that turns the kernel off: torch ops, or the KV write apart from Qwen3's norms and rotary).
+KERNEL_AB = {"rms_norm_ab": ("TINYVLLM_RMS_NORM", "torch"), "rotary_ab": ("TINYVLLM_ROTARY", "torch"),
+             "silu_and_mul_ab": ("TINYVLLM_SILU_AND_MUL", "torch"),
+             "fused_kv_write_ab": ("TINYVLLM_FUSED_KV_WRITE", "0")}  # fmt: skip
+KERNEL_AB_WHAT = {"rms_norm_ab": "norms as torch ops", "rotary_ab": "rotary as torch ops",
+                  "silu_and_mul_ab": "the MLP's silu and multiply as torch ops",
+                  "fused_kv_write_ab": "the KV write as its own kernel"}  # fmt: skip
 
 
-def kernel_ab(folder: Path, cfg: dict, device: str, with_kernel: dict, env: str) -> dict:
-    """FULL_AND_PIECEWISE once more with ``env=torch`` (every RMSNorm as torch ops,
-    ``models/rms_norm.py``, or every rotary, ``models/rotary.py``), against the same mode's
+def kernel_ab(folder: Path, cfg: dict, device: str, with_kernel: dict, env: str, value: str = "torch") -> dict:
+    """FULL_AND_PIECEWISE once more with ``env=value`` (every RMSNorm as torch ops,
+    ``models/rms_norm.py``, or every rotary, ``models/rotary.py``, ...), against the same mode's
     run with the default: the step time the one kernel saves, in the same run. (On the CPU
-    both runs use the torch ops.)"""
-    os.environ[env] = "torch"
+    the torch ops run both ways, but for the fused KV write, which needs the kernels.)"""
+    os.environ[env] = value
     try:
         torch_ops = measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=False)
     finally:
@@ -615,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="then FULL_AND_PIECEWISE again with rotary as torch ops (TINYVLLM_ROTARY=torch)")  # fmt: skip
     parser.add_argument("--silu-and-mul-ab", action="store_true",
                         help="then FULL_AND_PIECEWISE again with silu and mul as torch ops (TINYVLLM_SILU_AND_MUL=torch)")
+    parser.add_argument("--fused-kv-write-ab", action="store_true",
+                        help="then FULL_AND_PIECEWISE again with Qwen3's KV write apart (TINYVLLM_FUSED_KV_WRITE=0)")
     parser.add_argument("--async-ab", action="store_true",
                         help="FULL_AND_PIECEWISE once more with async_scheduling=True (step time, device busy share)")
     parser.add_argument("--quick", action="store_true", help="half the timed repeats")
@@ -657,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
             out.write_text(json.dumps(record, indent=2))  # partial results survive a timeout
         for key in KERNEL_AB:  # each --<kernel>-ab flag: the same mode with that kernel's torch ops
             if getattr(args, key):
-                record[key] = kernel_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"], KERNEL_AB[key])
+                record[key] = kernel_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"], *KERNEL_AB[key])
                 record["total_s"] = time.perf_counter() - wall
                 out.write_text(json.dumps(record, indent=2))
         if args.async_ab:
@@ -671,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, what in KERNEL_AB_WHAT.items():
         if key in record:
             ab = record[key]
-            print(f"FULL_AND_PIECEWISE, {what} as torch ops: " + "  ".join(
+            print(f"FULL_AND_PIECEWISE, {what}: " + "  ".join(
                 f"B={b}: {ms:.2f} ms (the kernel x{ab['speedup_of_the_kernel'][b]:.2f})"
                 for b, ms in ab["step_ms_torch_ops"].items()))  # fmt: skip
     for batch, ab in record["mixed_ab"].items():

@@ -174,7 +174,8 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         cmd = [python, "bench/throughput.py", "--repeats", "1", "--async-ab", *seqs, *model, *out]
         return cmd + (["--dry-run"] if dry_run else [])
     if step.name == "cudagraph_latency":
-        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput", "--rms-norm-ab", "--rotary-ab", "--async-ab"]
+        batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput",
+                   "--rms-norm-ab", "--fused-kv-write-ab", "--async-ab"]  # the rotary A/B ran twice: its place
         flags = ["--dry-run"] if dry_run else []
         return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
     if step.name == "prefix_caching":
@@ -286,7 +287,7 @@ def cudagraph_figures(record: dict) -> dict:
                                                for b, p in profiled.items()}  # fmt: skip
     figures = {"device": record["environment"]["device"], "complete": record["complete"],
                "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
-    for key in ("rms_norm_ab", "rotary_ab", "async_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
+    for key in ("rms_norm_ab", "rotary_ab", "fused_kv_write_ab", "async_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
         if key in record:
             figures[key] = record[key]
     if record.get("mixed_ab"):  # a mixed step PIECEWISE (the default) against FULL, and against a decode step

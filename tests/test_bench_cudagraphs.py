@@ -115,12 +115,14 @@ def test_idle_gaps_bins_the_device_idle_between_ops_by_length():
 
 def test_each_kernel_ab_flag_switches_the_variable_its_kernel_reads():
     """``--rms-norm-ab``, ``--rotary-ab`` and ``--silu-and-mul-ab`` each rebuild the engine with
-    one variable set to "torch": the one its module reads, so the A/B changes that kernel only."""
+    one variable set to "torch", ``--fused-kv-write-ab`` with its variable "0": the one its
+    module reads, so the A/B changes that kernel only."""
     sys.path.insert(0, str(ROOT / "bench"))
     import cudagraphs
 
-    from tinyvllm.models import activation, rms_norm, rotary
+    from tinyvllm.models import activation, qk_norm_rotary, rms_norm, rotary
 
-    assert cudagraphs.KERNEL_AB == {"rms_norm_ab": rms_norm.IMPL_ENV, "rotary_ab": rotary.IMPL_ENV,
-                                    "silu_and_mul_ab": activation.IMPL_ENV}  # fmt: skip
+    assert cudagraphs.KERNEL_AB == {"rms_norm_ab": (rms_norm.IMPL_ENV, "torch"), "rotary_ab": (rotary.IMPL_ENV, "torch"),
+                                    "silu_and_mul_ab": (activation.IMPL_ENV, "torch"),
+                                    "fused_kv_write_ab": (qk_norm_rotary.FUSED_KV_WRITE_ENV, "0")}  # fmt: skip
     assert set(cudagraphs.KERNEL_AB_WHAT) == set(cudagraphs.KERNEL_AB)

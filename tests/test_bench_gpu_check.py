@@ -148,7 +148,7 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert set(modes["FULL_AND_PIECEWISE"]["host_phases_ms"]["1"]) >= {"schedule", "forward", "execute_model_rest"}
     parts = set(modes["FULL_AND_PIECEWISE"]["forward_parts_ms"]["1"])
     assert parts == {"step_inputs", "buffers_fill", "launch"}
-    for key in ("rms_norm_ab", "rotary_ab"):  # the same mode with the norms, then rotary, as torch ops
+    for key in ("rms_norm_ab", "fused_kv_write_ab"):  # the same mode with the norms as torch ops, the KV write apart
         ab = figures["cudagraph_latency"][key]
         assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
     async_ab = figures["cudagraph_latency"]["async_ab"]  # FULL_AND_PIECEWISE with async scheduling, same run

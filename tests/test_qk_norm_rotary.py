@@ -14,7 +14,15 @@ from test_rotary import fused_qkv
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.models import qk_norm_rotary as fused
-from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_applies, qk_norm_rotary_torch, qk_norm_rotary_triton
+from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID, write_kv_cache_torch, write_kv_cache_triton
+from tinyvllm.models.qk_norm_rotary import (
+    FUSED_KV_WRITE_ENV,
+    fused_kv_write,
+    qk_norm_rotary_applies,
+    qk_norm_rotary_torch,
+    qk_norm_rotary_triton,
+    qk_norm_rotary_write_kv_triton,
+)
 from tinyvllm.models.rms_norm import rms_norm_triton
 from tinyvllm.models.rotary import rotary_triton
 
@@ -70,7 +78,8 @@ def test_one_launch_replaces_three(monkeypatch):
     launches = Launches()
     monkeypatch.setattr(fused, "_qk_norm_rotary_kernel", launches)
     qk_norm_rotary_triton(q, k, torch.ones(16, device=DEVICE), torch.ones(16, device=DEVICE), 1e-6, cos, sin)
-    assert launches.calls == [((4,), dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, enable_fp_fusion=False))]
+    assert launches.calls == [((4,), dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, WRITE_KV=False, BLOCK_SIZE=1,
+                                          PAD_SLOT=PAD_SLOT_ID, enable_fp_fusion=False))]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -123,13 +132,14 @@ def test_the_engine_uses_it_for_qwen3_and_gives_the_same_tokens(tiny_model_dirs,
     rotary go through the fused one, counted) against the torch ops, eager and in emulated
     graphs: the same greedy tokens, logprobs within float32 rounding."""
     calls = []
-    real = fused.qk_norm_rotary_triton
+    real = fused._qk_norm_rotary_kernel
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    class Counted:  # the jitted kernel, its launches counted (by either launcher: NOTE 3's too)
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
 
-    monkeypatch.setattr("tinyvllm.models.llama.qk_norm_rotary_triton", counted)
+    monkeypatch.setattr(fused, "_qk_norm_rotary_kernel", Counted())
     prompts = [[5, 6, 7, 8, 9], [11, 3, 7]]
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True)
     runs = {}
@@ -144,6 +154,147 @@ def test_the_engine_uses_it_for_qwen3_and_gives_the_same_tokens(tiny_model_dirs,
     assert_same_tokens_and_logprobs(runs["torch"], runs["triton"], abs_tol=1e-4)
 
 
+def write_both_ways(tokens, heads, kv_heads, size, dtype=torch.float32, device=DEVICE, seed=0, blocks=5, block_size=4):
+    """NOTE 3's fused kernel against the two launches it replaces (the norms and rotary, then
+    the KV write of the rotated k and of v), from one projection and one cache filled with
+    noise, the slots shuffled and rows 1, 4, ... padding. Returns (fused, separate) as
+    (q, k, v, key_cache, value_cache) each, and the slot mapping."""
+    _, q, k, v, cos, sin = fused_qkv(tokens, heads, kv_heads, size, dtype, device, seed)
+    v = v.view(tokens, kv_heads, size)  # [N, Hkv, D], rows (H + 2 Hkv) D apart, as the engine's
+    g = torch.Generator().manual_seed(seed + 1)
+    wq, wk = (torch.randn(size, generator=g).to(dtype).to(device) for _ in range(2))
+    cache = torch.randn(2, blocks, block_size, kv_heads, size, generator=g).to(dtype).to(device)
+    slots = torch.randperm(blocks * block_size, generator=g)[:tokens]
+    slots[1::3] = PAD_SLOT_ID
+    slots = slots.to(device)
+    qkv_separate = [t.clone() for t in (q, k, v)]
+    cache_separate = cache.clone()
+    qs, ks, vs = qkv_separate
+    qk_norm_rotary_triton(qs, ks, wq, wk, 1e-6, cos, sin)
+    write_kv_cache_torch(ks, vs, cache_separate[0], cache_separate[1], slots)
+    out = qk_norm_rotary_write_kv_triton(q, k, v, wq, wk, 1e-6, cos, sin, cache[0], cache[1], slots)
+    assert out[0] is q and out[1] is k, "q and k written in place"
+    return (q, k, v, cache[0], cache[1]), (qs, ks, vs, cache_separate[0], cache_separate[1]), slots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # bfloat16: the GPU twin
+@pytest.mark.parametrize("shape", [(7, 4, 2, 16), (3, 3, 3, 24), (1, 2, 1, 8)])  # GQA; no power of two; one decode
+def test_fused_kv_write_stores_what_the_two_launches_store(dtype, shape):
+    """q, k, v and both caches bit for bit as the norms-and-rotary kernel followed by the KV
+    write: the rotated k and the untouched v at each row's slot, padding rows nowhere, every
+    other slot as it was."""
+    fused_out, separate, slots = write_both_ways(*shape, dtype=dtype)
+    for name, a, b in zip(("q", "k", "v", "key_cache", "value_cache"), fused_out, separate):
+        assert torch.equal(a, b), name
+    assert (slots != PAD_SLOT_ID).any() and ((slots == PAD_SLOT_ID).any() or len(slots) == 1)
+
+
+def test_fused_kv_write_matches_the_triton_writer_too():
+    """Against the backend's Triton writer (power-of-two heads), as the engine runs it unfused."""
+    _, q, k, v, cos, sin = fused_qkv(5, 4, 2, 16, seed=3)
+    v = v.view(5, 2, 16)
+    w = torch.ones(16, device=DEVICE)
+    cache = torch.zeros(2, 3, 4, 2, 16, device=DEVICE)
+    expected = cache.clone()
+    slots = torch.tensor([9, 2, PAD_SLOT_ID, 0, 11], device=DEVICE)
+    qs, ks = qk_norm_rotary_triton(q.clone(), k.clone(), w, w, 1e-6, cos, sin)
+    write_kv_cache_triton(ks, v, expected[0], expected[1], slots)
+    qk_norm_rotary_write_kv_triton(q, k, v, w, w, 1e-6, cos, sin, cache[0], cache[1], slots)
+    assert torch.equal(cache, expected) and torch.equal(k, ks) and torch.equal(q, qs)
+
+
+def test_one_launch_replaces_the_norms_rotary_and_kv_write(monkeypatch):
+    """NOTE 3: one launch, the write switched on by a constexpr, the cache's block size passed."""
+    _, q, k, v, cos, sin = fused_qkv(4, 4, 2, 16)
+    cache = torch.zeros(2, 3, 8, 2, 16, device=DEVICE)
+    launches = Launches()
+    monkeypatch.setattr(fused, "_qk_norm_rotary_kernel", launches)
+    qk_norm_rotary_write_kv_triton(q, k, v.view(4, 2, 16), torch.ones(16, device=DEVICE), torch.ones(16, device=DEVICE),
+                                   1e-6, cos, sin, cache[0], cache[1], torch.arange(4, device=DEVICE))  # fmt: skip
+    assert launches.calls == [((4,), dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, WRITE_KV=True, BLOCK_SIZE=8,
+                                          PAD_SLOT=PAD_SLOT_ID, enable_fp_fusion=False))]  # fmt: skip
+
+
+def _bad_write(change):
+    _, q, k, v, cos, sin = fused_qkv(2, 2, 1, 8)
+    cache = torch.zeros(2, 2, 4, 1, 8, device=DEVICE)
+    args = dict(q=q, k=k, v=v.view(2, 1, 8), q_weight=torch.ones(8, device=DEVICE), k_weight=torch.ones(8, device=DEVICE),
+                eps=1e-6, cos=cos, sin=sin, key_cache=cache[0], value_cache=cache[1],
+                slot_mapping=torch.tensor([3, 4], device=DEVICE))  # fmt: skip
+    change(args)
+    return args
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(slot_mapping=a["slot_mapping"][:1]), "slot_mapping \\(1,\\) must be \\[N\\] with N = 2"),
+        (lambda a: a.update(slot_mapping=a["slot_mapping"].float()), "slot_mapping dtype torch.float32"),
+        (lambda a: a.update(value_cache=a["value_cache"].double()), "dtypes differ"),
+        (lambda a: a.update(key_cache=torch.zeros(2, 4, 2, 8), value_cache=torch.zeros(2, 4, 2, 8)),
+         "cache heads/dim \\(2, 8\\) != key heads/dim \\(1, 8\\)"),
+        (lambda a: a.update(v=torch.zeros(3, 1, 8)), "key \\(2, 1, 8\\) and value \\(3, 1, 8\\)"),
+        (lambda a: a.update(k_weight=torch.ones(4)), "k_weight \\(4,\\) must be \\[8\\]"),
+    ],
+)  # fmt: skip
+def test_bad_fused_write_input_is_refused_before_any_launch_and_nothing_is_written(change, message):
+    args = _bad_write(change)
+    before = {name: t.clone() for name, t in args.items() if isinstance(t, torch.Tensor)}
+    with pytest.raises(ValueError, match=message):
+        qk_norm_rotary_write_kv_triton(**args)
+    assert all(torch.equal(args[name], t) for name, t in before.items()), "nothing written"
+
+
+@pytest.mark.parametrize("value, fused_on", [(None, True), ("1", True), ("0", False)])
+def test_the_fused_kv_write_is_on_unless_the_variable_says_0(monkeypatch, value, fused_on):
+    if value is None:
+        monkeypatch.delenv(FUSED_KV_WRITE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(FUSED_KV_WRITE_ENV, value)
+    assert fused_kv_write() is fused_on
+
+
+def test_a_fused_kv_write_variable_other_than_0_or_1_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(FUSED_KV_WRITE_ENV, "yes")
+    with pytest.raises(ValueError, match="TINYVLLM_FUSED_KV_WRITE='yes': must be '0' or '1'"):
+        fused_kv_write()
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+@pytest.mark.slow
+def test_the_engine_fuses_the_kv_write_for_qwen3_and_gives_the_same_bits(tiny_model_dirs, monkeypatch, mode):
+    """The tiny Qwen3 with its norms and rotary as kernels, the KV write fused (the default)
+    against the backend's writer (``TINYVLLM_FUSED_KV_WRITE=0``), eager and in emulated graphs,
+    with chunked prefill and a prefix hit: the same tokens and the same logprobs, exactly (the
+    same stores). Fused, the backend's writer never runs and the fused launcher once a layer a step."""
+    import tinyvllm.models.llama as llama
+
+    monkeypatch.setenv("TINYVLLM_RMS_NORM", "triton")
+    monkeypatch.setenv("TINYVLLM_ROTARY", "triton")
+    writes, fused_calls = [], []
+    backend = llama.ATTENTION_BACKENDS["triton"]
+    monkeypatch.setitem(llama.ATTENTION_BACKENDS, "triton", type(backend)(
+        lambda *a: (writes.append(1), backend.write_kv_cache(*a))[1], backend.paged_attention,
+        backend.cudagraph_support, backend.plan_step, backend.step_rows))  # fmt: skip
+    real = fused.qk_norm_rotary_write_kv_triton
+    monkeypatch.setattr(llama, "qk_norm_rotary_write_kv_triton", lambda *a: (fused_calls.append(1), real(*a))[1])
+    shared = list(range(3, 24))  # 21 tokens: the second prompt hits the first's full blocks (block size 16)
+    prompts = [shared + [30, 31], shared + [40], [5, 6, 7]]
+    params = SamplingParams(temperature=0, max_tokens=5, logprobs=2, ignore_eos=True)
+    runs = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv(FUSED_KV_WRITE_ENV, value)
+        writes.clear(), fused_calls.clear()
+        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, attention_backend="triton",
+                  block_size=16, enable_prefix_caching=True, max_num_batched_tokens=16,
+                  compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
+        runs[value] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        layers = llm.engine.model_runner.model.spec.num_hidden_layers
+        assert (len(writes) > 0, len(fused_calls) > 0) == ((True, False) if value == "0" else (False, True))
+        assert (len(writes) + len(fused_calls)) % layers == 0  # once a layer a forward
+    assert_same_tokens_and_logprobs(runs["0"], runs["1"])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -154,3 +305,15 @@ def test_gpu_fused_kernel_matches_norm_then_rotary_at_the_model_shapes(dtype):
         for out, ref, sep in zip((q, k), expected, separate):
             assert_within_ulps(out, ref)
             assert_within_ulps(out, sep)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_fused_kv_write_stores_what_the_two_launches_store_at_the_model_shapes(dtype):
+    """Qwen3-0.6B's heads (16 q, 8 k, of 128), block size 16: a prefill chunk and a decode batch."""
+    for tokens, seed in ((2048, 0), (32, 1)):
+        fused_out, separate, _ = write_both_ways(tokens, 16, 8, 128, dtype=dtype, device="cuda", seed=seed,
+                                                 blocks=tokens // 8, block_size=16)  # fmt: skip
+        for name, a, b in zip(("q", "k", "v", "key_cache", "value_cache"), fused_out, separate):
+            assert torch.equal(a, b), name

@@ -170,16 +170,25 @@ def rotary_cases() -> list[dict]:
 
 
 def qk_norm_rotary_cases() -> list[dict]:
-    """Qwen3's fused q/k norm and rotary: Qwen3-0.6B's heads and the tiny Qwen3's; fusion off."""
+    """Qwen3's fused q/k norm and rotary: Qwen3-0.6B's heads and the tiny Qwen3's; fusion off;
+    and with the KV write (qk_norm_rotary.py NOTE 3) at Qwen3-0.6B's heads, block size 16."""
     from triton import next_power_of_2
 
+    from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
+
     shapes = {80: ((16, 8, 128),), 90: ((16, 8, 128), (4, 2, TINY_SHAPE["head"]))}
-    return [
+    cases = [
         dict(id=f"qk_norm_rotary-sm{cc}-{dtype}-h{h}-kv{kv}-d{d}", kernel="qk_norm_rotary", cc=cc, dtype=dtype,
-             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv),
+             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv, WRITE_KV=False,
+                         BLOCK_SIZE=1, PAD_SLOT=PAD_SLOT_ID),
              options=dict(enable_fp_fusion=False))  # fmt: skip
         for cc in (80, 90) for dtype in DTYPES for h, kv, d in shapes[cc]
     ]
+    write = [
+        dict(case, id=case["id"] + "-write-kv", consts=case["consts"] | dict(WRITE_KV=True, BLOCK_SIZE=16), write_kv=True)
+        for case in cases if case["id"].endswith("h16-kv8-d128")
+    ]  # fmt: skip
+    return cases + write
 
 
 def silu_and_mul_cases() -> list[dict]:
@@ -216,6 +225,8 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "qk_norm_rotary":
         fn = qk_norm_rotary._qk_norm_rotary_kernel
         types = dict(q_ptr=t, k_ptr=t, q_weight_ptr=t, k_weight_ptr=t, cos_ptr=t, sin_ptr=t, eps="fp32")
+        if case.get("write_kv"):  # the cache pointers it stores through (unread otherwise: i32 placeholders)
+            types |= dict(v_ptr=t, key_cache_ptr=t, value_cache_ptr=t, slot_mapping_ptr="*i64")
     elif case["kernel"] == "rotary":
         fn = rotary._rotary_kernel
         types = dict(q_ptr=t, k_ptr=t, cos_ptr=t, sin_ptr=t)

@@ -31,7 +31,7 @@ from tinyvllm.platform import triton_can_run_on
 PAD_SLOT_ID = -1
 
 
-def _check_write_args(key, value, key_cache, value_cache, slot_mapping) -> None:
+def check_write_args(key, value, key_cache, value_cache, slot_mapping) -> None:
     if key.dim() != 3 or key.shape != value.shape:
         raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must both be [N, Hkv, D]")
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
@@ -67,7 +67,7 @@ def write_kv_cache_torch(
     slot_mapping: torch.Tensor,  # [N]
 ) -> None:
     """Scatter each row i of key/value to ``slot_mapping[i]``; skip ``PAD_SLOT_ID`` rows."""
-    _check_write_args(key, value, key_cache, value_cache, slot_mapping)
+    check_write_args(key, value, key_cache, value_cache, slot_mapping)
     keep = slot_mapping != PAD_SLOT_ID  # [N]
     slots = slot_mapping[keep].long()
     key_cache.view(-1, *key_cache.shape[2:])[slots] = key[keep]  # [B * S, Hkv, D] view
@@ -76,6 +76,13 @@ def write_kv_cache_torch(
 
 
 # --8<-- [start:kernel]
+@triton.jit
+def cache_slot_offset(slot, stride_b, stride_s, BLOCK_SIZE: tl.constexpr):
+    """Elements from a cache's start to slot ``slot`` (int64): block ``slot // S``, offset
+    ``slot % S``. Also the fused write's (``qk_norm_rotary.py``)."""
+    return (slot // BLOCK_SIZE) * stride_b + (slot % BLOCK_SIZE) * stride_s
+
+
 @triton.jit
 def _write_kv_cache_kernel(
     key_ptr,  # *T, [N, Hkv, D]: this step's keys
@@ -103,15 +110,15 @@ def _write_kv_cache_kernel(
     block ``slot // S``, offset ``slot % S`` of the caches, unless ``slot == PAD_SLOT``."""
     i = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + i).to(tl.int64)
-    block = slot // BLOCK_SIZE
-    offset = slot % BLOCK_SIZE
     heads = tl.arange(0, HEADS_PADDED)  # [Hkv_pad]
     dims = tl.arange(0, HEAD_SIZE)  # [D]
     mask = (heads[:, None] < NUM_KV_HEADS) & (slot != PAD_SLOT)  # [Hkv_pad, 1]
     k = tl.load(key_ptr + i * stride_k_n + heads[:, None] * stride_k_h + dims[None, :], mask=mask)
     v = tl.load(value_ptr + i * stride_v_n + heads[:, None] * stride_v_h + dims[None, :], mask=mask)
-    kc = key_cache_ptr + block * stride_kc_b + offset * stride_kc_s + heads[:, None] * stride_kc_h + dims[None, :]
-    vc = value_cache_ptr + block * stride_vc_b + offset * stride_vc_s + heads[:, None] * stride_vc_h + dims[None, :]
+    kc = key_cache_ptr + cache_slot_offset(slot, stride_kc_b, stride_kc_s, BLOCK_SIZE)
+    vc = value_cache_ptr + cache_slot_offset(slot, stride_vc_b, stride_vc_s, BLOCK_SIZE)
+    kc = kc + heads[:, None] * stride_kc_h + dims[None, :]  # [Hkv_pad, D]
+    vc = vc + heads[:, None] * stride_vc_h + dims[None, :]
     tl.store(kc, k, mask=mask)
     tl.store(vc, v, mask=mask)
 # --8<-- [end:kernel]
@@ -125,7 +132,7 @@ def write_kv_cache_triton(
     slot_mapping: torch.Tensor,  # [N]
 ) -> None:
     """The Triton version of ``write_kv_cache_torch``: same arguments, same result."""
-    _check_write_args(key, value, key_cache, value_cache, slot_mapping)
+    check_write_args(key, value, key_cache, value_cache, slot_mapping)
     head_size = key.shape[2]
     if head_size & (head_size - 1):
         raise ValueError(f"head size {head_size} must be a power of two for the Triton kernel")

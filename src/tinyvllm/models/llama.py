@@ -30,16 +30,16 @@ NOTE 4 (flat names): no Hugging Face ``model.`` level; ``load_model`` maps the n
 NOTE 5 (the piecewise split, by hand): vLLM's torch.compile splits the traced forward at
 every attention op; here ``pieces[0]`` is the embedding and layer 0 up to its attention,
 ``pieces[i]`` the rest of layer ``i - 1`` and layer ``i`` up to its attention, the last
-finishes the last layer and the final norm; ``attention_op`` (KV write + paged attention)
-runs between them. Each piece allocates the buffer the next attention writes into, so every
-tensor crossing a split has a fixed address. The runner may wrap each piece
-(``worker/cuda_graph.py``); the model knows nothing of graphs. A piece holds the model weakly
-(``Piece``), so model and pieces form no cycle and ``del llm`` frees the weights at once.
+finishes the last layer and the final norm; ``attention_op`` (KV write + paged attention;
+where fused, Qwen3's q/k norms and rotary too, qk_norm_rotary.py NOTE 3) runs between them.
+Each piece allocates the buffer the next attention writes into, so every tensor crossing a
+split has a fixed address. The runner may wrap each piece (``worker/cuda_graph.py``); the
+model knows nothing of graphs. A piece holds the model weakly (``Piece``), so model and
+pieces form no cycle and ``del llm`` frees the weights at once.
 NOTE 6 (the LM head for one to three rows on the CPU): for so few rows MKL's matrix-vector
-path over ``[V, hidden]`` is slower than ``hidden @ weight.t().contiguous()`` (equal from four
-rows; figures in docs/model_runner.md), so on the CPU ``compute_logits`` keeps that copy
-(remade if the weight changes) for up to ``SMALL_LM_HEAD_ROWS`` rows, unless the weight is
-over ``SMALL_LM_HEAD_MAX_BYTES`` (the copy doubles its memory); logits differ by rounding.
+path over ``[V, hidden]`` is slower than ``hidden @ weight.t().contiguous()`` (docs/model_runner.md),
+so on the CPU ``compute_logits`` keeps that copy (remade if the weight changes) for up to
+``SMALL_LM_HEAD_ROWS`` rows, if at most ``SMALL_LM_HEAD_MAX_BYTES``; logits differ by rounding.
 NOTE 7 (the MLP in place): ``silu`` and the product with ``up`` overwrite the gate half of
 the gate/up output (one kernel on CUDA, ``activation.py``), with transformers' rounding.
 NOTE 8 (a backend's plan per step): host work that depends only on the step and the
@@ -64,15 +64,13 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from tinyvllm.attention import reference, torch_sdpa, triton_attention
+from tinyvllm.attention.backends import ATTENTION_BACKENDS, AttentionBackend  # noqa: F401  (re-exported)
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
-from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cache_triton
 from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
 from tinyvllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
@@ -95,40 +93,18 @@ from tinyvllm.models.parallel_layers import (
     VocabParallelEmbedding,
     default_weight_loader,
 )
-from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_applies, qk_norm_rotary_triton
+from tinyvllm.models.qk_norm_rotary import (
+    fused_kv_write,
+    qk_norm_rotary_applies,
+    qk_norm_rotary_triton,
+    qk_norm_rotary_write_kv_triton,
+)
 from tinyvllm.models.rms_norm import add_rms_norm, rms_norm, rms_norm_impl
 from tinyvllm.models.rotary import rotary, rotary_impl
 
 # NOTE 6: on the CPU, up to this many rows use a column-major copy of the LM head, if at most this big.
 SMALL_LM_HEAD_ROWS = 3
 SMALL_LM_HEAD_MAX_BYTES = 256 * 2**20
-
-
-@dataclass(frozen=True)
-class AttentionBackend:
-    """The KV writer and the attention kernel one backend pairs, and its CUDA-graph support."""
-
-    write_kv_cache: Callable[..., None]
-    paged_attention: Callable[..., torch.Tensor]
-    cudagraph_support: AttentionCGSupport
-    # Host-side work done once per step, passed to every layer as ``plan=`` (NOTE 8); None: none needed.
-    plan_step: Callable[[AttentionMetadata, AttentionLayout], object] | None = None
-    step_rows: bool = False  # attention also takes the step's own k, v rows (triton_kernels.py NOTE 1)
-
-
-# The reference and the batched torch backend write with a boolean mask and read lengths
-# on the host; the Triton pair does neither, so a whole forward over it can be captured
-# (seed 000, AttentionCGSupport).
-ATTENTION_BACKENDS = {
-    "reference": AttentionBackend(write_kv_cache_torch, reference.paged_attention, reference.CUDAGRAPH_SUPPORT),
-    "torch": AttentionBackend(
-        write_kv_cache_torch, torch_sdpa.paged_attention, torch_sdpa.CUDAGRAPH_SUPPORT, torch_sdpa.plan_from_metadata
-    ),
-    "triton": AttentionBackend(
-        write_kv_cache_triton, triton_attention.paged_attention, triton_attention.CUDAGRAPH_SUPPORT,
-        triton_attention.plan_from_metadata, step_rows=True,
-    ),
-}
 
 
 def kv_cache_shape(spec: ModelSpec, num_blocks: int, block_size: int, tensor_parallel_size: int = 1) -> tuple[int, ...]:
@@ -220,6 +196,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.backend = backend
         self.rotary_impl = rotary_impl()  # "auto" unless TINYVLLM_ROTARY says otherwise
+        self.fuse_kv_write = fused_kv_write()  # qk_norm_rotary.py NOTE 3
 
     # --8<-- [start:attention_forward]
     def project(
@@ -234,18 +211,23 @@ class Attention(nn.Module):
         q = q.view(n, self.num_heads, self.head_dim)  # [N, H, D]
         k = k.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
         v = v.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
-        if self.q_norm is not None and qk_norm_rotary_applies(q, self.q_norm.impl, self.rotary_impl):
-            q, k = qk_norm_rotary_triton(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin)
-            return q, k, v  # Qwen3 on CUDA: the norms and the rotary in one kernel, in place (qk_norm_rotary.py)
+        if self._qk_kernel(q):  # Qwen3 on CUDA: the norms and the rotary in one kernel, in place
+            if not self.fuse_kv_write:  # else attention_op's kernel does them, with the KV write
+                q, k = qk_norm_rotary_triton(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin)
+            return q, k, v
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, k, cos, sin, self.rotary_impl)  # one kernel on CUDA, in place (rotary.py)
         return q, k, v
 
+    def _qk_kernel(self, q: torch.Tensor) -> bool:
+        return self.q_norm is not None and qk_norm_rotary_applies(q, self.q_norm.impl, self.rotary_impl)
+
     def attention_op(
         self,
         q: torch.Tensor,  # [N, H, D]
         k: torch.Tensor, v: torch.Tensor,  # [N, Hkv, D] each: this step's keys and values
+        cos: torch.Tensor, sin: torch.Tensor,  # [N, D] each
         kv_cache: torch.Tensor,  # [2, B, S, Hkv, D]
         meta: AttentionMetadata,
         out: torch.Tensor,  # [N, H, D], written in place
@@ -253,7 +235,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """The split point (NOTE 5): write this step's K/V into the cache, attend over it."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [B, S, Hkv, D] each
-        self.backend.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)  # padding slots skipped
+        if self.fuse_kv_write and self._qk_kernel(q):  # q/k norms, rotary and KV write: one kernel
+            qk_norm_rotary_write_kv_triton(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                           cos, sin, key_cache, value_cache, meta.slot_mapping)  # fmt: skip
+        else:  # padding slots skipped
+            self.backend.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         extra = ({} if plan is None else {"plan": plan}) | ({"key": k, "value": v} if self.backend.step_rows else {})
         return self.backend.paged_attention(
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, self.scale, out=out, **extra
@@ -392,7 +378,7 @@ class DecoderForCausalLM(nn.Module):
         plan = attn.backend.plan_step(attn_metadata, layout) if attn.backend.plan_step else None  # NOTE 8
         x, cos, sin, q, k, v, out = self.pieces[0](input_ids, positions)
         for i, layer in enumerate(self.layers):
-            layer.self_attn.attention_op(q, k, v, kv_caches[i], attn_metadata, out, plan)  # eager between pieces
+            layer.self_attn.attention_op(q, k, v, cos, sin, kv_caches[i], attn_metadata, out, plan)  # between pieces
             if i + 1 < len(self.layers):
                 x, q, k, v, out = self.pieces[i + 1](x, out, cos, sin)
         return self.pieces[-1](x, out)
