@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from engine_compare import assert_same_tokens_and_logprobs
 from kernel_counting import Launches
-from test_rotary import fused_qkv
+from test_rotary import fused_qkv, write_both_ways
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.models import qk_norm_rotary as fused
-from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID, write_kv_cache_torch, write_kv_cache_triton
+from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID, write_kv_cache_triton
 from tinyvllm.models.qk_norm_rotary import (
     FUSED_KV_WRITE_ENV,
     fused_kv_write,
@@ -154,36 +154,13 @@ def test_the_engine_uses_it_for_qwen3_and_gives_the_same_tokens(tiny_model_dirs,
     assert_same_tokens_and_logprobs(runs["torch"], runs["triton"], abs_tol=1e-4)
 
 
-def write_both_ways(tokens, heads, kv_heads, size, dtype=torch.float32, device=DEVICE, seed=0, blocks=5, block_size=4):
-    """NOTE 3's fused kernel against the two launches it replaces (the norms and rotary, then
-    the KV write of the rotated k and of v), from one projection and one cache filled with
-    noise, the slots shuffled and rows 1, 4, ... padding. Returns (fused, separate) as
-    (q, k, v, key_cache, value_cache) each, and the slot mapping."""
-    _, q, k, v, cos, sin = fused_qkv(tokens, heads, kv_heads, size, dtype, device, seed)
-    v = v.view(tokens, kv_heads, size)  # [N, Hkv, D], rows (H + 2 Hkv) D apart, as the engine's
-    g = torch.Generator().manual_seed(seed + 1)
-    wq, wk = (torch.randn(size, generator=g).to(dtype).to(device) for _ in range(2))
-    cache = torch.randn(2, blocks, block_size, kv_heads, size, generator=g).to(dtype).to(device)
-    slots = torch.randperm(blocks * block_size, generator=g)[:tokens]
-    slots[1::3] = PAD_SLOT_ID
-    slots = slots.to(device)
-    qkv_separate = [t.clone() for t in (q, k, v)]
-    cache_separate = cache.clone()
-    qs, ks, vs = qkv_separate
-    qk_norm_rotary_triton(qs, ks, wq, wk, 1e-6, cos, sin)
-    write_kv_cache_torch(ks, vs, cache_separate[0], cache_separate[1], slots)
-    out = qk_norm_rotary_write_kv_triton(q, k, v, wq, wk, 1e-6, cos, sin, cache[0], cache[1], slots)
-    assert out[0] is q and out[1] is k, "q and k written in place"
-    return (q, k, v, cache[0], cache[1]), (qs, ks, vs, cache_separate[0], cache_separate[1]), slots
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # bfloat16: the GPU twin
 @pytest.mark.parametrize("shape", [(7, 4, 2, 16), (3, 3, 3, 24), (1, 2, 1, 8)])  # GQA; no power of two; one decode
 def test_fused_kv_write_stores_what_the_two_launches_store(dtype, shape):
     """q, k, v and both caches bit for bit as the norms-and-rotary kernel followed by the KV
     write: the rotated k and the untouched v at each row's slot, padding rows nowhere, every
     other slot as it was."""
-    fused_out, separate, slots = write_both_ways(*shape, dtype=dtype)
+    fused_out, separate, slots = write_both_ways(*shape, dtype=dtype, norms=True)
     for name, a, b in zip(("q", "k", "v", "key_cache", "value_cache"), fused_out, separate):
         assert torch.equal(a, b), name
     assert (slots != PAD_SLOT_ID).any() and ((slots == PAD_SLOT_ID).any() or len(slots) == 1)
@@ -260,38 +237,50 @@ def test_a_fused_kv_write_variable_other_than_0_or_1_is_refused_by_name(monkeypa
         fused_kv_write()
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
 @pytest.mark.slow
-def test_the_engine_fuses_the_kv_write_for_qwen3_and_gives_the_same_bits(tiny_model_dirs, monkeypatch, mode):
-    """The tiny Qwen3 with its norms and rotary as kernels, the KV write fused (the default)
-    against the backend's writer (``TINYVLLM_FUSED_KV_WRITE=0``), eager and in emulated graphs,
-    with chunked prefill and a prefix hit: the same tokens and the same logprobs, exactly (the
-    same stores). Fused, the backend's writer never runs and the fused launcher once a layer a step."""
+def test_the_engine_fuses_the_kv_write_into_the_rotation_and_gives_the_same_bits(tiny_model_dirs, monkeypatch, mode,
+                                                                                 family):  # fmt: skip
+    """The tiny Qwen3 (its q/k norms and rotary as one kernel) and the tiny Llama (rotary as a
+    kernel), the KV write fused (the default) against the backend's writer
+    (``TINYVLLM_FUSED_KV_WRITE=0``), eager and in emulated graphs, with chunked prefill and a
+    prefix hit: the same tokens and logprobs, exactly (the same stores). Fused, the backend's
+    writer never runs, and the family's fused launcher runs once a layer a forward."""
     import tinyvllm.models.llama as llama
 
     monkeypatch.setenv("TINYVLLM_RMS_NORM", "triton")
     monkeypatch.setenv("TINYVLLM_ROTARY", "triton")
-    writes, fused_calls = [], []
+    calls = {"backend": 0, "qk_norm_rotary_write_kv_triton": 0, "rotary_write_kv_triton": 0}
+
+    def counted(name, real):
+        def call(*args):
+            calls[name] += 1
+            return real(*args)
+
+        return call
+
     backend = llama.ATTENTION_BACKENDS["triton"]
     monkeypatch.setitem(llama.ATTENTION_BACKENDS, "triton", type(backend)(
-        lambda *a: (writes.append(1), backend.write_kv_cache(*a))[1], backend.paged_attention,
-        backend.cudagraph_support, backend.plan_step, backend.step_rows))  # fmt: skip
-    real = fused.qk_norm_rotary_write_kv_triton
-    monkeypatch.setattr(llama, "qk_norm_rotary_write_kv_triton", lambda *a: (fused_calls.append(1), real(*a))[1])
-    shared = list(range(3, 24))  # 21 tokens: the second prompt hits the first's full blocks (block size 16)
+        counted("backend", backend.write_kv_cache), backend.paged_attention, backend.cudagraph_support,
+        backend.plan_step, backend.step_rows))  # fmt: skip
+    for name in ("qk_norm_rotary_write_kv_triton", "rotary_write_kv_triton"):
+        monkeypatch.setattr(llama, name, counted(name, getattr(llama, name)))
+    fused_name = "qk_norm_rotary_write_kv_triton" if family == "qwen3" else "rotary_write_kv_triton"
+    shared = list(range(3, 24))  # 21 tokens: the second prompt hits the first's full block (block size 16)
     prompts = [shared + [30, 31], shared + [40], [5, 6, 7]]
     params = SamplingParams(temperature=0, max_tokens=5, logprobs=2, ignore_eos=True)
     runs = {}
     for value in ("0", "1"):
         monkeypatch.setenv(FUSED_KV_WRITE_ENV, value)
-        writes.clear(), fused_calls.clear()
-        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, attention_backend="triton",
+        calls.update(dict.fromkeys(calls, 0))
+        llm = LLM(str(tiny_model_dirs[family]), device="cpu", max_model_len=64, attention_backend="triton",
                   block_size=16, enable_prefix_caching=True, max_num_batched_tokens=16,
                   compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})  # fmt: skip
         runs[value] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        layers = llm.engine.model_runner.model.spec.num_hidden_layers
-        assert (len(writes) > 0, len(fused_calls) > 0) == ((True, False) if value == "0" else (False, True))
-        assert (len(writes) + len(fused_calls)) % layers == 0  # once a layer a forward
+        ran = {name for name, n in calls.items() if n}
+        assert ran == ({"backend"} if value == "0" else {fused_name}), (value, calls)
+        assert calls["backend" if value == "0" else fused_name] % llm.engine.model_runner.model.spec.num_hidden_layers == 0
     assert_same_tokens_and_logprobs(runs["0"], runs["1"])
 
 
@@ -306,14 +295,3 @@ def test_gpu_fused_kernel_matches_norm_then_rotary_at_the_model_shapes(dtype):
             assert_within_ulps(out, ref)
             assert_within_ulps(out, sep)
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_fused_kv_write_stores_what_the_two_launches_store_at_the_model_shapes(dtype):
-    """Qwen3-0.6B's heads (16 q, 8 k, of 128), block size 16: a prefill chunk and a decode batch."""
-    for tokens, seed in ((2048, 0), (32, 1)):
-        fused_out, separate, _ = write_both_ways(tokens, 16, 8, 128, dtype=dtype, device="cuda", seed=seed,
-                                                 blocks=tokens // 8, block_size=16)  # fmt: skip
-        for name, a, b in zip(("q", "k", "v", "key_cache", "value_cache"), fused_out, separate):
-            assert torch.equal(a, b), name

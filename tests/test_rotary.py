@@ -14,7 +14,8 @@ from kernel_counting import CountKernels, Launches
 from tinyvllm.models import rotary as rot
 from tinyvllm.models.loader import load_model_spec
 from tinyvllm.models.llama import Attention
-from tinyvllm.models.rotary import rotary, rotary_torch, rotary_triton
+from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID, write_kv_cache_torch
+from tinyvllm.models.rotary import rotary, rotary_applies, rotary_torch, rotary_triton, rotary_write_kv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernel under the interpreter
 
@@ -30,6 +31,35 @@ def fused_qkv(tokens, heads, kv_heads, size, dtype=torch.float32, device=DEVICE,
     angles = torch.rand(tokens, size // 2, generator=g) * 100.0  # position * inv_freq
     emb = torch.cat((angles, angles), dim=-1)  # [N, D], the neox layout
     return qkv, q, k, v, emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+
+
+def write_both_ways(tokens, heads, kv_heads, size, dtype=torch.float32, device=DEVICE, seed=0, blocks=5, block_size=4,
+                    norms=False):  # fmt: skip
+    """A fused rotate-and-write kernel against the two launches it replaces (the rotation,
+    with Qwen3's q/k norms when ``norms``, then the KV write of the rotated k and of v), from
+    one projection and one cache filled with noise, the slots shuffled and rows 1, 4, ...
+    padding. Returns (fused, separate) as (q, k, v, key_cache, value_cache) each, and the slots."""
+    from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_triton, qk_norm_rotary_write_kv_triton
+
+    _, q, k, v, cos, sin = fused_qkv(tokens, heads, kv_heads, size, dtype, device, seed)
+    v = v.view(tokens, kv_heads, size)  # [N, Hkv, D], rows (H + 2 Hkv) D apart, as the engine's
+    g = torch.Generator().manual_seed(seed + 1)
+    wq, wk = (torch.randn(size, generator=g).to(dtype).to(device) for _ in range(2))
+    cache = torch.randn(2, blocks, block_size, kv_heads, size, generator=g).to(dtype).to(device)
+    slots = torch.randperm(blocks * block_size, generator=g)[:tokens]
+    slots[1::3] = PAD_SLOT_ID
+    slots = slots.to(device)
+    qs, ks, vs = (t.clone() for t in (q, k, v))
+    cache_separate = cache.clone()
+    if norms:
+        qk_norm_rotary_triton(qs, ks, wq, wk, 1e-6, cos, sin)
+        out = qk_norm_rotary_write_kv_triton(q, k, v, wq, wk, 1e-6, cos, sin, cache[0], cache[1], slots)
+    else:
+        rotary_triton(qs, ks, cos, sin)
+        out = rotary_write_kv_triton(q, k, v, cos, sin, cache[0], cache[1], slots)
+    write_kv_cache_torch(ks, vs, cache_separate[0], cache_separate[1], slots)
+    assert out[0] is q and out[1] is k, "q and k written in place"
+    return (q, k, v, cache[0], cache[1]), (qs, ks, vs, cache_separate[0], cache_separate[1]), slots
 
 
 def assert_same_as_torch(tokens, heads, kv_heads, size, dtype=torch.float32, device=DEVICE, seed=0, scale=1.0):
@@ -67,8 +97,36 @@ def test_the_torch_ops_are_five_kernels_a_tensor_and_the_kernel_one_launch(monke
     monkeypatch.setattr(rot, "_rotary_kernel", launches)
     with CountKernels() as counted:
         rotary_triton(q, k, cos, sin)
-    constexprs = dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, enable_fp_fusion=False)
+    constexprs = dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, WRITE_KV=False, BLOCK_SIZE=1, PAD_SLOT=PAD_SLOT_ID,
+                      enable_fp_fusion=False)  # fmt: skip
     assert counted.ops == [] and launches.calls == [((4,), constexprs)]
+    v, cache, slots = k.clone(), torch.zeros(2, 3, 8, 2, 16, dtype=q.dtype, device=DEVICE), torch.arange(4, device=DEVICE)
+    with CountKernels() as counted:  # NOTE 4: the KV write rides in the same launch
+        rotary_write_kv_triton(q, k, v, cos, sin, cache[0], cache[1], slots)
+    assert counted.ops == [] and launches.calls[1] == ((4,), constexprs | dict(WRITE_KV=True, BLOCK_SIZE=8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # bfloat16: the GPU twin
+@pytest.mark.parametrize("shape", [(7, 4, 2, 16), (3, 3, 3, 24), (1, 2, 1, 8)])  # GQA; no power of two; one decode
+def test_rotary_with_the_kv_write_stores_what_the_two_launches_store(dtype, shape):
+    """NOTE 4: q, k, v and both caches bit for bit as the rotary kernel followed by the KV
+    write: the rotated k and the untouched v at each row's slot, padding rows nowhere, every
+    other slot as it was."""
+    fused, separate, slots = write_both_ways(*shape, dtype=dtype)
+    for name, a, b in zip(("q", "k", "v", "key_cache", "value_cache"), fused, separate):
+        assert torch.equal(a, b), name
+    assert (slots != PAD_SLOT_ID).any() and ((slots == PAD_SLOT_ID).any() or len(slots) == 1)
+
+
+def test_bad_kv_write_input_to_the_rotary_kernel_is_refused_before_anything_is_written():
+    _, q, k, v, cos, sin = fused_qkv(2, 2, 1, 8)
+    cache = torch.zeros(2, 2, 4, 1, 8, device=DEVICE)
+    before = [t.clone() for t in (q, k, cache)]
+    with pytest.raises(ValueError, match="slot_mapping \\(3,\\) must be \\[N\\] with N = 2"):
+        rotary_write_kv_triton(q, k, v.view(2, 1, 8), cos, sin, cache[0], cache[1], torch.arange(3, device=DEVICE))
+    with pytest.raises(ValueError, match="cos \\(1, 8\\)"):
+        rotary_write_kv_triton(q, k, v.view(2, 1, 8), cos[:1], sin, cache[0], cache[1], torch.arange(2, device=DEVICE))
+    assert all(torch.equal(a, b) for a, b in zip((q, k, cache), before)), "nothing written"
 
 
 def test_auto_picks_the_rotary_kernel_for_cuda_tensors_only_and_the_env_forces_either(monkeypatch, tiny_model_dirs):
@@ -76,6 +134,7 @@ def test_auto_picks_the_rotary_kernel_for_cuda_tensors_only_and_the_env_forces_e
     expected = rotary_torch(q, k, cos, sin)
     out = rotary(q, k, cos, sin)  # CPU tensors: the torch ops, new tensors
     assert out[0] is not q and torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])
+    assert not rotary_applies(q, k, cos, sin) and rotary_applies(q, k, cos, sin, impl="triton")
     _, q, k, _, cos, sin = fused_qkv(3, 2, 1, 8)
     assert rotary(q, k, cos, sin, impl="triton")[0] is q  # forced: on the CPU, the interpreter
     spec = load_model_spec(tiny_model_dirs["qwen3"])
@@ -140,3 +199,17 @@ def test_gpu_kernel_matches_the_torch_ops_bit_for_bit_at_the_model_shapes(dtype)
     qkv, q, k, v, cos, sin = fused_qkv(32, 16, 8, 128, dtype, device="cuda", seed=2)
     expected = rotary_torch(q, k, cos, sin)
     assert rotary(q, k, cos, sin)[0] is q and torch.equal(q, expected[0])  # auto: the kernel on CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("norms", [False, True], ids=["rotary", "qk_norm_rotary"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_kv_write_in_the_rotating_kernels_stores_what_the_two_launches_store(dtype, norms):
+    """Both rotating kernels with the KV write (rotary.py NOTE 4, qk_norm_rotary.py NOTE 3) at
+    Qwen3-0.6B's heads (16 q, 8 k, of 128), block size 16: a prefill chunk and a decode batch."""
+    for tokens, seed in ((2048, 0), (32, 1)):
+        fused, separate, _ = write_both_ways(tokens, 16, 8, 128, dtype=dtype, device="cuda", seed=seed,
+                                             blocks=tokens // 8, block_size=16, norms=norms)  # fmt: skip
+        for name, a, b in zip(("q", "k", "v", "key_cache", "value_cache"), fused, separate):
+            assert torch.equal(a, b), name

@@ -160,13 +160,24 @@ def rotary_cases() -> list[dict]:
     shapes = {80: ((16, 8, 128),), 90: ((16, 8, 128), (32, 8, 128), (4, 2, TINY_SHAPE["head"]))}
     cases = [
         dict(id=f"rotary-sm{cc}-{dtype}-h{h}-kv{kv}-d{d}", kernel="rotary", cc=cc, dtype=dtype,
-             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv),
+             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv) | NO_KV_WRITE,
              options=dict(enable_fp_fusion=False))  # fmt: skip
         for cc in (80, 90) for dtype in DTYPES for h, kv, d in shapes[cc]
     ]
     # The control: the same kernel with fusion left on, which must show fused multiply-adds.
     control = next(c for c in cases if c["id"] == "rotary-sm90-bfloat16-h16-kv8-d128")
-    return cases + [dict(control, id=control["id"] + "-fusion-on", options=dict(enable_fp_fusion=True), control=True)]
+    return cases + with_kv_write(cases, "h32-kv8-d128") + [
+        dict(control, id=control["id"] + "-fusion-on", options=dict(enable_fp_fusion=True), control=True)]  # fmt: skip
+
+
+# The rotating kernels' KV write (rotary.py NOTE 4, qk_norm_rotary.py NOTE 3): off, and on at block size 16.
+NO_KV_WRITE = dict(WRITE_KV=False, BLOCK_SIZE=1, PAD_SLOT=-1)
+
+
+def with_kv_write(cases: list[dict], shape: str) -> list[dict]:
+    """The cases of ``shape`` once more with the KV write compiled in."""
+    return [dict(case, id=case["id"] + "-write-kv", consts=case["consts"] | dict(WRITE_KV=True, BLOCK_SIZE=16),
+                 write_kv=True) for case in cases if case["id"].endswith(shape)]  # fmt: skip
 
 
 def qk_norm_rotary_cases() -> list[dict]:
@@ -174,21 +185,14 @@ def qk_norm_rotary_cases() -> list[dict]:
     and with the KV write (qk_norm_rotary.py NOTE 3) at Qwen3-0.6B's heads, block size 16."""
     from triton import next_power_of_2
 
-    from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID
-
     shapes = {80: ((16, 8, 128),), 90: ((16, 8, 128), (4, 2, TINY_SHAPE["head"]))}
     cases = [
         dict(id=f"qk_norm_rotary-sm{cc}-{dtype}-h{h}-kv{kv}-d{d}", kernel="qk_norm_rotary", cc=cc, dtype=dtype,
-             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv, WRITE_KV=False,
-                         BLOCK_SIZE=1, PAD_SLOT=PAD_SLOT_ID),
+             consts=dict(HALF=d // 2, BLOCK_HALF=next_power_of_2(d // 2), Q_HEADS=h, K_HEADS=kv) | NO_KV_WRITE,
              options=dict(enable_fp_fusion=False))  # fmt: skip
         for cc in (80, 90) for dtype in DTYPES for h, kv, d in shapes[cc]
     ]
-    write = [
-        dict(case, id=case["id"] + "-write-kv", consts=case["consts"] | dict(WRITE_KV=True, BLOCK_SIZE=16), write_kv=True)
-        for case in cases if case["id"].endswith("h16-kv8-d128")
-    ]  # fmt: skip
-    return cases + write
+    return cases + with_kv_write(cases, "h16-kv8-d128")
 
 
 def silu_and_mul_cases() -> list[dict]:
@@ -230,6 +234,8 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "rotary":
         fn = rotary._rotary_kernel
         types = dict(q_ptr=t, k_ptr=t, cos_ptr=t, sin_ptr=t)
+        if case.get("write_kv"):
+            types |= dict(v_ptr=t, key_cache_ptr=t, value_cache_ptr=t, slot_mapping_ptr="*i64")
     elif case["kernel"] == "add_rms_norm":
         fn = rms_norm._add_rms_norm_kernel
         types = dict(x_ptr=t, delta_ptr=t, weight_ptr=t, out_ptr=t, sum_ptr=t, eps="fp32")

@@ -16,6 +16,10 @@ Invariants: rows whose slot is ``PAD_SLOT_ID`` write nothing; every other cache 
 named by the slot mapping is left as it was. The caller guarantees slots are unique (the
 metadata builders do; a duplicate slot has no defined winner).
 
+Also here, for the kernels that rotate k (``rotary.py``, ``qk_norm_rotary.py``) and store it
+at its slot in the same launch: ``store_token_kv`` (one token's k and v at its slot) and
+``fused_write_args`` (the launch arguments it needs, or placeholders when it is off).
+
 Left out: fp8 caches and their scales, layouts other than NHD.
 """
 
@@ -124,6 +128,31 @@ def _write_kv_cache_kernel(
 # --8<-- [end:kernel]
 
 
+# --8<-- [start:store_token_kv]
+@triton.jit
+def store_token_kv(
+    k1, k2,  # [HEADS, B] each: the token's k heads, first and second halves, as they are to be stored
+    v_ptr, token, stride_v_n, stride_v_h,  # the token's v heads are read from v
+    key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
+    num_heads, dims, dim_ok,  # Hkv; the lanes [1, B] of a half, and which are < D/2
+    HALF: tl.constexpr, HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAD_SLOT: tl.constexpr,
+):  # fmt: skip
+    """One token's k (given) and v (loaded) at its cache slot, as ``_write_kv_cache_kernel``
+    stores them; a ``PAD_SLOT`` row stores nothing."""
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    heads = tl.arange(0, HEADS)[:, None]  # [HEADS, 1]
+    mask = (heads < num_heads) & dim_ok & (slot != PAD_SLOT)  # [HEADS, B]
+    kc = key_cache_ptr + cache_slot_offset(slot, stride_kc_b, stride_kc_s, BLOCK_SIZE) + heads * stride_kc_h + dims
+    tl.store(kc, k1, mask=mask)
+    tl.store(kc + HALF, k2, mask=mask)
+    vs = v_ptr + token.to(tl.int64) * stride_v_n + heads * stride_v_h + dims  # [HEADS, B]
+    vc = value_cache_ptr + cache_slot_offset(slot, stride_vc_b, stride_vc_s, BLOCK_SIZE) + heads * stride_vc_h + dims
+    tl.store(vc, tl.load(vs, mask=mask), mask=mask)
+    tl.store(vc + HALF, tl.load(vs + HALF, mask=mask), mask=mask)
+# --8<-- [end:store_token_kv]
+
+
 def write_kv_cache_triton(
     key: torch.Tensor,  # [N, Hkv, D]
     value: torch.Tensor,  # [N, Hkv, D]
@@ -148,6 +177,20 @@ def write_kv_cache_triton(
         NUM_KV_HEADS=key.shape[1], HEAD_SIZE=head_size, BLOCK_SIZE=key_cache.shape[1],
         HEADS_PADDED=triton.next_power_of_2(key.shape[1]), PAD_SLOT=PAD_SLOT_ID,
     )  # fmt: skip
+
+
+def fused_write_args(write: tuple | None, placeholder: torch.Tensor) -> tuple[tuple, dict]:
+    """A rotating kernel's KV-write arguments: ``write`` is ``(v, key_cache, value_cache,
+    slot_mapping)``, checked already, or None (then ``placeholder`` stands in for the tensors,
+    unread). Returns the positional arguments (the four tensors, v's two strides, each
+    cache's three) and the constexprs ``WRITE_KV``, ``BLOCK_SIZE``, ``PAD_SLOT``."""
+    if write is None:
+        return (placeholder,) * 4 + (0,) * 8, dict(WRITE_KV=False, BLOCK_SIZE=1, PAD_SLOT=PAD_SLOT_ID)
+    v, key_cache, value_cache, slot_mapping = write
+    strides = (*v.stride()[:2], *key_cache.stride()[:3], *value_cache.stride()[:3])
+    return (v, key_cache, value_cache, slot_mapping, *strides), dict(
+        WRITE_KV=True, BLOCK_SIZE=key_cache.shape[1], PAD_SLOT=PAD_SLOT_ID
+    )
 
 
 def write_kv_cache(

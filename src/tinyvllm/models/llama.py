@@ -31,7 +31,7 @@ NOTE 5 (the piecewise split, by hand): vLLM's torch.compile splits the traced fo
 every attention op; here ``pieces[0]`` is the embedding and layer 0 up to its attention,
 ``pieces[i]`` the rest of layer ``i - 1`` and layer ``i`` up to its attention, the last
 finishes the last layer and the final norm; ``attention_op`` (KV write + paged attention;
-where fused, Qwen3's q/k norms and rotary too, qk_norm_rotary.py NOTE 3) runs between them.
+where fused, the q/k norms and rotary too, qk_norm_rotary.py NOTE 3) runs between them.
 Each piece allocates the buffer the next attention writes into, so every tensor crossing a
 split has a fixed address. The runner may wrap each piece (``worker/cuda_graph.py``); the
 model knows nothing of graphs. A piece holds the model weakly (``Piece``), so model and
@@ -100,7 +100,7 @@ from tinyvllm.models.qk_norm_rotary import (
     qk_norm_rotary_write_kv_triton,
 )
 from tinyvllm.models.rms_norm import add_rms_norm, rms_norm, rms_norm_impl
-from tinyvllm.models.rotary import rotary, rotary_impl
+from tinyvllm.models.rotary import rotary, rotary_applies, rotary_impl, rotary_write_kv_triton
 
 # NOTE 6: on the CPU, up to this many rows use a column-major copy of the LM head, if at most this big.
 SMALL_LM_HEAD_ROWS = 3
@@ -217,7 +217,8 @@ class Attention(nn.Module):
             return q, k, v
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, k, cos, sin, self.rotary_impl)  # one kernel on CUDA, in place (rotary.py)
+        if not (self.fuse_kv_write and rotary_applies(q, k, cos, sin, self.rotary_impl)):  # else in attention_op
+            q, k = rotary(q, k, cos, sin, self.rotary_impl)  # one kernel on CUDA, in place (rotary.py)
         return q, k, v
 
     def _qk_kernel(self, q: torch.Tensor) -> bool:
@@ -238,6 +239,8 @@ class Attention(nn.Module):
         if self.fuse_kv_write and self._qk_kernel(q):  # q/k norms, rotary and KV write: one kernel
             qk_norm_rotary_write_kv_triton(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                            cos, sin, key_cache, value_cache, meta.slot_mapping)  # fmt: skip
+        elif self.fuse_kv_write and rotary_applies(q, k, cos, sin, self.rotary_impl):  # rotary and KV write
+            rotary_write_kv_triton(q, k, v, cos, sin, key_cache, value_cache, meta.slot_mapping)
         else:  # padding slots skipped
             self.backend.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         extra = ({} if plan is None else {"plan": plan}) | ({"key": k, "value": v} if self.backend.step_rows else {})

@@ -30,12 +30,11 @@ NOTE 2): otherwise the compiler fuses the rotation's multiplies with its adds.
 NOTE 3 (the KV write too, ``qk_norm_rotary_write_kv_triton``): the program that has just
 rotated a token's k heads also stores them, and the token's v heads, at its cache slot
 (``PAD_SLOT_ID``: nowhere), so a layer launches one kernel where it launched this one and
-the backend's KV writer (28 fewer launches a Qwen3-0.6B step, and k is not read back).
-vLLM fuses the same on ROCm, by compile passes (``fuse_rope_kvcache``,
-``fuse_qk_norm_rope_kvcache``). llama.py runs it at the attention split, where the cache
-and the slot mapping are (``fused_kv_write``: ``TINYVLLM_FUSED_KV_WRITE=0`` turns it off).
-Left out: the same fusion for models without q/k norms (there is nothing to fuse but the
-rotary, which ``rotary.py`` already is).
+the backend's KV writer (28 fewer launches a Qwen3-0.6B step, and k is not read back);
+``rotary.py`` NOTE 4 does the same for models without q/k norms. vLLM fuses the same on
+ROCm, by compile passes (``fuse_rope_kvcache``, ``fuse_qk_norm_rope_kvcache``). llama.py
+runs both at the attention split, where the cache and the slot mapping are, wherever the
+rotation is a kernel (``fused_kv_write``: ``TINYVLLM_FUSED_KV_WRITE=0`` turns it off).
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID, cache_slot_offset, check_write_args
+from tinyvllm.attention.kv_cache_write import check_write_args, fused_write_args, store_token_kv
 from tinyvllm.models.rms_norm import rms_norm_torch
 from tinyvllm.models.rotary import check_rotary_args, load_angles, rotary_torch, rotate_halves
 from tinyvllm.platform import uses_kernel
@@ -129,16 +128,9 @@ def _qk_norm_rotary_kernel(
     k1, k2 = _norm_rotate_heads(k_ptr, k_weight_ptr, eps, token, stride_k_n, stride_k_h, num_k_heads,
                                 cos1, sin1, cos2, sin2, dims, dim_ok, HALF, K_HEADS)  # fmt: skip
     if WRITE_KV:
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        heads = tl.arange(0, K_HEADS)[:, None]  # [K_HEADS, 1]
-        mask = (heads < num_k_heads) & dim_ok & (slot != PAD_SLOT)  # [K_HEADS, B]
-        kc = key_cache_ptr + cache_slot_offset(slot, stride_kc_b, stride_kc_s, BLOCK_SIZE) + heads * stride_kc_h
-        tl.store(kc + dims, k1, mask=mask)  # [K_HEADS, B]: the rotated k, as stored in place above
-        tl.store(kc + HALF + dims, k2, mask=mask)
-        vs = v_ptr + token.to(tl.int64) * stride_v_n + heads * stride_v_h + dims  # [K_HEADS, B]
-        vc = value_cache_ptr + cache_slot_offset(slot, stride_vc_b, stride_vc_s, BLOCK_SIZE) + heads * stride_vc_h
-        tl.store(vc + dims, tl.load(vs, mask=mask), mask=mask)
-        tl.store(vc + HALF + dims, tl.load(vs + HALF, mask=mask), mask=mask)
+        store_token_kv(k1, k2, v_ptr, token, stride_v_n, stride_v_h, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
+                       stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
+                       num_k_heads, dims, dim_ok, HALF, K_HEADS, BLOCK_SIZE, PAD_SLOT)  # fmt: skip
 # --8<-- [end:kernel]
 
 
@@ -193,14 +185,12 @@ def qk_norm_rotary_write_kv_triton(
 
 def _launch(q, k, q_weight, k_weight, eps, cos, sin, write) -> None:
     d = q.shape[2]
-    v, kc, vc, slots = write if write is not None else (k, k, k, k)  # unread without WRITE_KV: any tensor
-    strides = (*v.stride()[:2], *kc.stride()[:3], *vc.stride()[:3]) if write is not None else (0,) * 8
+    write_args, write_consts = fused_write_args(write, q)
     _qk_norm_rotary_kernel[(q.shape[0],)](
         q, k, q_weight, k_weight, cos, sin, eps, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        cos.stride(0), sin.stride(0), q.shape[1], k.shape[1], v, kc, vc, slots, *strides,
+        cos.stride(0), sin.stride(0), q.shape[1], k.shape[1], *write_args,
         HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
-        Q_HEADS=triton.next_power_of_2(q.shape[1]), K_HEADS=triton.next_power_of_2(k.shape[1]),
-        WRITE_KV=write is not None, BLOCK_SIZE=kc.shape[1] if write is not None else 1, PAD_SLOT=PAD_SLOT_ID,
+        Q_HEADS=triton.next_power_of_2(q.shape[1]), K_HEADS=triton.next_power_of_2(k.shape[1]), **write_consts,
         enable_fp_fusion=False,  # NOTE 2
     )  # fmt: skip
 # --8<-- [end:launcher]

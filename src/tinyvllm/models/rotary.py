@@ -37,6 +37,10 @@ NOTE 3 (in place): q and k are either views into the fused qkv projection's outp
 Qwen2) or the q/k norms' fresh outputs (Qwen3); nothing reads them unrotated afterwards,
 so writing the rotated values back costs no new tensor. v, the third part of the qkv
 output, is never touched.
+NOTE 4 (the KV write too, ``rotary_write_kv_triton``): with ``WRITE_KV`` each program
+stores its token's rotated k heads, and its v heads, at the token's cache slot
+(``kv_cache_write.store_token_kv``): the layer's KV writer is one launch fewer, and k is
+not read back. llama.py runs it at the attention split (``qk_norm_rotary.py`` NOTE 3).
 Left out: the interleaved ("GPT-J") layout, partial rotary (a rotary dimension below the
 head size), and computing cos and sin inside the kernel from the positions.
 """
@@ -47,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tinyvllm.attention.kv_cache_write import check_write_args, fused_write_args, store_token_kv
 from tinyvllm.platform import impl_from_env, triton_can_run_on, uses_kernel
 
 IMPL_ENV = "TINYVLLM_ROTARY"
@@ -107,6 +112,7 @@ def _rotate_heads(
     out1, out2 = rotate_halves(x1.to(tl.float32), x2.to(tl.float32), cos1, sin1, cos2, sin2, x1.dtype)
     tl.store(first, out1, mask=mask)
     tl.store(first + HALF, out2, mask=mask)
+    return out1, out2  # [HEADS, B] each, in the dtype
 
 
 @triton.jit
@@ -120,19 +126,30 @@ def _rotary_kernel(
     stride_cos_n, stride_sin_n,  # cos and sin: between tokens
     num_q_heads,  # H
     num_k_heads,  # Hkv
+    # With WRITE_KV (NOTE 4) only; otherwise unused:
+    v_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,  # v [N, Hkv, D], caches [B, S, Hkv, D], slots [N]
+    stride_v_n, stride_v_h, stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
     HALF: tl.constexpr,  # D / 2
     BLOCK_HALF: tl.constexpr,  # D / 2 rounded up to a power of two
     Q_HEADS: tl.constexpr,  # H rounded up to a power of two
     K_HEADS: tl.constexpr,  # Hkv rounded up to a power of two
+    WRITE_KV: tl.constexpr = False,  # also store k and v at the token's cache slot (NOTE 4)
+    BLOCK_SIZE: tl.constexpr = 1,  # S, tokens per cache block
+    PAD_SLOT: tl.constexpr = -1,  # kv_cache_write.PAD_SLOT_ID
 ):
-    """One program per token: its cos and sin once, then all its q heads and k heads."""
+    """One program per token: its cos and sin once, then all its q heads and k heads; with
+    ``WRITE_KV``, its rotated k heads and its v heads at its cache slot."""
     token = tl.program_id(0)
     dims, dim_ok, cos1, sin1, cos2, sin2 = load_angles(cos_ptr, sin_ptr, token, stride_cos_n, stride_sin_n,
                                                        HALF, BLOCK_HALF)  # fmt: skip
     _rotate_heads(q_ptr, token, stride_q_n, stride_q_h, num_q_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
                   HALF, Q_HEADS)  # fmt: skip
-    _rotate_heads(k_ptr, token, stride_k_n, stride_k_h, num_k_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
-                  HALF, K_HEADS)  # fmt: skip
+    k1, k2 = _rotate_heads(k_ptr, token, stride_k_n, stride_k_h, num_k_heads, cos1, sin1, cos2, sin2, dims, dim_ok,
+                           HALF, K_HEADS)  # fmt: skip
+    if WRITE_KV:
+        store_token_kv(k1, k2, v_ptr, token, stride_v_n, stride_v_h, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
+                       stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
+                       num_k_heads, dims, dim_ok, HALF, K_HEADS, BLOCK_SIZE, PAD_SLOT)  # fmt: skip
 # --8<-- [end:kernel]
 
 
@@ -169,15 +186,39 @@ def rotary_triton(
     """The Triton version of ``rotary_torch``: the same values (NOTE 2), written into q and
     k, which it returns (NOTE 3)."""
     check_rotary_args(q, k, cos, sin)
-    n, _, d = q.shape
-    if n:
-        _rotary_kernel[(n,)](
-            q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-            q.shape[1], k.shape[1], HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
-            Q_HEADS=triton.next_power_of_2(q.shape[1]), K_HEADS=triton.next_power_of_2(k.shape[1]),
-            enable_fp_fusion=False,  # NOTE 2
-        )  # fmt: skip
+    if q.shape[0]:
+        _launch(q, k, cos, sin, write=None)
     return q, k
+
+
+def rotary_write_kv_triton(
+    q: torch.Tensor,  # [N, H, D]
+    k: torch.Tensor,  # [N, Hkv, D]
+    v: torch.Tensor,  # [N, Hkv, D]
+    cos: torch.Tensor,  # [N, D]
+    sin: torch.Tensor,  # [N, D]
+    key_cache: torch.Tensor,  # [B, S, Hkv, D]
+    value_cache: torch.Tensor,  # [B, S, Hkv, D]
+    slot_mapping: torch.Tensor,  # [N]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary_triton`` and then ``write_kv_cache`` of the rotated k and of v, in one launch
+    (NOTE 4): q and k rotated in place and returned, the caches at the mapped slots."""
+    check_rotary_args(q, k, cos, sin)
+    check_write_args(k, v, key_cache, value_cache, slot_mapping)
+    if q.shape[0]:
+        _launch(q, k, cos, sin, write=(v, key_cache, value_cache, slot_mapping))
+    return q, k
+
+
+def _launch(q, k, cos, sin, write) -> None:
+    d = q.shape[2]
+    write_args, write_consts = fused_write_args(write, q)
+    _rotary_kernel[(q.shape[0],)](
+        q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+        q.shape[1], k.shape[1], *write_args, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
+        Q_HEADS=triton.next_power_of_2(q.shape[1]), K_HEADS=triton.next_power_of_2(k.shape[1]), **write_consts,
+        enable_fp_fusion=False,  # NOTE 2
+    )  # fmt: skip
 # --8<-- [end:launcher]
 
 
@@ -187,13 +228,18 @@ def rotary_impl() -> str:
     return impl_from_env(IMPL_ENV)
 
 
+def rotary_applies(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, impl: str = "auto") -> bool:
+    """Whether ``rotary`` runs the kernel: for CUDA tensors it takes, or when ``impl`` is "triton"."""
+    takes = q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
+    return uses_kernel(impl, q.is_cuda and takes and q.dtype == cos.dtype)
+
+
 def rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, impl: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rotary_triton`` for CUDA tensors it takes (or when ``impl`` is "triton"),
-    ``rotary_torch`` otherwise (or when ``impl`` is "torch")."""
-    takes = q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride(-1) == 1
-    if uses_kernel(impl, q.is_cuda and takes and q.dtype == cos.dtype):
+    """``rotary_triton`` where ``rotary_applies``, ``rotary_torch`` otherwise (or when
+    ``impl`` is "torch")."""
+    if rotary_applies(q, k, cos, sin, impl):
         return rotary_triton(q, k, cos, sin)
     return rotary_torch(q, k, cos, sin)
 # --8<-- [end:choose]
