@@ -237,16 +237,17 @@ def test_a_fused_kv_write_variable_other_than_0_or_1_is_refused_by_name(monkeypa
         fused_kv_write()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-@pytest.mark.parametrize("mode", ["NONE", "FULL_AND_PIECEWISE"])
+@pytest.mark.parametrize("family, mode", [("qwen3", "FULL_AND_PIECEWISE"), ("llama", "NONE")])
 @pytest.mark.slow
 def test_the_engine_fuses_the_kv_write_into_the_rotation_and_gives_the_same_bits(tiny_model_dirs, monkeypatch, mode,
                                                                                  family):  # fmt: skip
-    """The tiny Qwen3 (its q/k norms and rotary as one kernel) and the tiny Llama (rotary as a
-    kernel), the KV write fused (the default) against the backend's writer
-    (``TINYVLLM_FUSED_KV_WRITE=0``), eager and in emulated graphs, with chunked prefill and a
-    prefix hit: the same tokens and logprobs, exactly (the same stores). Fused, the backend's
-    writer never runs, and the family's fused launcher runs once a layer a forward."""
+    """The tiny Qwen3 (its q/k norms and rotary as one kernel) in emulated graphs (a decode in
+    a FULL graph, a mixed step's write between PIECEWISE pieces) and the tiny Llama (rotary as
+    a kernel) eager, the KV write fused (the default) against the backend's writer
+    (``TINYVLLM_FUSED_KV_WRITE=0``), with chunked prefill and a prefix hit: the same tokens
+    and logprobs, exactly (the same stores). Fused, the backend's writer never runs, and the
+    family's fused launcher runs once a layer a forward. (Each family's kernels, fused by
+    default, against the torch ops in both modes: ``test_rotary.py``, and the test above.)"""
     import tinyvllm.models.llama as llama
 
     monkeypatch.setenv("TINYVLLM_RMS_NORM", "triton")

@@ -32,6 +32,7 @@ from tinyvllm.attention.kv_cache_write import write_kv_cache_torch, write_kv_cac
 from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
 
 
+# --8<-- [start:registry]
 @dataclass(frozen=True)
 class AttentionBackend:
     """The KV writer and the attention kernel one backend pairs, and its CUDA-graph support."""
@@ -54,3 +55,4 @@ ATTENTION_BACKENDS = {
         triton_attention.plan_from_metadata, step_rows=True,
     ),
 }
+# --8<-- [end:registry]
