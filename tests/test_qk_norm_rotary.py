@@ -231,10 +231,18 @@ def test_the_fused_kv_write_is_on_unless_the_variable_says_0(monkeypatch, value,
     assert fused_kv_write() is fused_on
 
 
-def test_a_fused_kv_write_variable_other_than_0_or_1_is_refused_by_name(monkeypatch):
+def test_a_fused_kv_write_variable_other_than_0_or_1_is_refused_by_name(monkeypatch, tiny_model_dirs):
+    """By the reader, and so by every layer as the model is built: before any weight is read."""
+    from tinyvllm.models.llama import Attention
+    from tinyvllm.models.loader import load_model_spec
+
+    spec = load_model_spec(tiny_model_dirs["qwen3"])
+    monkeypatch.setenv(FUSED_KV_WRITE_ENV, "0")
+    assert Attention(spec, backend=None).fuse_kv_write is False
     monkeypatch.setenv(FUSED_KV_WRITE_ENV, "yes")
-    with pytest.raises(ValueError, match="TINYVLLM_FUSED_KV_WRITE='yes': must be '0' or '1'"):
-        fused_kv_write()
+    for build in (fused_kv_write, lambda: Attention(spec, backend=None)):
+        with pytest.raises(ValueError, match="TINYVLLM_FUSED_KV_WRITE='yes': must be '0' or '1'"):
+            build()
 
 
 @pytest.mark.parametrize("family, mode", [("qwen3", "FULL_AND_PIECEWISE"), ("llama", "NONE")])
