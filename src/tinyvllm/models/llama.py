@@ -205,7 +205,8 @@ class Attention(nn.Module):
         cos: torch.Tensor,  # [N, D]
         sin: torch.Tensor,  # [N, D]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The fused q/k/v projection, (Qwen3) q/k norm and rotary: [N, H, D], [N, Hkv, D] x 2."""
+        """The fused q/k/v projection, (Qwen3) q/k norm and rotary: [N, H, D], [N, Hkv, D] x 2.
+        Where the rotation is a kernel, ``attention_op`` rotates instead, in its KV write's launch."""
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)  # [N, H, D]
@@ -234,7 +235,8 @@ class Attention(nn.Module):
         out: torch.Tensor,  # [N, H, D], written in place
         plan: object | None = None,  # the backend's plan for this step (NOTE 8)
     ) -> torch.Tensor:
-        """The split point (NOTE 5): write this step's K/V into the cache, attend over it."""
+        """The split point (NOTE 5): write this step's K/V into the cache (rotating q and k in
+        the same launch where ``project`` left them), attend over it."""
         key_cache, value_cache = kv_cache[0], kv_cache[1]  # [B, S, Hkv, D] each
         if self.fuse_kv_write and self._qk_kernel(q):  # q/k norms, rotary and KV write: one kernel
             qk_norm_rotary_write_kv_triton(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
