@@ -80,6 +80,27 @@ def test_each_goal_is_met_at_its_edge_and_not_just_past_it(h200):
     assert by_goal(short)[gpu_goals.PREFILL].measured == "qwen3: best x0.59 (default)"
 
 
+def test_the_busy_row_says_whose_the_async_steps_idle_time_is(h200):
+    """With the async A/B's idle gaps (``cudagraphs.py`` ``idle_gaps``), the batch-32 row says
+    how much of the idle step is short gaps between kernels (under 5 µs: the graph's own)
+    and how much long waits (100 µs or more: the host's); the goal's status is unchanged."""
+    s = newer(h200, async_tok=15_000.0, busy={"32": 0.80}, steps_ms={"1": 2.0}, mixed={}, prefill={})
+    gaps = {"<2us": {"count": 180.0, "us": 150.0}, "2-5us": {"count": 20.0, "us": 60.5},
+            "5-20us": {"count": 3.0, "us": 30.0}, "20-100us": {"count": 1.0, "us": 40.0},
+            ">=100us": {"count": 1.0, "us": 120.4}}  # fmt: skip
+    step(s, "cudagraph_latency")["figures"]["async_ab"]["device_idle_gaps_async"] = {"1": None, "32": gaps}
+    row = by_goal(s)[gpu_goals.BUSY]
+    assert row.status == NOT_MET
+    sys.path.insert(0, str(ROOT / "bench"))
+    from cudagraphs import _gap_labels
+
+    assert set(gpu_goals.SHORT_GAPS + gpu_goals.LONG_GAPS) <= set(_gap_labels()) == set(gaps)  # the bench's bins
+    assert row.measured == (
+        "sync 64%, async 80% (FULL_AND_PIECEWISE); async idle a step: 210 µs in gaps under 5 µs, "
+        "70 µs in 5-100 µs, 120 µs in gaps of 100 µs or more"
+    )
+
+
 def test_a_dry_run_or_a_run_without_cuda_measures_nothing(h200):
     dry = {**h200, "dry_run": True}
     assert {(r.status, r.measured) for r in gpu_goals.goal_rows(dry)} == {(NOT_MEASURED, "a dry run on the CPU: its timings mean nothing")}
