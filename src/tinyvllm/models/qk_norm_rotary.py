@@ -201,8 +201,9 @@ FUSED_KV_WRITE_ENV = "TINYVLLM_FUSED_KV_WRITE"
 
 # --8<-- [start:choose]
 def fused_kv_write() -> bool:
-    """Whether the layers fuse the KV write into this kernel where it runs (NOTE 3): yes
-    unless ``TINYVLLM_FUSED_KV_WRITE`` is "0"; a value other than "0" or "1" is refused."""
+    """Whether the layers fuse the KV write into the rotating kernel, this one or ``rotary.py``'s,
+    where it runs (NOTE 3): yes unless ``TINYVLLM_FUSED_KV_WRITE`` is "0"; a value other than
+    "0" or "1" is refused."""
     env = os.environ.get(FUSED_KV_WRITE_ENV)
     if env not in (None, "0", "1"):
         raise ValueError(f"{FUSED_KV_WRITE_ENV}={env!r}: must be '0' or '1'")
