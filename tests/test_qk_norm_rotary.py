@@ -118,10 +118,14 @@ def _bad(change):
     ],
 )
 def test_bad_fused_input_is_refused_before_any_launch_and_nothing_is_written(change, message):
-    args = _bad(change)
+    assert_refused_and_nothing_written(qk_norm_rotary_triton, _bad(change), message)
+
+
+def assert_refused_and_nothing_written(launcher, args: dict, message: str) -> None:
+    """``launcher(**args)`` raises a ValueError matching ``message`` and leaves every tensor as it was."""
     before = {name: t.clone() for name, t in args.items() if isinstance(t, torch.Tensor)}
     with pytest.raises(ValueError, match=message):
-        qk_norm_rotary_triton(**args)
+        launcher(**args)
     assert all(torch.equal(args[name], t) for name, t in before.items()), "nothing written"
 
 
@@ -215,11 +219,7 @@ def _bad_write(change):
     ],
 )  # fmt: skip
 def test_bad_fused_write_input_is_refused_before_any_launch_and_nothing_is_written(change, message):
-    args = _bad_write(change)
-    before = {name: t.clone() for name, t in args.items() if isinstance(t, torch.Tensor)}
-    with pytest.raises(ValueError, match=message):
-        qk_norm_rotary_write_kv_triton(**args)
-    assert all(torch.equal(args[name], t) for name, t in before.items()), "nothing written"
+    assert_refused_and_nothing_written(qk_norm_rotary_write_kv_triton, _bad_write(change), message)
 
 
 @pytest.mark.parametrize("value, fused_on", [(None, True), ("1", True), ("0", False)])
