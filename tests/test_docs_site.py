@@ -3,15 +3,17 @@
 The module loads the site built strictly into the folder ``$TINYVLLM_DOCS_SITE_DIR`` names
 (``.ci/run`` builds it there in its docs step, before the tests, so CI builds the site once;
 the folder must hold an ``index.html``), or, with the variable unset, builds it strictly into
-a temporary directory itself (a local run). It serves the site on 127.0.0.1 and loads every
-page of it (every ``*.html`` the build wrote, except ``404.html``) in headless Chromium,
-driven by Playwright, ``CRAWL_TABS`` pages at a time in tabs of one browser; each tab records
-its own page's events. Requests that leave 127.0.0.1 are recorded, and fail at a proxy where
-nothing listens (``_open_context``): nothing is fetched. No request is routed through
-Playwright, so the browser's HTTP cache works across pages. While the crawl runs the server
-answers the search index's URL with a cut index (see ``_crawl``); the search test loads the
-full one.
-The tests then check, page by page:
+a temporary directory itself (a local run). It serves the site on 127.0.0.1 and loads its
+pages (every ``*.html`` the build wrote, except ``404.html``) in headless Chromium, driven by
+Playwright, ``CRAWL_TABS`` pages at a time in tabs of one browser; each tab records its own
+page's events. Of the generated code pages, one template around one file each, it loads a
+sample and reads the rest as HTML (``_crawl_plan``): their links, anchors and fetched files
+are checked, and they must fetch what the loaded ones fetch. Requests that leave 127.0.0.1
+are recorded, and fail at a proxy where nothing listens (``_open_context``): nothing is
+fetched. No request is routed through Playwright, so the browser's HTTP cache works across
+pages. While the crawl runs the server answers the search index's URL with a cut index (see
+``_crawl``); the search test loads the full one.
+The tests then check, page by page (the links and other hosts on every page, loaded or read):
 
 - every mermaid diagram was drawn as an SVG by the copy of mermaid the site serves;
 - no console error, no uncaught error, no external request, no failed local request;
@@ -287,13 +289,21 @@ def _open_context(pw, chromium: str, base: str):
     return browser, context
 
 
+# The <link> relations a browser fetches (a canonical or alternate link is not a request).
+FETCHED_LINK_RELS = {"stylesheet", "icon", "shortcut", "preload", "modulepreload", "manifest"}
+
+
 class _Anchors(html.parser.HTMLParser):
-    """Collects the id and name attributes of a page, and counts its mermaid blocks."""
+    """Collects the id and name attributes of a page and counts its mermaid blocks; also its
+    links (``<a href>``) and the files its HTML makes a browser fetch (``src`` of scripts,
+    images, frames and sources; ``href`` of the fetched ``<link>`` relations), both as written."""
 
     def __init__(self):
         super().__init__()
         self.anchors: set[str] = set()
         self.mermaid = 0
+        self.links: list[str] = []
+        self.resources: list[str] = []
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -302,6 +312,12 @@ class _Anchors(html.parser.HTMLParser):
                 self.anchors.add(attrs[key])
         if tag in ("pre", "div") and "mermaid" in (attrs.get("class") or "").split():
             self.mermaid += 1
+        if tag == "a" and attrs.get("href") is not None:
+            self.links.append(attrs["href"])
+        if tag in ("script", "img", "iframe", "source", "video", "audio", "embed") and attrs.get("src"):
+            self.resources.append(attrs["src"])
+        if tag == "link" and attrs.get("href") and FETCHED_LINK_RELS & set((attrs.get("rel") or "").lower().split()):
+            self.resources.append(attrs["href"])
 
 
 def _parse(text: str) -> _Anchors:
@@ -327,9 +343,16 @@ class Page:
 @dataclass
 class Site:
     base: str
-    pages: dict[str, Page]
+    pages: dict[str, Page]  # the pages loaded in the browser
     context: object  # the Playwright browser context the pages were loaded in
     external_elsewhere: list[str] = field(default_factory=list)  # requests no crawled tab saw
+    read: dict[str, Page] = field(default_factory=dict)  # code pages read as HTML, not loaded
+    # The files each code page's HTML makes a browser fetch (absolute URLs), loaded or not.
+    code_resources: dict[str, list[str]] = field(default_factory=dict)
+    all_urls: list[str] = field(default_factory=list)  # every page of the site
+
+    def every_page(self) -> list[Page]:
+        return [*self.pages.values(), *self.read.values()]
 
 
 def _page_urls(site_dir: Path, base: str) -> list[str]:
@@ -340,6 +363,60 @@ def _page_urls(site_dir: Path, base: str) -> list[str]:
             continue
         urls.append(base + (rel[: -len("index.html")] if rel.endswith("index.html") else rel))
     return urls
+
+
+CODE_PAGES = "code/"  # the generated page of every repository file (docs_hooks/site_pages.py)
+
+
+def _html_file(site_dir: Path, base: str, url: str) -> Path:
+    rel = url[len(base):]
+    return site_dir / (rel + "index.html" if rel == "" or rel.endswith("/") else rel)
+
+
+def _crawl_plan(site_dir: Path, base: str, urls: list[str], root: Path = ROOT) -> tuple[list[str], list[str]]:
+    """Splits ``urls`` into the pages the browser loads and the code pages read as HTML only.
+
+    Every page outside ``code/`` is loaded. The code pages (368 of 444 pages, 2026-11-30) are
+    one template around one escaped file each, so the browser loads a sample that covers it:
+    the largest page of each folder, the page of the repository file with the longest line
+    (the one most likely to overflow its box), and any page whose HTML holds a diagram or a
+    trace. The rest are read from their HTML (``_read_html``): their links and anchors are
+    checked like a loaded page's, their fetched files must be the loaded code pages' files
+    (``test_docs_code_pages_not_loaded_fetch_what_the_loaded_ones_fetch``), so the scripts
+    that ran without an error on the sample are the ones they run.
+    """
+    code = [url for url in urls if url[len(base):].startswith(CODE_PAGES)]
+    sample: set[str] = set()
+    largest: dict[str, tuple[int, str]] = {}
+    longest: tuple[int, str] | None = None
+    for url in code:
+        path = _html_file(site_dir, base, url)
+        text = path.read_text(encoding="utf-8")
+        if "tinyvllm-trace" in text or _parse(text).mermaid:
+            sample.add(url)
+        folder = url.rstrip("/").rsplit("/", 1)[0]
+        largest[folder] = max(largest.get(folder, (0, "")), (path.stat().st_size, url))
+        source = root / url[len(base) + len(CODE_PAGES):].rstrip("/")
+        if source.is_file():
+            width = max((len(line) for line in source.read_text(encoding="utf-8", errors="replace").splitlines()), default=0)
+            longest = max(longest or (0, ""), (width, url))
+    sample.update(url for _, url in largest.values())
+    if longest is not None:
+        sample.add(longest[1])
+    loaded = [url for url in urls if url not in code or url in sample]
+    return loaded, [url for url in code if url not in sample]
+
+
+def _read_html(site_dir: Path, base: str, url: str) -> tuple[Page, list[str]]:
+    """A page read from its HTML, not loaded: its links and anchors (resolved as a browser
+    would), its diagrams, and the absolute URLs of the files it would fetch. Requests to
+    other hosts among those are recorded as the page's external requests."""
+    parsed = _parse(_html_file(site_dir, base, url).read_text(encoding="utf-8"))
+    resources = sorted({urllib.parse.urljoin(url, src) for src in parsed.resources})
+    page = Page(url=url, expected_diagrams=parsed.mermaid, anchors=parsed.anchors,
+                links=[urllib.parse.urljoin(url, href) for href in parsed.links],
+                external_requests=[r for r in resources if not r.startswith(base)])
+    return page, resources
 
 
 @dataclass
@@ -367,8 +444,7 @@ def _start_visit(context, site_dir: Path, base: str, url: str) -> _Visit:
     turn the browser's HTTP cache off, and every page would fetch the theme's scripts, styles
     and fonts again, each request a round trip through this process.
     """
-    rel = url[len(base):]
-    html_file = site_dir / (rel + "index.html" if rel == "" or rel.endswith("/") else rel)
+    html_file = _html_file(site_dir, base, url)
     page = Page(url=url, expected_diagrams=_parse(html_file.read_text(encoding="utf-8")).mermaid)
     visit = _Visit(page=page, tab=context.new_page())
 
@@ -532,11 +608,20 @@ def site(tmp_path_factory):
         with sync_playwright() as pw:
             browser, context = _open_context(pw, chromium, base)
             context.on("request", external)
-            pages = _crawl(context, server, site_dir, base, _page_urls(site_dir, base))
+            urls = _page_urls(site_dir, base)
+            loaded, read_only = _crawl_plan(site_dir, base, urls)
+            pages = _crawl(context, server, site_dir, base, loaded)
             # A request the context saw and no crawled tab recorded (a worker's of its own, say).
             elsewhere = collections.Counter(in_context) - collections.Counter(
                 url for page in pages.values() for url in page.external_requests)
-            yield Site(base=base, pages=pages, context=context, external_elsewhere=sorted(elsewhere.elements()))
+            read, code_resources = {}, {}
+            for url in urls:
+                if url[len(base):].startswith(CODE_PAGES):
+                    page, code_resources[url] = _read_html(site_dir, base, url)
+                    if url in read_only:
+                        read[url] = page
+            yield Site(base=base, pages=pages, context=context, external_elsewhere=sorted(elsewhere.elements()),
+                       read=read, code_resources=code_resources, all_urls=urls)
             browser.close()
     finally:
         server.shutdown()
@@ -603,6 +688,44 @@ def _report(problems: list[str], what: str) -> str:
 def test_docs_site_has_pages(site):
     assert any(url == site.base for url in site.pages), f"no home page among {list(site.pages)}"
     assert len(site.pages) >= 10, list(site.pages)
+    # Every page is loaded or read, and every page outside code/ is loaded.
+    assert sorted([*site.pages, *site.read]) == sorted(site.all_urls)
+    assert all(url[len(site.base):].startswith(CODE_PAGES) for url in site.read)
+
+
+def test_docs_code_pages_not_loaded_fetch_what_the_loaded_ones_fetch(site):
+    loaded = {tuple(files) for url, files in site.code_resources.items() if url in site.pages}
+    assert loaded, "no code page was loaded in the browser"
+    assert all(files for files in loaded), "a loaded code page names no script or stylesheet"
+    problems = [f"{url}: fetches {files}, no loaded code page fetches that"
+                for url in site.read if tuple(site.code_resources[url]) not in loaded]
+    assert not problems, _report(problems, "code pages unlike the loaded ones")
+    unread = [p.url for p in site.read.values() if p.expected_diagrams]
+    assert not unread, f"pages with diagrams must be loaded: {unread}"
+
+
+def test_crawl_plan_loads_every_page_but_code_and_a_sample_of_code(tmp_path):
+    """On a small site: pages outside code/ are all loaded; of the code pages, the largest of
+    each folder, the one of the file with the longest line, and one with a diagram."""
+    root = tmp_path / "repo"
+    files = {"src/a.py": "x = 1\n", "src/b.py": "y = 2\n" * 100, "src/c.py": "z" * 300 + "\n",
+             "src/d.py": "w\n", "tests/t.py": "t\n"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    site_dir = tmp_path / "site"
+    for rel, body in {"index.html": "home", "guide/index.html": "guide",
+                      **{f"code/{name}/index.html": "p" * len(text) for name, text in files.items()},
+                      "code/src/d.py/index.html": '<div class="mermaid">graph</div>'}.items():
+        (site_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site_dir / rel).write_text(body)
+    base = "http://127.0.0.1:1/"
+    urls = _page_urls(site_dir, base)
+    loaded, read_only = _crawl_plan(site_dir, base, urls, root=root)
+    code = base + "code/"
+    assert loaded == [code + "src/b.py/", code + "src/c.py/", code + "src/d.py/", code + "tests/t.py/",
+                      base + "guide/", base]
+    assert read_only == [code + "src/a.py/"]
 
 
 def test_docs_every_mermaid_diagram_is_drawn_as_svg(site):
@@ -628,7 +751,7 @@ def test_docs_pages_log_no_errors(site):
 
 def test_docs_pages_request_nothing_outside_the_site(site):
     problems = [
-        f"{p.url}: requested {request}" for p in site.pages.values() for request in p.external_requests
+        f"{p.url}: requested {request}" for p in site.every_page() for request in p.external_requests
     ] + [f"(no crawled tab saw it): requested {request}" for request in site.external_elsewhere]
     assert not problems, _report(problems, "requests to other hosts")
 
@@ -648,10 +771,10 @@ def _status(url: str) -> int:
 
 def test_docs_internal_links_and_anchors_resolve(site):
     statuses: dict[str, int] = {}
-    anchors = {url: p.anchors for url, p in site.pages.items()}
+    anchors = {p.url: p.anchors for p in site.every_page()}
     problems = []
     checked = 0
-    for page in site.pages.values():
+    for page in site.every_page():
         for link in sorted(set(page.links)):
             if not link.startswith(site.base):
                 continue
@@ -671,7 +794,7 @@ def test_docs_internal_links_and_anchors_resolve(site):
             if name not in anchors[target]:
                 problems.append(f"{page.url}: link {link}: no element with id or name {name!r} on {target}")
     assert not problems, _report(problems, "broken links")
-    assert checked >= len(site.pages), f"only {checked} internal links checked"
+    assert checked >= len(site.all_urls), f"only {checked} internal links checked"
 
 
 def test_docs_code_blocks_fit_at_1400x900(site):
