@@ -56,7 +56,7 @@ def compile_attention(group: int, block_m: int, tile_n: int, num_warps: int, num
     block_q, rows = choose_query_tile(group, decode_only=False, rows=block_m)
     consts = dict(QUERIES_PER_KV=group, BLOCK_SIZE=16, TILE_N=tile_n, HEAD_SIZE=128, BLOCK_Q=block_q, BLOCK_M=rows,
                   NUM_SEGMENTS=1, DOT_FP32=False, INPUT_PRECISION="tf32", STEP_KV=step_kv, KV_DESC=False,
-                  key_desc=None, value_desc=None)  # fmt: skip
+                  USE_PDL=False, key_desc=None, value_desc=None)  # fmt: skip
     types = {name: "*bf16" for name in POINTERS} | {"part_acc_ptr": "*fp32", "part_max_ptr": "*fp32",
              "part_sum_ptr": "*fp32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
              "scale": "fp32"}  # fmt: skip

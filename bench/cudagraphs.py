@@ -30,7 +30,10 @@ so no mode is downgraded) and measured twice:
   model's or the graph's launch). With async scheduling (``--async-ab``) the host waits for the device
   inside the next step, which that clock cannot split; those steps run under ``cProfile``
   instead (``host_profile``): the 25 functions with the most host time of their own, per
-  step (``host_top_functions_async``), the profile to read when the device idles.
+  step (``host_top_functions_async``), the profile to read when the device idles. With
+  ``--pdl-ab`` too, the async run once more with the step's Triton kernels launched
+  dependent (``TINYVLLM_PDL=1``, ``dependent_launch.py``; sm_90 or later): its step time,
+  busy share and idle gaps beside the async run's (``pdl_ab``).
 - **The mixed-step A/B** (FULL_AND_PIECEWISE, which replays a mixed batch PIECEWISE, and
   FULL, which replays it in a FULL graph; the Triton backend allows both): at each batch B
   where B + 32 tokens fit the largest capture size, with the B requests still in decode,
@@ -529,6 +532,29 @@ def async_ab(folder: Path, cfg: dict, device: str, sync_run: dict) -> dict:
     )
 
 
+def pdl_ab(folder: Path, cfg: dict, device: str, async_run: dict) -> dict:
+    """The async run once more with the step's Triton kernels launched dependent
+    (``TINYVLLM_PDL=1``, ``dependent_launch.py``; on sm_90 or later, else it stays off and the
+    two runs are the same), against ``async_ab``'s run: the step time and the device's busy
+    share and idle gaps both ways, same run."""
+    from tinyvllm.dependent_launch import PDL_ENV, pdl_supported
+
+    os.environ[PDL_ENV] = "1"
+    try:
+        run = measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=True, async_scheduling=True)
+    finally:
+        del os.environ[PDL_ENV]
+    return dict(
+        pdl_on=pdl_supported(torch.device(device)),
+        step_ms_async_pdl={str(r["batch"]): r["median_step_s"] * 1e3 for r in run["latency"]},
+        speedup_of_pdl={b: ms / (r["median_step_s"] * 1e3)
+                        for r in run["latency"] for b, ms in async_run["step_ms_async"].items() if b == str(r["batch"])},
+        device_busy_share_async_pdl={str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in run["latency"]},
+        device_idle_gaps_async_pdl={str(r["batch"]): (r["profile"] or {}).get("device_idle_gaps") for r in run["latency"]},
+        stats_ok=run["stats_ok"],
+    )  # fmt: skip
+
+
 def ratios(modes: dict) -> dict:
     """Every mode against NONE of the same run: latency speed-up per batch, throughput ratio."""
     base = modes["NONE"]
@@ -624,10 +650,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="then FULL_AND_PIECEWISE again with Qwen3's KV write apart (TINYVLLM_FUSED_KV_WRITE=0)")
     parser.add_argument("--async-ab", action="store_true",
                         help="FULL_AND_PIECEWISE once more with async_scheduling=True (step time, device busy share)")
+    parser.add_argument("--pdl-ab", action="store_true",
+                        help="with --async-ab: the async run again with dependent launches (TINYVLLM_PDL=1)")
     parser.add_argument("--quick", action="store_true", help="half the timed repeats")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.pdl_ab and not args.async_ab:
+        parser.error("--pdl-ab compares with --async-ab's run: give both")
     has_cuda = torch.cuda.is_available()
     if not has_cuda and not args.dry_run:
         print("bench/cudagraphs.py: no CUDA device; nothing to time (use --dry-run to exercise the code on the CPU)")
@@ -671,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
             record["async_ab"] = async_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"])
             record["total_s"] = time.perf_counter() - wall
             out.write_text(json.dumps(record, indent=2))
+        if args.pdl_ab:
+            record["pdl_ab"] = pdl_ab(folder, cfg, device, record["async_ab"])
+            record["total_s"] = time.perf_counter() - wall
+            out.write_text(json.dumps(record, indent=2))
     record["complete"] = True
     record["total_s"] = time.perf_counter() - wall
     out.write_text(json.dumps(record, indent=2))
@@ -694,7 +728,12 @@ def main(argv: list[str] | None = None) -> int:
         print("FULL_AND_PIECEWISE, async scheduling: " + "  ".join(
             f"B={b}: {ms:.2f} ms (x{ab['speedup_of_async'][b]:.2f}, busy {ab['device_busy_share_async'][b]})"
             for b, ms in ab["step_ms_async"].items()))  # fmt: skip
-    if not record["stats_check"] or not record.get("async_ab", {}).get("stats_ok", True):
+    if "pdl_ab" in record:
+        ab = record["pdl_ab"]
+        print(f"FULL_AND_PIECEWISE, async, dependent launches {'on' if ab['pdl_on'] else 'OFF (before sm_90)'}: " + "  ".join(
+            f"B={b}: {ms:.2f} ms (x{ab['speedup_of_pdl'][b]:.2f}, busy {ab['device_busy_share_async_pdl'][b]})"
+            for b, ms in ab["step_ms_async_pdl"].items()))  # fmt: skip
+    if not record["stats_check"] or not all(record.get(k, {}).get("stats_ok", True) for k in ("async_ab", "pdl_ab")):
         print("bench/cudagraphs.py: some timed steps did not run in the expected runtime mode", file=sys.stderr)
         return 1
     return 0

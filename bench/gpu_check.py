@@ -127,11 +127,14 @@ class Step:
 # their graphs before the one case runs. It takes 12 s from cudagraph_latency's slack and the tests'.
 # The prefill sweep then took 40 s for its 22 configs (run apart, with a 45 s limit): with the
 # descriptor A/B it has 24, so it takes 20 s of the tests' (whose last ones the deadline skips).
+# The dependent-launch A/B (one more async FULL_AND_PIECEWISE run, profiled: about 9 s, as the
+# async A/B) takes the RMSNorm A/B's place (about 4 s; measured in two runs, 1.78-2.05x) and 6 s
+# of the tests'.
 STEPS = (
     Step("environment", 10, "device, memory, nvidia-smi's device line, versions"),
-    Step("gpu_tests", 136, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("gpu_tests", 130, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
     Step("throughput", 178, "nano-vllm's workload against transformers generate and nano-vllm's figure, sync and async"),
-    Step("cudagraph_latency", 58, "decode step latency per cudagraph_mode against NONE at batch 1 and 32; mixed and async A/Bs"),
+    Step("cudagraph_latency", 64, "decode step latency per cudagraph_mode against NONE at batch 1 and 32; mixed, async and dependent-launch A/Bs"),
     Step("prefix_caching", 42, "prefix caching on against off: input throughput and TTFT at ~49% hits"),
     Step("attention_prefill", 56, "Triton prefill attention tile/launch configs against SDPA, 512-4096 tokens"),
 )
@@ -175,7 +178,7 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         return cmd + (["--dry-run"] if dry_run else [])
     if step.name == "cudagraph_latency":
         batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput",
-                   "--rms-norm-ab", "--fused-kv-write-ab", "--async-ab"]  # the rotary A/B ran twice: its place
+                   "--fused-kv-write-ab", "--async-ab", "--pdl-ab"]  # the rotary and RMSNorm A/Bs ran twice: their places
         flags = ["--dry-run"] if dry_run else []
         return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
     if step.name == "prefix_caching":
@@ -287,7 +290,7 @@ def cudagraph_figures(record: dict) -> dict:
                                                for b, p in profiled.items()}  # fmt: skip
     figures = {"device": record["environment"]["device"], "complete": record["complete"],
                "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
-    for key in ("rms_norm_ab", "rotary_ab", "fused_kv_write_ab", "async_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
+    for key in ("rms_norm_ab", "rotary_ab", "fused_kv_write_ab", "async_ab", "pdl_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
         if key in record:
             figures[key] = record[key]
     if record.get("mixed_ab"):  # a mixed step PIECEWISE (the default) against FULL, and against a decode step

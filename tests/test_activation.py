@@ -55,7 +55,7 @@ def test_the_torch_ops_are_two_kernels_and_the_kernel_one_launch(monkeypatch):
     monkeypatch.setattr(act, "_silu_and_mul_kernel", launches)
     with CountKernels() as counted:
         silu_and_mul_triton(x, 1500)
-    assert counted.ops == [] and launches.calls == [((4, 2), dict(SIZE=1500, BLOCK=1024, LIBDEVICE=False))]
+    assert counted.ops == [] and launches.calls == [((4, 2), dict(SIZE=1500, BLOCK=1024, LIBDEVICE=False, USE_PDL=False))]
 
 
 def test_auto_picks_silu_and_mul_for_cuda_tensors_only_and_the_env_forces_either(monkeypatch, tiny_model_dirs):

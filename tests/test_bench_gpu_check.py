@@ -148,9 +148,11 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert set(modes["FULL_AND_PIECEWISE"]["host_phases_ms"]["1"]) >= {"schedule", "forward", "execute_model_rest"}
     parts = set(modes["FULL_AND_PIECEWISE"]["forward_parts_ms"]["1"])
     assert parts == {"step_inputs", "buffers_fill", "launch"}
-    for key in ("rms_norm_ab", "fused_kv_write_ab"):  # the same mode with the norms as torch ops, the KV write apart
-        ab = figures["cudagraph_latency"][key]
-        assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
+    ab = figures["cudagraph_latency"]["fused_kv_write_ab"]  # the same mode with the KV write apart
+    assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
+    pdl = figures["cudagraph_latency"]["pdl_ab"]  # the async run once more with dependent launches: off on the CPU
+    assert pdl["pdl_on"] is False and set(pdl["speedup_of_pdl"]) == {"1", "2"} and pdl["stats_ok"] is True
+    assert pdl["device_busy_share_async_pdl"] == {"1": None, "2": None}
     async_ab = figures["cudagraph_latency"]["async_ab"]  # FULL_AND_PIECEWISE with async scheduling, same run
     assert set(async_ab["speedup_of_async"]) == {"1", "2"} and async_ab["stats_ok"] is True
     assert async_ab["device_idle_gaps_async"] == {"1": None, "2": None}

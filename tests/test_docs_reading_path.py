@@ -80,7 +80,7 @@ def test_reading_path_gpu_pages_are_one_section_after_speculative_decoding_and_t
     titles = list(sections)
     gpu = sections.get("Performance on a GPU")
     assert gpu is not None, f"no 'Performance on a GPU' section: {titles}"
-    assert set(gpu) == {"rms_norm.md", "rotary.md", "activation.md", "device_syncs.md", "running_on_a_gpu.md"}, gpu
+    assert set(gpu) == {"rms_norm.md", "rotary.md", "activation.md", "dependent_launch.md", "device_syncs.md", "running_on_a_gpu.md"}, gpu
     assert titles.index("Performance on a GPU") > titles.index("Speculative decoding"), titles
     assert "tracing.md" in sections["Reference"], sections["Reference"]
 

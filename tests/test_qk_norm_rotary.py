@@ -79,7 +79,7 @@ def test_one_launch_replaces_three(monkeypatch):
     monkeypatch.setattr(fused, "_qk_norm_rotary_kernel", launches)
     qk_norm_rotary_triton(q, k, torch.ones(16, device=DEVICE), torch.ones(16, device=DEVICE), 1e-6, cos, sin)
     assert launches.calls == [((4,), dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, WRITE_KV=False, BLOCK_SIZE=1,
-                                          PAD_SLOT=PAD_SLOT_ID, enable_fp_fusion=False))]  # fmt: skip
+                                          PAD_SLOT=PAD_SLOT_ID, enable_fp_fusion=False, USE_PDL=False))]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -193,7 +193,7 @@ def test_one_launch_replaces_the_norms_rotary_and_kv_write(monkeypatch):
     qk_norm_rotary_write_kv_triton(q, k, v.view(4, 2, 16), torch.ones(16, device=DEVICE), torch.ones(16, device=DEVICE),
                                    1e-6, cos, sin, cache[0], cache[1], torch.arange(4, device=DEVICE))  # fmt: skip
     assert launches.calls == [((4,), dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, WRITE_KV=True, BLOCK_SIZE=8,
-                                          PAD_SLOT=PAD_SLOT_ID, enable_fp_fusion=False))]  # fmt: skip
+                                          PAD_SLOT=PAD_SLOT_ID, enable_fp_fusion=False, USE_PDL=False))]  # fmt: skip
 
 
 def _bad_write(change):

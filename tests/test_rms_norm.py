@@ -71,7 +71,7 @@ def test_the_torch_ops_are_eight_kernels_and_the_kernel_one_launch(monkeypatch):
     monkeypatch.setattr(rms, "_rms_norm_kernel", launches)
     with CountKernels() as counted:
         rms_norm_triton(x, w, 1e-6)
-    assert counted.ops == [] and launches.calls == [((4,), {"SIZE": 32, "BLOCK": 32})]
+    assert counted.ops == [] and launches.calls == [((4,), {"SIZE": 32, "BLOCK": 32, "USE_PDL": False})]
 
 
 def test_a_bfloat16_decode_forward_runs_eight_operations_a_norm(tiny_model_dirs, monkeypatch):
@@ -149,7 +149,7 @@ def test_the_add_and_the_norm_are_nine_operations_and_the_fused_kernel_one_launc
     xd, dd, wd = x.to(DEVICE), delta.to(DEVICE), w.to(DEVICE)
     with CountKernels() as counted:
         add_rms_norm_triton(xd, dd, wd, 1e-6)
-    assert counted.ops == [] and launches.calls == [((4,), {"SIZE": 32, "BLOCK": 32})]
+    assert counted.ops == [] and launches.calls == [((4,), {"SIZE": 32, "BLOCK": 32, "USE_PDL": False})]
     assert torch.equal(add_rms_norm(x, delta, w, 1e-6)[1], x + delta)  # CPU tensors: the torch ops
 
 

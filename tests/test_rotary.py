@@ -98,7 +98,7 @@ def test_the_torch_ops_are_five_kernels_a_tensor_and_the_kernel_one_launch(monke
     with CountKernels() as counted:
         rotary_triton(q, k, cos, sin)
     constexprs = dict(HALF=8, BLOCK_HALF=8, Q_HEADS=4, K_HEADS=2, WRITE_KV=False, BLOCK_SIZE=1, PAD_SLOT=PAD_SLOT_ID,
-                      enable_fp_fusion=False)  # fmt: skip
+                      enable_fp_fusion=False, USE_PDL=False)  # fmt: skip
     assert counted.ops == [] and launches.calls == [((4,), constexprs)]
     v, cache, slots = k.clone(), torch.zeros(2, 3, 8, 2, 16, dtype=q.dtype, device=DEVICE), torch.arange(4, device=DEVICE)
     with CountKernels() as counted:  # NOTE 4: the KV write rides in the same launch

@@ -136,6 +136,22 @@ def test_rotary_with_fusion_on_would_fuse_even_in_bfloat16(compiled):
     assert compiled["rotary-sm90-bfloat16-h16-kv8-d128-fusion-on"]["fused_multiply_adds"] > 0
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c.get("pdl")], ids=lambda c: c["id"])
+def test_a_dependent_launch_waits_before_any_global_memory_access(compiled, case):
+    """dependent_launch.py NOTE 1: the wait, then the trigger, ahead of every load and store,
+    in the PTX a sm_90 launch with launch_pdl runs; no loop holds a wait (no load hoisted above it)."""
+    result = compiled[case["id"]]
+    assert result["pdl_waits"] == 1 and result["pdl_triggers"] == 1, result
+    assert result["memory_ops_before_wait"] == 0, result
+
+
+def test_every_kernel_has_a_dependent_case_and_the_others_no_griddepcontrol(compiled):
+    assert {c["kernel"] for c in CASES if c.get("pdl")} == {c["kernel"] for c in CASES}
+    plain = [c["id"] for c in CASES if not c.get("pdl")]
+    with_griddepcontrol = [i for i in plain if compiled[i].get("pdl_waits", 0) + compiled[i].get("pdl_triggers", 0)]
+    assert with_griddepcontrol == [], "with USE_PDL off a kernel must compile no griddepcontrol"
+
+
 @triton.jit
 def _interpreter_only_kernel(x_ptr, out_ptr):
     """Runs under the interpreter, but ``tl.dot`` needs tiles of at least 16 on a GPU."""

@@ -208,9 +208,25 @@ def silu_and_mul_cases() -> list[dict]:
     ]
 
 
+# One case of each kernel, Qwen3-0.6B's shapes in bf16 at sm_90, once more launched dependent
+# (dependent_launch.py): USE_PDL on and Triton's launch_pdl option, as a sm_90 launch passes them.
+PDL_OF = ("attention-sm90-bfloat16-g2-decode-seg1-d128-s16", "attention-sm90-bfloat16-g2-decode-seg16-d128-s16",
+          "attention-sm90-bfloat16-g2-prefill-seg1-d128-s16", "merge-sm90-bfloat16-d128", "kv_write-sm90-bfloat16-h8-d128-s16",
+          "rms_norm-sm90-bfloat16-n1024", "add_rms_norm-sm90-bfloat16-n1024", "rotary-sm90-bfloat16-h16-kv8-d128",
+          "rotary-sm90-bfloat16-h32-kv8-d128-write-kv", "qk_norm_rotary-sm90-bfloat16-h16-kv8-d128",
+          "qk_norm_rotary-sm90-bfloat16-h16-kv8-d128-write-kv", "silu_and_mul-sm90-bfloat16-i3072")  # fmt: skip
+
+
+def pdl_cases(cases: list[dict]) -> list[dict]:
+    by_id = {case["id"]: case for case in cases}
+    return [dict(by_id[name], id=name + "-pdl", consts=by_id[name]["consts"] | dict(USE_PDL=True),
+                 options=(by_id[name].get("options") or {}) | dict(launch_pdl=True), pdl=True) for name in PDL_OF]  # fmt: skip
+
+
 def all_cases() -> list[dict]:
-    return (attention_cases() + prefill_sweep_cases() + merge_cases() + write_cases() + rms_norm_cases() + add_rms_norm_cases()
-            + rotary_cases() + qk_norm_rotary_cases() + silu_and_mul_cases())  # fmt: skip
+    cases = (attention_cases() + prefill_sweep_cases() + merge_cases() + write_cases() + rms_norm_cases() + add_rms_norm_cases()
+             + rotary_cases() + qk_norm_rotary_cases() + silu_and_mul_cases())  # fmt: skip
+    return cases + pdl_cases(cases)
 
 
 def _kernel_and_types(case: dict):
@@ -278,10 +294,11 @@ def compile_case(case: dict) -> dict:
 
     fn, types = _kernel_and_types(case)
     types |= case.get("types", {})  # a case's own: the attention kernel's tensor descriptors
+    consts = dict(USE_PDL=False) | case["consts"]  # every kernel takes USE_PDL (dependent_launch.py); off unless a case says
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name in case["consts"]:
-            signature[name], constexprs[(i,)] = "constexpr", case["consts"][name]
+        if name in consts:
+            signature[name], constexprs[(i,)] = "constexpr", consts[name]
         else:
             signature[name] = types.get(name, "i32")
             if name in case.get("divisible_by_16", ()):
@@ -299,7 +316,20 @@ def compile_case(case: dict) -> dict:
                 async_copies=ptx.count("cp.async."), copies_left_in_flight=copies_left_in_flight(ptx),
                 tma_copies=ptx.count("cp.async.bulk.tensor"), div_rn=ptx.count("div.rn.f32"),
                 div_approx=ptx.count("div.full.f32") + ptx.count("div.approx.f32"),
-                ex2_ftz=ptx.count("ex2.approx.ftz.f32"), ex2_plain=ptx.count("ex2.approx.f32"))  # fmt: skip
+                ex2_ftz=ptx.count("ex2.approx.ftz.f32"), ex2_plain=ptx.count("ex2.approx.f32"),
+                pdl_waits=ptx.count("griddepcontrol.wait"), pdl_triggers=ptx.count("griddepcontrol.launch_dependents"),
+                memory_ops_before_wait=memory_ops_before_wait(ptx))  # fmt: skip
+
+
+# A load, store, asynchronous copy or atomic on global memory, in PTX.
+GLOBAL_MEMORY_OP = re.compile(r"\b(?:ld|st)(?:\.\w+)*\.global\b|\bcp\.async\b|\b(?:atom|red)\.")
+
+
+def memory_ops_before_wait(ptx: str) -> int | None:
+    """The global-memory instructions before the first ``griddepcontrol.wait`` (None without one):
+    a dependent launch must read and write nothing before it (dependent_launch.py NOTE 1)."""
+    head, found, _ = ptx.partition("griddepcontrol.wait")
+    return len(GLOBAL_MEMORY_OP.findall(head)) if found else None
 
 
 def copies_left_in_flight(ptx: str) -> int:

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tinyvllm.dependent_launch import launch_options, wait_for_the_kernel_ahead
 from tinyvllm.platform import triton_can_run_on
 
 # A slot mapping entry meaning "this row is padding: write nothing" (CUDA-graph padding).
@@ -109,9 +110,11 @@ def _write_kv_cache_kernel(
     BLOCK_SIZE: tl.constexpr,  # S, tokens per cache block
     HEADS_PADDED: tl.constexpr,  # Hkv rounded up to a power of two (tile height)
     PAD_SLOT: tl.constexpr,  # PAD_SLOT_ID
+    USE_PDL: tl.constexpr,  # programmatic dependent launch (dependent_launch.py)
 ):
     """One program per row i: copy ``key[i]`` and ``value[i]`` (an [Hkv, D] tile each) to
     block ``slot // S``, offset ``slot % S`` of the caches, unless ``slot == PAD_SLOT``."""
+    wait_for_the_kernel_ahead(USE_PDL)
     i = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + i).to(tl.int64)
     heads = tl.arange(0, HEADS_PADDED)  # [Hkv_pad]
@@ -175,7 +178,7 @@ def write_kv_cache_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         NUM_KV_HEADS=key.shape[1], HEAD_SIZE=head_size, BLOCK_SIZE=key_cache.shape[1],
-        HEADS_PADDED=triton.next_power_of_2(key.shape[1]), PAD_SLOT=PAD_SLOT_ID,
+        HEADS_PADDED=triton.next_power_of_2(key.shape[1]), PAD_SLOT=PAD_SLOT_ID, **launch_options(key.device),
     )  # fmt: skip
 
 

@@ -71,6 +71,7 @@ import triton
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.arith import cdiv
 from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
+from tinyvllm.dependent_launch import launch_options
 from tinyvllm.attention.triton_kernels import (  # noqa: F401  (the kernels' pieces, for tests and the AOT compile)
     _attend_kv_tile,
     _find_request,
@@ -243,6 +244,11 @@ class LaunchPlan:
     def kv_desc(self) -> bool:
         return self.constexprs["KV_DESC"]
 
+    @property
+    def pdl(self) -> dict[str, bool]:
+        """The merge kernel's dependent-launch keywords: the attention kernel's choice (``dependent_launch.py``)."""
+        return {"USE_PDL": True, "launch_pdl": True} if self.constexprs["USE_PDL"] else {"USE_PDL": False}
+
 
 def plan_step(
     query_start_loc: torch.Tensor,  # [R + 1] int32
@@ -291,13 +297,15 @@ def plan_step(
     group = layout.num_heads // num_kv_heads
     block_q, block_m = choose_query_tile(group, decode_only=decode_only, rows=block_m)
     warps, stages = choose_launch_options(decode_only)
+    pdl = launch_options(layout.device)  # dependent_launch.py: USE_PDL, and launch_pdl when on
     options = dict(num_warps=warps if num_warps is None else num_warps, num_stages=stages if num_stages is None else num_stages)
+    options |= {"launch_pdl": True} if pdl["USE_PDL"] else {}
     fp32 = layout.dtype == torch.float32
     constexprs = dict(
         QUERIES_PER_KV=group, BLOCK_SIZE=block_size, TILE_N=kv_tile, HEAD_SIZE=layout.head_size,
         BLOCK_Q=block_q, BLOCK_M=block_m, NUM_SEGMENTS=num_segments,
         DOT_FP32=layout.device.type != "cuda" or fp32, INPUT_PRECISION="ieee" if fp32 else "tf32", STEP_KV=step_kv,
-        KV_DESC=kv_desc,
+        KV_DESC=kv_desc, USE_PDL=pdl["USE_PDL"],
     )  # fmt: skip
     part_shape = (num_tokens, layout.num_heads, num_segments) if num_segments > 1 else (1, 1, 1)
     new = dict(dtype=torch.float32, device=layout.device)
@@ -458,7 +466,7 @@ def paged_attention(
     if plan.num_segments > 1:
         _merge_segments_kernel[(plan.num_tokens, layout.num_heads)](
             out, plan.part_acc, plan.part_max, plan.part_sum, o_stride[0], o_stride[1], layout.num_heads,
-            NUM_SEGMENTS=plan.num_segments, HEAD_SIZE=layout.head_size,
+            NUM_SEGMENTS=plan.num_segments, HEAD_SIZE=layout.head_size, **plan.pdl,
         )  # fmt: skip
     return out
 # --8<-- [end:launcher]

@@ -57,6 +57,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tinyvllm.dependent_launch import wait_for_the_kernel_ahead
+
 ID_GROUP = tl.constexpr(16)  # full KV tiles whose block ids one load brings (NOTE 3)
 
 
@@ -273,6 +275,7 @@ def _paged_attention_kernel(
     INPUT_PRECISION: tl.constexpr,  # tl.dot precision for fp32 operands ("ieee" or "tf32")
     STEP_KV: tl.constexpr,  # the step's keys from key/value, the context's from the cache (NOTE 1)
     KV_DESC: tl.constexpr,  # the step's full tiles through key_desc/value_desc (NOTE 4); needs STEP_KV
+    USE_PDL: tl.constexpr,  # programmatic dependent launch (dependent_launch.py): wait first
 ):
     """Causal attention for one (query tile, KV head, segment) of a paged batch.
 
@@ -295,6 +298,7 @@ def _paged_attention_kernel(
     only the context's from the cache. Split path: the program covers only the tiles of its
     segment and stores ``(acc, m, l)``; ``_merge_segments_kernel`` combines the segments.
     """
+    wait_for_the_kernel_ahead(USE_PDL)
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
@@ -383,11 +387,13 @@ def _merge_segments_kernel(
     num_heads,  # H
     NUM_SEGMENTS: tl.constexpr,  # segments per request (a power of two)
     HEAD_SIZE: tl.constexpr,  # D
+    USE_PDL: tl.constexpr,  # programmatic dependent launch (dependent_launch.py): wait first
 ):
     """One program per (token, head): with ``M = max_s m_s`` and ``w_s = exp2(m_s - M)`` (the
     maxima are in base-2 units, NOTE 2),
     ``out = sum_s w_s * acc_s / sum_s w_s * l_s``. Empty segments have ``m_s = -inf`` and
     weigh 0; a row with no keys at all (padding) gets 0."""
+    wait_for_the_kernel_ahead(USE_PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     segs = tl.arange(0, NUM_SEGMENTS)  # [NSEG]

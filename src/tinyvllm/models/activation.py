@@ -39,6 +39,7 @@ import triton.language as tl
 from torch import nn
 from triton.language.extra import libdevice
 
+from tinyvllm.dependent_launch import launch_options, wait_for_the_kernel_ahead
 from tinyvllm.platform import impl_from_env, triton_can_run_on, uses_kernel
 
 IMPL_ENV = "TINYVLLM_SILU_AND_MUL"
@@ -61,9 +62,11 @@ def _silu_and_mul_kernel(
     SIZE: tl.constexpr,  # I, the columns of each half
     BLOCK: tl.constexpr,  # columns per program (NOTE 2)
     LIBDEVICE: tl.constexpr,  # libdevice's expf (CUDA); the interpreter has only tl.exp (NOTE 1)
+    USE_PDL: tl.constexpr,  # programmatic dependent launch (dependent_launch.py)
 ):
     """One program per (row, column block): both halves loaded once, the product stored over
     the gate, with torch's two roundings (NOTE 1)."""
+    wait_for_the_kernel_ahead(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = cols < SIZE
@@ -89,7 +92,7 @@ def silu_and_mul_triton(gate_up: torch.Tensor, size: int) -> torch.Tensor:  # [N
     if gate_up.shape[0]:
         block = min(BLOCK, triton.next_power_of_2(size))
         _silu_and_mul_kernel[(gate_up.shape[0], triton.cdiv(size, block))](
-            gate_up, gate_up.stride(0), SIZE=size, BLOCK=block, LIBDEVICE=gate_up.is_cuda
+            gate_up, gate_up.stride(0), SIZE=size, BLOCK=block, LIBDEVICE=gate_up.is_cuda, **launch_options(gate_up.device)
         )  # fmt: skip
     return gate_up[:, :size]
 # --8<-- [end:launcher]

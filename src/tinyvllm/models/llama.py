@@ -72,6 +72,7 @@ from torch import nn
 from tinyvllm.attention.backends import ATTENTION_BACKENDS, AttentionBackend  # noqa: F401  (re-exported)
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
+from tinyvllm.dependent_launch import pdl_from_env
 from tinyvllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from tinyvllm.distributed.utils import check_tensor_parallel_size, kv_heads_per_rank
 from tinyvllm.models.activation import silu_and_mul, silu_and_mul_impl
@@ -197,6 +198,7 @@ class Attention(nn.Module):
         self.backend = backend
         self.rotary_impl = rotary_impl()  # "auto" unless TINYVLLM_ROTARY says otherwise
         self.fuse_kv_write = fused_kv_write()  # qk_norm_rotary.py NOTE 3
+        pdl_from_env()  # a bad TINYVLLM_PDL is refused as the layers are built (dependent_launch.py)
 
     # --8<-- [start:attention_forward]
     def project(

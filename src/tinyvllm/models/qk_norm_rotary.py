@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from tinyvllm.attention.kv_cache_write import check_write_args, fused_write_args, store_token_kv
+from tinyvllm.dependent_launch import launch_options, wait_for_the_kernel_ahead
 from tinyvllm.models.rms_norm import rms_norm_torch
 from tinyvllm.models.rotary import check_rotary_args, load_angles, rotary_torch, rotate_halves
 from tinyvllm.platform import uses_kernel
@@ -117,9 +118,11 @@ def _qk_norm_rotary_kernel(
     WRITE_KV: tl.constexpr = False,  # also store k and v into the cache (NOTE 3)
     BLOCK_SIZE: tl.constexpr = 1,  # S, tokens per cache block
     PAD_SLOT: tl.constexpr = -1,  # kv_cache_write.PAD_SLOT_ID: the row writes nothing
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (dependent_launch.py)
 ):
     """One program per token: its cos and sin once, then all its q heads and k heads; with
     ``WRITE_KV``, its k heads as rotated and its v heads into its cache slot."""
+    wait_for_the_kernel_ahead(USE_PDL)
     token = tl.program_id(0)
     dims, dim_ok, cos1, sin1, cos2, sin2 = load_angles(cos_ptr, sin_ptr, token, stride_cos_n, stride_sin_n,
                                                        HALF, BLOCK_HALF)  # fmt: skip
@@ -191,7 +194,7 @@ def _launch(q, k, q_weight, k_weight, eps, cos, sin, write) -> None:
         cos.stride(0), sin.stride(0), q.shape[1], k.shape[1], *write_args,
         HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
         Q_HEADS=triton.next_power_of_2(q.shape[1]), K_HEADS=triton.next_power_of_2(k.shape[1]), **write_consts,
-        enable_fp_fusion=False,  # NOTE 2
+        enable_fp_fusion=False, **launch_options(q.device),  # NOTE 2
     )  # fmt: skip
 # --8<-- [end:launcher]
 

@@ -49,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tinyvllm.dependent_launch import launch_options, wait_for_the_kernel_ahead
 from tinyvllm.platform import impl_from_env, triton_can_run_on, uses_kernel
 
 IMPL_ENV = "TINYVLLM_RMS_NORM"
@@ -92,8 +93,10 @@ def _rms_norm_kernel(
     eps,  # float32
     SIZE: tl.constexpr,  # the normalised dimension
     BLOCK: tl.constexpr,  # SIZE rounded up to a power of two
+    USE_PDL: tl.constexpr,  # programmatic dependent launch (dependent_launch.py)
 ):
     """One program per row (token, head): its mean square in float32, then the scaled row."""
+    wait_for_the_kernel_ahead(USE_PDL)
     row = tl.program_id(0)
     token, head = row // num_heads, row % num_heads
     cols = tl.arange(0, BLOCK)  # [BLOCK]
@@ -117,9 +120,11 @@ def _add_rms_norm_kernel(
     eps,  # float32
     SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,  # programmatic dependent launch (dependent_launch.py)
 ):
     """One program per row: ``x + delta`` rounded to the dtype (the torch add's bits), stored,
     and normalised from registers (NOTE 3)."""
+    wait_for_the_kernel_ahead(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)  # [BLOCK]
     mask = cols < SIZE
@@ -154,7 +159,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     if rows:
         _rms_norm_kernel[(rows,)](
             x, weight, out, x.stride(0), x.stride(1) if x.dim() == 3 else 0, heads, eps,
-            SIZE=x.shape[-1], BLOCK=triton.next_power_of_2(x.shape[-1]),
+            SIZE=x.shape[-1], BLOCK=triton.next_power_of_2(x.shape[-1]), **launch_options(x.device),
         )  # fmt: skip
     return out
 # --8<-- [end:launcher]
@@ -179,7 +184,7 @@ def add_rms_norm_triton(
     if x.shape[0]:
         _add_rms_norm_kernel[(x.shape[0],)](
             x, delta, weight, out, total, x.stride(0), delta.stride(0), eps,
-            SIZE=x.shape[-1], BLOCK=triton.next_power_of_2(x.shape[-1]),
+            SIZE=x.shape[-1], BLOCK=triton.next_power_of_2(x.shape[-1]), **launch_options(x.device),
         )  # fmt: skip
     return out, total
 # --8<-- [end:add_launcher]

@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from tinyvllm.attention.kv_cache_write import check_write_args, fused_write_args, store_token_kv
+from tinyvllm.dependent_launch import launch_options, wait_for_the_kernel_ahead
 from tinyvllm.platform import impl_from_env, triton_can_run_on, uses_kernel
 
 IMPL_ENV = "TINYVLLM_ROTARY"
@@ -136,9 +137,11 @@ def _rotary_kernel(
     WRITE_KV: tl.constexpr = False,  # also store k and v at the token's cache slot (NOTE 4)
     BLOCK_SIZE: tl.constexpr = 1,  # S, tokens per cache block
     PAD_SLOT: tl.constexpr = -1,  # kv_cache_write.PAD_SLOT_ID
+    USE_PDL: tl.constexpr = False,  # programmatic dependent launch (dependent_launch.py)
 ):
     """One program per token: its cos and sin once, then all its q heads and k heads; with
     ``WRITE_KV``, its rotated k heads and its v heads at its cache slot."""
+    wait_for_the_kernel_ahead(USE_PDL)
     token = tl.program_id(0)
     dims, dim_ok, cos1, sin1, cos2, sin2 = load_angles(cos_ptr, sin_ptr, token, stride_cos_n, stride_sin_n,
                                                        HALF, BLOCK_HALF)  # fmt: skip
@@ -217,7 +220,7 @@ def _launch(q, k, cos, sin, write) -> None:
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         q.shape[1], k.shape[1], *write_args, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
         Q_HEADS=triton.next_power_of_2(q.shape[1]), K_HEADS=triton.next_power_of_2(k.shape[1]), **write_consts,
-        enable_fp_fusion=False,  # NOTE 2
+        enable_fp_fusion=False, **launch_options(q.device),  # NOTE 2
     )  # fmt: skip
 # --8<-- [end:launcher]
 
