@@ -66,14 +66,17 @@ DRY = dict(
 # sm_90) and gpu.sh's step starts none after ATTENTION_SWEEP_LIMIT_S. 32 keys a tile, the default's,
 # is timed as the default; in the H200 sweep of 2026-11-30 it was at best 3% faster than 64 (and
 # slower at 4,096 tokens for both shapes), so stage 0 tries 64 and 128.
+# plain_flash: the baseline (bench/plain_flash.py) timed at the longest length before each shape's
+# configs, at these of its (rows, keys, warps, stages) configs: two compiles a shape.
 SWEEP_FULL = dict(
     shapes=[("Llama-3-8B", 32, 8), ("Qwen3-0.6B", 16, 8)], head_size=128, block_size=16, dtype="bfloat16",
     lengths=[512, 1024, 2048, 4096], block_m=[64, 128], kv_tile=[64, 128], num_warps=[4, 8], num_stages=[2, 3, 4],
-    kv_desc=[False, True], iters=10, warmup=3, graph_reps=10, atol=3e-2,
+    kv_desc=[False, True], iters=10, warmup=3, graph_reps=10, atol=3e-2, plain_flash=[(128, 64, 8, 3), (64, 64, 4, 3)],
 )  # fmt: skip
 SWEEP_DRY = dict(
     shapes=[("tiny", 4, 2)], head_size=16, block_size=16, dtype="float32", lengths=[16],
     block_m=[64], kv_tile=[16, 32], num_warps=[4], num_stages=[3], kv_desc=[False, True], iters=1, warmup=0, graph_reps=1, atol=1e-4,
+    plain_flash=[(16, 16, 4, 1)],
 )  # fmt: skip
 
 
@@ -341,6 +344,28 @@ def time_cache_only(paged, rows, expected, cfg, default, timing, atol) -> float 
     return device_timer(call, **timing) * 1e6
 
 
+def time_plain_flash(case: dict, sweep: dict, timing: dict) -> dict:
+    """``plain_flash.py``'s kernel on the case's contiguous q, k, v at each of its sweep
+    configs: µs by config (a config that fails or disagrees with SDPA is recorded as an error)."""
+    from plain_flash import plain_causal_flash
+
+    q = case["paged"][0]  # [L, H, D], contiguous
+    us, errors = {}, {}
+    for block_m, block_n, warps, stages in sweep["plain_flash"]:
+        key = f"m{block_m}-n{block_n}-w{warps}-s{stages}"
+        call = lambda: plain_causal_flash(q, case["rows"]["key"], case["rows"]["value"], block_m, block_n, warps, stages)  # noqa: E731
+        try:
+            diff = (call().float() - case["expected"].float()).abs().max().item()
+        except Exception as exc:  # recorded, not fatal: the paged sweep goes on
+            errors[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            continue
+        if not diff <= sweep["atol"]:
+            errors[key] = f"wrong: max abs diff {diff:.3g} > {sweep['atol']}"
+            continue
+        us[key] = device_timer(call, **timing) * 1e6
+    return dict(us=us, errors=errors)
+
+
 def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: float | None = None) -> dict:
     """Prefill attention (one request of each length) for each config of ``sweep_stages``, as
     device time, against SDPA in the same run: TFLOP/s, the ratio to SDPA, and the best config
@@ -366,6 +391,7 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
             cache_only = time_cache_only(paged, own, expected, cfg, default, timing, sweep["atol"])
             cases.append(dict(length=length, paged=paged, rows=own, expected=expected, sdpa_us=sdpa_us, flops=flops,
                               us={}, errors={}, max_abs_diff={}, cache_only_default_us=cache_only))  # fmt: skip
+        plain = time_plain_flash(cases[-1], sweep, timing)  # the longest length, before any config of the sweep
         best, timed = None, {}  # the fastest at the longest length so far; every config started, by key
         for stage in range(SWEEP_STAGES):
             for config in sweep_stages(sweep, default, best, mode, stage):
@@ -411,9 +437,23 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
                 cache_only_default_ratio_to_sdpa=case["sdpa_us"] / case["cache_only_default_us"]
                 if case["cache_only_default_us"] else None,
                 triton_us_by_config=us, errors=case["errors"], max_abs_diff_by_config=case["max_abs_diff"],
+                **(plain_flash_figures(plain, case, us.get(best)) if case is cases[-1] else {}),
             ))  # fmt: skip
         del cases
     return dict(mode=mode, complete=not skipped, not_timed=skipped, seconds=time.perf_counter() - start, rows=rows)
+
+
+def plain_flash_figures(plain: dict, case: dict, best_us: float | None) -> dict:
+    """The baseline's figures for the longest row: its fastest config, TFLOP/s, ratio to SDPA,
+    and the paged kernel's best against it (above 1: the paged kernel is faster)."""
+    us = plain["us"]
+    fastest = min(us, key=us.get) if us else None
+    return dict(
+        plain_flash_us_by_config=us, plain_flash_errors=plain["errors"], plain_flash_best_config=fastest,
+        plain_flash_TFLOPs=case["flops"] / us[fastest] / 1e6 if fastest else None,
+        plain_flash_ratio_to_sdpa=case["sdpa_us"] / us[fastest] if fastest else None,
+        best_ratio_to_plain_flash=us[fastest] / best_us if fastest and best_us else None,
+    )  # fmt: skip
 
 
 def print_sweep(sweep: dict) -> None:
@@ -429,6 +469,10 @@ def print_sweep(sweep: dict) -> None:
             f"{fmt(r['best_TFLOPs'], '7.1f')} {fmt(r['best_ratio_to_sdpa'], '5.2f')} | "
             f"{len(r['triton_us_by_config'])} timed, {len(r['errors'])} failed"
         )
+        if "plain_flash_best_config" in r:
+            print(f"  {'':10s} {'':5s}   plain flash (plain_flash.py) {r['plain_flash_best_config']} "
+                  f"{fmt(r['plain_flash_TFLOPs'], '7.1f')} {fmt(r['plain_flash_ratio_to_sdpa'], '5.2f')} x sdpa; "
+                  f"the best config x{fmt(r['best_ratio_to_plain_flash'], '.2f')} of it")  # fmt: skip
 
 
 def print_table(results: dict) -> None:

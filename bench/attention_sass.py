@@ -13,6 +13,10 @@ asynchronous copies, ``FMUL``/``FADD``/``IMAD``... the rest), and the PTX's
 ``cp.async.wait_group`` values: how many copy groups each wait leaves in flight (0: every load
 is waited for before the tile's math, nothing overlaps).
 
+Beside each config, the plainest causal flash attention (``plain_flash.py``, the prefill
+sweep's baseline: one contiguous sequence, no paging, no packed heads) compiled the same way:
+how many instructions a loop trip costs without the paged kernel's own work.
+
 Why: a GPU run is scarce; the instruction mix of the loop that runs once per KV tile is what a
 kernel change alters, and it can be read on any machine. It says nothing about latency or
 occupancy; the GPU's own figures are ``bench/attention.py``'s.
@@ -72,6 +76,26 @@ def compile_attention(group: int, block_m: int, tile_n: int, num_warps: int, num
                           options=dict(num_warps=num_warps, num_stages=num_stages))  # fmt: skip
 
 
+def compile_plain(group: int, block_m: int, tile_n: int, num_warps: int, num_stages: int):
+    """``plain_flash.py``'s kernel, the prefill sweep's baseline, compiled the same way."""
+    import triton
+    from plain_flash import _plain_causal_flash_kernel as kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = dict(GROUP=group, HEAD_SIZE=128, BLOCK_M=block_m, BLOCK_N=tile_n)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in consts:
+            signature[name], constexprs[(i,)] = "constexpr", consts[name]
+        else:
+            signature[name] = "*bf16" if name.endswith("_ptr") else "fp32" if name == "scale" else "i32"
+            if name.endswith("_ptr") or name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 64),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))  # fmt: skip
+
+
 def disassemble(cubin: bytes, folder: Path) -> str:
     import triton
 
@@ -110,12 +134,16 @@ def copy_waits(ptx: str) -> list[int]:
     return [int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+);", ptx)]
 
 
-def measure(config: tuple, step_kv: bool, folder: Path) -> dict:
+def measure(config: tuple, step_kv: bool | None, folder: Path) -> dict:
+    """One config's loops; ``step_kv`` None: the plain baseline's (``plain_flash.py``)."""
     shape, group, block_m, tile_n, warps, stages = config
-    kernel = compile_attention(group, block_m, tile_n, warps, stages, step_kv)
+    if step_kv is None:
+        kernel = compile_plain(group, block_m, tile_n, warps, stages)
+    else:
+        kernel = compile_attention(group, block_m, tile_n, warps, stages, step_kv)
     loops = [loop for loop in sass_loops(disassemble(kernel.asm["cubin"], folder)) if "HGMMA" in loop["opcodes"]]
     return dict(shape=shape, group=group, block_m=block_m, kv_tile=tile_n, num_warps=warps, num_stages=stages,
-                step_kv=step_kv, shared_bytes=kernel.metadata.shared, copy_waits=copy_waits(kernel.asm["ptx"]),
+                kernel="plain_flash" if step_kv is None else "paged", step_kv=step_kv, shared_bytes=kernel.metadata.shared, copy_waits=copy_waits(kernel.asm["ptx"]),
                 kv_tile_loops=loops)  # fmt: skip
 
 
@@ -133,13 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for config in CONFIGS[:1] if args.quick else CONFIGS:
-            for step_kv in (False, True):
+            for step_kv in (False, True, None):  # the cache only, the step's rows, the plain baseline
                 rows.append(measure(config, step_kv, Path(tmp)))
     for r in rows:
         loops = " | ".join(f"{loop['instructions']} ({', '.join(f'{k} {v}' for k, v in list(loop['opcodes'].items())[:6])})"
                            for loop in r["kv_tile_loops"])  # fmt: skip
         print(f"{r['shape']} m{r['block_m']}-n{r['kv_tile']}-w{r['num_warps']}-s{r['num_stages']} "
-              f"{'step rows' if r['step_kv'] else 'cache only'}: waits {sorted(set(r['copy_waits']))}; loops: {loops}")  # fmt: skip
+              f"{ {False: 'cache only', True: 'step rows', None: 'plain flash'}[r['step_kv']]}: waits {sorted(set(r['copy_waits']))}; loops: {loops}")  # fmt: skip
     record = dict(benchmark="attention_sass", quick=args.quick, target="sm_90", triton=triton.__version__,
                   note="static: instructions per loop trip of the compiled kernel, no timing", rows=rows)  # fmt: skip
     write_json(args.out, record)

@@ -156,7 +156,8 @@ def prefill_row(summary: dict) -> GoalRow:
     parts = []
     for key, r in sorted(rows.items()):
         default = "" if r["best"] == r["default"] else f", default x{r['default_x_sdpa']:.2f}"
-        parts.append(f"{key.split('/')[0]}: best x{r['best_x_sdpa']:.2f} ({r['best']}{default})")
+        plain = f"; plain flash x{r['plain_flash_x_sdpa']:.2f}" if r.get("plain_flash_x_sdpa") is not None else ""
+        parts.append(f"{key.split('/')[0]}: best x{r['best_x_sdpa']:.2f} ({r['best']}{default}{plain})")
     worst = min(r["best_x_sdpa"] for r in rows.values())
     return GoalRow(goal, "; ".join(parts), MET if worst >= 0.6 else NOT_MET)
 

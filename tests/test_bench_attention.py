@@ -45,6 +45,9 @@ def test_dry_run_writes_json_with_every_section(tmp_path):
     assert plain <= set(row["triton_us_by_config"]) <= plain | {"m64-n16-w4-s3-desc"} and not row["errors"]
     assert row["default_config"] == "m64-n32-w4-s3" and row["best_config"] in row["triton_us_by_config"]
     assert row["best_ratio_to_sdpa"] > 0 and all(d < 1e-4 for d in row["max_abs_diff_by_config"].values())
+    # the plain flash-attention baseline (bench/plain_flash.py) at the longest length, checked against SDPA first
+    assert list(row["plain_flash_us_by_config"]) == ["m16-n16-w4-s1"] and not row["plain_flash_errors"]
+    assert row["plain_flash_ratio_to_sdpa"] > 0 and row["best_ratio_to_plain_flash"] > 0
     assert "prefill sweep (staged" in result.stdout
     for row in decode + prefill:
         assert row["max_abs_diff_vs_sdpa"] < 1e-4, row  # every KV tile agrees with SDPA on contiguous K/V

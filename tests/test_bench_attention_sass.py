@@ -17,8 +17,8 @@ def test_attention_sass_quick_counts_the_kv_tile_loops_both_ways(tmp_path):
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
-    cache, rows = record["rows"]
-    assert (cache["step_kv"], rows["step_kv"]) == (False, True) and record["target"] == "sm_90"
+    cache, rows, plain = record["rows"]
+    assert (cache["step_kv"], rows["step_kv"], plain["kernel"]) == (False, True, "plain_flash") and record["target"] == "sm_90"
     assert (cache["block_m"], cache["kv_tile"], cache["num_stages"]) == (64, 32, 3)  # the default prefill config
     # the cache walk: the full tiles' loop nested in the loop over groups of block ids (NOTE 3), then the
     # diagonal tiles; with the step's rows, the context's walk the same way, then the step's two loops
@@ -34,3 +34,7 @@ def test_attention_sass_quick_counts_the_kv_tile_loops_both_ways(tmp_path):
     assert "LDG" not in full_cache["opcodes"]
     assert full_cache["opcodes"]["LDGSTS"] == step_full["opcodes"]["LDGSTS"] < diagonal["opcodes"]["LDGSTS"]
     assert max(cache["copy_waits"]) == max(rows["copy_waits"]) == 2  # 3 stages: two copy groups in flight
+    # the plain baseline (bench/plain_flash.py) at the same config: its unmasked loop, then the diagonal's,
+    # with the same matrix multiplies and exponentials a trip as the paged kernel's loops
+    assert len(plain["kv_tile_loops"]) == 2 and max(plain["copy_waits"]) == 2
+    assert all(loop["opcodes"]["HGMMA"] == 10 and loop["opcodes"]["MUFU"] >= 16 for loop in plain["kv_tile_loops"])

@@ -166,6 +166,8 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     sweep = figures["attention_prefill"]  # the dry run's sweep: 3 or 4 configs at one tiny shape (sweep_stages)
     assert sweep["complete"] is True and list(sweep["rows"]) == ["tiny/16"]
     assert sweep["rows"]["tiny/16"]["configs_timed"] in (3, 4) and sweep["rows"]["tiny/16"]["best_x_sdpa"] > 0
+    assert sweep["rows"]["tiny/16"]["plain_flash"] == "m16-n16-w4-s1"  # the baseline, beside the longest row
+    assert sweep["rows"]["tiny/16"]["plain_flash_x_sdpa"] > 0 and sweep["rows"]["tiny/16"]["best_x_plain_flash"] > 0
     log = (out / "gpu.log").read_text()
     assert all(f"== {name} (budget" in log for name in STEP_NAMES)
     # The goals' table ends the output; a dry run measures none of them, and each figure a GPU

@@ -80,6 +80,16 @@ def test_each_goal_is_met_at_its_edge_and_not_just_past_it(h200):
     assert by_goal(short)[gpu_goals.PREFILL].measured == "qwen3: best x0.59 (default)"
 
 
+def test_the_prefill_row_says_how_far_plain_flash_attention_gets(h200):
+    """With the sweep's baseline (``bench/plain_flash.py``) in the row, the goal's line says how
+    close to SDPA Triton's plainest causal kernel got at the same length: the goal's status
+    is still the paged kernel's."""
+    s = newer(h200, async_tok=15_000.0, busy={"32": 0.80}, steps_ms={"1": 2.0}, mixed={}, prefill={"4096": ("m64-w4", 0.41, 0.35)})
+    step(s, "attention_prefill")["figures"]["rows"]["qwen3/4096"]["plain_flash_x_sdpa"] = 0.44
+    row = by_goal(s)[gpu_goals.PREFILL]
+    assert row.status == NOT_MET and row.measured == "qwen3: best x0.41 (m64-w4, default x0.35; plain flash x0.44)"
+
+
 def test_the_busy_row_says_whose_the_async_steps_idle_time_is(h200):
     """With the async A/B's idle gaps (``cudagraphs.py`` ``idle_gaps``), the batch-32 row says
     how much of the idle step is short gaps between kernels (under 5 µs: the graph's own)
