@@ -108,10 +108,16 @@ SHORT_GAPS, LONG_GAPS = ("<2us", "2-5us"), (">=100us",)
 
 
 def busy_row(summary: dict) -> GoalRow:
-    """The batch-32 busy share; with the async A/B's idle gaps, whose the idle time is."""
+    """The batch-32 busy share; with the async A/B's idle gaps, whose the idle time is; with the
+    dependent-launch A/B, the async step's share and speed-up with it (said, not judged: the
+    launch is off by default, and the goal is the default's)."""
     row = _decode_row(summary, BUSY, "device_busy_share", "device_busy_share_async", "32", lambda v: v >= 0.90,
                       lambda v: f"{v:.0%}", "no profiled batch-32 step in this run")  # fmt: skip
     f = _figures(summary, "cudagraph_latency") or {}
+    pdl = f.get("pdl_ab") or {}
+    share, speedup = (pdl.get("device_busy_share_async_pdl") or {}).get("32"), (pdl.get("speedup_of_pdl") or {}).get("32")
+    if pdl.get("pdl_on") and share is not None and speedup is not None:
+        row = GoalRow(row.goal, f"{row.measured}; async with dependent launches {share:.0%}, the step x{speedup:.2f}", row.status)
     gaps = ((f.get("async_ab") or {}).get("device_idle_gaps_async") or {}).get("32")
     if not gaps:
         return row

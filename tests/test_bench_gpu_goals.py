@@ -111,6 +111,20 @@ def test_the_busy_row_says_whose_the_async_steps_idle_time_is(h200):
     )
 
 
+def test_the_busy_row_says_what_dependent_launches_did_without_judging_them(h200):
+    """With the dependent-launch A/B (``cudagraphs.py --pdl-ab``) on a GPU that has it, the row
+    gives the async step's busy share and speed-up with it; the status stays the default's.
+    On a GPU without it (``pdl_on`` false) the row says nothing of it."""
+    s = newer(h200, async_tok=15_000.0, busy={"32": 0.80}, steps_ms={"1": 2.0}, mixed={}, prefill={})
+    latency = step(s, "cudagraph_latency")["figures"]
+    latency["pdl_ab"] = {"pdl_on": True, "device_busy_share_async_pdl": {"1": 0.9, "32": 0.93}, "speedup_of_pdl": {"1": 1.1, "32": 1.04}}
+    row = by_goal(s)[gpu_goals.BUSY]
+    assert row.status == NOT_MET
+    assert row.measured == "sync 64%, async 80% (FULL_AND_PIECEWISE); async with dependent launches 93%, the step x1.04"
+    latency["pdl_ab"]["pdl_on"] = False
+    assert by_goal(s)[gpu_goals.BUSY].measured == "sync 64%, async 80% (FULL_AND_PIECEWISE)"
+
+
 def test_a_dry_run_or_a_run_without_cuda_measures_nothing(h200):
     dry = {**h200, "dry_run": True}
     assert {(r.status, r.measured) for r in gpu_goals.goal_rows(dry)} == {(NOT_MEASURED, "a dry run on the CPU: its timings mean nothing")}
