@@ -60,6 +60,10 @@ prefix-caching requests). ``--dry-run`` runs the same steps on the CPU with the 
 model and tiny workloads (``pytest -m gpu`` only collects there): the test suite and CI
 run it, its timings mean nothing, and its steps get ``DRY_RUN_BUDGET_SCALE`` times their budgets.
 
+``--tests-left-in SUMMARY`` runs the environment step and then only the ``gpu`` tests that an
+earlier run's summary names as not run for time (``not_run_for_time``, as pytest node ids:
+``tests_left_in``), with the rest of the eight minutes: the second call of a GPU session.
+
 Run: ``bash bench/gpu.sh --out DIR`` (``gpu.sh`` calls this script); exit status 0 when every
 step passed. Last it prints the open issue's goals against this run (``bench/gpu_goals.py``).
 """
@@ -237,7 +241,31 @@ def pytest_figures(junit: Path, output: str) -> dict:
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     if collected:
         counts["collected"] = int(collected.group(1))
-    return {**counts, "failing": failing, "skipped_for_time": len(not_run), "not_run_for_time": not_run[:40]}
+    return {**counts, "failing": failing, "skipped_for_time": len(not_run), "not_run_for_time": not_run}
+
+
+# --8<-- [start:tests_left]
+def node_id(junit_name: str, root: Path = ROOT) -> str:
+    """A JUnit ``classname::name`` (``tests.test_x::test_y[p]``, ``tests.test_x.TestZ::test_y``)
+    as pytest's node id (``tests/test_x.py::test_y[p]``): the longest dotted prefix that is a
+    file of the repository is the module, the rest its classes."""
+    classname, _, name = junit_name.partition("::")
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        path = "/".join(parts[:cut]) + ".py"
+        if (root / path).is_file():
+            return "::".join([path, *parts[cut:], name])
+    raise ValueError(f"{junit_name!r}: no file of the repository is its module")
+
+
+def tests_left_in(summary_path: Path) -> list[str]:
+    """The node ids of the ``gpu`` tests an earlier run's summary names as not run for time."""
+    summary = json.loads(summary_path.read_text())
+    step = next((s for s in summary.get("steps", []) if s["name"] == "gpu_tests"), None)
+    if step is None:
+        raise ValueError(f"{summary_path}: no gpu_tests step in this summary")
+    return [node_id(name) for name in step.get("figures", {}).get("not_run_for_time", [])]
+# --8<-- [end:tests_left]
 
 
 def throughput_figures(record: dict) -> dict:
@@ -613,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="the CPU, the tiny model, tiny workloads: checks the check")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl",
                         help="wheels to unpack onto every step's path (default .whl/; none there: nothing)")  # fmt: skip
+    parser.add_argument("--tests-left-in", type=Path, default=None, metavar="SUMMARY",
+                        help="only the gpu tests that SUMMARY (an earlier run's gpu_summary.json) left for time")  # fmt: skip
     parser.add_argument("--environment-json", type=Path, default=None, help=argparse.SUPPRESS)  # the environment step
     args = parser.parse_args(argv)
     if args.environment_json is not None:
@@ -622,7 +652,17 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/gpu.sh: no CUDA device visible to torch; use --dry-run to check the check on the CPU", file=sys.stderr)
         return 1
     scale = DRY_RUN_BUDGET_SCALE if args.dry_run else 1
-    summary = run_check(args.out.resolve(), args.dry_run, args.quick, budget_scale=scale, wheel_dir=args.wheels.resolve())
+    steps, command = STEPS, step_command
+    if args.tests_left_in is not None:  # the environment, then those tests with the rest of the budget
+        left = tests_left_in(args.tests_left_in)
+        if not left:
+            print(f"bench/gpu.sh: {args.tests_left_in} names no gpu test left for time; nothing to run")
+            return 0
+        steps = (STEPS[0], Step("gpu_tests", TOTAL_BUDGET_S - STEPS[0].budget_s, f"pytest -m gpu: the {len(left)} tests "
+                                f"{args.tests_left_in.name} left for time"))  # fmt: skip
+        command = lambda step, *rest: step_command(step, *rest) + (left if step.name == "gpu_tests" else [])  # noqa: E731
+    summary = run_check(args.out.resolve(), args.dry_run, args.quick, steps=steps, command=command, budget_scale=scale,
+                        wheel_dir=args.wheels.resolve())  # fmt: skip
     for step in summary["steps"]:
         print(f"{step['name']:18s} {step['status']:8s} {step.get('seconds', 0):6.1f} s of {step['budget_s']} s")
     print(f"wrote {args.out / SUMMARY} and {args.out / LOG} ({summary['wall_s']:.0f} s)")

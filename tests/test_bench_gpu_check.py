@@ -272,3 +272,35 @@ def test_under_a_deadline_the_kernel_tests_run_first():
 
     assert first_file({}) == "tests/test_cudagraph_wrapper.py"  # the order given, without a deadline
     assert first_file({gpu_check.TEST_DEADLINE_ENV: f"{time.time() + 600:.1f}"}) == "tests/test_triton_attention.py"
+
+
+def test_a_junit_name_becomes_the_node_id_pytest_takes(tmp_path):
+    for path in ("tests/test_x.py", "property_tests/test_y.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert gpu_check.node_id("tests.test_x::test_a[FULL-qwen3]", tmp_path) == "tests/test_x.py::test_a[FULL-qwen3]"
+    assert gpu_check.node_id("property_tests.test_y.TestZ::runTest", tmp_path) == "property_tests/test_y.py::TestZ::runTest"
+    with pytest.raises(ValueError, match="'tests.test_gone::test_a': no file of the repository is its module"):
+        gpu_check.node_id("tests.test_gone::test_a", tmp_path)
+
+
+def test_the_second_call_runs_only_the_gpu_tests_an_earlier_run_left_for_time(tmp_path, capsys):
+    """``--tests-left-in``: the environment, then ``pytest -m gpu`` on exactly the tests the
+    earlier summary names (collected only, in a dry run), with the rest of the budget."""
+    left = ["tests.test_dependent_launch::test_gpu_each_kernel_gives_the_same_bits_launched_dependent",
+            "tests.test_cudagraph_gpu::test_gpu_cudagraph_float32_tokens_and_logits_equal_eager[FULL-qwen3]"]  # fmt: skip
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"steps": [{"name": "gpu_tests", "figures": {"not_run_for_time": left}}]}))
+    assert gpu_check.tests_left_in(earlier) == [
+        "tests/test_dependent_launch.py::test_gpu_each_kernel_gives_the_same_bits_launched_dependent",
+        "tests/test_cudagraph_gpu.py::test_gpu_cudagraph_float32_tokens_and_logits_equal_eager[FULL-qwen3]"]  # fmt: skip
+    out = tmp_path / "out"
+    assert gpu_check.main(["--dry-run", "--tests-left-in", str(earlier), "--out", str(out), "--wheels", str(tmp_path / "none")]) == 0
+    summary = json.loads((out / gpu_check.SUMMARY).read_text())
+    assert [s["name"] for s in summary["steps"]] == ["environment", "gpu_tests"]
+    tests = summary["steps"][1]
+    assert tests["budget_s"] == gpu_check.TOTAL_BUDGET_S - 10 and tests["figures"]["collected"] == 2
+    nothing = tmp_path / "nothing.json"
+    nothing.write_text(json.dumps({"steps": [{"name": "gpu_tests", "figures": {"not_run_for_time": []}}]}))
+    assert gpu_check.main(["--dry-run", "--tests-left-in", str(nothing), "--out", str(tmp_path / "o2")]) == 0
+    assert "names no gpu test left for time; nothing to run" in capsys.readouterr().out
