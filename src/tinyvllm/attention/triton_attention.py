@@ -71,7 +71,6 @@ import triton
 from tinyvllm.attention.cudagraph_support import AttentionCGSupport
 from tinyvllm.arith import cdiv
 from tinyvllm.attention.metadata import AttentionLayout, AttentionMetadata
-from tinyvllm.dependent_launch import launch_options
 from tinyvllm.attention.triton_kernels import (  # noqa: F401  (the kernels' pieces, for tests and the AOT compile)
     _attend_kv_tile,
     _find_request,
@@ -79,6 +78,7 @@ from tinyvllm.attention.triton_kernels import (  # noqa: F401  (the kernels' pie
     _num_full_kv_tiles,
     _paged_attention_kernel,
 )
+from tinyvllm.dependent_launch import launch_options
 from tinyvllm.platform import triton_can_run_on
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
