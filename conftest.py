@@ -13,8 +13,10 @@
   passed, every test not yet started is skipped with a reason that starts "out of time".
   ``bench/gpu_check.py`` sets it for its ``pytest -m gpu`` step, so a run that would outlast
   its budget ends normally, writes its report, and names the tests it did not run, instead
-  of being killed with nothing said. Under a deadline the Triton kernel tests run first:
-  every engine test stands on the kernels, so if the budget runs out it cuts the others.
+  of being killed with nothing said. Under a deadline the kernel tests run first (the files
+  named after Triton, and ``KERNEL_TEST_FILES``: the norms, rotary, SiLU-and-multiply, the KV
+  write, dependent launch): every engine test stands on the kernels, so if the budget runs
+  out it cuts the others.
 """
 
 import os
@@ -70,6 +72,16 @@ def pytest_runtest_setup(item):
         pytest.skip(f"{OUT_OF_TIME} ({DEADLINE_ENV})")
 
 
+# The kernels' own test files besides those named after Triton: under a deadline they run first.
+KERNEL_TEST_FILES = ("test_rms_norm.py", "test_rotary.py", "test_qk_norm_rotary.py", "test_activation.py",
+                     "test_kv_cache_write.py", "test_dependent_launch.py")  # fmt: skip
+
+
+def is_kernel_test(nodeid: str) -> bool:
+    path = nodeid.split("::")[0]
+    return "triton" in path or path.rsplit("/", 1)[-1] in KERNEL_TEST_FILES
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get(DEADLINE_ENV) is not None:  # stable: files keep their order otherwise
-        items.sort(key=lambda item: 0 if "triton" in item.nodeid.split("::")[0] else 1)
+        items.sort(key=lambda item: 0 if is_kernel_test(item.nodeid) else 1)

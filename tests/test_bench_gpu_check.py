@@ -261,17 +261,20 @@ def test_the_shared_model_folder_appears_only_when_complete(tmp_path):
 
 @pytest.mark.slow
 def test_under_a_deadline_the_kernel_tests_run_first():
-    files = ["tests/test_cudagraph_wrapper.py", "tests/test_triton_attention.py"]
+    """The files named after Triton and the kernels' own (``KERNEL_TEST_FILES`` in the root
+    conftest: dependent launch's here) move ahead of the rest, each keeping its order."""
+    files = ["tests/test_cudagraph_wrapper.py", "tests/test_triton_attention.py", "tests/test_dependent_launch.py"]
 
-    def first_file(env_extra: dict) -> str:
+    def file_order(env_extra: dict) -> list[str]:
         env = {k: v for k, v in os.environ.items() if k != gpu_check.TEST_DEADLINE_ENV} | env_extra
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *files],
                               cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:]
-        return next(line for line in proc.stdout.splitlines() if "::" in line).split("::")[0]
+        return list(dict.fromkeys(line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line))
 
-    assert first_file({}) == "tests/test_cudagraph_wrapper.py"  # the order given, without a deadline
-    assert first_file({gpu_check.TEST_DEADLINE_ENV: f"{time.time() + 600:.1f}"}) == "tests/test_triton_attention.py"
+    assert file_order({}) == files  # the order given, without a deadline
+    deadline = {gpu_check.TEST_DEADLINE_ENV: f"{time.time() + 600:.1f}"}
+    assert file_order(deadline) == ["tests/test_triton_attention.py", "tests/test_dependent_launch.py", "tests/test_cudagraph_wrapper.py"]
 
 
 def test_a_junit_name_becomes_the_node_id_pytest_takes(tmp_path):
