@@ -269,3 +269,48 @@ def test_cudagraph_release_unwraps_the_pieces(tiny_model_dirs):
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     llm.generate({"prompt_token_ids": [5, 6]}, params, use_tqdm=False)
     assert set(runner.cudagraph_stats) == {M.NONE}
+
+
+@pytest.mark.slow
+def test_a_full_modes_mixed_graph_plans_decode_like_its_uniform_graph(tiny_model_dirs, monkeypatch):
+    """``FULL`` mode has no uniform decode keys: a decode replays the mixed key of its size. A
+    mixed key of at most ``max_num_seqs`` tokens is captured on one token per request
+    (``cudagraph_capture.py`` NOTE 2), so its attention plan (grid, tiles, split) is the one
+    ``FULL_AND_PIECEWISE`` captures for the uniform key of that size; past ``max_num_seqs``
+    the mixed key holds longer requests and plans like a prefill."""
+    from tinyvllm.attention import triton_attention
+    from tinyvllm.worker import cudagraph_capture
+
+    plans, capturing = {}, []
+    real_plan, real_dummy = triton_attention.plan_step, cudagraph_capture.dummy_run
+
+    def plan_step(*args, **kwargs):
+        plan = real_plan(*args, **kwargs)
+        if capturing:
+            plans.setdefault(capturing[-1], (plan.grid, plan.constexprs))
+        return plan
+
+    def dummy_run(runner, mode, desc):
+        capturing.append((mode, desc))
+        try:
+            real_dummy(runner, mode, desc)
+        finally:
+            capturing.pop()
+
+    monkeypatch.setattr(triton_attention, "plan_step", plan_step)
+    monkeypatch.setattr(cudagraph_capture, "dummy_run", dummy_run)
+    by_mode = {}
+    for mode, max_num_seqs in (("FULL", 8), ("FULL_AND_PIECEWISE", 8), ("FULL", 2)):
+        plans.clear()
+        LLM(str(tiny_model_dirs["qwen3"]), device="cpu", max_model_len=64, attention_backend="triton",
+            max_num_seqs=max_num_seqs, compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4, 8]})  # fmt: skip
+        by_mode[mode, max_num_seqs] = {desc: plan for (runtime, desc), plan in plans.items() if runtime == M.FULL}
+    full, uniform = by_mode["FULL", 8], by_mode["FULL_AND_PIECEWISE", 8]
+    assert sorted(d.num_tokens for d in full) == sorted(d.num_tokens for d in uniform) == [1, 2, 4, 8]
+    for desc, plan in full.items():
+        assert not desc.uniform and desc.num_reqs == desc.num_tokens
+        [twin] = [p for d, p in uniform.items() if d.uniform and d.num_tokens == desc.num_tokens]
+        assert plan == twin, desc  # the same grid and constexprs: one decode plan
+    few_seqs = {d.num_tokens: p for d, p in by_mode["FULL", 2].items()}  # keys (4, 2) and (8, 2): prompt rows
+    assert few_seqs[8] != full[next(d for d in full if d.num_tokens == 8)]
+    assert few_seqs[8][1]["STEP_KV"] is True and few_seqs[8][0][2] == 1  # the step's rows, no split: a prefill plan
