@@ -22,6 +22,12 @@ the last), the full workload first: a run cut short by its time budget keeps the
 ``--async-ab``: after those rounds, the synchronous engine is shut down and the same engine
 with ``async_scheduling=True`` runs the full workload once more (same draws, same run): the
 A/B of async scheduling, ``tinyvllm_full_workload_async`` beside the synchronous figure.
+``--cudagraph-mode-ab MODE`` (with ``--async-ab``): then the async engine once more with
+``cudagraph_mode=MODE`` (``FULL``, say, against the default ``FULL_AND_PIECEWISE``): the full
+workload once, ``tinyvllm_full_workload_async_mode_ab`` and ``mode_ab_speedup`` against the
+async run, same draws, same run: the figure that decides the default mode.
+``--no-transformers``: no baseline and no subset runs (a second GPU call that wants only the
+A/Bs: the transformers subset alone took 77-99 s on the GPUs so far).
 
 Run on a GPU: ``python3 bench/throughput.py`` (writes ``bench/results/throughput-*.json``).
 ``--dry-run`` runs every code path on the CPU with a tiny model and a tiny workload; the
@@ -158,10 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-seqs", type=int, default=256, help="requests of the full workload (default 256, nano-vllm's)")
     parser.add_argument("--async-ab", action="store_true",
                         help="then the full workload once more with async_scheduling=True (same run)")
+    parser.add_argument("--cudagraph-mode-ab", default=None, metavar="MODE",
+                        help="with --async-ab: the async engine once more with this cudagraph_mode (same run)")
+    parser.add_argument("--no-transformers", action="store_true", help="no transformers baseline, no subset runs")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/...)")
     args = parser.parse_args(argv)
+    if args.cudagraph_mode_ab is not None and not args.async_ab:
+        parser.error("--cudagraph-mode-ab compares with --async-ab's run: give both")
     if not args.dry_run and not torch.cuda.is_available():
         print("bench/throughput.py: no CUDA device; use --dry-run for the CPU code path")
         return 0
@@ -194,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                          "cache": "default (dynamic)", "padding": "left"},  # fmt: skip
         "repeats": args.repeats,
     }
-    runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": [], "full_async": []}
+    runs: dict[str, list[dict]] = {"full": [], "subset": [], "hf": [], "full_async": [], "full_async_mode_ab": []}
     engine: dict = {}
+    mode_ab_engine: dict = {}
     began = time.perf_counter()
 
     def say(what: str) -> None:
@@ -207,15 +219,20 @@ def main(argv: list[str] | None = None) -> int:
         """What is measured so far; written after every timed run, so a run cut short keeps it."""
         result = {**header, "complete": complete, "engine": engine}
         parts = {"full": (prompts, max_tokens), "subset": (sub_prompts, sub_tokens), "hf": (sub_prompts, sub_tokens),
-                 "full_async": (prompts, max_tokens)}  # fmt: skip
+                 "full_async": (prompts, max_tokens), "full_async_mode_ab": (prompts, max_tokens)}  # fmt: skip
         names = {"full": "tinyvllm_full_workload", "subset": "tinyvllm_on_hf_subset", "hf": "transformers_on_hf_subset",
-                 "full_async": "tinyvllm_full_workload_async"}  # fmt: skip
+                 "full_async": "tinyvllm_full_workload_async", "full_async_mode_ab": "tinyvllm_full_workload_async_mode_ab"}  # fmt: skip
         for key, (ps, ms) in parts.items():
             if runs[key]:
                 result[names[key]] = summarise(runs[key], ps, ms)
         if runs["full"] and runs["full_async"]:
             result["async_speedup_full_workload"] = (
                 result["tinyvllm_full_workload_async"]["tok_per_s"] / result["tinyvllm_full_workload"]["tok_per_s"]
+            )
+        if runs["full_async"] and runs["full_async_mode_ab"]:
+            result["mode_ab"] = {"cudagraph_mode": args.cudagraph_mode_ab, "engine": mode_ab_engine}
+            result["mode_ab_speedup"] = (
+                result["tinyvllm_full_workload_async_mode_ab"]["tok_per_s"] / result["tinyvllm_full_workload_async"]["tok_per_s"]
             )
         if runs["subset"] and runs["hf"]:
             ratio = result["tinyvllm_on_hf_subset"]["tok_per_s"] / result["transformers_on_hf_subset"]["tok_per_s"]
@@ -245,15 +262,18 @@ def main(argv: list[str] | None = None) -> int:
         runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))  # the headline, first
         record(complete=False)
         say(f"tinyvllm, full workload: {runs['full'][-1]['seconds']:.2f} s")
-        hf = load_transformers(folder, device, dtype)
-        warm = sub_prompts[:2]
-        run_transformers(hf, warm, [4] * len(warm), temperature, args.hf_batch_size, device)  # warm-up
-        say(f"transformers loaded and warm; its subset: {hf_n} requests, up to {max(sub_tokens)} new tokens")
+        hf = None if args.no_transformers else load_transformers(folder, device, dtype)
+        if hf is not None:
+            warm = sub_prompts[:2]
+            run_transformers(hf, warm, [4] * len(warm), temperature, args.hf_batch_size, device)  # warm-up
+            say(f"transformers loaded and warm; its subset: {hf_n} requests, up to {max(sub_tokens)} new tokens")
         for r in range(args.repeats):
             if r:
                 torch.manual_seed(r)
                 runs["full"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
                 say(f"round {r}: tinyvllm, full workload: {runs['full'][-1]['seconds']:.2f} s")
+            if hf is None:
+                continue
             torch.manual_seed(r)
             runs["subset"].append(run_tinyvllm(llm, sub_prompts, sub_tokens, temperature))
             say(f"round {r}: tinyvllm, subset: {runs['subset'][-1]['seconds']:.2f} s")
@@ -276,6 +296,21 @@ def main(argv: list[str] | None = None) -> int:
             runs["full_async"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
             record(complete=False)
             say(f"tinyvllm, full workload, async scheduling: {runs['full_async'][-1]['seconds']:.2f} s")
+        if args.cudagraph_mode_ab is not None:  # the async engine once more, another cudagraph_mode (module header)
+            llm.shutdown()
+            del llm
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend,
+                      async_scheduling=True, compilation_config={"cudagraph_mode": args.cudagraph_mode_ab}, **kwargs)  # fmt: skip
+            mode_ab_engine.update(engine_config(llm, args.attention_backend))
+            llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+            say(f"tinyvllm with async scheduling and cudagraph_mode {args.cudagraph_mode_ab} started")
+            torch.manual_seed(0)
+            runs["full_async_mode_ab"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
+            record(complete=False)
+            say(f"tinyvllm, full workload, async, {args.cudagraph_mode_ab}: {runs['full_async_mode_ab'][-1]['seconds']:.2f} s")
         del llm
     result = record(complete=True)
     print(json.dumps(result, indent=2))

@@ -60,6 +60,22 @@ def test_throughput_bench_dry_run(tmp_path):
     assert result["speedup_vs_transformers_same_subset"] > 0 and result["complete"] is True
 
 
+@pytest.mark.slow
+def test_throughput_bench_mode_ab_without_transformers(tmp_path):
+    """``--cudagraph-mode-ab FULL --no-transformers``: the full workload sync, async, and async
+    once more under the other mode (resolved as the backend allows: the CPU's torch backend
+    has no full graphs, so PIECEWISE), every token produced; no baseline, no subset."""
+    result = run_bench("throughput.py", tmp_path / "throughput.json", "--repeats", "1", "--async-ab",
+                       "--cudagraph-mode-ab", "FULL", "--no-transformers")  # fmt: skip
+    full, ab = result["tinyvllm_full_workload"], result["tinyvllm_full_workload_async_mode_ab"]
+    assert ab["output_tokens"] == result["tinyvllm_full_workload_async"]["output_tokens"] == full["output_tokens"]
+    assert result["mode_ab"]["cudagraph_mode"] == "FULL" and result["mode_ab"]["engine"]["cudagraph_mode"] == "PIECEWISE"
+    assert result["mode_ab_speedup"] > 0 and result["complete"] is True
+    assert not {"tinyvllm_on_hf_subset", "transformers_on_hf_subset", "speedup_vs_transformers_same_subset"} & set(result)
+    with pytest.raises(AssertionError):  # the mode A/B compares with the async run: refused without it
+        run_bench("throughput.py", tmp_path / "refused.json", "--cudagraph-mode-ab", "FULL")
+
+
 def cut_short(main, argv: list[str]) -> None:
     """Run a bench script's ``main`` in this process until the patched-in KeyboardInterrupt
     (its time budget) stops it; the dry run's one torch thread is undone for later tests."""
