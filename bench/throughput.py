@@ -282,35 +282,31 @@ def main(argv: list[str] | None = None) -> int:
             record(complete=False)
             say(f"round {r}: transformers, subset: {runs['hf'][-1]['seconds']:.2f} s")
         del hf
-        if args.async_ab:  # the same engine, scheduling asynchronously: one more full run (module header)
-            llm.shutdown()
-            del llm
+        def rebuilt(old, what: str, **more):
+            """``old`` shut down and freed, then the engine once more with ``more``, warmed up."""
+            old.shutdown()
+            del old
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()
-            llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend,
-                      async_scheduling=True, **kwargs)  # fmt: skip
-            llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-            say("tinyvllm with async scheduling started")
+            new = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend,
+                      async_scheduling=True, **more, **kwargs)  # fmt: skip
+            new.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+            say(f"tinyvllm with {what} started")
+            return new
+
+        ab_runs = [("full_async", "async scheduling", {})] if args.async_ab else []  # (module header)
+        if args.cudagraph_mode_ab is not None:
+            ab_runs.append(("full_async_mode_ab", f"async scheduling, cudagraph_mode {args.cudagraph_mode_ab}",
+                            {"compilation_config": {"cudagraph_mode": args.cudagraph_mode_ab}}))  # fmt: skip
+        for key, what, more in ab_runs:  # each the full workload once, the same draws
+            llm = rebuilt(llm, what, **more)
+            if key == "full_async_mode_ab":
+                mode_ab_engine.update(engine_config(llm, args.attention_backend))
             torch.manual_seed(0)
-            runs["full_async"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
+            runs[key].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
             record(complete=False)
-            say(f"tinyvllm, full workload, async scheduling: {runs['full_async'][-1]['seconds']:.2f} s")
-        if args.cudagraph_mode_ab is not None:  # the async engine once more, another cudagraph_mode (module header)
-            llm.shutdown()
-            del llm
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-            llm = LLM(str(folder), device=device, enable_prefix_caching=False, attention_backend=args.attention_backend,
-                      async_scheduling=True, compilation_config={"cudagraph_mode": args.cudagraph_mode_ab}, **kwargs)  # fmt: skip
-            mode_ab_engine.update(engine_config(llm, args.attention_backend))
-            llm.generate(["Benchmark: "], tinyvllm.SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-            say(f"tinyvllm with async scheduling and cudagraph_mode {args.cudagraph_mode_ab} started")
-            torch.manual_seed(0)
-            runs["full_async_mode_ab"].append(run_tinyvllm(llm, prompts, max_tokens, temperature))
-            record(complete=False)
-            say(f"tinyvllm, full workload, async, {args.cudagraph_mode_ab}: {runs['full_async_mode_ab'][-1]['seconds']:.2f} s")
+            say(f"tinyvllm, full workload, {what}: {runs[key][-1]['seconds']:.2f} s")
         del llm
     result = record(complete=True)
     print(json.dumps(result, indent=2))
