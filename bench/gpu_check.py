@@ -134,11 +134,14 @@ class Step:
 # The dependent-launch A/B (one more async FULL_AND_PIECEWISE run, profiled: about 9 s, as the
 # async A/B) takes the RMSNorm A/B's place (about 4 s; measured in two runs, 1.78-2.05x) and 6 s
 # of the tests'. The plain flash-attention baseline of the prefill sweep (bench/plain_flash.py: two
-# configs a shape at 4,096 tokens, about 8 s with their compiles) takes 8 s more of the tests'.
+# configs a shape at 4,096 tokens, about 8 s with their compiles) takes 8 s more of the tests'. The
+# FULL-mode A/B of the throughput step (the async engine once more with cudagraph_mode FULL: one
+# start-up with its captures and the full workload, about 18 s at the H200's figures) takes 18 s
+# more: the tests left run in a second call (--tests-left-in).
 STEPS = (
     Step("environment", 10, "device, memory, nvidia-smi's device line, versions"),
-    Step("gpu_tests", 122, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
-    Step("throughput", 178, "nano-vllm's workload against transformers generate and nano-vllm's figure, sync and async"),
+    Step("gpu_tests", 104, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
+    Step("throughput", 196, "nano-vllm's workload against transformers generate and nano-vllm's figure, sync, async, async FULL"),
     Step("cudagraph_latency", 64, "decode step latency per cudagraph_mode against NONE at batch 1 and 32; mixed, async and dependent-launch A/Bs"),
     Step("prefix_caching", 42, "prefix caching on against off: input throughput and TTFT at ~49% hits"),
     Step("attention_prefill", 64, "Triton prefill attention tile/launch configs against SDPA, 512-4096 tokens"),
@@ -179,7 +182,7 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         return cmd + (["--collect-only"] if dry_run else [])
     if step.name == "throughput":
         seqs = ["--num-seqs", "128" if quick else "256"]
-        cmd = [python, "bench/throughput.py", "--repeats", "1", "--async-ab", *seqs, *model, *out]
+        cmd = [python, "bench/throughput.py", "--repeats", "1", "--async-ab", "--cudagraph-mode-ab", "FULL", *seqs, *model, *out]
         return cmd + (["--dry-run"] if dry_run else [])
     if step.name == "cudagraph_latency":
         batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput",
@@ -284,6 +287,11 @@ def throughput_figures(record: dict) -> dict:
     if full_async is not None:  # the A/B of async scheduling, same workload, same run
         result["tinyvllm_async_tok_per_s"] = round(full_async["tok_per_s"], 1)
         result["async_speedup"] = round(record["async_speedup_full_workload"], 3)
+    mode_ab = record.get("tinyvllm_full_workload_async_mode_ab")
+    if mode_ab is not None:  # the async engine under another cudagraph_mode, same workload, same run
+        result["mode_ab_cudagraph_mode"] = record["mode_ab"]["engine"]["cudagraph_mode"]  # as resolved
+        result["tinyvllm_async_mode_ab_tok_per_s"] = round(mode_ab["tok_per_s"], 1)
+        result["mode_ab_speedup"] = round(record["mode_ab_speedup"], 3)
     hf = record.get("transformers_on_hf_subset")
     if hf is not None and "speedup_vs_transformers_same_subset" in record:
         result |= {

@@ -70,6 +70,10 @@ def test_each_goal_is_met_at_its_edge_and_not_just_past_it(h200):
     rows = by_goal(met)
     assert [r.status for r in rows.values()] == [MET] * 5
     assert rows[gpu_goals.THROUGHPUT].measured == "15,000 tok/s async, 13,312 sync (throughput step)"
+    with_mode_ab = copy.deepcopy(met)  # the FULL-mode A/B is said beside the figure, the status stays the default's
+    step(with_mode_ab, "throughput")["figures"] |= {"mode_ab_cudagraph_mode": "FULL", "mode_ab_speedup": 1.07}
+    row = by_goal(with_mode_ab)[gpu_goals.THROUGHPUT]
+    assert row.status == MET and row.measured == "15,000 tok/s async, 13,312 sync (throughput step); async under FULL x1.07"
     assert rows[gpu_goals.BUSY].measured == "sync 64%, async 90% (FULL_AND_PIECEWISE)"  # async meets it, sync not
     assert rows[gpu_goals.STEP].measured == "sync 2.11 ms, async 2.00 ms (FULL_AND_PIECEWISE)"
     assert rows[gpu_goals.MIXED].measured == "B=1: x1.20 FULL; B=32: x1.50 PIECEWISE"  # the better mode per batch
