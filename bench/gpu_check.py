@@ -63,6 +63,7 @@ run it, its timings mean nothing, and its steps get ``DRY_RUN_BUDGET_SCALE`` tim
 ``--tests-left-in SUMMARY`` runs the environment step and then only the ``gpu`` tests that an
 earlier run's summary names as not run for time (``not_run_for_time``, as pytest node ids:
 ``tests_left_in``), with the rest of the eight minutes: the second call of a GPU session.
+``--budget SECONDS`` (default 480) sets the whole run's time, to fit what a session has left.
 
 Run: ``bash bench/gpu.sh --out DIR`` (``gpu.sh`` calls this script); exit status 0 when every
 step passed. Last it prints the open issue's goals against this run (``bench/gpu_goals.py``).
@@ -649,10 +650,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="the CPU, the tiny model, tiny workloads: checks the check")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl",
                         help="wheels to unpack onto every step's path (default .whl/; none there: nothing)")  # fmt: skip
+    parser.add_argument("--budget", type=int, default=TOTAL_BUDGET_S, metavar="SECONDS",
+                        help=f"seconds the whole run may take (default {TOTAL_BUDGET_S}): a later call fits what is left")
     parser.add_argument("--tests-left-in", type=Path, default=None, metavar="SUMMARY",
                         help="only the gpu tests that SUMMARY (an earlier run's gpu_summary.json) left for time")  # fmt: skip
     parser.add_argument("--environment-json", type=Path, default=None, help=argparse.SUPPRESS)  # the environment step
     args = parser.parse_args(argv)
+    if args.budget < STEPS[0].budget_s + MIN_STEP_S:
+        parser.error(f"--budget {args.budget}: at least {STEPS[0].budget_s + MIN_STEP_S} s (the environment and one step)")
     if args.environment_json is not None:
         args.environment_json.write_text(json.dumps(environment(), indent=2))
         return 0
@@ -666,11 +671,11 @@ def main(argv: list[str] | None = None) -> int:
         if not left:
             print(f"bench/gpu.sh: {args.tests_left_in} names no gpu test left for time; nothing to run")
             return 0
-        steps = (STEPS[0], Step("gpu_tests", TOTAL_BUDGET_S - STEPS[0].budget_s, f"pytest -m gpu: the {len(left)} tests "
+        steps = (STEPS[0], Step("gpu_tests", args.budget - STEPS[0].budget_s, f"pytest -m gpu: the {len(left)} tests "
                                 f"{args.tests_left_in.name} left for time"))  # fmt: skip
         command = lambda step, *rest: step_command(step, *rest) + (left if step.name == "gpu_tests" else [])  # noqa: E731
-    summary = run_check(args.out.resolve(), args.dry_run, args.quick, steps=steps, command=command, budget_scale=scale,
-                        wheel_dir=args.wheels.resolve())  # fmt: skip
+    summary = run_check(args.out.resolve(), args.dry_run, args.quick, steps=steps, total_s=args.budget, command=command,
+                        budget_scale=scale, wheel_dir=args.wheels.resolve())  # fmt: skip
     for step in summary["steps"]:
         print(f"{step['name']:18s} {step['status']:8s} {step.get('seconds', 0):6.1f} s of {step['budget_s']} s")
     print(f"wrote {args.out / SUMMARY} and {args.out / LOG} ({summary['wall_s']:.0f} s)")

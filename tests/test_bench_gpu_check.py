@@ -300,11 +300,15 @@ def test_the_second_call_runs_only_the_gpu_tests_an_earlier_run_left_for_time(tm
         "tests/test_dependent_launch.py::test_gpu_each_kernel_gives_the_same_bits_launched_dependent",
         "tests/test_cudagraph_gpu.py::test_gpu_cudagraph_float32_tokens_and_logits_equal_eager[FULL-qwen3]"]  # fmt: skip
     out = tmp_path / "out"
-    assert gpu_check.main(["--dry-run", "--tests-left-in", str(earlier), "--out", str(out), "--wheels", str(tmp_path / "none")]) == 0
+    argv = ["--dry-run", "--tests-left-in", str(earlier), "--out", str(out), "--wheels", str(tmp_path / "none"), "--budget", "200"]
+    assert gpu_check.main(argv) == 0
     summary = json.loads((out / gpu_check.SUMMARY).read_text())
-    assert [s["name"] for s in summary["steps"]] == ["environment", "gpu_tests"]
+    assert [s["name"] for s in summary["steps"]] == ["environment", "gpu_tests"] and summary["total_budget_s"] == 200
     tests = summary["steps"][1]
-    assert tests["budget_s"] == gpu_check.TOTAL_BUDGET_S - 10 and tests["figures"]["collected"] == 2
+    assert tests["budget_s"] == 200 - 10 and tests["figures"]["collected"] == 2  # what the session has left, less the environment's
+    with pytest.raises(SystemExit):  # too little for the environment and one step: refused before anything runs
+        gpu_check.main(["--dry-run", "--budget", "15", "--out", str(tmp_path / "o3")])
+    assert not (tmp_path / "o3").exists()
     nothing = tmp_path / "nothing.json"
     nothing.write_text(json.dumps({"steps": [{"name": "gpu_tests", "figures": {"not_run_for_time": []}}]}))
     assert gpu_check.main(["--dry-run", "--tests-left-in", str(nothing), "--out", str(tmp_path / "o2")]) == 0
