@@ -544,11 +544,11 @@ def pdl_ab(folder: Path, cfg: dict, device: str, async_run: dict) -> dict:
         run = measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=True, async_scheduling=True)
     finally:
         del os.environ[PDL_ENV]
+    async_ms = async_run["step_ms_async"]
     return dict(
         pdl_on=pdl_supported(torch.device(device)),
         step_ms_async_pdl={str(r["batch"]): r["median_step_s"] * 1e3 for r in run["latency"]},
-        speedup_of_pdl={b: ms / (r["median_step_s"] * 1e3)
-                        for r in run["latency"] for b, ms in async_run["step_ms_async"].items() if b == str(r["batch"])},
+        speedup_of_pdl={str(r["batch"]): async_ms[str(r["batch"])] / (r["median_step_s"] * 1e3) for r in run["latency"]},
         device_busy_share_async_pdl={str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in run["latency"]},
         device_idle_gaps_async_pdl={str(r["batch"]): (r["profile"] or {}).get("device_idle_gaps") for r in run["latency"]},
         stats_ok=run["stats_ok"],

@@ -81,12 +81,14 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 # --8<-- [start:launch_options]
+def launch_keywords(on: bool) -> dict[str, bool]:
+    """The ``USE_PDL`` constexpr, and Triton's ``launch_pdl`` option when it is on."""
+    return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
+
+
 def launch_options(device: torch.device) -> dict[str, bool]:
-    """The keywords a launcher passes its kernel: the ``USE_PDL`` constexpr, and Triton's
-    ``launch_pdl`` option when it is on."""
-    if pdl_from_env() and pdl_supported(device):
-        return {"USE_PDL": True, "launch_pdl": True}
-    return {"USE_PDL": False}
+    """The keywords a launcher passes its kernel on ``device`` (``launch_keywords``)."""
+    return launch_keywords(pdl_from_env() and pdl_supported(device))
 
 
 @triton.jit

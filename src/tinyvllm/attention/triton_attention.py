@@ -78,7 +78,7 @@ from tinyvllm.attention.triton_kernels import (  # noqa: F401  (the kernels' pie
     _num_full_kv_tiles,
     _paged_attention_kernel,
 )
-from tinyvllm.dependent_launch import launch_options
+from tinyvllm.dependent_launch import launch_keywords, launch_options
 from tinyvllm.platform import triton_can_run_on
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
@@ -247,7 +247,7 @@ class LaunchPlan:
     @property
     def pdl(self) -> dict[str, bool]:
         """The merge kernel's dependent-launch keywords: the attention kernel's choice (``dependent_launch.py``)."""
-        return {"USE_PDL": True, "launch_pdl": True} if self.constexprs["USE_PDL"] else {"USE_PDL": False}
+        return launch_keywords(self.constexprs["USE_PDL"])
 
 
 def plan_step(
