@@ -6,11 +6,13 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from paged_cases import make_case, step_rows
 
-from tinyvllm.attention import reference, triton_attention
+from tinyvllm.attention import reference, triton_attention, triton_kernels
 from tinyvllm.attention.metadata import AttentionLayout
 from tinyvllm.attention.triton_attention import (
     CUDAGRAPH_SUPPORT,
@@ -131,6 +133,32 @@ def test_full_tiles_read_their_block_ids_in_groups(query_lens, seq_lens, block_s
     each tile gathering its own from registers; groups that end mid-walk, segments that start
     inside a block and tiles of several blocks all read the right keys (unused slots hold NaN)."""
     check_against_reference(query_lens, seq_lens, 4, 2, 16, block_size, kv_tile=kv_tile, num_segments=num_segments)
+
+
+@triton.jit
+def _id_slots_probe(out_ptr, FIRST_TILE: tl.constexpr, NUM_TILES: tl.constexpr, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    first_block = FIRST_TILE * TILE_N // BLOCK_SIZE
+    for i in range(0, NUM_TILES):
+        slots = triton_kernels._id_slots(FIRST_TILE + i, first_block, TILE_N, BLOCK_SIZE)  # [T]
+        tl.store(out_ptr + i * TILE_N + tl.arange(0, TILE_N), slots)
+
+
+@pytest.mark.parametrize("first_tile, kv_tile, block_size", [(0, 64, 16), (3, 32, 16), (1, 16, 32), (5, 16, 16)])
+def test_a_tile_past_its_group_still_gathers_inside_the_groups_ids(first_tile, kv_tile, block_size):
+    """triton_kernels.py NOTE 5: the pipeliner computes up to num_stages - 1 tiles past a group's
+    loop; the index each of their keys gathers its block id at stays inside the group's ids, and
+    the group's own tiles read exactly their keys' blocks."""
+    extra = 4  # more than any num_stages the launcher picks, minus one
+    group = triton_kernels.ID_GROUP.value
+    num_slots = group * -(-kv_tile // block_size)
+    out = torch.full(((group + extra) * kv_tile,), -1, dtype=torch.int32, device=DEVICE)
+    _id_slots_probe[(1,)](out, FIRST_TILE=first_tile, NUM_TILES=group + extra, TILE_N=kv_tile, BLOCK_SIZE=block_size)
+    slots = out.view(group + extra, kv_tile).cpu()
+    assert 0 <= slots.min() and slots.max() < num_slots, f"slots {slots.min()}..{slots.max()}, the group has {num_slots}"
+    first_block = first_tile * kv_tile // block_size
+    for i in range(group):
+        keys = (first_tile + i) * kv_tile + torch.arange(kv_tile)
+        assert torch.equal(slots[i], (keys // block_size - first_block).to(torch.int32)), f"tile {first_tile + i}"
 
 
 def test_split_kv_with_prefill_rows_and_padding():
@@ -470,14 +498,16 @@ def test_gpu_prebound_launch_equals_the_jit_launch(dtype, monkeypatch):
         monkeypatch.delenv(triton_attention.LAUNCH_ENV)
         jit_plan = triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout)
         assert plan.launchers == {} and jit_plan.launchers is None
+        assert plan.step_kv == jit_plan.step_kv == (len(query_lens) > 2)  # the mixed step reads its own rows
         for layer in range(3):
             kc_l, vc_l = kc * (layer + 1), vc - layer
-            prebound = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=plan)
-            jit = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=jit_plan)
+            rows = dict(zip(("key", "value"), step_rows(kc_l, vc_l, qsl, sl, bt, q.shape[0]))) if plan.step_kv else {}
+            prebound = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=plan, **rows)
+            jit = triton_attention.paged_attention(q, kc_l, vc_l, qsl, sl, bt, 0.1, plan=jit_plan, **rows)
             assert torch.equal(prebound, jit)
         assert len(plan.launchers) == 1
         wide = torch.zeros(q.shape[0], 8, 256, dtype=dtype, device="cuda")[:, :, :128]  # other strides
         wide.copy_(q)
-        assert torch.equal(triton_attention.paged_attention(wide, kc, vc, qsl, sl, bt, 0.1, plan=plan),
-                           triton_attention.paged_attention(wide, kc, vc, qsl, sl, bt, 0.1, plan=jit_plan))  # fmt: skip
+        assert torch.equal(triton_attention.paged_attention(wide, kc_l, vc_l, qsl, sl, bt, 0.1, plan=plan, **rows),
+                           triton_attention.paged_attention(wide, kc_l, vc_l, qsl, sl, bt, 0.1, plan=jit_plan, **rows))  # fmt: skip
         assert len(plan.launchers) == 2

@@ -50,6 +50,10 @@ mbarriers rather than ``cp.async`` groups (Triton's fused-attention tutorial loa
 this way on Hopper). Before sm_90 Triton lowers it to ordinary loads. Only full tiles: a box
 reads whole rows, so the diagonal tiles, whose rows past the request may be another
 request's or padding (NaN, say, which ``0 * NaN`` would spread), keep their masked loads.
+NOTE 5 (work the pipeliner does past a loop's end): for ``num_stages`` s, Triton computes the
+addresses of tiles ``j + 1 .. j + s - 1`` ahead and masks only the copies, so anything that
+indexes on-chip memory must stay in bounds for tiles past the loop: a gather index outside the
+group's ids read shared memory out of range (an illegal address on an H200, float16 tiles).
 """
 
 from __future__ import annotations
@@ -169,6 +173,16 @@ def _attend_kv_tile(
     return m_new, l, acc
 
 
+@triton.jit
+def _id_slots(j, first_block, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """[T] where KV tile ``j``'s keys find their block ids among a group's ``ID_GROUP *
+    cdiv(TILE_N, BLOCK_SIZE)`` (NOTE 3), the group's first block at ``first_block``. Clamped to
+    the last: the pipeliner computes tile ``j + 1 ..`` ahead of its loop's end and only masks
+    the copies, so a tile past the group must still gather inside it (NOTE 5)."""
+    num_slots: tl.constexpr = ID_GROUP * ((TILE_N + BLOCK_SIZE - 1) // BLOCK_SIZE)
+    return tl.minimum((j * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE - first_block, num_slots - 1)
+
+
 # --8<-- [start:full_diagonal]
 @triton.jit
 def _attend_cached_keys(
@@ -189,7 +203,7 @@ def _attend_cached_keys(
         index = first_block + tl.arange(0, ID_GROUP * ((TILE_N + BLOCK_SIZE - 1) // BLOCK_SIZE))  # [I] table columns
         ids = tl.load(block_table_row_ptr + index, mask=index < num_blocks, other=0)  # [I]: the group's block ids
         for j in range(group, tl.minimum(group + ID_GROUP, hi)):
-            block_id = tl.gather(ids, (j * TILE_N + keys) // BLOCK_SIZE - first_block, 0)  # [T]: no load
+            block_id = tl.gather(ids, _id_slots(j, first_block, TILE_N, BLOCK_SIZE), 0)  # [T]: no load
             k, v, k_pos, k_valid = _cached_kv_tile(
                 j, kv_len, block_id, key_head_ptr, value_head_ptr, stride_k_b, stride_k_s, stride_v_b, stride_v_s,
                 BLOCK_SIZE, TILE_N, HEAD_SIZE, False,
