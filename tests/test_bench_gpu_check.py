@@ -160,8 +160,7 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert len(top) == 25 and top[0]["tottime_us_per_step"] >= top[-1]["tottime_us_per_step"] > 0  # the most first
     assert all(f["calls_per_step"] > 0 and f["cumtime_us_per_step"] >= f["tottime_us_per_step"] for f in top)
     assert figures["throughput"]["async_speedup"] > 0 and figures["throughput"]["tinyvllm_async_tok_per_s"] > 0
-    # the async engine once more with cudagraph_mode FULL (the tiny model on the CPU: the torch backend, so PIECEWISE)
-    assert figures["throughput"]["mode_ab_cudagraph_mode"] == "PIECEWISE" and figures["throughput"]["mode_ab_speedup"] > 0
+    assert "mode_ab_speedup" not in figures["throughput"]  # the FULL-mode A/B answered (2026-11-30): run by hand now
     assert figures["cudagraph_latency"]["stats_check"] is True
     assert set(figures["cudagraph_latency"]["mixed_ab"]) == {"1"}  # B + the prompt fit the dry run's graphs at 1
     assert set(figures["prefix_caching"]["ratios"]) == {"hit_49"}  # the one case the budget keeps

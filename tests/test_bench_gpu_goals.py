@@ -139,12 +139,29 @@ def test_a_dry_run_or_a_run_without_cuda_measures_nothing(h200):
 def test_a_failed_step_is_named_with_its_reason(h200):
     failed = copy.deepcopy(h200)
     latency = step(failed, "cudagraph_latency")
-    latency.update(status="failed", reason="timed out after 66 s")
+    latency.update(status="failed", reason="timed out after 66 s", figures={})  # failed before its record held a figure
     rows = by_goal(failed)
     for goal in (gpu_goals.BUSY, gpu_goals.STEP, gpu_goals.MIXED):
         assert rows[goal].status == NOT_MEASURED
         assert rows[goal].measured == "the cudagraph_latency step failed (timed out after 66 s)"
     assert rows[gpu_goals.THROUGHPUT].status == NOT_MEASURED  # still read from its own step
+
+
+def test_a_step_that_failed_after_measuring_keeps_its_figures_and_says_it_failed():
+    """NOTE 2: the H200 run of 2026-11-30 (the second) timed its throughput step out in the
+    FULL-mode A/B, after the sync and async runs had written their figures; a step whose record
+    is malformed, or empty, still gives none."""
+    run = json.loads((ROOT / "bench" / "results" / "gpu-h200-2026-11-30-run2" / "gpu_summary.json").read_text())
+    row = by_goal(run)[gpu_goals.THROUGHPUT]
+    assert row.status == MET
+    assert row.measured == ("20,700 tok/s async, 12,723 sync (throughput step) (from the throughput step's record; "
+                            "the step then failed: timed out after 196 s)")  # fmt: skip
+    assert by_goal(run)[gpu_goals.PREFILL].measured == "the attention_prefill step failed (exit status 1)"
+    assert "then failed" not in by_goal(run)[gpu_goals.STEP].measured  # its step passed
+    for figures in ({}, {"error": "KeyError: 'engine'"}):
+        step(run, "throughput")["figures"] = figures
+        row = by_goal(run)[gpu_goals.THROUGHPUT]
+        assert (row.status, row.measured) == (NOT_MEASURED, "the throughput step failed (timed out after 196 s)")
 
 
 def test_the_command_prints_the_table_and_refuses_what_is_not_a_summary(tmp_path, capsys):
