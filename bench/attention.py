@@ -284,14 +284,18 @@ def config_key(c: dict) -> str:
     return f"m{c['block_m']}-n{c['kv_tile']}-w{c['num_warps']}-s{c['num_stages']}" + ("-desc" if c["kv_desc"] else "")
 
 
-def default_prefill_config(num_heads: int, num_kv_heads: int) -> dict:
-    """What the launcher chooses for a prefill batch of this shape (``choose_*``)."""
+def default_prefill_config(num_heads: int, num_kv_heads: int, head_size: int = 128, dtype: str = "bfloat16",
+                           device: str = "cpu") -> dict:  # fmt: skip
+    """What the launcher chooses for a prefill batch of this shape on ``device`` (``choose_*``)."""
+    import torch
+
     from tinyvllm.attention import triton_attention as ta
+    from tinyvllm.attention.metadata import AttentionLayout
 
     _, block_m = ta.choose_query_tile(num_heads // num_kv_heads, decode_only=False)
     num_warps, num_stages = ta.choose_launch_options(decode_only=False)
     return dict(block_m=block_m, kv_tile=ta.choose_kv_tile(decode_only=False), num_warps=num_warps, num_stages=num_stages,
-                kv_desc=ta.KV_DESC)  # fmt: skip
+                kv_desc=ta.choose_kv_desc(AttentionLayout(num_heads, num_kv_heads, head_size, 16, getattr(torch, dtype), torch.device(device))))  # fmt: skip
 
 
 def warps_for_rows(block_m: int, default_warps: int) -> int:
@@ -379,7 +383,7 @@ def prefill_sweep(sweep: dict, device: str, mode: str = "staged", time_limit_s: 
     for name, num_heads, num_kv_heads in sweep["shapes"]:
         cfg = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=sweep["head_size"],
                    block_size=sweep["block_size"], dtype=sweep["dtype"])  # fmt: skip
-        default = default_prefill_config(num_heads, num_kv_heads)
+        default = default_prefill_config(num_heads, num_kv_heads, sweep["head_size"], sweep["dtype"], device)
         cases = []
         for length in sweep["lengths"]:
             paged, (k, v) = make_batch([length], [length], cfg, device)

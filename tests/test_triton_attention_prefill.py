@@ -162,7 +162,25 @@ def test_kv_desc_is_refused_where_it_cannot_load_the_rows():
     with pytest.raises(ValueError, match=r"key strides \(64, 32, 1\).*head stride 16"):
         triton_attention.paged_attention(q, kc, vc, qsl, sl, bt, 0.25, out=out, key=heads_apart, value=value, plan=plan)
     assert (out == 0).all()  # refused before the launch
-    assert triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout).kv_desc is triton_attention.KV_DESC is False
+    assert triton_attention.plan_step(qsl, sl, bt, q.shape[0], layout).kv_desc is False  # the CPU: choose_kv_desc
+
+
+def test_descriptors_are_the_default_on_sm_90_for_heads_of_whole_16_byte_units(monkeypatch):
+    """``choose_kv_desc``: on by default where a descriptor load is a TMA copy (a CUDA device of
+    compute capability 9.0 or later), for heads whose values fill whole 16-byte units; off on an
+    sm_80 device, on the CPU, and for a head of 12 bfloat16 values (24 bytes; 12 float32 fill 48)."""
+    from tinyvllm import dependent_launch
+    from tinyvllm.attention.metadata import AttentionLayout
+
+    monkeypatch.setattr(dependent_launch, "_capability", lambda index: {0: (9, 0), 1: (8, 0), 2: (10, 0)}[index])
+    layout = lambda head, dtype, device: AttentionLayout(16, 8, head, 16, dtype, torch.device(device))  # noqa: E731
+    chosen = {(head, dtype, device): triton_attention.choose_kv_desc(layout(head, dtype, device))
+              for head in (128, 64, 12, 8) for dtype in (torch.bfloat16, torch.float32) for device in ("cuda:0", "cuda:1", "cuda:2", "cpu")}  # fmt: skip
+    on = {key for key, value in chosen.items() if value}
+    assert on == {(head, dtype, device) for head in (128, 64, 12, 8) for dtype in (torch.bfloat16, torch.float32)
+                  for device in ("cuda:0", "cuda:2")} - {(12, torch.bfloat16, "cuda:0"), (12, torch.bfloat16, "cuda:2")}  # fmt: skip
+    monkeypatch.setattr(triton_attention, "KV_DESC", False)  # the switch in the source turns it off everywhere
+    assert not any(triton_attention.choose_kv_desc(layout(128, torch.bfloat16, d)) for d in ("cuda:0", "cuda:2"))
 
 
 def test_the_environment_turns_descriptors_on_for_every_prefill_plan(monkeypatch):
@@ -221,3 +239,32 @@ def test_gpu_prefill_configs(block_m, kv_tile, num_warps, num_stages, kv_desc):
     check_against_reference(
         [1024, 300, 1, 77], [1024, 2300, 700, 77 + 128], 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", rows=True, **launch
     )  # fmt: skip
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "FULL"])
+def test_gpu_the_default_descriptors_give_an_engine_the_pointer_loads_tokens(tiny_model_dirs, monkeypatch, mode):
+    """``choose_kv_desc`` on a real GPU: the tiny Qwen3 in bf16 under real CUDA graphs, chunked
+    prefill on (a 200-token budget cuts the 300-token prompt), with the default loads and with
+    ``TINYVLLM_TRITON_KV_DESC=0``: the same greedy tokens and logprobs, and on sm_90 or later the
+    default really made descriptors (elsewhere none)."""
+    from tinyvllm.dependent_launch import sm_90_or_later
+
+    prompts = [list(range(3, 67)), [(7 * i) % 50 + 1 for i in range(300)]]
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=1, ignore_eos=True)
+    made = []
+    monkeypatch.setattr(triton_attention, "kv_descriptors", lambda *a, f=triton_attention.kv_descriptors: made.append(1) or f(*a))
+    runs = {}
+    for env in (None, "0"):
+        if env is None:
+            monkeypatch.delenv(triton_attention.KV_DESC_ENV, raising=False)
+        else:
+            monkeypatch.setenv(triton_attention.KV_DESC_ENV, env)
+        made.clear()
+        llm = LLM(str(tiny_model_dirs["qwen3"]), device="cuda", dtype="bfloat16", max_model_len=512, attention_backend="triton",
+                  max_num_batched_tokens=200, compilation_config={"cudagraph_mode": mode})  # fmt: skip
+        runs[env] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert (len(made) > 0) == (env is None and sm_90_or_later(torch.device("cuda")))
+        del llm
+    assert_same_tokens_and_logprobs(runs[None], runs["0"], abs_tol=2e-2)

@@ -72,12 +72,18 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def pdl_supported(device: torch.device) -> bool:
-    """A CUDA device of compute capability 9.0 or later (the interpreter never launches)."""
+def sm_90_or_later(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9.0 or later (the interpreter never launches): where
+    griddepcontrol and TMA copies exist (also asked by ``triton_attention.choose_kv_desc``)."""
     if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capability(index) >= MIN_CAPABILITY
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Where a dependent launch can be asked for: ``sm_90_or_later``."""
+    return sm_90_or_later(device)
 
 
 # --8<-- [start:launch_options]

@@ -78,7 +78,7 @@ from tinyvllm.attention.triton_kernels import (  # noqa: F401  (the kernels' pie
     _num_full_kv_tiles,
     _paged_attention_kernel,
 )
-from tinyvllm.dependent_launch import launch_keywords, launch_options
+from tinyvllm.dependent_launch import launch_keywords, launch_options, sm_90_or_later
 from tinyvllm.platform import triton_can_run_on
 
 # Seed 000 "Attention 后端对 CUDA 图的兼容性": the grid, the tile sizes and the split-KV choice
@@ -107,10 +107,11 @@ PREFILL_QUERY_ROWS = 64
 # launch options vLLM's unified attention kernel uses (it passes none); not yet measured here.
 DECODE_LAUNCH = (4, 3)
 PREFILL_LAUNCH = (4, 3)
-# The step's full KV tiles through tensor descriptors (triton_kernels.py NOTE 4): off until a GPU
-# sweep (bench/attention.py) times it against the pointer loads; plan_step(kv_desc=True) asks for it,
-# and TINYVLLM_TRITON_KV_DESC=1 for every step of an engine (an A/B of a whole workload).
-KV_DESC = False
+# The step's full KV tiles through tensor descriptors (triton_kernels.py NOTE 4): on where a
+# descriptor load is one TMA copy, CUDA sm_90 and later (choose_kv_desc; the prefill sweep on an
+# H200 timed it ahead of the pointer loads at every length and shape); plan_step(kv_desc=...) and
+# TINYVLLM_TRITON_KV_DESC=0/1 (every step of an engine, an A/B of a whole workload) override it.
+KV_DESC = True
 KV_DESC_ENV = "TINYVLLM_TRITON_KV_DESC"
 NUM_WARPS_CHOICES = (1, 2, 4, 8, 16)  # Triton needs a power of two; 16 warps = 512 threads
 
@@ -142,6 +143,15 @@ def choose_step_kv(decode_only: bool, num_segments: int) -> bool:
     """Read the step's own keys from its rows (``triton_kernels.py`` NOTE 1): for every batch with
     prompt rows; a pure decode batch has one new key a request, and the split path none."""
     return not decode_only and num_segments == 1
+
+
+def choose_kv_desc(layout: AttentionLayout) -> bool:
+    """Load the step's full tiles through tensor descriptors (``triton_kernels.py`` NOTE 4):
+    ``KV_DESC`` where a descriptor load is a TMA copy (sm_90 and later; before sm_90 Triton
+    lowers it to ordinary loads, and the interpreter emulates it), for heads whose ``D`` values
+    fill whole 16-byte units, so that rows cut from a fused q/k/v projection are aligned as a
+    descriptor needs (``_check_step_rows``)."""
+    return KV_DESC and sm_90_or_later(layout.device) and layout.head_size * layout.dtype.itemsize % 16 == 0
 
 
 def choose_kv_tile(decode_only: bool) -> int:
@@ -263,7 +273,7 @@ def plan_step(
     num_warps: int | None = None,  # None: choose_launch_options (NOTE 7)
     num_stages: int | None = None,  # None: choose_launch_options (NOTE 7)
     step_kv: bool | None = None,  # the step's keys from key/value; None: choose_step_kv; False: the cache only
-    kv_desc: bool | None = None,  # the step's full tiles through tensor descriptors (triton_kernels.py NOTE 4); None: KV_DESC
+    kv_desc: bool | None = None,  # the step's full tiles through tensor descriptors (triton_kernels.py NOTE 4); None: choose_kv_desc
 ) -> LaunchPlan:
     """Check the step's metadata and layout, choose the tiles and the split, size the grid and
     allocate the partial results: all that depends on the step, not the layer (NOTE 4)."""
@@ -286,7 +296,7 @@ def plan_step(
         env = os.environ.get(KV_DESC_ENV)
         if env not in (None, "0", "1"):
             raise ValueError(f"{KV_DESC_ENV}={env!r}: must be '0' or '1'")
-        kv_desc = (KV_DESC if env is None else env == "1") and step_kv and not prebound
+        kv_desc = (choose_kv_desc(layout) if env is None else env == "1") and step_kv and not prebound
     if kv_desc and not step_kv:
         raise ValueError("kv_desc without step_kv: the descriptors load the step's own rows (triton_kernels.py NOTE 4)")
     if kv_desc and prebound:
@@ -418,7 +428,7 @@ def paged_attention(
     num_warps: int | None = None,  # None: choose_launch_options (without a plan)
     num_stages: int | None = None,  # software-pipelining depth; None: choose_launch_options (without a plan)
     step_kv: bool | None = None,  # None: choose_step_kv when key is given (without a plan)
-    kv_desc: bool | None = None,  # full tiles through tensor descriptors; None: KV_DESC (without a plan)
+    kv_desc: bool | None = None,  # full tiles through tensor descriptors; None: choose_kv_desc (without a plan)
     plan: LaunchPlan | None = None,  # the step's (NOTE 4); made here when not given
 ) -> torch.Tensor:
     """Causal paged attention with the Triton kernel; same contract as the reference. Given the
