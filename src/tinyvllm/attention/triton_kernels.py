@@ -173,6 +173,7 @@ def _attend_kv_tile(
     return m_new, l, acc
 
 
+# --8<-- [start:id_slots]
 @triton.jit
 def _id_slots(j, first_block, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     """[T] where KV tile ``j``'s keys find their block ids among a group's ``ID_GROUP *
@@ -181,6 +182,7 @@ def _id_slots(j, first_block, TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     the copies, so a tile past the group must still gather inside it (NOTE 5)."""
     num_slots: tl.constexpr = ID_GROUP * ((TILE_N + BLOCK_SIZE - 1) // BLOCK_SIZE)
     return tl.minimum((j * TILE_N + tl.arange(0, TILE_N)) // BLOCK_SIZE - first_block, num_slots - 1)
+# --8<-- [end:id_slots]
 
 
 # --8<-- [start:full_diagonal]
