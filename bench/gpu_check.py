@@ -25,7 +25,9 @@ its output) or ``skipped`` with the reason (``time``: the time left was under it
 floor). The ``gpu_tests`` step gets a deadline inside its budget (``TINYVLLM_TEST_DEADLINE``,
 ``TEST_DEADLINE_MARGIN_S`` before the budget ends; the root ``conftest.py`` reads it): tests
 not started by then are skipped as "out of time", pytest still writes its report, and the
-step is ``incomplete``, with the tests it did not run named in its figures. A failed step never stops the next one. The model is built once, by the first
+step is ``incomplete``, with the tests it did not run named in its figures. The step runs
+``bench/gpu_tests.py``: the kernels' tests in a pytest process of their own, then the rest, so
+that a kernel's fault on the device fails no engine test. A failed step never stops the next one. The model is built once, by the first
 step that needs it, into a folder every later step reuses (``--model-folder``).
 
 What it leaves in ``--out`` (default ``bench/results/``): ``gpu_summary.json`` (every step:
@@ -181,7 +183,9 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         # -v: each test's id is logged as it starts, so even a hang names its test; --durations: the
         # slowest tests, to size this step's budget from a real run; -rs: why each skip (a carried
         # package that failed to import, say), which the log would not otherwise say
-        cmd = [python, "-m", "pytest", "-m", "gpu", "-v", "-rs", "--durations=15", "-p", "no:cacheprovider",
+        # bench/gpu_tests.py: the kernels' tests in a process of their own, so that a kernel's
+        # fault on the device (it poisons the process's CUDA context) fails no engine test
+        cmd = [python, "bench/gpu_tests.py", "-m", "gpu", "-v", "-rs", "--durations=15", "-p", "no:cacheprovider",
                f"--junitxml={work / 'junit.xml'}"]  # fmt: skip
         return cmd + (["--collect-only"] if dry_run else [])
     if step.name == "throughput":
@@ -229,14 +233,15 @@ def figures(step: Step, work: Path, output: str) -> dict:
 def pytest_figures(junit: Path, output: str) -> dict:
     """Counts and the failing tests from pytest's JUnit XML; with ``--collect-only``, the count
     collected from its last line."""
-    collected = re.search(r"(\d+)(?:/\d+)? tests? collected", output)
+    found = re.findall(r"(\d+)(?:/\d+)? tests? collected", output)  # one line a pytest run (bench/gpu_tests.py)
+    collected = sum(map(int, found)) if found else None
     if not junit.is_file():
-        return {"collected": int(collected.group(1))} if collected else {}
-    suite = ET.parse(junit).getroot()
-    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
-    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+        return {"collected": collected} if found else {}
+    root = ET.parse(junit).getroot()
+    suites = list(root.iter("testsuite")) if root.tag == "testsuites" else [root]
+    counts = {key: sum(int(suite.get(key, 0)) for suite in suites) for key in ("tests", "failures", "errors", "skipped")}
     failing, not_run = [], []
-    for case in suite.iter("testcase"):
+    for case in root.iter("testcase"):
         skipped = case.find("skipped")
         if skipped is not None and "out of time" in (skipped.get("message") or ""):
             not_run.append(f"{case.get('classname')}::{case.get('name')}")
@@ -246,8 +251,8 @@ def pytest_figures(junit: Path, output: str) -> dict:
             message = (problem.get("message") or "").splitlines()[:1]
             failing.append(f"{case.get('classname')}::{case.get('name')}: {message[0] if message else ''}"[:300])
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    if collected:
-        counts["collected"] = int(collected.group(1))
+    if found:
+        counts["collected"] = collected
     return {**counts, "failing": failing, "skipped_for_time": len(not_run), "not_run_for_time": not_run}
 
 
