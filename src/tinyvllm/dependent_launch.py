@@ -39,7 +39,7 @@ Triton kernels takes no part: it starts when the kernel ahead ends, as before, a
 Triton kernel after it may start as the matmul's last programs end.
 NOTE 3 (off by default): the overlap is at most a microsecond or so a kernel, and whether
 it pays is a GPU question: ``bench/cudagraphs.py --pdl-ab`` times the decode step both ways
-in one run. Until a run says so, ``TINYVLLM_PDL=1`` turns it on.
+in one run. An H200 run found no gain (docs page), so ``TINYVLLM_PDL=1`` turns it on.
 Left out: a trigger placed later in a kernel (after its loads, say), PDL for the cuBLAS
 matmuls (cuBLAS launches its own kernels).
 """
@@ -55,7 +55,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 PDL_ENV = "TINYVLLM_PDL"
-PDL_DEFAULT = False  # NOTE 3: off until a GPU run times it
+PDL_DEFAULT = False  # NOTE 3: off: timed on an H200, no gain
 MIN_CAPABILITY = (9, 0)  # griddepcontrol is sm_90's
 
 
