@@ -20,6 +20,7 @@ from tinyvllm.attention.kv_cache_write import PAD_SLOT_ID, write_kv_cache_triton
 from tinyvllm.config import CUDAGraphMode
 from tinyvllm.dependent_launch import PDL_ENV, launch_options, pdl_from_env, pdl_supported
 from tinyvllm.models.activation import silu_and_mul_triton
+from tinyvllm.sample.ops.greedy import greedy_triton
 from tinyvllm.models.qk_norm_rotary import qk_norm_rotary_triton, qk_norm_rotary_write_kv_triton
 from tinyvllm.models.rms_norm import add_rms_norm_triton, rms_norm_triton
 from tinyvllm.models.rotary import rotary_triton, rotary_write_kv_triton
@@ -116,6 +117,9 @@ def _launches(device=DEVICE):
     def silu(g):
         return [silu_and_mul_triton(randn(g, 3, 80), 40)]
 
+    def greedy_draw(g):
+        return list(greedy_triton(randn(g, 3, 70)))
+
     def kv_write(g):
         _, k, v, _, _, caches, slots = _rotary_inputs(g, device)
         write_kv_cache_triton(k, v, caches[0], caches[1], slots)
@@ -131,7 +135,7 @@ def _launches(device=DEVICE):
     tiles = -(-4 // triton_attention.choose_query_tile(2, decode_only=False)[0]) + 2
     return [("rms_norm", 5 + 10, rms), ("add_rms_norm", 5, add_rms), ("rotary", 4, rot), ("rotary_write_kv", 4, rot_kv),
             ("qk_norm_rotary", 4, qk), ("qk_norm_rotary_write_kv", 4, qk_kv), ("silu_and_mul", 3, silu),
-            ("kv_write", 4, kv_write), ("attention", tiles * 2, lambda g: attention(g, 1)),
+            ("greedy", 3, greedy_draw), ("kv_write", 4, kv_write), ("attention", tiles * 2, lambda g: attention(g, 1)),
             ("attention_split", tiles * 2 * 4 + 4 * 4, lambda g: attention(g, 4))]  # fmt: skip
 
 

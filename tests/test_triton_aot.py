@@ -77,7 +77,7 @@ def test_triton_aot_kernel_compiles_to_cubin(compiled, case):
 
 def test_triton_aot_matrix_covers_every_kernel_and_target():
     kinds = {(c["kernel"], c["cc"]) for c in CASES}
-    kernels = ("attention", "merge", "kv_write", "rms_norm", "add_rms_norm", "rotary", "qk_norm_rotary", "silu_and_mul")
+    kernels = ("attention", "merge", "kv_write", "rms_norm", "add_rms_norm", "rotary", "qk_norm_rotary", "silu_and_mul", "greedy")
     assert kinds == {(k, cc) for k in kernels for cc in (80, 90)}
     configs = {(c["dtype"], c["consts"]["QUERIES_PER_KV"], c["consts"]["NUM_SEGMENTS"]) for c in CASES
                if c["kernel"] == "attention" and c["cc"] == 90}  # fmt: skip

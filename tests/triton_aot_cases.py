@@ -208,13 +208,25 @@ def silu_and_mul_cases() -> list[dict]:
     ]
 
 
+def greedy_cases() -> list[dict]:
+    """The greedy draw (sample/ops/greedy.py) on float32 scores, as the sampler hands them: the
+    launcher's block for Qwen3's 151,936-id vocabulary (many blocks a row) and the tiny models' 512."""
+    from tinyvllm.sample.ops.greedy import BLOCK, NO_TOKEN, NUM_WARPS
+
+    return [
+        dict(id=f"greedy-sm{cc}-float32-{vocab}", kernel="greedy", cc=cc, dtype="float32",
+             consts=dict(BLOCK=block, NO_TOKEN_ID=NO_TOKEN), options=dict(num_warps=NUM_WARPS))  # fmt: skip
+        for cc in (80, 90) for vocab, block in (("qwen3", BLOCK), ("tiny", 512))
+    ]
+
+
 # One case of each kernel, Qwen3-0.6B's shapes in bf16 at sm_90, once more launched dependent
 # (dependent_launch.py): USE_PDL on and Triton's launch_pdl option, as a sm_90 launch passes them.
 PDL_OF = ("attention-sm90-bfloat16-g2-decode-seg1-d128-s16", "attention-sm90-bfloat16-g2-decode-seg16-d128-s16",
           "attention-sm90-bfloat16-g2-prefill-seg1-d128-s16", "merge-sm90-bfloat16-d128", "kv_write-sm90-bfloat16-h8-d128-s16",
           "rms_norm-sm90-bfloat16-n1024", "add_rms_norm-sm90-bfloat16-n1024", "rotary-sm90-bfloat16-h16-kv8-d128",
           "rotary-sm90-bfloat16-h32-kv8-d128-write-kv", "qk_norm_rotary-sm90-bfloat16-h16-kv8-d128",
-          "qk_norm_rotary-sm90-bfloat16-h16-kv8-d128-write-kv", "silu_and_mul-sm90-bfloat16-i3072")  # fmt: skip
+          "qk_norm_rotary-sm90-bfloat16-h16-kv8-d128-write-kv", "silu_and_mul-sm90-bfloat16-i3072", "greedy-sm90-float32-qwen3")  # fmt: skip
 
 
 def pdl_cases(cases: list[dict]) -> list[dict]:
@@ -225,13 +237,14 @@ def pdl_cases(cases: list[dict]) -> list[dict]:
 
 def all_cases() -> list[dict]:
     cases = (attention_cases() + prefill_sweep_cases() + merge_cases() + write_cases() + rms_norm_cases() + add_rms_norm_cases()
-             + rotary_cases() + qk_norm_rotary_cases() + silu_and_mul_cases())  # fmt: skip
+             + rotary_cases() + qk_norm_rotary_cases() + silu_and_mul_cases() + greedy_cases())  # fmt: skip
     return cases + pdl_cases(cases)
 
 
 def _kernel_and_types(case: dict):
     from tinyvllm.attention import kv_cache_write, triton_attention
     from tinyvllm.models import activation, qk_norm_rotary, rms_norm, rotary
+    from tinyvllm.sample.ops import greedy
 
     t = DTYPES[case["dtype"]]
     if case["kernel"] == "attention":
@@ -255,6 +268,9 @@ def _kernel_and_types(case: dict):
     elif case["kernel"] == "add_rms_norm":
         fn = rms_norm._add_rms_norm_kernel
         types = dict(x_ptr=t, delta_ptr=t, weight_ptr=t, out_ptr=t, sum_ptr=t, eps="fp32")
+    elif case["kernel"] == "greedy":
+        fn = greedy._greedy_kernel
+        types = dict(scores_ptr=t, tokens_ptr="*i64", no_token_ptr="*i1", host_ids_ptr="*i64")
     elif case["kernel"] == "silu_and_mul":
         fn = activation._silu_and_mul_kernel
         types = dict(x_ptr=t)

@@ -28,12 +28,9 @@ Called by the model runner each step, after ``refresh()``: ``Sampler()(logits, m
 NOTE 1: the sampler reads only the frozen ``SamplingMetadata`` (``sample/metadata.py``),
 never the worker's persistent batch (``sample/`` does not import ``worker/``); whether the
 sort over V is needed is decided when the metadata is built.
-NOTE 2 (the CPU draws differently): on a GPU ``q`` comes from ``exponential_``; on the CPU
-that kernel is most of the sampler's time, so ``q = -log(U)`` with ``U`` from ``uniform_``
-(the inverse-CDF form of Exp(1)), the same distribution for a fraction of the cost. ``U`` is
-drawn from ``[tiny, 1)``: an exact 0 (probability 2**-24) would give ``p / q = 0``, a masked
-token's score. CPU and GPU streams differ for one seed: a seed makes a request reproducible
-on one device type. Figures: docs/sampler_draw.md, "Random sampling on the CPU".
+NOTE 2 (the CPU draws differently): ``q = -log(U)``, ``U ~ U[tiny, 1)``, for ``exponential_``'s
+draw at a fraction of the cost (``sample/ops/random_sample.py`` NOTE 1; docs/sampler_draw.md):
+CPU and GPU streams differ for one seed, which makes a request reproducible on one device type.
 NOTE 3 (logprobs before sampling, gathered after): the raw logprobs of the rows that ask are
 computed first, since the steps below edit the logits, and gathered for the sampled tokens
 last: ``SamplerOutput.logprobs`` row i is batch row ``logprob_rows[i]``. A batch that asks
@@ -58,6 +55,8 @@ each row's final scores are checked (``rows_without_a_token``, read with the tok
 a request gets no token; the scheduler ends it with ``finish_reason="error"``. What its
 parameters alone forbid is refused when it is added (the input processor,
 ``engine/input_processor.py``).
+NOTE 8: an all-greedy batch's argmax, verdicts and host ids come from ``sample/ops/greedy.py``
+(one kernel on CUDA), the ids in ``SamplerOutput.host_ids``, so the runner makes them once.
 """
 # --8<-- [end:header]
 
@@ -71,7 +70,9 @@ from tinyvllm.device_syncs import upload
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.bad_words import apply_bad_words
 from tinyvllm.sample.metadata import SamplingMetadata
-from tinyvllm.sample.ops.random_sample import no_token_from_max, random_sample, rows_without_a_token
+from tinyvllm.sample.ops.greedy import NO_TOKEN, greedy
+from tinyvllm.sample.ops.greedy import greedy_impl as greedy_impl_from_env
+from tinyvllm.sample.ops.random_sample import random_sample, rows_without_a_token
 from tinyvllm.sample.top_k_top_p import apply_top_k_top_p
 
 
@@ -84,11 +85,15 @@ class SamplerOutput:
     no_token: torch.Tensor  # [R] bool: the row had no token to sample (NOTE 7)
     logprobs: logprob_ops.LogprobsTensors | None = None  # [M, 1 + K]: row i is batch row logprob_rows[i]
     logprob_rows: tuple[int, ...] = ()
+    host_ids: torch.Tensor | None = None  # [R] int64, ``ids_for_host``'s values when made already (NOTE 8)
 
 
 # --8<-- [start:sampler]
 class Sampler:
     """Logits ``[R, V]`` + this step's ``SamplingMetadata`` -> ``SamplerOutput`` (see the module header)."""
+
+    def __init__(self, greedy_impl: str | None = None) -> None:
+        self.greedy_impl = greedy_impl_from_env() if greedy_impl is None else greedy_impl  # NOTE 8
 
     def __call__(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         md = sampling_metadata
@@ -97,22 +102,21 @@ class Sampler:
         rows = sorted(md.num_logprobs)  # NOTE 3: the raw logprobs first, of the rows that ask
         at = upload(rows, torch.int64, logits.device) if rows else None  # [M]: indices already up (NOTE 6)
         raw_logprobs = logprob_ops.compute_logprobs(logits[at]) if rows else None  # [M, V]
-        sampled, no_token = self.sample(logits, md)  # [R], [R]
+        sampled, no_token, host_ids = self.sample(logits, md)  # [R], [R], [R] or None
         if raw_logprobs is None:
-            return SamplerOutput(sampled, no_token)
+            return SamplerOutput(sampled, no_token, host_ids=host_ids)
         num_top = max(md.num_logprobs.values())
         tensors = logprob_ops.gather_logprobs(raw_logprobs, sampled[at], num_top)
-        return SamplerOutput(sampled, no_token, tensors, tuple(rows))
+        return SamplerOutput(sampled, no_token, tensors, tuple(rows), host_ids)
 
-    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """Steps 1-8 of the module header: one token id per row ``[R]``, and whether the row
-        had no token to sample ``[R]`` (NOTE 7)."""
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Steps 1-8 of the module header: one token id per row ``[R]``, whether the row had no
+        token to sample ``[R]`` (NOTE 7), and the host's ids ``[R]`` when made here (NOTE 8)."""
         logits = self.apply_logits_processors(logits.to(torch.float32, copy=True), md)  # [R, V]
         if md.thinking_budget is not None:
             logits = md.thinking_budget.apply_to_rows(logits, md.rows_per_request)
-        if md.all_greedy:
-            row_max, tokens = logits.max(dim=-1)  # [R], [R]: the argmax and its logit, one reduction
-            return tokens, no_token_from_max(row_max)
+        if md.all_greedy:  # the argmax, the verdict and the host's ids: one kernel on CUDA (NOTE 8)
+            return greedy(logits, self.greedy_impl)
         no_token = rows_without_a_token(logits)  # [R]: a greedy row's verdict
         greedy_tokens = None if md.all_random else logits.argmax(dim=-1)  # [R]
         temperature = md.temperature.to(logits.device)  # [R]
@@ -128,8 +132,8 @@ class Sampler:
         random_tokens = random_sample(probs, md.draw_keys())  # [R]
         no_token = torch.where(is_greedy, no_token, rows_without_a_token(probs))
         if greedy_tokens is None:
-            return random_tokens, no_token
-        return torch.where(is_greedy, greedy_tokens, random_tokens), no_token
+            return random_tokens, no_token, None
+        return torch.where(is_greedy, greedy_tokens, random_tokens), no_token, None
 
     @staticmethod
     def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -151,7 +155,6 @@ class Sampler:
 # --8<-- [end:sampler]
 
 
-NO_TOKEN = -1  # a row's id on its way to the host when it has no token (NOTE 7): no token id is negative
 
 
 def ids_for_host(tokens: torch.Tensor, no_token: torch.Tensor) -> torch.Tensor:
@@ -164,6 +167,9 @@ def split_host_ids(host: list[int]) -> tuple[list[int], list[bool]]:
     return host, [t == NO_TOKEN for t in host]
 
 
-def sampled_to_host(tokens: torch.Tensor, no_token: torch.Tensor) -> tuple[list[int], list[bool]]:
-    """Each row's token and its no-token verdict on the host, in one transfer (NOTE 6)."""
-    return split_host_ids(ids_for_host(tokens, no_token).tolist())
+def sampled_to_host(
+    tokens: torch.Tensor, no_token: torch.Tensor, host_ids: torch.Tensor | None = None
+) -> tuple[list[int], list[bool]]:
+    """Each row's token and its no-token verdict on the host, in one transfer (NOTE 6); from
+    ``host_ids`` when the sampler made them (NOTE 8)."""
+    return split_host_ids((ids_for_host(tokens, no_token) if host_ids is None else host_ids).tolist())

@@ -109,19 +109,20 @@ class HostIds:
     ``early`` on CUDA (a step read back later) the copy starts now, with an event behind it
     and everything queued before; otherwise reading them is the usual blocking read."""
 
-    def __init__(self, tokens: torch.Tensor, no_token: torch.Tensor, early: bool) -> None:  # [R] int64, [R] bool
-        self.tokens, self.no_token = tokens, no_token
+    def __init__(self, tokens: torch.Tensor, no_token: torch.Tensor, early: bool,
+                 host_ids: torch.Tensor | None = None) -> None:  # [R] int64, [R] bool; [R] int64 if made (sampler NOTE 8)  # fmt: skip
+        self.tokens, self.no_token, self.host_ids = tokens, no_token, host_ids
         self._host: torch.Tensor | None = None
         self._event = None
         if early and tokens.device.type == "cuda":
-            self._host = pinned_copy(ids_for_host(tokens, no_token))  # [R]
+            self._host = pinned_copy(ids_for_host(tokens, no_token) if host_ids is None else host_ids)  # [R]
             self._event = torch.cuda.Event()
             self._event.record()
 
     def get(self) -> tuple[list[int], list[bool]]:
         """Each row's token and verdict: the step's one wait."""
-        if self._host is None:
-            return sampled_to_host(self.tokens, self.no_token)
+        if self._host is None:  # the usual blocking read; of the sampler's ids where it made them
+            return sampled_to_host(self.tokens, self.no_token, self.host_ids)
         self._event.synchronize()
         return split_host_ids(self._host.tolist())
 

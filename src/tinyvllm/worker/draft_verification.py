@@ -80,7 +80,7 @@ def launch_verification(
         logprobs = logprob_ops.gather_logprobs(raw, sampler_output.sampled_token_ids[lp_rows], max(k for _, k in asking))
         if read_later:
             logprobs = logprobs_to_host_early(logprobs)
-    host_ids = HostIds(sampler_output.sampled_token_ids, sampler_output.no_token, early=read_later)
+    host_ids = HostIds(sampler_output.sampled_token_ids, sampler_output.no_token, read_later, sampler_output.host_ids)
     return PendingVerification(host_ids, tuple(map(tuple, drafts)), logprobs, asking)
 # --8<-- [end:launch]
 

@@ -440,7 +440,7 @@ class ModelRunner:
             sampler_output = self.sampler(logits, sampling_metadata)
             if read_later:
                 sampler_output = dataclasses.replace(sampler_output, logprobs=logprobs_to_host_early(sampler_output.logprobs))
-            step.host_ids = HostIds(sampler_output.sampled_token_ids, sampler_output.no_token, early=read_later)
+            step.host_ids = HostIds(sampler_output.sampled_token_ids, sampler_output.no_token, read_later, sampler_output.host_ids)
             step.sampler_output, step.sampling_metadata = sampler_output, sampling_metadata
         for state, n, k, d in zip(states, num_sched, step.scheduled_drafts, drafts):
             state.num_computed_tokens += n + k - len(d)  # as scheduled (NOTE 14); the rejected go when read

@@ -18,7 +18,7 @@ rows in ``draw_keys`` draw the same tokens whatever the other rows are.
 NOTE 1 (the CPU draws differently): on a GPU ``q`` comes from ``exponential_``; on the CPU
 ``q = -log(U)`` with ``U`` from ``uniform_`` over ``[tiny, 1)``, the same distribution for a
 fraction of the cost, never an exact 0 (which would score a masked token like a kept one).
-The reasons and figures: ``sample/sampler.py`` NOTE 2.
+The figures: docs/sampler_draw.md, "Random sampling on the CPU".
 """
 
 from __future__ import annotations
