@@ -27,13 +27,18 @@ so no mode is downgraded) and measured twice:
   where the host waits for the device, ``update_from_output``, the engine's rest), and
   the forward's own parts (``forward_parts_ms``: the step's index lists, the input
   buffers' fill and their one copy up, block table rows included, and the rest, the
-  model's or the graph's launch). With async scheduling (``--async-ab``) the host waits for the device
+  model's or the graph's launch), and the decode step's FULL graph replayed alone
+  (``replay_probe``: the host's time of one replay with the device idle and with replays
+  queued, beside the device's time a replay: whether the graph's launch itself costs the host
+  what the step's device time is). With async scheduling (``--async-ab``) the host waits for the device
   inside the next step, which that clock cannot split; those steps run under ``cProfile``
   instead (``host_profile``): the 25 functions with the most host time of their own, per
   step (``host_top_functions_async``), the profile to read when the device idles. With
   ``--pdl-ab`` too, the async run once more with the step's Triton kernels launched
   dependent (``TINYVLLM_PDL=1``, ``dependent_launch.py``; sm_90 or later): its step time,
-  busy share and idle gaps beside the async run's (``pdl_ab``).
+  busy share and idle gaps beside the async run's (``pdl_ab``). With ``--greedy-ab``, the async
+  run once more with the greedy draw as torch ops (``TINYVLLM_GREEDY=torch``): the one-kernel
+  draw's speed-up (``greedy_ab``).
 - **The mixed-step A/B** (FULL_AND_PIECEWISE, which replays a mixed batch PIECEWISE, and
   FULL, which replays it in a FULL graph; the Triton backend allows both): at each batch B
   where B + 32 tokens fit the largest capture size, with the B requests still in decode,
@@ -283,6 +288,38 @@ def host_profile(engine, steps: int, top: int = 25) -> dict:
     )  # fmt: skip
 
 
+def replay_probe(runner, repeats: int = 20) -> dict | None:
+    """The last step's FULL graph replayed alone, ``repeats`` times each way: the host's time of
+    one ``replay()`` with the device idle (synchronised before each), and with the replays
+    queued back to back, then the device's time a replay over that queue. A launch that costs
+    the host as much as the device's whole replay, or that blocks while one is queued, shows
+    here. The replay redoes the last step's work on the same inputs (the same KV writes).
+    None when the last step ran no FULL graph; on the CPU the emulated replay runs the model."""
+    from tinyvllm.config import CUDAGraphMode
+
+    last, wrapper = runner.last_dispatch, runner.full_graph
+    if wrapper is None or last is None or last.runtime_mode != CUDAGraphMode.FULL:
+        return None
+    entry = wrapper.entries[last.batch_descriptor]
+    replay = entry.graph.replay if entry.graph is not None else (lambda: wrapper._replay(entry))
+    idle = []
+    with torch.inference_mode():  # as the runner replays (the emulated replay writes inference tensors)
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            replay()
+            idle.append(time.perf_counter() - start)
+        sync()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            replay()
+        queued = time.perf_counter() - start
+        sync()
+        device = time.perf_counter() - start
+    return {"host_us_idle": statistics.median(idle) * 1e6, "host_us_queued": queued / repeats * 1e6,
+            "wall_us_per_replay_queued": device / repeats * 1e6, "emulated": entry.graph is None}  # fmt: skip
+
+
 def timed_step(engine) -> float:
     """Seconds one ``engine.step()`` took, the device synchronised on both sides."""
     sync()
@@ -403,6 +440,7 @@ def decode_latency(
         profile = profile_steps(engine, cfg["profile_steps"], median)
         if host_clock:  # the step's host phases (bookkeeping.py's clock follows the synchronous step)
             profile |= host_phases(llm, cfg["profile_steps"])
+            profile["replay_probe"] = replay_probe(runner)  # the graph's launch alone, idle and queued
         else:  # async scheduling: the host is the step's critical path when the device waits; where it goes
             profile |= host_profile(engine, cfg["profile_steps"])
     # the mixed-step A/B, on the same requests, where a mixed batch of this size has a graph
@@ -532,6 +570,15 @@ def async_ab(folder: Path, cfg: dict, device: str, sync_run: dict) -> dict:
     )
 
 
+def async_run_with(folder: Path, cfg: dict, device: str, env: str, value: str) -> dict:
+    """FULL_AND_PIECEWISE with async scheduling, profiled, once more with ``env=value``."""
+    os.environ[env] = value
+    try:
+        return measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=True, async_scheduling=True)
+    finally:
+        del os.environ[env]
+
+
 def pdl_ab(folder: Path, cfg: dict, device: str, async_run: dict) -> dict:
     """The async run once more with the step's Triton kernels launched dependent
     (``TINYVLLM_PDL=1``, ``dependent_launch.py``; on sm_90 or later, else it stays off and the
@@ -539,11 +586,7 @@ def pdl_ab(folder: Path, cfg: dict, device: str, async_run: dict) -> dict:
     share and idle gaps both ways, same run."""
     from tinyvllm.dependent_launch import PDL_ENV, pdl_supported
 
-    os.environ[PDL_ENV] = "1"
-    try:
-        run = measure_mode(folder, "FULL_AND_PIECEWISE", cfg, device, profile=True, async_scheduling=True)
-    finally:
-        del os.environ[PDL_ENV]
+    run = async_run_with(folder, cfg, device, PDL_ENV, "1")
     async_ms = async_run["step_ms_async"]
     return dict(
         pdl_on=pdl_supported(torch.device(device)),
@@ -551,6 +594,23 @@ def pdl_ab(folder: Path, cfg: dict, device: str, async_run: dict) -> dict:
         speedup_of_pdl={str(r["batch"]): async_ms[str(r["batch"])] / (r["median_step_s"] * 1e3) for r in run["latency"]},
         device_busy_share_async_pdl={str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in run["latency"]},
         device_idle_gaps_async_pdl={str(r["batch"]): (r["profile"] or {}).get("device_idle_gaps") for r in run["latency"]},
+        stats_ok=run["stats_ok"],
+    )  # fmt: skip
+
+
+def greedy_ab(folder: Path, cfg: dict, device: str, async_run: dict) -> dict:
+    """The async run once more with the greedy draw as torch ops (``TINYVLLM_GREEDY=torch``),
+    against ``async_ab``'s run, which takes the kernel on CUDA (``sample/ops/greedy.py``): the
+    step time, the device's busy share and idle gaps both ways, same run. On the CPU both runs
+    take the torch ops."""
+    from tinyvllm.sample.ops.greedy import IMPL_ENV
+
+    run = async_run_with(folder, cfg, device, IMPL_ENV, "torch")
+    async_ms = async_run["step_ms_async"]
+    return dict(
+        step_ms_async_torch_ops={str(r["batch"]): r["median_step_s"] * 1e3 for r in run["latency"]},
+        speedup_of_the_kernel={str(r["batch"]): r["median_step_s"] * 1e3 / async_ms[str(r["batch"])] for r in run["latency"]},
+        device_busy_share_async_torch_ops={str(r["batch"]): (r["profile"] or {}).get("device_busy_share") for r in run["latency"]},
         stats_ok=run["stats_ok"],
     )  # fmt: skip
 
@@ -631,6 +691,10 @@ def print_table(record: dict) -> None:
                 print(f"{'':18s} B={x['batch']} host phases, ms a step: {phases}")
                 parts = " ".join(f"{k} {v:.2f}" for k, v in x["profile"]["forward_parts_ms"].items())
                 print(f"{'':18s} B={x['batch']} forward's parts, ms a step: {parts}")
+                probe = x["profile"].get("replay_probe")
+                if probe:
+                    print(f"{'':18s} B={x['batch']} the FULL graph alone, µs: one replay's launch {probe['host_us_idle']:.0f} "
+                          f"idle, {probe['host_us_queued']:.0f} queued; a replay {probe['wall_us_per_replay_queued']:.0f} back to back")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -652,12 +716,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="FULL_AND_PIECEWISE once more with async_scheduling=True (step time, device busy share)")
     parser.add_argument("--pdl-ab", action="store_true",
                         help="with --async-ab: the async run again with dependent launches (TINYVLLM_PDL=1)")
+    parser.add_argument("--greedy-ab", action="store_true",
+                        help="with --async-ab: the async run again with the greedy draw as torch ops (TINYVLLM_GREEDY=torch)")
     parser.add_argument("--quick", action="store_true", help="half the timed repeats")
     parser.add_argument("--model-folder", type=Path, default=None,
                         help="reuse the model built there, or build it there (default: a temporary folder)")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.pdl_ab and not args.async_ab:
-        parser.error("--pdl-ab compares with --async-ab's run: give both")
+    for flag, given in (("--pdl-ab", args.pdl_ab), ("--greedy-ab", args.greedy_ab)):
+        if given and not args.async_ab:
+            parser.error(f"{flag} compares with --async-ab's run: give both")
     has_cuda = torch.cuda.is_available()
     if not has_cuda and not args.dry_run:
         print("bench/cudagraphs.py: no CUDA device; nothing to time (use --dry-run to exercise the code on the CPU)")
@@ -701,10 +768,11 @@ def main(argv: list[str] | None = None) -> int:
             record["async_ab"] = async_ab(folder, cfg, device, record["modes"]["FULL_AND_PIECEWISE"])
             record["total_s"] = time.perf_counter() - wall
             out.write_text(json.dumps(record, indent=2))
-        if args.pdl_ab:
-            record["pdl_ab"] = pdl_ab(folder, cfg, device, record["async_ab"])
-            record["total_s"] = time.perf_counter() - wall
-            out.write_text(json.dumps(record, indent=2))
+        for key, wanted, ab in (("pdl_ab", args.pdl_ab, pdl_ab), ("greedy_ab", args.greedy_ab, greedy_ab)):
+            if wanted:
+                record[key] = ab(folder, cfg, device, record["async_ab"])
+                record["total_s"] = time.perf_counter() - wall
+                out.write_text(json.dumps(record, indent=2))
     record["complete"] = True
     record["total_s"] = time.perf_counter() - wall
     out.write_text(json.dumps(record, indent=2))
@@ -733,7 +801,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FULL_AND_PIECEWISE, async, dependent launches {'on' if ab['pdl_on'] else 'OFF (before sm_90)'}: " + "  ".join(
             f"B={b}: {ms:.2f} ms (x{ab['speedup_of_pdl'][b]:.2f}, busy {ab['device_busy_share_async_pdl'][b]})"
             for b, ms in ab["step_ms_async_pdl"].items()))  # fmt: skip
-    if not record["stats_check"] or not all(record.get(k, {}).get("stats_ok", True) for k in ("async_ab", "pdl_ab")):
+    if "greedy_ab" in record:
+        ab = record["greedy_ab"]
+        print("FULL_AND_PIECEWISE, async, the greedy draw as torch ops: " + "  ".join(
+            f"B={b}: {ms:.2f} ms (the kernel x{ab['speedup_of_the_kernel'][b]:.2f}, busy {ab['device_busy_share_async_torch_ops'][b]})"
+            for b, ms in ab["step_ms_async_torch_ops"].items()))  # fmt: skip
+    if not record["stats_check"] or not all(record.get(k, {}).get("stats_ok", True) for k in ("async_ab", "pdl_ab", "greedy_ab")):
         print("bench/cudagraphs.py: some timed steps did not run in the expected runtime mode", file=sys.stderr)
         return 1
     return 0

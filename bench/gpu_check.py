@@ -140,7 +140,9 @@ class Step:
 # configs a shape at 4,096 tokens, about 8 s with their compiles) takes 8 s more of the tests'. The
 # FULL-mode A/B of the throughput step (the async engine once more with cudagraph_mode FULL: one
 # start-up with its captures and the full workload, about 18 s at the H200's figures) takes 18 s
-# more: the tests left run in a second call (--tests-left-in). The H200 run of 2026-11-30 (the
+# more: the tests left run in a second call (--tests-left-in). The greedy kernel's A/B (the async
+# run once more with the torch ops, as the PDL A/B was) takes the PDL A/B's place: that one answered
+# (x1.01 / x0.97 on the H200). The H200 run of 2026-11-30 (the
 # second) timed the throughput step out in that A/B (transformers' subset took 115 s); the A/B,
 # run apart, answered its question (FULL x0.99 of FULL_AND_PIECEWISE), so it left the step and
 # its 18 s went back to the tests.
@@ -148,7 +150,7 @@ STEPS = (
     Step("environment", 10, "device, memory, nvidia-smi's device line, versions"),
     Step("gpu_tests", 122, "pytest -m gpu: Triton, the engine against transformers, CUDA graphs"),
     Step("throughput", 178, "nano-vllm's workload against transformers generate and nano-vllm's figure, sync and async"),
-    Step("cudagraph_latency", 64, "decode step latency per cudagraph_mode against NONE at batch 1 and 32; mixed, async and dependent-launch A/Bs"),
+    Step("cudagraph_latency", 64, "decode step latency per cudagraph_mode against NONE at batch 1 and 32; mixed, async and greedy-kernel A/Bs"),
     Step("prefix_caching", 42, "prefix caching on against off: input throughput and TTFT at ~49% hits"),
     Step("attention_prefill", 64, "Triton prefill attention tile/launch configs against SDPA, 512-4096 tokens"),
 )
@@ -194,7 +196,7 @@ def step_command(step: Step, python: str, work: Path, dry_run: bool, quick: bool
         return cmd + (["--dry-run"] if dry_run else [])
     if step.name == "cudagraph_latency":
         batches = ["--batches", "1,2" if dry_run else "1,32", "--no-throughput",
-                   "--fused-kv-write-ab", "--async-ab", "--pdl-ab"]  # the rotary and RMSNorm A/Bs ran twice: their places
+                   "--fused-kv-write-ab", "--async-ab", "--greedy-ab"]  # the greedy A/B takes the answered PDL A/B's place
         flags = ["--dry-run"] if dry_run else []
         return [python, "bench/cudagraphs.py", *batches, *model, *out, *flags] + (["--quick"] if quick else [])
     if step.name == "prefix_caching":
@@ -334,9 +336,13 @@ def cudagraph_figures(record: dict) -> dict:
                                              for b, p in profiled.items()}  # fmt: skip
             modes[name]["forward_parts_ms"] = {b: {k: round(v, 3) for k, v in p["forward_parts_ms"].items()}
                                                for b, p in profiled.items()}  # fmt: skip
+            probes = {b: p.get("replay_probe") for b, p in profiled.items()}  # the graph's launch alone
+            if any(probes.values()):
+                modes[name]["replay_probe"] = {b: {k: round(v, 1) if isinstance(v, float) else v for k, v in probe.items()}
+                                               if probe else None for b, probe in probes.items()}  # fmt: skip
     figures = {"device": record["environment"]["device"], "complete": record["complete"],
                "stats_check": record["stats_check"], "modes": modes}  # fmt: skip
-    for key in ("rms_norm_ab", "rotary_ab", "fused_kv_write_ab", "async_ab", "pdl_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
+    for key in ("rms_norm_ab", "rotary_ab", "fused_kv_write_ab", "async_ab", "pdl_ab", "greedy_ab"):  # FULL_AND_PIECEWISE once more, changed, same run
         if key in record:
             figures[key] = record[key]
     if record.get("mixed_ab"):  # a mixed step PIECEWISE (the default) against FULL, and against a decode step

@@ -48,6 +48,12 @@ def test_cudagraphs_bench_dry_run(tmp_path):
                 parts = r["profile"]["forward_parts_ms"]  # the forward, split: inputs, then the launch
                 assert set(parts) == {"step_inputs", "buffers_fill", "launch"}
                 assert min(parts.values()) > 0 and sum(parts.values()) == pytest.approx(phases["forward"])
+                probe = r["profile"]["replay_probe"]  # the decode step's FULL graph replayed alone
+                if mode == "NONE":
+                    assert probe is None  # no graph to replay
+                else:
+                    assert probe["emulated"] is True and min(probe["host_us_idle"], probe["host_us_queued"]) > 0
+                    assert probe["wall_us_per_replay_queued"] >= probe["host_us_queued"]
             else:
                 assert r["profile"] is None
     mixed_mode = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL": "FULL"}  # the A/B: a mixed step in each

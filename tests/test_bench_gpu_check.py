@@ -146,13 +146,15 @@ def test_the_dry_run_leaves_the_summary_and_the_log_in_their_schema(tmp_path):
     assert modes["NONE"]["device_busy_share"] == {"1": None, "2": None}  # nothing on a device to count
     assert modes["NONE"]["device_idle_gaps"] == {"1": None, "2": None}  # the gaps too (idle_gaps)
     assert set(modes["FULL_AND_PIECEWISE"]["host_phases_ms"]["1"]) >= {"schedule", "forward", "execute_model_rest"}
+    probe = modes["FULL_AND_PIECEWISE"]["replay_probe"]["1"]  # the decode graph replayed alone (emulated here)
+    assert probe["emulated"] is True and probe["host_us_idle"] > 0 and "replay_probe" not in modes["NONE"]
     parts = set(modes["FULL_AND_PIECEWISE"]["forward_parts_ms"]["1"])
     assert parts == {"step_inputs", "buffers_fill", "launch"}
     ab = figures["cudagraph_latency"]["fused_kv_write_ab"]  # the same mode with the KV write apart
     assert set(ab["speedup_of_the_kernel"]) == {"1", "2"} and ab["stats_ok"] is True
-    pdl = figures["cudagraph_latency"]["pdl_ab"]  # the async run once more with dependent launches: off on the CPU
-    assert pdl["pdl_on"] is False and set(pdl["speedup_of_pdl"]) == {"1", "2"} and pdl["stats_ok"] is True
-    assert pdl["device_busy_share_async_pdl"] == {"1": None, "2": None}
+    greedy = figures["cudagraph_latency"]["greedy_ab"]  # the async run once more with the greedy draw as torch ops
+    assert set(greedy["speedup_of_the_kernel"]) == {"1", "2"} and greedy["stats_ok"] is True
+    assert greedy["device_busy_share_async_torch_ops"] == {"1": None, "2": None} and "pdl_ab" not in figures["cudagraph_latency"]
     async_ab = figures["cudagraph_latency"]["async_ab"]  # FULL_AND_PIECEWISE with async scheduling, same run
     assert set(async_ab["speedup_of_async"]) == {"1", "2"} and async_ab["stats_ok"] is True
     assert async_ab["device_idle_gaps_async"] == {"1": None, "2": None}

@@ -129,6 +129,17 @@ def test_the_busy_row_says_what_dependent_launches_did_without_judging_them(h200
     assert by_goal(s)[gpu_goals.BUSY].measured == "sync 64%, async 80% (FULL_AND_PIECEWISE)"
 
 
+def test_the_busy_row_says_what_the_greedy_kernel_did(h200):
+    """With the greedy A/B (``cudagraphs.py --greedy-ab``: the async run with the torch ops) the
+    row gives that run's busy share and the kernel's speed-up; the status stays the default's."""
+    s = newer(h200, async_tok=15_000.0, busy={"32": 0.80}, steps_ms={"1": 2.0}, mixed={}, prefill={})
+    step(s, "cudagraph_latency")["figures"]["greedy_ab"] = {
+        "device_busy_share_async_torch_ops": {"1": 0.85, "32": 0.74}, "speedup_of_the_kernel": {"1": 1.02, "32": 1.08}}  # fmt: skip
+    row = by_goal(s)[gpu_goals.BUSY]
+    assert row.status == NOT_MET
+    assert row.measured == "sync 64%, async 80% (FULL_AND_PIECEWISE); async with the greedy draw as torch ops 74%, the kernel x1.08"
+
+
 def test_a_dry_run_or_a_run_without_cuda_measures_nothing(h200):
     dry = {**h200, "dry_run": True}
     assert {(r.status, r.measured) for r in gpu_goals.goal_rows(dry)} == {(NOT_MEASURED, "a dry run on the CPU: its timings mean nothing")}
