@@ -3,7 +3,7 @@
 Concept: a greedy row takes the argmax of its final scores ``[R, V]`` (float32, after every
 processor). Around it the sampler needs two more facts: whether the row had a token at all
 (``sampler.py`` NOTE 7: every score ``-inf``, or a NaN anywhere) and the one ``[R]`` int64
-tensor the host reads, the token or ``NO_TOKEN`` (NOTE 6 there). With torch ops that is four
+tensor the host reads, the token or ``NO_TOKEN`` (``sampler.py`` NOTE 6). With torch ops that is four
 kernels after the scores: ``max`` (the maximum and its index in one reduction), ``gt`` and
 ``bitwise_not`` (the verdict), ``where`` (the host's ids). ``greedy_triton`` makes the three
 tensors in one kernel, one program a row. On a GPU each kernel outside the step's graph is a
