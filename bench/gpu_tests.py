@@ -48,12 +48,18 @@ def is_kernel_test(node_id: str) -> bool:
     return _root_conftest().is_kernel_test(node_id)
 
 
+def is_node_id(arg: str) -> bool:
+    """A test file or node id (``tests/test_x.py::test_y``, ``property_tests/...``), not an
+    option or an option's value (``-m``, ``gpu``, ``no:cacheprovider``)."""
+    return not arg.startswith("-") and ".py" in arg
+
+
 def plan_runs(args: list[str], test_dir: Path = ROOT / "tests") -> list[tuple[str, list[str]]]:
-    """The runs, ``(name, pytest's arguments)``: node ids (arguments that name a file under
-    ``tests/``) go to the kernels' run or the rest's, and a run with none is left out; without
+    """The runs, ``(name, pytest's arguments)``: node ids (``is_node_id``) go to the kernels' run
+    or the rest's, and a run with none is left out; without
     node ids, the kernels' run takes the kernels' test files and the rest's run ignores them."""
-    ids = [a for a in args if a.startswith("tests/")]
-    options = [a for a in args if not a.startswith("tests/")]
+    ids = [a for a in args if is_node_id(a)]
+    options = [a for a in args if not is_node_id(a)]
     if ids:
         kernels = [i for i in ids if is_kernel_test(i)]
         rest = [i for i in ids if not is_kernel_test(i)]

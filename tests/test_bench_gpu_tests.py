@@ -26,6 +26,8 @@ def test_node_ids_go_to_their_run_and_a_run_with_none_is_left_out():
     assert gpu_tests.plan_runs([*options, KERNEL, ENGINE, attention]) == [
         ("kernels", [*options, KERNEL, attention]), ("rest", [*options, ENGINE])]  # fmt: skip
     assert gpu_tests.plan_runs([*options, ENGINE]) == [("rest", [*options, ENGINE])]
+    other = "property_tests/test_sampling_properties.py::test_seeded_sampling_is_reproducible"  # not under tests/
+    assert gpu_tests.plan_runs([*options, KERNEL, other]) == [("kernels", [*options, KERNEL]), ("rest", [*options, other])]
 
 
 def test_without_node_ids_the_kernels_files_run_first_and_the_rest_ignores_them():
