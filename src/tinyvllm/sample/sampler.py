@@ -70,7 +70,7 @@ from tinyvllm.device_syncs import upload
 from tinyvllm.sample import logprobs as logprob_ops
 from tinyvllm.sample.bad_words import apply_bad_words
 from tinyvllm.sample.metadata import SamplingMetadata
-from tinyvllm.sample.ops.greedy import NO_TOKEN, greedy
+from tinyvllm.sample.ops.greedy import NO_TOKEN, greedy, ids_for_host
 from tinyvllm.sample.ops.greedy import greedy_impl as greedy_impl_from_env
 from tinyvllm.sample.ops.random_sample import random_sample, rows_without_a_token
 from tinyvllm.sample.top_k_top_p import apply_top_k_top_p
@@ -155,11 +155,6 @@ class Sampler:
 # --8<-- [end:sampler]
 
 
-
-
-def ids_for_host(tokens: torch.Tensor, no_token: torch.Tensor) -> torch.Tensor:
-    """``[R]`` int64: each row's token, ``NO_TOKEN`` where it has none; one tensor to read (NOTE 6)."""
-    return torch.where(no_token, NO_TOKEN, tokens)
 
 
 def split_host_ids(host: list[int]) -> tuple[list[int], list[bool]]:

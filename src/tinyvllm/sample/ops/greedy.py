@@ -45,13 +45,19 @@ BLOCK = 8192  # scores per block of a row (NOTE 1)
 NUM_WARPS = 16  # 16 scores a thread a block
 
 
+def ids_for_host(tokens: torch.Tensor, no_token: torch.Tensor) -> torch.Tensor:
+    """``[R]`` int64: each row's token, ``NO_TOKEN`` where it has none; one tensor to read
+    (``sampler.py`` NOTE 6)."""
+    return torch.where(no_token, NO_TOKEN, tokens)
+
+
 # --8<-- [start:torch]
 def greedy_torch(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The reference, four kernels on a GPU: ``[R]`` int64 tokens, ``[R]`` bool verdicts (no
     token), ``[R]`` int64 host ids (the token, or ``NO_TOKEN``)."""
     row_max, tokens = scores.max(dim=-1)  # [R], [R]: the argmax and its score, one reduction
     no_token = no_token_from_max(row_max)  # [R]
-    return tokens, no_token, torch.where(no_token, NO_TOKEN, tokens)
+    return tokens, no_token, ids_for_host(tokens, no_token)
 # --8<-- [end:torch]
 
 
