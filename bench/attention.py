@@ -335,12 +335,14 @@ def sweep_stages(sweep: dict, default: dict, best: dict | None, mode: str, stage
 def time_cache_only(paged, rows, expected, cfg, default, timing, atol) -> float | None:
     """The default config reading every key from the cache (``step_kv=False``: the block-table
     walk of triton_kernels.py NOTE 3, not the step's own rows of NOTE 1): device microseconds,
-    None if it disagrees."""
+    None if it disagrees. The walk has no step rows for descriptors to load (NOTE 4), so it
+    keeps the pointer loads where the device's default takes descriptors."""
     from tinyvllm.attention import triton_attention
 
     out = torch.empty_like(paged[0])
+    walk = dict(default, kv_desc=False)
     call = lambda: triton_attention.paged_attention(  # noqa: E731
-        *paged, cfg["head_size"] ** -0.5, out=out, **rows, step_kv=False, **default
+        *paged, cfg["head_size"] ** -0.5, out=out, **rows, step_kv=False, **walk
     )  # fmt: skip
     call()
     if not (out.float() - expected.float()).abs().max().item() <= atol:

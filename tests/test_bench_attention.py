@@ -115,3 +115,19 @@ def test_a_staged_sweep_looks_each_stages_best_up_among_every_config_it_timed(mo
         "m64-n16-w2-s3",  # stage 1: stage 0's best (the last) at 2 warps; at 4 it was timed already
         "m64-n16-w2-s3-desc",  # stage 2: stage 1's best with descriptors
     ]  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
+def test_a_sweep_whose_default_takes_descriptors_times_the_cache_only_walk_with_pointer_loads(monkeypatch):
+    """Where the device's default config loads the step's rows through TMA descriptors (sm_90
+    and later: the H200 run of 2026-11-30 at 17:56), the cache-only timing reads no step rows,
+    so it keeps the pointer loads (descriptors load only the step's own rows) instead of failing
+    the sweep with a ValueError before any config was timed."""
+    bench = _bench()
+    from tinyvllm.attention import triton_attention as ta
+
+    monkeypatch.setattr(ta, "choose_kv_desc", lambda layout: True)
+    result = bench.prefill_sweep(bench.SWEEP_DRY, "cpu", time_limit_s=0.0)
+    row = result["rows"][0]
+    assert row["default_config"].endswith("-desc")
+    assert row["cache_only_default_us"] is not None and row["cache_only_default_us"] > 0
