@@ -24,8 +24,8 @@ So every replay compares each argument with the captured one: tensors (also insi
 lists, tuples, dicts and dataclasses) by storage address, shape, stride and dtype, all
 other values by equality, and raises ``RuntimeError`` naming the argument. It costs each
 replay host time, so it compares flat leaves (``flat_leaves``), takes the very tensor object
-captured as unchanged (only ``set_`` or ``resize_`` could move it; nothing calls them on an
-input), and names the argument (``describe_arguments``) only when something differs.
+captured (held weakly: the record owns no input, NOTE 5) as unchanged (only ``set_`` could move
+it), and names the argument (``describe_arguments``) only when something differs.
 NOTE 2 (emulation): ``emulate=True`` stands in for a graph on a machine without CUDA.
 Capture runs the callable and keeps its arguments and outputs; replay runs it again on
 the *captured* arguments and copies the results into the captured outputs. Both run under
@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -164,13 +165,22 @@ def leaf_fact(leaf: Any) -> Any:
     return (leaf.data_ptr(), leaf.shape, leaf.stride(), leaf.dtype) if isinstance(leaf, torch.Tensor) else leaf
 
 
+def held_leaves(leaves: list) -> tuple:
+    """What an entry keeps of its captured leaves (NOTE 1): a weak reference to each tensor, so
+    that the record owns no input (a piece's input is the last piece's output, which goes back
+    to the pool when the capture's forward ends, NOTE 5), and every other leaf itself."""
+    return tuple(weakref.ref(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
+
+
 def leaves_unchanged(captured: tuple, facts: tuple, now: list) -> bool:
-    """NOTE 1, the fast comparison: each leaf of ``now`` is the very object captured, or has
-    the captured leaf's fact."""
+    """NOTE 1, the fast comparison: each leaf of ``now`` is the very tensor captured (``captured``
+    is ``held_leaves``'), or has the captured leaf's fact."""
     if len(now) != len(captured):
         return False
     for then, fact, leaf in zip(captured, facts, now):
-        if leaf is not then and leaf_fact(leaf) != fact:
+        if type(then) is weakref.ref and then() is leaf:
+            continue
+        if leaf_fact(leaf) != fact:
             return False
     return True
 
@@ -339,7 +349,7 @@ class CUDAGraphEntry:
     args: tuple = ()  # emulated: the captured arguments (NOTE 2)
     kwargs: dict = dataclasses.field(default_factory=dict)
     num_replays: int = 0
-    leaves: tuple = ()  # NOTE 1: the captured arguments' leaves (flat_leaves), and each one's fact
+    leaves: tuple = ()  # NOTE 1: the captured arguments' leaves (held_leaves: tensors weakly), each one's fact
     facts: tuple = ()
 
 
@@ -382,7 +392,7 @@ class CUDAGraphWrapper:
         entry = self.entries.get(key)
         if entry is None:
             entry, owned = self._capture(key, self._signature(args, kwargs), args, kwargs)
-            entry.leaves, entry.facts = tuple(leaves), tuple(map(leaf_fact, leaves))
+            entry.leaves, entry.facts = held_leaves(leaves), tuple(map(leaf_fact, leaves))
             self.entries[key] = entry
             self._replay(entry)  # NOTE 3
             return owned  # the caller owns the capture's outputs; the entry does not (NOTE 5)
