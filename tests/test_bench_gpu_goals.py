@@ -187,6 +187,6 @@ def test_the_command_prints_the_table_and_refuses_what_is_not_a_summary(tmp_path
 
 
 def test_the_gpu_page_shows_the_table_the_script_makes_from_the_latest_committed_run():
-    latest = json.loads((ROOT / "bench" / "results" / "gpu-h200-2026-11-30-run2" / "gpu_summary.json").read_text())
+    latest = json.loads((ROOT / "bench" / "results" / "gpu-h200-2026-11-30-run3" / "gpu_summary.json").read_text())
     page = (ROOT / "docs" / "running_on_a_gpu.md").read_text()
     assert gpu_goals.markdown(latest) in page
