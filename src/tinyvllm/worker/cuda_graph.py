@@ -24,8 +24,8 @@ So every replay compares each argument with the captured one: tensors (also insi
 lists, tuples, dicts and dataclasses) by storage address, shape, stride and dtype, all
 other values by equality, and raises ``RuntimeError`` naming the argument. It costs each
 replay host time, so it compares flat leaves (``flat_leaves``), takes the very tensor object
-captured (held weakly: the record owns no input, NOTE 5) as unchanged (only ``set_`` could move
-it), and names the argument (``describe_arguments``) only when something differs.
+captured (held weakly: the record owns no input, NOTE 5) as unchanged (only ``set_`` or
+``resize_`` could move it), and names the argument (``describe_arguments``) only on a difference.
 NOTE 2 (emulation): ``emulate=True`` stands in for a graph on a machine without CUDA.
 Capture runs the callable and keeps its arguments and outputs; replay runs it again on
 the *captured* arguments and copies the results into the captured outputs. Both run under
@@ -173,12 +173,12 @@ def held_leaves(leaves: list) -> tuple:
 
 
 def leaves_unchanged(captured: tuple, facts: tuple, now: list) -> bool:
-    """NOTE 1, the fast comparison: each leaf of ``now`` is the very tensor captured (``captured``
-    is ``held_leaves``'), or has the captured leaf's fact."""
+    """NOTE 1, the fast comparison: each leaf of ``now`` is the very object captured (``captured``
+    is ``held_leaves``': tensors behind weak references), or has the captured leaf's fact."""
     if len(now) != len(captured):
         return False
     for then, fact, leaf in zip(captured, facts, now):
-        if type(then) is weakref.ref and then() is leaf:
+        if then is leaf or (type(then) is weakref.ref and then() is leaf):
             continue
         if leaf_fact(leaf) != fact:
             return False
