@@ -155,8 +155,6 @@ class Sampler:
 # --8<-- [end:sampler]
 
 
-
-
 def split_host_ids(host: list[int]) -> tuple[list[int], list[bool]]:
     """``ids_for_host``'s values, read: each row's token and its no-token verdict."""
     return host, [t == NO_TOKEN for t in host]
